@@ -1,0 +1,28 @@
+"""sarcompile: compile a single-machine PyTorch GNN into exact distributed full-batch
+training with Sequential Aggregation and Rematerialization (SAR)."""
+
+from . import nn, ops
+from .errors import CommError, CompileError, GraphError, PartitionError, SarcompileError
+from .graph import Graph
+from .ops import edge_softmax, sddmm, spmm
+from .runtime.comm import global_sum, init, shutdown, sync_gradients
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Graph",
+    "nn",
+    "ops",
+    "spmm",
+    "sddmm",
+    "edge_softmax",
+    "init",
+    "shutdown",
+    "sync_gradients",
+    "global_sum",
+    "SarcompileError",
+    "GraphError",
+    "PartitionError",
+    "CompileError",
+    "CommError",
+]

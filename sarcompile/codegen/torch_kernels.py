@@ -1,0 +1,147 @@
+"""Per-block kernels in plain torch: what the runtime runs on CPUs (and on GPUs until
+Triton kernels are generated for a signature).
+
+Every kernel works on one :class:`~sarcompile.graph.Block` -- the edges from one set of
+source rows into the local destination rows -- so the same code serves one machine (one
+block) and N workers (one block per source partition). Node tensors may have any
+trailing shape (``[n, F]`` or ``[n, heads, F]``); kernels flatten it to 2-D.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+from ..graph import Block
+
+__all__ = ["spmm", "spmm_t", "edge_dot", "MaxState", "max_grad", "sddmm", "sddmm_grads"]
+
+# Larger than any node id: marks "no candidate" in the arg-min tie-break of the max.
+_NO_ROW = torch.iinfo(torch.long).max
+
+# torch warns on every sparse CSR construction that the layout is beta; the kernels
+# build valid CSR by construction, so the warning carries no information here.
+warnings.filterwarnings("ignore", message=r"Sparse CSR tensor support is in beta")
+warnings.filterwarnings("ignore", message=r"Sparse invariant checks are implicitly disabled")
+
+
+def _flat(t: torch.Tensor) -> torch.Tensor:
+    return t.reshape(t.shape[0], -1)
+
+
+def _scalar_weight(weight: torch.Tensor | None) -> bool:
+    return weight is None or weight.dim() == 1
+
+
+def spmm(block: Block, x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
+    """``out[v] = sum over edges u->v of w_e * x[u]`` for the block's destination rows."""
+    if _scalar_weight(weight):
+        out = block.sparse(weight, x.dtype) @ _flat(x)
+        return out.reshape(block.num_dst, *x.shape[1:])
+    # Per-edge weights with extra dims (one per head) broadcast over the features.
+    msg = x[block.col] * weight.reshape(*weight.shape, *([1] * (x.dim() - weight.dim())))
+    return x.new_zeros((block.num_dst, *x.shape[1:])).index_add_(0, block.row, msg)
+
+
+def spmm_t(block: Block, g: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
+    """Transpose of :func:`spmm`: gradient rows for the block's source rows."""
+    if _scalar_weight(weight):
+        out = block.sparse_t(weight, g.dtype) @ _flat(g)
+        return out.reshape(block.num_src, *g.shape[1:])
+    msg = g[block.row] * weight.reshape(*weight.shape, *([1] * (g.dim() - weight.dim())))
+    return g.new_zeros((block.num_src, *g.shape[1:])).index_add_(0, block.col, msg)
+
+
+def edge_dot(block: Block, g: torch.Tensor, x: torch.Tensor, weight_shape: torch.Size) -> torch.Tensor:
+    """Gradient of the edge weights of :func:`spmm`: ``<g[v], x[u]>`` per edge u->v,
+    summed over the dims the weight broadcast over."""
+    prod = g[block.row] * x[block.col]
+    return prod.reshape(block.num_edges, *weight_shape[1:], -1).sum(-1)
+
+
+class MaxState:
+    """Running max over blocks with the position of the winner, for the max reduction.
+
+    Ties go to the smallest global source id, so the winner (and so the gradient) is the
+    same however the nodes are split across workers. Empty neighbourhoods give 0.
+    """
+
+    def __init__(self, num_dst: int, tail: tuple[int, ...], dtype: torch.dtype):
+        self.tail = tail
+        width = 1
+        for d in tail:
+            width *= d
+        self.value = torch.full((num_dst, width), float("-inf"), dtype=dtype)
+        self.gid = torch.full((num_dst, width), _NO_ROW, dtype=torch.long)
+        self.pos = torch.full((num_dst, width), -1, dtype=torch.long)
+
+    def update(self, block: Block, x: torch.Tensor, offset: int) -> None:
+        """Fold in one block whose source rows sit at ``offset..`` of the concatenated halos."""
+        if block.num_edges == 0:
+            return
+        msg = _flat(x)[block.col]
+        idx = block.row.unsqueeze(1).expand_as(msg)
+        bmax = torch.full_like(self.value, float("-inf")).scatter_reduce(0, idx, msg, "amax")
+        # Source rows of a block are sorted by global id, so the smallest row among the
+        # tied edges is the smallest global id.
+        cand = torch.where(msg == bmax[block.row], block.col.unsqueeze(1).expand_as(msg), _NO_ROW)
+        brow = torch.full_like(self.pos, _NO_ROW).scatter_reduce(0, idx, cand, "amin")
+        has = brow != _NO_ROW
+        bgid = torch.where(has, block.src_gids[brow.clamp(max=max(block.num_src - 1, 0))], _NO_ROW)
+        better = has & ((bmax > self.value) | ((bmax == self.value) & (bgid < self.gid)))
+        self.value = torch.where(better, bmax, self.value)
+        self.gid = torch.where(better, bgid, self.gid)
+        self.pos = torch.where(better, brow + offset, self.pos)
+
+    def result(self) -> torch.Tensor:
+        out = torch.where(self.pos >= 0, self.value, torch.zeros_like(self.value))
+        return out.reshape(-1, *self.tail)
+
+
+def max_grad(pos: torch.Tensor, g: torch.Tensor, offset: int, num_src: int) -> torch.Tensor:
+    """Gradient rows for the sources at ``offset..offset+num_src`` from the saved winners."""
+    g2 = _flat(g)
+    width = g2.shape[1]
+    hit = (pos >= offset) & (pos < offset + num_src)
+    feat = torch.arange(width).expand_as(pos)
+    flat_index = (pos[hit] - offset) * width + feat[hit]
+    out = g2.new_zeros(num_src * width).index_add_(0, flat_index, g2[hit])
+    return out.reshape(num_src, *g.shape[1:])
+
+
+def sddmm(block: Block, a: torch.Tensor, b: torch.Tensor, op: str) -> torch.Tensor:
+    """Per-edge value from ``a`` at the source and ``b`` at the destination, in CSR order."""
+    au, bv = a[block.col], b[block.row]
+    if op == "add":
+        return au + bv
+    if op == "sub":
+        return au - bv
+    if op == "mul":
+        return au * bv
+    return (au * bv).sum(-1)  # dot
+
+
+def sddmm_grads(
+    block: Block, g: torch.Tensor, a: torch.Tensor | None, b: torch.Tensor, op: str, want_a: bool, want_b: bool
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """Gradients of :func:`sddmm` for the block's source rows and for the local rows.
+
+    ``a`` (the source rows) is only read for ``mul``/``dot`` when ``want_b``; callers may
+    pass None otherwise -- that is what lets add/sub skip the re-fetch.
+    """
+    if op == "dot":
+        g = g.unsqueeze(-1)
+    ga = gb = None
+    if want_a:
+        msg = g if op in ("add", "sub") else g * b[block.row]
+        ga = msg.new_zeros((block.num_src, *msg.shape[1:])).index_add_(0, block.col, msg)
+    if want_b:
+        if op == "add":
+            msg = g
+        elif op == "sub":
+            msg = -g
+        else:
+            msg = g * a[block.col]
+        gb = msg.new_zeros((block.num_dst, *msg.shape[1:])).index_add_(0, block.row, msg)
+    return ga, gb

@@ -1,0 +1,29 @@
+"""The project's exceptions. Each message says what went wrong and what to do about it."""
+
+__all__ = [
+    "SarcompileError",
+    "GraphError",
+    "PartitionError",
+    "CompileError",
+    "CommError",
+]
+
+
+class SarcompileError(Exception):
+    """Base class of every error this package raises on purpose."""
+
+
+class GraphError(SarcompileError, ValueError):
+    """A graph or an edge/node tensor does not fit what the operation needs."""
+
+
+class PartitionError(SarcompileError):
+    """A partition directory is missing, incomplete, corrupt or made for another world size."""
+
+
+class CompileError(SarcompileError):
+    """A model cannot be traced or rewritten into a distributed plan."""
+
+
+class CommError(SarcompileError, RuntimeError):
+    """A peer worker did not answer in time or went away."""

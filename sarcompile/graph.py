@@ -1,0 +1,200 @@
+"""The user-facing graph handle and the CSR block every kernel works on.
+
+A :class:`Graph` is a directed multigraph with edges ``u -> v`` given by two LongTensors.
+Aggregation is over *in-edges*: node ``v`` reduces over every ``u`` with an edge ``u -> v``.
+Edge tensors passed to the ops are in the order the edges were given.
+
+Internally every aggregation runs over :class:`Block` objects: the CSR (by destination)
+of the edges from one set of source rows into one set of destination rows. A whole
+single-machine graph is one block; a worker's shard holds one block per source
+partition (see :mod:`sarcompile.runtime.shard`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from .errors import GraphError
+
+if TYPE_CHECKING:
+    from .runtime.shard import ShardGraph
+
+__all__ = ["Graph", "Block"]
+
+
+@dataclass(eq=False)
+class Block:
+    """Edges from ``num_src`` source rows into ``num_dst`` destination rows, CSR by destination.
+
+    ``col[i]`` is the source row of the i-th edge in CSR order, ``row[i]`` its destination.
+    ``src_gids`` holds the global node id of each source row: the max reduction breaks
+    ties by the smallest global id, so its result does not depend on how nodes are split.
+    """
+
+    indptr: torch.Tensor  # [num_dst + 1]
+    col: torch.Tensor  # [nnz] source row of each edge
+    num_src: int
+    src_gids: torch.Tensor  # [num_src]
+    _cache: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def num_dst(self) -> int:
+        return self.indptr.numel() - 1
+
+    @property
+    def num_edges(self) -> int:
+        return self.col.numel()
+
+    @cached_property
+    def row(self) -> torch.Tensor:
+        """Destination row of every edge (CSR expanded)."""
+        counts = self.indptr[1:] - self.indptr[:-1]
+        return torch.repeat_interleave(torch.arange(self.num_dst), counts)
+
+    @cached_property
+    def transpose_perm(self) -> torch.Tensor:
+        """Edge permutation that sorts the edges by source row (CSC order, stable)."""
+        return torch.sort(self.col, stable=True).indices
+
+    @cached_property
+    def transpose_indptr(self) -> torch.Tensor:
+        counts = torch.bincount(self.col, minlength=self.num_src)
+        return torch.cat([torch.zeros(1, dtype=torch.long), torch.cumsum(counts, 0)])
+
+    def sparse(self, weight: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+        """This block as a ``[num_dst, num_src]`` sparse CSR matrix (unit weights if None)."""
+        values = torch.ones(self.num_edges, dtype=dtype) if weight is None else weight.to(dtype)
+        return torch.sparse_csr_tensor(
+            self.indptr, self.col, values, size=(self.num_dst, self.num_src)
+        )
+
+    def sparse_t(self, weight: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+        """The transposed block, ``[num_src, num_dst]`` sparse CSR."""
+        perm = self.transpose_perm
+        values = torch.ones(self.num_edges, dtype=dtype) if weight is None else weight[perm].to(dtype)
+        return torch.sparse_csr_tensor(
+            self.transpose_indptr, self.row[perm], values, size=(self.num_src, self.num_dst)
+        )
+
+
+def _as_index(t: Any, name: str) -> torch.Tensor:
+    t = torch.as_tensor(t)
+    if t.dtype not in (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8):
+        raise GraphError(f"{name} must be an integer tensor of node ids, got dtype {t.dtype}")
+    if t.dim() != 1:
+        raise GraphError(f"{name} must be 1-D, got shape {tuple(t.shape)}")
+    return t.long().cpu().contiguous()
+
+
+class Graph:
+    """A directed graph on one machine. Build it with :meth:`from_edges`, :meth:`from_pyg`
+    or :meth:`from_networkx`.
+
+    >>> g = Graph.from_edges(torch.tensor([0, 1, 2]), torch.tensor([1, 2, 1]), num_nodes=4)
+    >>> g.num_nodes, g.num_edges, g.in_degrees().tolist()
+    (4, 3, [0, 2, 1, 0])
+    """
+
+    def __init__(self, src: torch.Tensor, dst: torch.Tensor, num_nodes: int):
+        src, dst = _as_index(src, "src"), _as_index(dst, "dst")
+        if src.numel() != dst.numel():
+            raise GraphError(f"src has {src.numel()} entries but dst has {dst.numel()}; they must pair up")
+        num_nodes = int(num_nodes)
+        if num_nodes < 0:
+            raise GraphError(f"num_nodes must be >= 0, got {num_nodes}")
+        if src.numel():
+            lo = min(int(src.min()), int(dst.min()))
+            hi = max(int(src.max()), int(dst.max()))
+            if lo < 0 or hi >= num_nodes:
+                raise GraphError(
+                    f"edge endpoints must lie in [0, {num_nodes}), found ids from {lo} to {hi}; "
+                    "pass the right num_nodes"
+                )
+        self.src, self.dst, self.num_nodes = src, dst, num_nodes
+        self._derived: dict[str, Graph] = {}
+
+    # -- constructors -------------------------------------------------------------------
+    @classmethod
+    def from_edges(cls, src: torch.Tensor, dst: torch.Tensor, num_nodes: int) -> "Graph":
+        """Edges ``src[i] -> dst[i]``; multi-edges and self-loops are kept."""
+        return cls(src, dst, num_nodes)
+
+    @classmethod
+    def from_pyg(cls, data: Any) -> "Graph":
+        """From a ``torch_geometric.data.Data``: ``edge_index[0] -> edge_index[1]`` as PyG does."""
+        edge_index = getattr(data, "edge_index", None)
+        if edge_index is None:
+            raise GraphError("the PyG data object has no edge_index")
+        return cls(edge_index[0], edge_index[1], int(data.num_nodes))
+
+    @classmethod
+    def from_networkx(cls, G: Any) -> "Graph":
+        """Directed graphs as they are; undirected ones get both directions of every edge.
+
+        Nodes are numbered in ``G.nodes`` order.
+        """
+        ids = {n: i for i, n in enumerate(G.nodes)}
+        pairs = [(ids[u], ids[v]) for u, v in G.edges()]
+        if not G.is_directed():
+            pairs += [(v, u) for u, v in pairs if u != v]
+        src = torch.tensor([p[0] for p in pairs], dtype=torch.long)
+        dst = torch.tensor([p[1] for p in pairs], dtype=torch.long)
+        return cls(src, dst, len(ids))
+
+    # -- queries ------------------------------------------------------------------------
+    @property
+    def num_edges(self) -> int:
+        return self.src.numel()
+
+    def in_degrees(self) -> torch.Tensor:
+        """In-degree of every node (multi-edges and self-loops counted)."""
+        return torch.bincount(self.dst, minlength=self.num_nodes)
+
+    @property
+    def num_dst(self) -> int:
+        """Rows an aggregation produces: every node (a shard has only its own)."""
+        return self.num_nodes
+
+    @property
+    def dst_index(self) -> torch.Tensor:
+        """Destination of every edge, in the order edge tensors use."""
+        return self.dst
+
+    @property
+    def global_ids(self) -> torch.Tensor:
+        return torch.arange(self.num_nodes)
+
+    def remove_self_loops(self) -> "Graph":
+        """The same graph without edges ``v -> v`` (computed once and cached)."""
+        if "no_loops" not in self._derived:
+            keep = self.src != self.dst
+            self._derived["no_loops"] = Graph(self.src[keep], self.dst[keep], self.num_nodes)
+        return self._derived["no_loops"]
+
+    # -- what the kernels use -------------------------------------------------------------
+    @cached_property
+    def csr_perm(self) -> torch.Tensor:
+        """Edge ids in CSR (by destination) order; stable, so multi-edges keep their order."""
+        return torch.sort(self.dst, stable=True).indices
+
+    @cached_property
+    def block(self) -> Block:
+        """The whole graph as one CSR block (sources are all nodes)."""
+        counts = torch.bincount(self.dst, minlength=self.num_nodes)
+        indptr = torch.cat([torch.zeros(1, dtype=torch.long), torch.cumsum(counts, 0)])
+        return Block(indptr, self.src[self.csr_perm], self.num_nodes, self.global_ids)
+
+    def shard(self) -> "ShardGraph":
+        """This graph as a one-worker shard, so one machine runs the same code as N."""
+        if "_shard" not in self.__dict__:
+            from .runtime.shard import ShardGraph
+
+            self.__dict__["_shard"] = ShardGraph.single(self)
+        return self.__dict__["_shard"]
+
+    def __repr__(self) -> str:
+        return f"Graph(num_nodes={self.num_nodes}, num_edges={self.num_edges})"

@@ -1,0 +1,179 @@
+"""The IR: the few sparse primitives all message passing is written with.
+
+=================================  =============================================================
+``spmm(g, x, reduce, edge_weight)``  ``out[v] = reduce over u->v of w_uv * x[u]``; reduce in
+                                     sum, mean, max (empty neighbourhood gives 0)
+``sddmm(g, a, b, op)``               per edge u->v: ``a[u] op b[v]``; op in add, sub, mul, dot
+                                     (dot sums the last dim)
+``edge_softmax(g, e)``               softmax of per-edge scores over the in-edges of each v
+=================================  =============================================================
+
+Each op is registered once with :func:`ir_op`: that makes it a single node when traced
+with ``torch.fx`` (with any tracer, wherever the op was imported from, since the op
+itself notices proxy arguments) and records how it is partitioned and what its backward
+reads, which is all the passes need to know about it.
+
+Edge tensors are in the graph's edge order: the order edges were given for a
+:class:`~sarcompile.graph.Graph`, shard order for a worker's ``part.graph``.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+import torch.fx
+
+from .errors import GraphError
+from .graph import Graph
+from .runtime import ops as runtime_ops
+from .runtime.shard import ShardGraph
+
+__all__ = ["OpDef", "ir_op", "registry", "spmm", "sddmm", "edge_softmax", "REDUCES", "SDDMM_OPS"]
+
+REDUCES = ("sum", "mean", "max")
+SDDMM_OPS = ("add", "sub", "mul", "dot")
+
+
+@dataclass(frozen=True)
+class OpDef:
+    """What the compiler knows about one IR op."""
+
+    name: str
+    fn: Callable  # the public op: the target of its fx node
+    partitioned: Callable | None  # runtime op over a ShardGraph; None: needs no communication
+    reads_remote_in_backward: Callable[[dict[str, Any]], bool]  # from the op's bound arguments
+    signature: inspect.Signature
+
+    def bind(self, args: tuple, kwargs: dict) -> dict[str, Any]:
+        """The op's arguments by name, defaults filled in."""
+        bound = self.signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        return dict(bound.arguments)
+
+
+_REGISTRY: dict[Callable, OpDef] = {}
+
+
+def registry() -> dict[Callable, OpDef]:
+    """Every IR op, keyed by the function an fx node calls."""
+    return dict(_REGISTRY)
+
+
+def _has_proxy(values) -> torch.fx.Proxy | None:
+    for v in values:
+        if isinstance(v, torch.fx.Proxy):
+            return v
+    return None
+
+
+def ir_op(
+    *, partitioned: Callable | None, reads_remote_in_backward: Callable[[dict[str, Any]], bool], check: Callable
+):
+    """Register an IR op. ``check(**arguments)`` validates the constant arguments at trace
+    time, so a wrong ``reduce`` fails where the model is written, not on a worker."""
+
+    def register(fn: Callable) -> Callable:
+        sig = inspect.signature(fn)
+
+        @functools.wraps(fn)
+        def op(*args, **kwargs):
+            bound = sig.bind(*args, **kwargs)
+            bound.apply_defaults()
+            check(**bound.arguments)
+            proxy = _has_proxy(list(args) + list(kwargs.values()))
+            if proxy is not None:
+                return proxy.tracer.create_proxy("call_function", op, args, kwargs)
+            return fn(*args, **kwargs)
+
+        _REGISTRY[op] = OpDef(fn.__name__, op, partitioned, reads_remote_in_backward, sig)
+        return op
+
+    return register
+
+
+def _graph_kind(g: Any) -> None:
+    if not isinstance(g, (Graph, ShardGraph, torch.fx.Proxy)):
+        raise GraphError(
+            f"the first argument of an IR op must be a sarcompile Graph or a worker's part.graph, "
+            f"got {type(g).__name__}; build one with sc.Graph.from_edges / from_pyg / from_networkx"
+        )
+
+
+def _check_spmm(g, x, reduce, edge_weight) -> None:
+    _graph_kind(g)
+    if reduce not in REDUCES:
+        raise GraphError(f"spmm reduce must be one of {REDUCES}, got {reduce!r}")
+    if reduce == "max" and edge_weight is not None:
+        raise GraphError("spmm(reduce='max') takes no edge_weight; scale the features before the max instead")
+
+
+def _check_sddmm(g, a, b, op) -> None:
+    _graph_kind(g)
+    if op not in SDDMM_OPS:
+        raise GraphError(f"sddmm op must be one of {SDDMM_OPS}, got {op!r}")
+
+
+def _check_softmax(g, e) -> None:
+    _graph_kind(g)
+
+
+def _check_rows(g, t: torch.Tensor, what: str, rows: int) -> None:
+    if t.shape[0] != rows:
+        raise GraphError(f"{what} has {t.shape[0]} rows but the graph needs {rows}")
+
+
+def _to_csr_order(g: Graph, t: torch.Tensor | None) -> torch.Tensor | None:
+    return None if t is None else t[g.csr_perm]
+
+
+def _from_csr_order(g: Graph, t: torch.Tensor) -> torch.Tensor:
+    if "inv_perm" not in g.__dict__:
+        g.__dict__["inv_perm"] = torch.argsort(g.csr_perm)
+    return t[g.__dict__["inv_perm"]]
+
+
+@ir_op(
+    partitioned=runtime_ops.sar_spmm,
+    reads_remote_in_backward=lambda a: a["edge_weight"] is not None,
+    check=_check_spmm,
+)
+def spmm(g, x: torch.Tensor, reduce: str = "sum", edge_weight: torch.Tensor | None = None) -> torch.Tensor:
+    """Aggregate ``x`` over in-edges: ``out[v] = reduce_{u->v} w_uv * x[u]``."""
+    _check_rows(g, x, "x", g.num_nodes)
+    if edge_weight is not None:
+        _check_rows(g, edge_weight, "edge_weight", g.num_edges)
+    if isinstance(g, Graph):
+        return runtime_ops.sar_spmm(g.shard(), x, reduce, _to_csr_order(g, edge_weight))
+    return runtime_ops.sar_spmm(g, x, reduce, edge_weight, strategy="remat" if edge_weight is not None else "direct")
+
+
+@ir_op(
+    partitioned=runtime_ops.sar_sddmm,
+    reads_remote_in_backward=lambda a: a["op"] in ("mul", "dot"),
+    check=_check_sddmm,
+)
+def sddmm(g, a: torch.Tensor, b: torch.Tensor, op: str = "add") -> torch.Tensor:
+    """One value per edge u->v from ``a[u]`` and ``b[v]``."""
+    _check_rows(g, a, "a", g.num_nodes)
+    _check_rows(g, b, "b", g.num_nodes)
+    if isinstance(g, Graph):
+        return _from_csr_order(g, runtime_ops.sar_sddmm(g.shard(), a, b, op))
+    return runtime_ops.sar_sddmm(g, a, b, op, strategy="remat" if op in ("mul", "dot") else "direct")
+
+
+@ir_op(partitioned=None, reads_remote_in_backward=lambda a: False, check=_check_softmax)
+def edge_softmax(g, e: torch.Tensor) -> torch.Tensor:
+    """Softmax of edge scores over the in-edges of each node. All in-edges of a node live
+    on its worker, so this never communicates."""
+    _check_rows(g, e, "e", g.num_edges)
+    dst = g.dst_index
+    idx = dst.reshape(-1, *([1] * (e.dim() - 1))).expand_as(e)
+    peak = torch.full((g.num_dst, *e.shape[1:]), float("-inf"), dtype=e.dtype)
+    peak = peak.scatter_reduce(0, idx, e.detach(), "amax")
+    z = torch.exp(e - peak[dst])
+    total = torch.zeros_like(peak).index_add_(0, dst, z)
+    return z / total[dst]

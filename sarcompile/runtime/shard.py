@@ -1,0 +1,203 @@
+"""A worker's piece of the graph: its nodes, their in-edges, one CSR block per source partition.
+
+Worker ``r`` owns nodes ``V_r`` (local rows ``0..n_r-1``, sorted by global id) and every
+edge into them. The in-edges coming from partition ``q`` form block ``q``: its source rows
+are the *halo* of ``q`` -- the sorted distinct local ids (in ``q``'s numbering) of the
+``q``-nodes with an edge into ``V_r``. Block ``r`` is the local block; its source rows are
+the local nodes themselves. Worker ``q`` keeps the same list as ``send_index[r]``, so both
+sides agree on what travels without any handshake.
+
+Edge tensors on a shard are in *shard order*: the edges of block 0, then block 1, ...,
+each block in CSR order. ``edge_ids`` maps them back to the original edge ids.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ..errors import PartitionError
+from ..graph import Block, Graph
+
+__all__ = ["PartData", "ShardGraph", "split_graph"]
+
+
+@dataclass
+class PartData:
+    """What the partitioner stores for one worker (plain tensors, easy to save and load).
+
+    Edges are the in-edges of this part's nodes: the source is named by its partition,
+    its local row there and its global id; the destination by its local row here.
+    """
+
+    global_ids: torch.Tensor  # [n_r] sorted
+    edge_src_part: torch.Tensor  # [E_r]
+    edge_src_local: torch.Tensor  # [E_r]
+    edge_src_gid: torch.Tensor  # [E_r]
+    edge_dst_local: torch.Tensor  # [E_r]
+    edge_ids: torch.Tensor  # [E_r]
+    send_index: list[torch.Tensor]  # per peer p: local rows of ours that p's edges read
+    node_data: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+def split_graph(
+    g: Graph, assignment: torch.Tensor, num_parts: int, node_data: dict[str, torch.Tensor] | None = None
+) -> list[PartData]:
+    """Cut ``g`` into ``num_parts`` pieces by ``assignment[v]`` (the part of node v)."""
+    assignment = torch.as_tensor(assignment).long()
+    if assignment.shape != (g.num_nodes,):
+        raise PartitionError(f"assignment must have one entry per node ({g.num_nodes}), got {tuple(assignment.shape)}")
+    if g.num_nodes and (int(assignment.min()) < 0 or int(assignment.max()) >= num_parts):
+        raise PartitionError(f"assignment values must lie in [0, {num_parts})")
+    node_data = node_data or {}
+    for name, t in node_data.items():
+        if t.shape[0] != g.num_nodes:
+            raise PartitionError(f"node_data[{name!r}] has {t.shape[0]} rows but the graph has {g.num_nodes} nodes")
+    # Local row of every node inside its part: rank among the part's nodes by global id.
+    order = torch.argsort(assignment * max(g.num_nodes, 1) + torch.arange(g.num_nodes))
+    counts = torch.bincount(assignment, minlength=num_parts)
+    starts = torch.cumsum(counts, 0) - counts
+    local = torch.empty(g.num_nodes, dtype=torch.long)
+    local[order] = torch.arange(g.num_nodes) - starts[assignment[order]]
+
+    src_part, dst_part = assignment[g.src], assignment[g.dst]
+    # Send lists: distinct (owner, reader, row) triples over the edges that cross parts,
+    # sorted, so each list comes out as the sorted halo its reader will compute.
+    n = max(g.num_nodes, 1)
+    cross = src_part != dst_part
+    keys = torch.unique((src_part[cross] * num_parts + dst_part[cross]) * n + local[g.src[cross]])
+    pair, rows = keys // n, keys % n
+    pair_counts = torch.bincount(pair, minlength=num_parts * num_parts).tolist()
+    send_lists = list(torch.split(rows, pair_counts))
+    parts = []
+    for r in range(num_parts):
+        ids = order[starts[r] : starts[r] + counts[r]]
+        eids = torch.nonzero(dst_part == r).flatten()
+        send = [send_lists[r * num_parts + p].clone() for p in range(num_parts)]
+        parts.append(
+            PartData(
+                global_ids=ids,
+                edge_src_part=src_part[eids],
+                edge_src_local=local[g.src[eids]],
+                edge_src_gid=g.src[eids],
+                edge_dst_local=local[g.dst[eids]],
+                edge_ids=eids,
+                send_index=send,
+                node_data={k: v[ids].clone() for k, v in node_data.items()},
+            )
+        )
+    return parts
+
+
+class ShardGraph:
+    """The graph argument a model gets inside a worker (``part.graph``).
+
+    Same surface as :class:`~sarcompile.graph.Graph` for what models use
+    (``num_nodes``, ``in_degrees()``, ``remove_self_loops()``), but with local rows only.
+    """
+
+    def __init__(
+        self,
+        rank: int,
+        world_size: int,
+        global_ids: torch.Tensor,
+        blocks: list[Block],
+        send_index: list[torch.Tensor],
+        edge_ids: torch.Tensor,
+        num_global_nodes: int,
+    ):
+        self.rank, self.world_size = rank, world_size
+        self.global_ids = global_ids
+        self.blocks = blocks
+        self.send_index = send_index
+        self.edge_ids = edge_ids
+        self.num_global_nodes = num_global_nodes
+        self.edge_ptr = torch.cumsum(torch.tensor([0] + [b.num_edges for b in blocks]), 0).tolist()
+        self._derived: dict[str, ShardGraph] = {}
+
+    @classmethod
+    def single(cls, g: Graph) -> "ShardGraph":
+        """A whole graph as the only shard of a one-worker world."""
+        return cls(0, 1, g.global_ids, [g.block], [torch.empty(0, dtype=torch.long)], g.csr_perm, g.num_nodes)
+
+    @classmethod
+    def from_part(cls, part: PartData, rank: int, world_size: int, num_global_nodes: int) -> "ShardGraph":
+        n = part.global_ids.numel()
+        blocks = []
+        for q in range(world_size):
+            m = part.edge_src_part == q
+            src, dst, gid = part.edge_src_local[m], part.edge_dst_local[m], part.edge_src_gid[m]
+            order = torch.sort(dst, stable=True).indices
+            src, dst, gid = src[order], dst[order], gid[order]
+            if q == rank:
+                col, num_src, src_gids = src, n, part.global_ids
+            else:
+                halo, col = torch.unique(src, return_inverse=True)
+                num_src = halo.numel()
+                src_gids = torch.empty(num_src, dtype=torch.long)
+                src_gids[col] = gid
+            counts = torch.bincount(dst, minlength=n)
+            indptr = torch.cat([torch.zeros(1, dtype=torch.long), torch.cumsum(counts, 0)])
+            blocks.append(Block(indptr, col.reshape(-1), num_src, src_gids))
+        # Shard edge order is block by block; record which original edge each one is.
+        eid_parts = []
+        for q in range(world_size):
+            m = part.edge_src_part == q
+            dst = part.edge_dst_local[m]
+            eid_parts.append(part.edge_ids[m][torch.sort(dst, stable=True).indices])
+        edge_ids = torch.cat(eid_parts) if eid_parts else torch.empty(0, dtype=torch.long)
+        return cls(rank, world_size, part.global_ids, blocks, part.send_index, edge_ids, num_global_nodes)
+
+    # -- the Graph-like surface models use ---------------------------------------------------
+    @property
+    def num_nodes(self) -> int:
+        """Number of local nodes (rows of every node tensor on this worker)."""
+        return self.global_ids.numel()
+
+    num_dst = num_nodes
+
+    @property
+    def num_edges(self) -> int:
+        return self.edge_ptr[-1]
+
+    @property
+    def dst_index(self) -> torch.Tensor:
+        """Local destination row of every edge, in shard order."""
+        if "dst_index" not in self.__dict__:
+            rows = [b.row for b in self.blocks]
+            self.__dict__["dst_index"] = torch.cat(rows) if rows else torch.empty(0, dtype=torch.long)
+        return self.__dict__["dst_index"]
+
+    def in_degrees(self) -> torch.Tensor:
+        """Full (global) in-degree of each local node: all its in-edges live on this shard."""
+        return torch.bincount(self.dst_index, minlength=self.num_nodes)
+
+    def remove_self_loops(self) -> "ShardGraph":
+        """Self-loops only ever sit in the local block, so the halos and send lists stay the same."""
+        if "no_loops" not in self._derived:
+            local = self.blocks[self.rank]
+            keep = local.col != local.row
+            counts = torch.bincount(local.row[keep], minlength=self.num_nodes)
+            indptr = torch.cat([torch.zeros(1, dtype=torch.long), torch.cumsum(counts, 0)])
+            blocks = list(self.blocks)
+            blocks[self.rank] = Block(indptr, local.col[keep], local.num_src, local.src_gids)
+            lo, hi = self.edge_ptr[self.rank], self.edge_ptr[self.rank + 1]
+            edge_ids = torch.cat([self.edge_ids[:lo], self.edge_ids[lo:hi][keep], self.edge_ids[hi:]])
+            self._derived["no_loops"] = ShardGraph(
+                self.rank, self.world_size, self.global_ids, blocks, self.send_index, edge_ids, self.num_global_nodes
+            )
+        return self._derived["no_loops"]
+
+    def halo_sizes(self) -> list[int]:
+        """Rows received from each partition (the local block counts its own nodes)."""
+        return [b.num_src for b in self.blocks]
+
+    def __repr__(self) -> str:
+        return (
+            f"ShardGraph(rank={self.rank}/{self.world_size}, num_nodes={self.num_nodes}, "
+            f"num_edges={self.num_edges}, halo={self.halo_sizes()})"
+        )
