@@ -3,6 +3,7 @@ training with Sequential Aggregation and Rematerialization (SAR)."""
 
 from . import nn, ops
 from .errors import CommError, CompileError, GraphError, PartitionError, SarcompileError
+from .compiler import DistributedModule, distribute
 from .graph import Graph
 from .ops import edge_softmax, sddmm, spmm
 from .runtime.comm import global_sum, init, shutdown, sync_gradients
@@ -11,6 +12,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Graph",
+    "distribute",
+    "DistributedModule",
     "nn",
     "ops",
     "spmm",

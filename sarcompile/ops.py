@@ -148,7 +148,7 @@ def spmm(g, x: torch.Tensor, reduce: str = "sum", edge_weight: torch.Tensor | No
         _check_rows(g, edge_weight, "edge_weight", g.num_edges)
     if isinstance(g, Graph):
         return runtime_ops.sar_spmm(g.shard(), x, reduce, _to_csr_order(g, edge_weight))
-    return runtime_ops.sar_spmm(g, x, reduce, edge_weight, strategy="remat" if edge_weight is not None else "direct")
+    return runtime_ops.sar_spmm(g, x, reduce, edge_weight)
 
 
 @ir_op(
@@ -162,7 +162,7 @@ def sddmm(g, a: torch.Tensor, b: torch.Tensor, op: str = "add") -> torch.Tensor:
     _check_rows(g, b, "b", g.num_nodes)
     if isinstance(g, Graph):
         return _from_csr_order(g, runtime_ops.sar_sddmm(g.shard(), a, b, op))
-    return runtime_ops.sar_sddmm(g, a, b, op, strategy="remat" if op in ("mul", "dot") else "direct")
+    return runtime_ops.sar_sddmm(g, a, b, op)
 
 
 @ir_op(partitioned=None, reads_remote_in_backward=lambda a: False, check=_check_softmax)

@@ -8,6 +8,9 @@ Strategies (chosen by :mod:`sarcompile.passes.strategy`):
   saved winner positions, sddmm add/sub).
 * ``remat``   -- forward frees each remote block; backward fetches the blocks again, one at
   a time, because its gradient formula reads the remote inputs (edge weights, mul/dot).
+
+Whatever the label, the runtime stays exact: an op whose backward reads remote inputs
+that were not kept fetches them again, so ``direct`` on such an op behaves as ``remat``.
 * ``stash``   -- forward keeps the remote blocks for backward (no re-fetch, more memory).
 * ``oneshot`` -- every halo is fetched at once and kept (classic domain parallelism).
 """

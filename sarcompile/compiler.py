@@ -1,0 +1,160 @@
+"""The compile pipeline and ``sc.distribute``.
+
+The pipeline, in order (each pass is a plain ``(GraphModule, options) -> GraphModule``)::
+
+    trace      user module -> fx graph, graph layers as leaves      (sarcompile.trace)
+    lower      layers -> IR ops (spmm, sddmm, edge_softmax)         (passes/lower.py)
+    partition  IR ops -> sequential-aggregation ops over a shard    (passes/partition.py)
+    strategy   direct / remat / stash / oneshot per op              (passes/strategy.py)
+
+A single machine runs the program after ``lower``; a worker runs the one after
+``strategy``. Every stage's code is kept in :attr:`Program.stages` for inspection.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch.fx as fx
+from torch import nn
+
+from .errors import CompileError
+from .graph import Graph
+from .passes.context import CompileOptions
+from .passes.lower import lower
+from .passes.partition import partition
+from .passes.strategy import strategy
+from .runtime.shard import ShardGraph
+from .trace import trace
+
+__all__ = ["Program", "compile_program", "distribute", "DistributedModule"]
+
+
+@dataclass
+class Program:
+    """A compiled GraphModule plus the readable code of every stage that made it."""
+
+    module: fx.GraphModule
+    stages: list[tuple[str, str]] = field(default_factory=list)
+
+
+def compile_program(model: nn.Module, options: CompileOptions, partitioned: bool) -> Program:
+    """Run the pipeline on ``model``; stop after ``lower`` for a single machine."""
+    gm = trace(model)
+    stages = [("trace", gm.code)]
+    passes = [("lower", lower)]
+    if partitioned:
+        passes += [("partition", partition), ("strategy", strategy)]
+    for name, run in passes:
+        gm = run(gm, options)
+        stages.append((name, gm.code))
+    return Program(gm, stages)
+
+
+def _find_graph(args: tuple, kwargs: dict) -> Graph | ShardGraph:
+    for v in list(args) + list(kwargs.values()):
+        if isinstance(v, (Graph, ShardGraph)):
+            return v
+    raise CompileError(
+        "no graph argument: call the model with a sarcompile Graph (one machine) or a worker's "
+        "part.graph, e.g. model(part.graph, part.node_data['x'])"
+    )
+
+
+class DistributedModule(nn.Module):
+    """A user module compiled for single-machine and partitioned execution.
+
+    It *shares* the original module's parameters, buffers and submodules (the very same
+    dicts), so gradients land on the original's parameters, ``state_dict()`` has the
+    original's keys, and checkpoints move freely between the eager and compiled model.
+    """
+
+    def __init__(self, module: nn.Module, options: CompileOptions):
+        super().__init__()
+        if isinstance(module, DistributedModule):
+            raise CompileError("this module is already distributed; wrap the original module once")
+        object.__setattr__(self, "_orig", module)
+        object.__setattr__(self, "_options", options)
+        object.__setattr__(self, "_programs", {})
+        self._parameters = module._parameters
+        self._buffers = module._buffers
+        self._modules = module._modules
+        self._non_persistent_buffers_set = module._non_persistent_buffers_set
+        self.training = module.training
+
+    @property
+    def original(self) -> nn.Module:
+        """The module that was wrapped."""
+        return self._orig
+
+    @property
+    def options(self) -> CompileOptions:
+        return self._options
+
+    def program(self, partitioned: bool) -> Program:
+        """The compiled program for the current training flag (compiled on first use)."""
+        key = (partitioned, self.training)
+        if key not in self._programs:
+            self._orig.train(self.training)
+            self._programs[key] = compile_program(self._orig, self._options, partitioned)
+        return self._programs[key]
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        graph = _find_graph(args, kwargs)
+        return self.program(isinstance(graph, ShardGraph)).module(*args, **kwargs)
+
+    def train(self, mode: bool = True) -> "DistributedModule":
+        super().train(mode)
+        self._orig.training = mode
+        return self
+
+    def _apply(self, fn, *args, **kwargs):
+        # .to()/.double() may replace parameter objects; programs hold the old ones.
+        self._programs.clear()
+        return super()._apply(fn, *args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self._orig, name)
+
+    def __repr__(self) -> str:
+        return f"distribute({self._orig!r}, mode={self._options.mode!r})"
+
+
+def distribute(
+    model: nn.Module | type | None = None,
+    *,
+    mode: str = "sar",
+    executor: str = "auto",
+    staleness: int = 1,
+    compress: str | None = None,
+    strategies: dict[str, str] | None = None,
+):
+    """Compile a model for exact distributed full-batch training.
+
+    ``sc.distribute(model)`` wraps an instance; ``@sc.distribute`` (with or without
+    options) decorates a class so that constructing it returns the wrapped instance.
+    """
+    options = CompileOptions(mode, executor, staleness, compress, dict(strategies or {}))
+    if model is None:
+        return lambda m: distribute(m, mode=mode, executor=executor, staleness=staleness,
+                                    compress=compress, strategies=strategies)
+    if isinstance(model, type):
+        if not issubclass(model, nn.Module):
+            raise CompileError(f"@distribute decorates torch.nn.Module classes, not {model.__name__}")
+        cls = model
+
+        def construct(*args: Any, **kwargs: Any) -> DistributedModule:
+            return DistributedModule(cls(*args, **kwargs), options)
+
+        construct.__name__ = cls.__name__
+        construct.__qualname__ = cls.__qualname__
+        construct.__doc__ = cls.__doc__
+        construct.__wrapped__ = cls
+        return construct
+    if not isinstance(model, nn.Module):
+        raise CompileError(f"distribute() takes a torch.nn.Module, got {type(model).__name__}")
+    return DistributedModule(model, options)

@@ -1,0 +1,97 @@
+"""Pass ``lower``: graph-layer modules -> IR ops.
+
+Contract. Expects a GraphModule from :func:`sarcompile.trace.trace`, where every layer
+with a lowering rule is a ``call_module`` leaf. Guarantees that afterwards no such leaf
+is left: each was replaced, in place, by the IR-op program its rule produces, with the
+layer's parameters referenced under their original paths (so gradients land on the
+user's parameters). Every inserted node records ``meta["layer"]`` (the layer's path) and
+``meta["layer_type"]``.
+
+A rule maps a layer to an equivalent module written with IR ops, with the layer's call
+signature, sharing the layer's parameters. ``sarcompile.nn`` layers are written with IR
+ops already, so their rule returns the layer itself; front-ends (PyG, DGL) register rules
+for their layers with :func:`register_lowering`.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Callable
+
+import torch.fx as fx
+from torch import nn
+
+__all__ = ["lower", "register_lowering", "lowering_for"]
+
+_RULES: dict[type, Callable[[nn.Module], nn.Module]] = {}
+
+
+def register_lowering(layer_type: type, rule: Callable[[nn.Module], nn.Module]) -> None:
+    """Lower every ``layer_type`` module ``m`` to ``rule(m)``, a module written with IR ops."""
+    _RULES[layer_type] = rule
+
+
+def lowering_for(m: nn.Module) -> nn.Module | None:
+    for t in type(m).__mro__:
+        if t in _RULES:
+            return _RULES[t](m)
+    return None
+
+
+def _inline(gm: fx.GraphModule, node: fx.Node, module: nn.Module, lowered: nn.Module) -> None:
+    """Replace ``node`` (a call of ``module``) by the traced body of ``lowered``."""
+    from ..trace import SarTracer
+
+    prefix = node.target
+    if lowered is not module:  # a stand-in module: make its own attributes reachable
+        prefix = f"{node.target}_lowered"
+        gm.add_submodule(prefix, lowered)
+    body = SarTracer().trace(lowered)
+    bound = inspect.signature(lowered.forward).bind(*node.args, **node.kwargs)
+    bound.apply_defaults()
+    params = list(bound.arguments.values())
+    env: dict[fx.Node, object] = {}
+    result = None
+    placeholder_index = 0
+    with gm.graph.inserting_before(node):
+        for sub in body.nodes:
+            if sub.op == "placeholder":
+                env[sub] = params[placeholder_index]
+                placeholder_index += 1
+                continue
+            if sub.op == "output":
+                result = fx.map_arg(sub.args[0], lambda n: env[n])
+                continue
+            if sub.op in ("get_attr", "call_module"):
+                new = gm.graph.create_node(
+                    sub.op,
+                    f"{prefix}.{sub.target}",
+                    fx.map_arg(sub.args, lambda n: env[n]),
+                    fx.map_arg(sub.kwargs, lambda n: env[n]),
+                    name=f"{node.name}_{sub.name}",
+                )
+            else:
+                new = gm.graph.node_copy(sub, lambda n: env[n])
+            new.meta["layer"] = node.target
+            new.meta["layer_type"] = type(module).__name__
+            env[sub] = new
+    node.replace_all_uses_with(result)
+    gm.graph.erase_node(node)
+
+
+def lower(gm: fx.GraphModule, ctx=None) -> fx.GraphModule:
+    """Inline every layer that has a lowering rule (see the module docstring)."""
+    changed = True
+    while changed:  # a lowered body may itself call layers with rules
+        changed = False
+        for node in list(gm.graph.nodes):
+            if node.op != "call_module":
+                continue
+            module = gm.get_submodule(node.target)
+            lowered = lowering_for(module)
+            if lowered is not None:
+                _inline(gm, node, module, lowered)
+                changed = True
+    gm.graph.lint()
+    gm.recompile()
+    return gm

@@ -1,0 +1,51 @@
+"""Pass ``partition``: IR ops on the global graph -> sequential-aggregation ops on a shard.
+
+Contract. Expects a lowered GraphModule (IR ops as ``call_function`` nodes). Guarantees
+that every IR op that reads other nodes' rows (``spmm``, ``sddmm``) now calls its
+partitioned runtime op with its arguments normalised (all by position, defaults filled)
+and a ``strategy`` keyword (``"direct"`` until the strategy pass decides); ops that need
+no communication (``edge_softmax``) are left as they are. Each rewritten node records
+``meta["ir_op"]`` (the :class:`~sarcompile.ops.OpDef`) and ``meta["args"]`` (its bound
+arguments). Modules whose result would silently differ on a shard (batch norm over the
+local nodes only) are rejected with a :class:`CompileError`.
+"""
+
+from __future__ import annotations
+
+import torch.fx as fx
+from torch import nn
+
+from ..errors import CompileError
+from ..ops import registry
+from .context import CompileOptions
+
+__all__ = ["partition"]
+
+# Layers that reduce over the node dimension: on a worker they would see only its nodes.
+_NODE_REDUCING = (nn.modules.batchnorm._BatchNorm, nn.modules.instancenorm._InstanceNorm)
+
+
+def partition(gm: fx.GraphModule, ctx: CompileOptions) -> fx.GraphModule:
+    ops = registry()
+    for node in gm.graph.nodes:
+        if node.op == "call_module" and isinstance(gm.get_submodule(node.target), _NODE_REDUCING):
+            kind = type(gm.get_submodule(node.target)).__name__
+            raise CompileError(
+                f"layer {node.target!r} ({kind}) normalises over the nodes it sees, which on a worker "
+                "are only its own, so N workers would not match one machine. Use LayerNorm, or "
+                "remove it; a batch norm with statistics across workers is planned (sc.nn.BatchNorm)."
+            )
+        if node.op != "call_function" or node.target not in ops:
+            continue
+        op = ops[node.target]
+        if op.partitioned is None:
+            continue
+        args = op.bind(node.args, node.kwargs)
+        node.target = op.partitioned
+        node.args = tuple(args.values())
+        node.kwargs = {"strategy": "direct"}
+        node.meta["ir_op"] = op
+        node.meta["args"] = args
+    gm.graph.lint()
+    gm.recompile()
+    return gm
