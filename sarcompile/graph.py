@@ -12,6 +12,7 @@ partition (see :mod:`sarcompile.runtime.shard`).
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
@@ -68,17 +69,20 @@ class Block:
     def sparse(self, weight: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
         """This block as a ``[num_dst, num_src]`` sparse CSR matrix (unit weights if None)."""
         values = torch.ones(self.num_edges, dtype=dtype) if weight is None else weight.to(dtype)
-        return torch.sparse_csr_tensor(
-            self.indptr, self.col, values, size=(self.num_dst, self.num_src)
-        )
+        return _csr(self.indptr, self.col, values, (self.num_dst, self.num_src))
 
     def sparse_t(self, weight: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
         """The transposed block, ``[num_src, num_dst]`` sparse CSR."""
         perm = self.transpose_perm
         values = torch.ones(self.num_edges, dtype=dtype) if weight is None else weight[perm].to(dtype)
-        return torch.sparse_csr_tensor(
-            self.transpose_indptr, self.row[perm], values, size=(self.num_src, self.num_dst)
-        )
+        return _csr(self.transpose_indptr, self.row[perm], values, (self.num_src, self.num_dst))
+
+
+def _csr(indptr: torch.Tensor, col: torch.Tensor, values: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+    # torch warns that sparse CSR is beta on construction; ours is valid by construction.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.sparse_csr_tensor(indptr, col, values, size=size, check_invariants=False)
 
 
 def _as_index(t: Any, name: str) -> torch.Tensor:

@@ -9,7 +9,7 @@ trailing shape (``[n, F]`` or ``[n, heads, F]``); kernels flatten it to 2-D.
 
 from __future__ import annotations
 
-import warnings
+import math
 
 import torch
 
@@ -20,14 +20,8 @@ __all__ = ["spmm", "spmm_t", "edge_dot", "MaxState", "max_grad", "sddmm", "sddmm
 # Larger than any node id: marks "no candidate" in the arg-min tie-break of the max.
 _NO_ROW = torch.iinfo(torch.long).max
 
-# torch warns on every sparse CSR construction that the layout is beta; the kernels
-# build valid CSR by construction, so the warning carries no information here.
-warnings.filterwarnings("ignore", message=r"Sparse CSR tensor support is in beta")
-warnings.filterwarnings("ignore", message=r"Sparse invariant checks are implicitly disabled")
-
-
 def _flat(t: torch.Tensor) -> torch.Tensor:
-    return t.reshape(t.shape[0], -1)
+    return t.reshape(t.shape[0], math.prod(t.shape[1:]))
 
 
 def _scalar_weight(weight: torch.Tensor | None) -> bool:
@@ -57,7 +51,8 @@ def edge_dot(block: Block, g: torch.Tensor, x: torch.Tensor, weight_shape: torch
     """Gradient of the edge weights of :func:`spmm`: ``<g[v], x[u]>`` per edge u->v,
     summed over the dims the weight broadcast over."""
     prod = g[block.row] * x[block.col]
-    return prod.reshape(block.num_edges, *weight_shape[1:], -1).sum(-1)
+    rest = math.prod(g.shape[1:]) // math.prod(weight_shape[1:])
+    return prod.reshape(block.num_edges, *weight_shape[1:], rest).sum(-1)
 
 
 class MaxState:

@@ -187,6 +187,8 @@ def run_rounds(
             q, buf, works = pending.popleft()
             _wait(works, f"{what}: features from worker {q}")
             del works
+            if buf is None:  # nothing to receive from q: an empty block keeps kernels uniform
+                buf = fetch.new_empty((0, *tail(fetch)))
             if k + lookahead < n:
                 pending.append(post_fetch(k + lookahead))
         else:

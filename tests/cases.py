@@ -1,0 +1,147 @@
+"""Models and the worker side of distributed exactness cases (imported by the workers too).
+
+A case: a graph cut into parts, a model given by factory name and state, inputs, and
+per-node loss weights. The parent computes the single-machine answer; each worker runs
+its shard and returns its output rows, its input-gradient rows and the all-reduced
+parameter gradients.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+import sarcompile as sc
+from sarcompile.runtime import comm
+from sarcompile.runtime.shard import PartData, ShardGraph, split_graph
+
+
+class MixModel(nn.Module):
+    """SAGE (mean, sum, max), GCN, GIN, a residual, a concatenation and a layer norm."""
+
+    def __init__(self, f_in: int = 6, hidden: int = 8, f_out: int = 3):
+        super().__init__()
+        self.sage_mean = sc.nn.SAGEConv(f_in, hidden, "mean")
+        self.sage_sum = sc.nn.SAGEConv(hidden, hidden, "sum")
+        self.sage_max = sc.nn.SAGEConv(hidden, hidden, "max")
+        self.gcn = sc.nn.GCNConv(hidden, hidden)
+        self.norm = nn.LayerNorm(hidden)
+        mlp = nn.Sequential(nn.Linear(2 * hidden, hidden), nn.ReLU(), nn.Linear(hidden, f_out))
+        self.gin = sc.nn.GINConv(mlp, eps=0.1, train_eps=True)
+
+    def forward(self, g, x):
+        h = torch.relu(self.sage_mean(g, x))
+        h = h + torch.tanh(self.sage_sum(g, h))  # residual
+        m = self.sage_max(g, torch.sin(h))  # sin keeps signs mixed, so max ties are rare but possible
+        h2 = self.norm(self.gcn(g, m)) + h
+        return self.gin(g, torch.cat([h, h2], dim=-1))
+
+
+class EdgeModel(nn.Module):
+    """Raw IR ops: learned edge scores (sddmm dot and add), edge softmax, weighted spmm."""
+
+    def __init__(self, f_in: int = 6, hidden: int = 5):
+        super().__init__()
+        self.q = nn.Linear(f_in, hidden)
+        self.k = nn.Linear(f_in, hidden)
+        self.v = nn.Linear(f_in, hidden)
+        self.a = nn.Linear(f_in, 1)
+
+    def forward(self, g, x):
+        score = sc.sddmm(g, self.k(x), self.q(x), "dot") + sc.sddmm(g, self.a(x), self.a(x), "add").squeeze(-1)
+        att = sc.edge_softmax(g, score)
+        out = sc.spmm(g, self.v(x), "sum", edge_weight=att)
+        gate = torch.sigmoid(sc.sddmm(g, x, x, "mul").sum(-1))
+        return out + sc.spmm(g, x, "mean", edge_weight=gate)[:, :5]
+
+
+class DropModel(nn.Module):
+    """Node-seeded dropout between two layers."""
+
+    def __init__(self, f_in: int = 6, hidden: int = 8):
+        super().__init__()
+        self.c1 = sc.nn.SAGEConv(f_in, hidden, "mean")
+        self.drop = sc.nn.NodeDropout(0.5, seed=1234)
+        self.c2 = sc.nn.SAGEConv(hidden, 2, "sum")
+
+    def forward(self, g, x):
+        return self.c2(g, self.drop(g, torch.relu(self.c1(g, x))))
+
+
+MODELS = {"mix": MixModel, "edge": EdgeModel, "drop": DropModel}
+
+
+def make_model(name: str, seed: int) -> nn.Module:
+    torch.manual_seed(seed)
+    return MODELS[name]().double()
+
+
+@dataclass
+class Case:
+    graph: sc.Graph
+    assignment: torch.Tensor
+    model: str
+    seed: int
+    x: torch.Tensor
+    loss_weight: torch.Tensor
+    mode: str = "sar"
+    train: bool = True
+
+
+@dataclass
+class Result:
+    out: torch.Tensor
+    x_grad: torch.Tensor
+    param_grads: dict[str, torch.Tensor]
+    stats: dict = field(default_factory=dict)
+
+
+def single_machine(case: Case) -> Result:
+    """The oracle: the compiled model on one machine, the whole graph."""
+    model = make_model(case.model, case.seed)
+    dm = sc.distribute(model)
+    dm.train(case.train)
+    x = case.x.clone().requires_grad_(True)
+    out = dm(case.graph, x)
+    (out * case.loss_weight).sum().backward()
+    return Result(out.detach(), x.grad, {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None})
+
+
+def payloads(case: Case, world_size: int) -> list[dict[str, Any]]:
+    parts = split_graph(case.graph, case.assignment, world_size, {"x": case.x, "w": case.loss_weight})
+    return [
+        {"part": p, "model": case.model, "seed": case.seed, "mode": case.mode, "train": case.train,
+         "num_nodes": case.graph.num_nodes}
+        for p in parts
+    ]
+
+
+def run_worker(rank: int, world_size: int, payload: dict[str, Any]) -> Result:
+    part: PartData = payload["part"]
+    shard = ShardGraph.from_part(part, rank, world_size, payload["num_nodes"])
+    model = make_model(payload["model"], payload["seed"])
+    dm = sc.distribute(model, mode=payload["mode"])
+    dm.train(payload["train"])
+    x = part.node_data["x"].clone().requires_grad_(True)
+    comm.stats.reset()
+    comm.live.reset_peak()
+    out = dm(shard, x)
+    forward_peak = comm.live.peak
+    (out * part.node_data["w"]).sum().backward()
+    sc.sync_gradients(model)
+    stats = {**comm.stats.as_dict(), "forward_peak_blocks": forward_peak, "peak_blocks": comm.live.peak}
+    grads = {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
+    return Result(out.detach(), x.grad, grads, stats)
+
+
+def gather_rows(case: Case, world_size: int, results: list[Result], attr: str) -> torch.Tensor:
+    """Put each worker's local rows back at their global positions."""
+    parts = split_graph(case.graph, case.assignment, world_size)
+    first = getattr(results[0], attr)
+    full = torch.zeros((case.graph.num_nodes, *first.shape[1:]), dtype=first.dtype)
+    for p, r in zip(parts, results):
+        full[p.global_ids] = getattr(r, attr)
+    return full
