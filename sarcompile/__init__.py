@@ -6,6 +6,7 @@ from .errors import CommError, CompileError, GraphError, PartitionError, Sarcomp
 from .compiler import DistributedModule, distribute
 from .graph import Graph
 from .ops import edge_softmax, sddmm, spmm
+from .partitioning import Manifest, Partition, load_partition, load_whole_graph, partition
 from .runtime.comm import global_sum, init, shutdown, sync_gradients
 
 __version__ = "0.1.0"
@@ -19,6 +20,11 @@ __all__ = [
     "spmm",
     "sddmm",
     "edge_softmax",
+    "partition",
+    "load_partition",
+    "load_whole_graph",
+    "Partition",
+    "Manifest",
     "init",
     "shutdown",
     "sync_gradients",

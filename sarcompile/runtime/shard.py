@@ -48,7 +48,12 @@ def split_graph(
     g: Graph, assignment: torch.Tensor, num_parts: int, node_data: dict[str, torch.Tensor] | None = None
 ) -> list[PartData]:
     """Cut ``g`` into ``num_parts`` pieces by ``assignment[v]`` (the part of node v)."""
-    assignment = torch.as_tensor(assignment).long()
+    if num_parts < 1:
+        raise PartitionError(f"num_parts must be >= 1, got {num_parts}")
+    assignment = torch.as_tensor(assignment)
+    if assignment.is_floating_point():
+        raise PartitionError(f"assignment must hold integer part ids, got dtype {assignment.dtype}")
+    assignment = assignment.long()
     if assignment.shape != (g.num_nodes,):
         raise PartitionError(f"assignment must have one entry per node ({g.num_nodes}), got {tuple(assignment.shape)}")
     if g.num_nodes and (int(assignment.min()) < 0 or int(assignment.max()) >= num_parts):
@@ -75,7 +80,7 @@ def split_graph(
     send_lists = list(torch.split(rows, pair_counts))
     parts = []
     for r in range(num_parts):
-        ids = order[starts[r] : starts[r] + counts[r]]
+        ids = order[starts[r] : starts[r] + counts[r]].clone()  # a view would save all of `order`
         eids = torch.nonzero(dst_part == r).flatten()
         send = [send_lists[r * num_parts + p].clone() for p in range(num_parts)]
         parts.append(
@@ -127,30 +132,24 @@ class ShardGraph:
     @classmethod
     def from_part(cls, part: PartData, rank: int, world_size: int, num_global_nodes: int) -> "ShardGraph":
         n = part.global_ids.numel()
+        # Shard order: edges sorted by (source part, destination), stable within.
+        order = torch.sort(part.edge_src_part * max(n, 1) + part.edge_dst_local, stable=True).indices
+        src_part = part.edge_src_part[order]
+        src, dst, gid = part.edge_src_local[order], part.edge_dst_local[order], part.edge_src_gid[order]
+        sizes = torch.bincount(src_part, minlength=world_size).tolist()
         blocks = []
-        for q in range(world_size):
-            m = part.edge_src_part == q
-            src, dst, gid = part.edge_src_local[m], part.edge_dst_local[m], part.edge_src_gid[m]
-            order = torch.sort(dst, stable=True).indices
-            src, dst, gid = src[order], dst[order], gid[order]
+        for q, (s, d, gq) in enumerate(zip(src.split(sizes), dst.split(sizes), gid.split(sizes))):
             if q == rank:
-                col, num_src, src_gids = src, n, part.global_ids
+                col, num_src, src_gids = s, n, part.global_ids
             else:
-                halo, col = torch.unique(src, return_inverse=True)
+                halo, col = torch.unique(s, return_inverse=True)
                 num_src = halo.numel()
                 src_gids = torch.empty(num_src, dtype=torch.long)
-                src_gids[col] = gid
-            counts = torch.bincount(dst, minlength=n)
+                src_gids[col] = gq
+            counts = torch.bincount(d, minlength=n)
             indptr = torch.cat([torch.zeros(1, dtype=torch.long), torch.cumsum(counts, 0)])
             blocks.append(Block(indptr, col.reshape(-1), num_src, src_gids))
-        # Shard edge order is block by block; record which original edge each one is.
-        eid_parts = []
-        for q in range(world_size):
-            m = part.edge_src_part == q
-            dst = part.edge_dst_local[m]
-            eid_parts.append(part.edge_ids[m][torch.sort(dst, stable=True).indices])
-        edge_ids = torch.cat(eid_parts) if eid_parts else torch.empty(0, dtype=torch.long)
-        return cls(rank, world_size, part.global_ids, blocks, part.send_index, edge_ids, num_global_nodes)
+        return cls(rank, world_size, part.global_ids, blocks, part.send_index, part.edge_ids[order], num_global_nodes)
 
     # -- the Graph-like surface models use ---------------------------------------------------
     @property

@@ -1,0 +1,181 @@
+"""The ``sarcompile`` command line (also ``python -m sarcompile``).
+
+``sarcompile partition --edges FILE --parts N --out DIR`` cuts a graph into N parts for
+N workers; ``sarcompile partition --help`` lists the edge file formats.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+import warnings
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+
+from .errors import GraphError, SarcompileError
+from .graph import Graph
+from .partitioning import METHODS, partition, summary
+
+__all__ = ["main", "load_edge_file"]
+
+EDGE_FORMATS = """\
+edge file formats:
+  .pt   torch.save'd dict with 'src' and 'dst' (node ids of each edge u->v), optional
+        'num_nodes', and any other tensors with one row per node (e.g. x, y, train_mask),
+        which are split into the parts as node data
+  .npz  numpy.savez'd arrays with the same keys
+  .csv  two integer columns src,dst, one edge per line; an optional header line
+"""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit status (2 for bad input, with a one-line message)."""
+    args = _parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except (SarcompileError, OSError) as e:
+        message = " ".join(str(e).split())
+        print(f"sarcompile {args.command}: error: {message}", file=sys.stderr)
+        return 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="sarcompile", description="Compile single-machine PyTorch GNNs into distributed full-batch training."
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = commands.add_parser(
+        "partition",
+        help="cut a graph into one part per worker",
+        description="Cut a graph into one part per worker and write them, with a manifest, to a directory "
+        "that sc.load_partition reads.",
+        epilog=EDGE_FORMATS,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    # The graph source. A later `--dataset ogbn-... --root DIR` joins --edges in a
+    # mutually exclusive, required group; --edges is required until then.
+    p.add_argument("--edges", required=True, metavar="FILE", help="edge list (.pt, .npz or .csv; see below)")
+    p.add_argument("--parts", required=True, type=_positive_int, metavar="N", help="number of parts (= workers)")
+    p.add_argument("--out", required=True, metavar="DIR", help="directory to write the parts and manifest.json to")
+    p.add_argument(
+        "--method", choices=METHODS, default="metis", help="how nodes are assigned to parts (default: metis)"
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed of the metis and random methods (default: 0)")
+    p.add_argument("--name", help="name recorded in the manifest (default: the edge file's name)")
+    p.set_defaults(run=_partition)
+    return parser
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _partition(args: argparse.Namespace) -> int:
+    start = time.perf_counter()
+    g, node_data = load_edge_file(args.edges)
+    name = args.name or Path(args.edges).stem
+    manifest = partition(g, args.parts, args.out, node_data=node_data, method=args.method, seed=args.seed, name=name)
+    print(summary(manifest))
+    print(f"wrote {args.parts} parts to {args.out} in {time.perf_counter() - start:.2f} s")
+    return 0
+
+
+# -- edge files ------------------------------------------------------------------------------
+def load_edge_file(path: str | Path) -> tuple[Graph, dict[str, torch.Tensor]]:
+    """Read a graph and its node tensors from a ``.pt``, ``.npz`` or ``.csv`` edge file.
+
+    Without ``num_nodes`` in the file the graph has as many nodes as the node tensors have
+    rows, or else the largest node id + 1.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise GraphError(f"edge file '{path}' not found")
+    suffix = path.suffix.lower()
+    if suffix == ".csv":
+        src, dst = _read_csv(path)
+        return Graph.from_edges(src, dst, _num_nodes(None, src, dst, {}, path)), {}
+    if suffix == ".pt":
+        arrays = _read(path, lambda: torch.load(path, map_location="cpu", weights_only=True))
+    elif suffix == ".npz":
+        arrays = _read(path, lambda: _load_npz(path))
+    else:
+        raise GraphError(f"edge file '{path}' has an unknown type; use .pt, .npz or .csv")
+    return _graph_from_dict(arrays, path)
+
+
+def _load_npz(path: Path) -> dict[str, np.ndarray]:
+    with np.load(path, allow_pickle=False) as npz:
+        return dict(npz)
+
+
+def _read(path: Path, load: Callable[[], Any]) -> dict:
+    try:
+        data = load()
+    except Exception as e:  # torch.load and np.load raise many types for a bad file
+        reason = " ".join(str(e).split())
+        if len(reason) > 200:  # torch's unpickling errors run to a paragraph
+            reason = reason[:200] + "..."
+        raise GraphError(f"cannot read '{path}' ({type(e).__name__}: {reason})") from None
+    if not isinstance(data, dict):
+        raise GraphError(f"'{path}' holds a {type(data).__name__}; expected a dict with 'src' and 'dst'")
+    return data
+
+
+def _graph_from_dict(arrays: dict, path: Path) -> tuple[Graph, dict[str, torch.Tensor]]:
+    missing = [k for k in ("src", "dst") if k not in arrays]
+    if missing:
+        raise GraphError(f"'{path}' has no {' or '.join(repr(k) for k in missing)}; found keys {sorted(arrays)}")
+    tensors = {}
+    for key, value in arrays.items():
+        if key == "num_nodes":
+            continue
+        if not isinstance(value, (torch.Tensor, np.ndarray)):
+            raise GraphError(f"'{path}': {key!r} is a {type(value).__name__}, expected a tensor or array")
+        tensors[key] = torch.as_tensor(value)
+    src, dst = tensors.pop("src"), tensors.pop("dst")
+    num_nodes = _num_nodes(arrays.get("num_nodes"), src, dst, tensors, path)
+    return Graph.from_edges(src, dst, num_nodes), tensors
+
+
+def _num_nodes(
+    given: Any, src: torch.Tensor, dst: torch.Tensor, node_data: dict[str, torch.Tensor], path: Path
+) -> int:
+    if given is not None:
+        try:
+            return int(given)
+        except (TypeError, ValueError, RuntimeError):
+            raise GraphError(f"'{path}': 'num_nodes' must be one integer, got {given!r}") from None
+    for t in node_data.values():
+        if t.dim() > 0:
+            return t.shape[0]
+    return int(max(src.max(), dst.max())) + 1 if src.numel() else 0
+
+
+def _read_csv(path: Path) -> tuple[torch.Tensor, torch.Tensor]:
+    with open(path) as f:
+        header = _is_header(f.readline())
+    try:
+        with warnings.catch_warnings():  # numpy warns on an empty file; we raise instead
+            warnings.simplefilter("ignore", UserWarning)
+            edges = np.loadtxt(path, delimiter=",", dtype=np.int64, skiprows=int(header), ndmin=2)
+    except ValueError as e:
+        raise GraphError(f"'{path}' is not a CSV of integer src,dst pairs ({e})") from None
+    if edges.size == 0:
+        raise GraphError(f"'{path}' has no edges")
+    if edges.shape[1] != 2:
+        raise GraphError(f"'{path}' has {edges.shape[1]} columns; expected two: src,dst")
+    edges = torch.from_numpy(edges)
+    return edges[:, 0].contiguous(), edges[:, 1].contiguous()
+
+
+def _is_header(line: str) -> bool:
+    """A first line that is not all integers names the columns."""
+    return bool(line.strip()) and not all(c.strip().lstrip("-").isdigit() for c in line.split(","))

@@ -1,0 +1,466 @@
+"""Cut a graph into one piece per worker, write the pieces to a directory, load one back.
+
+A partition directory holds ``part-{r}.pt`` for every worker ``r`` and a ``manifest.json``
+that names the graph, the method, the sizes and the sha256 of every part file::
+
+    >>> import tempfile
+    >>> g = Graph.from_edges(torch.tensor([0, 1, 2, 3]), torch.tensor([1, 2, 3, 0]), num_nodes=4)
+    >>> out = tempfile.mkdtemp()
+    >>> m = partition(g, 2, out, method="contiguous")
+    >>> m.edge_cut, m.halo_sizes
+    (2, [[0, 1], [1, 0]])
+    >>> p = load_partition(out, rank=1, world_size=2)
+    >>> p.global_ids.tolist(), p.graph.in_degrees().tolist()
+    ([2, 3], [1, 1])
+
+Every file is written to a temporary name and renamed into place, and the manifest is
+removed before any part changes and written last: a run that dies half-way leaves a
+directory that refuses to load rather than one that mixes two partitionings.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import IO, Any, Callable
+
+import numpy as np
+import torch
+
+from .errors import GraphError, PartitionError
+from .graph import Graph
+from .runtime.shard import PartData, ShardGraph, split_graph
+
+__all__ = [
+    "METHODS",
+    "FORMAT_VERSION",
+    "PartInfo",
+    "Manifest",
+    "Partition",
+    "assign",
+    "partition",
+    "read_manifest",
+    "load_partition",
+    "load_whole_graph",
+    "summary",
+]
+
+METHODS = ("metis", "random", "contiguous")
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+
+
+# -- node assignment -------------------------------------------------------------------------
+def assign(g: Graph, num_parts: int, method: str = "metis", seed: int = 0) -> torch.Tensor:
+    """The part of every node: a LongTensor of ``g.num_nodes`` values in ``[0, num_parts)``.
+
+    * ``"metis"`` -- METIS k-way on the undirected simple graph behind ``g`` (edge
+      directions dropped, self-loops and duplicates removed), seeded with ``seed``.
+      A graph without edges, or with fewer nodes than parts, gives METIS nothing to
+      optimise (and it can misbehave there), so those fall back to ``"contiguous"``.
+    * ``"random"`` -- every node uniformly at random, reproducible from ``seed``.
+    * ``"contiguous"`` -- node ``v`` goes to ``v * num_parts // num_nodes``: equal runs of ids.
+
+    Parts may come out empty (e.g. more parts than nodes); the rest of the pipeline allows it.
+    """
+    _check_graph(g)
+    _check_num_parts(num_parts)
+    if method not in METHODS:
+        raise PartitionError(f"unknown partition method {method!r}; choose one of {', '.join(METHODS)}")
+    n = g.num_nodes
+    if num_parts == 1 or n == 0:
+        return torch.zeros(n, dtype=torch.long)
+    if method == "random":
+        gen = torch.Generator().manual_seed(seed)
+        return torch.randint(num_parts, (n,), generator=gen)
+    if method == "metis":
+        return _metis(g, num_parts, seed)
+    return _contiguous(n, num_parts)
+
+
+def _contiguous(num_nodes: int, num_parts: int) -> torch.Tensor:
+    return torch.arange(num_nodes) * num_parts // num_nodes
+
+
+def _symmetric_csr(g: Graph) -> tuple[np.ndarray, np.ndarray]:
+    """CSR (``xadj``, ``adjncy``) of the undirected simple graph METIS expects.
+
+    METIS requires both directions of every edge, no self-loops and no repeated neighbours.
+    """
+    n = g.num_nodes
+    keep = g.src != g.dst
+    u = torch.cat([g.src[keep], g.dst[keep]])
+    v = torch.cat([g.dst[keep], g.src[keep]])
+    # One sorted, de-duplicated key per (u, v) pair is already the CSR order.
+    key = torch.unique(u * n + v)
+    u, v = key // n, key % n
+    xadj = torch.cat([torch.zeros(1, dtype=torch.long), torch.cumsum(torch.bincount(u, minlength=n), 0)])
+    return xadj.numpy(), v.numpy()
+
+
+def _metis(g: Graph, num_parts: int, seed: int) -> torch.Tensor:
+    import pymetis
+
+    xadj, adjncy = _symmetric_csr(g)
+    if adjncy.size == 0 or g.num_nodes < num_parts:
+        return _contiguous(g.num_nodes, num_parts)
+    options = pymetis.Options(seed=seed)
+    # pymetis >= 2025.2 takes a CSRAdjacency and deprecates xadj/adjncy; older ones only have those.
+    if hasattr(pymetis, "CSRAdjacency"):
+        result = pymetis.part_graph(num_parts, pymetis.CSRAdjacency(xadj, adjncy), options=options)
+    else:
+        result = pymetis.part_graph(num_parts, xadj=xadj, adjncy=adjncy, options=options)
+    parts = torch.as_tensor(np.asarray(result[1], dtype=np.int64))
+    if parts.shape != (g.num_nodes,) or int(parts.min()) < 0 or int(parts.max()) >= num_parts:
+        raise PartitionError(f"METIS returned an invalid assignment for {num_parts} parts; try method='random'")
+    return parts
+
+
+# -- the manifest ----------------------------------------------------------------------------
+@dataclass
+class PartInfo:
+    """One part file as the manifest records it."""
+
+    file: str
+    num_nodes: int
+    num_edges: int
+    sha256: str
+    bytes: int
+
+
+@dataclass
+class Manifest:
+    """What ``manifest.json`` says about a partition directory.
+
+    ``halo_sizes[r][q]`` is the number of part ``q``'s nodes with an edge into part ``r``
+    (the rows ``r`` receives from ``q`` in every aggregation); the diagonal is 0.
+    ``node_data`` maps each node tensor's name to its ``dtype`` and trailing ``shape``.
+    """
+
+    num_parts: int
+    num_nodes: int
+    num_edges: int
+    method: str
+    seed: int
+    name: str
+    parts: list[PartInfo]
+    halo_sizes: list[list[int]]
+    edge_cut: int
+    node_data: dict[str, dict[str, Any]]
+    created: str
+    format_version: int = FORMAT_VERSION
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2)
+
+    @classmethod
+    def from_json(cls, text: str) -> "Manifest":
+        """Parse a manifest; anything unreadable or of another format raises :class:`PartitionError`."""
+        try:
+            d = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise PartitionError(f"manifest is not valid JSON ({e}); re-run partition") from None
+        if not isinstance(d, dict):
+            raise PartitionError("manifest is not a JSON object; re-run partition")
+        version = d.get("format_version")
+        if version != FORMAT_VERSION:
+            raise PartitionError(
+                f"manifest has format_version {version!r}, this sarcompile reads {FORMAT_VERSION}; "
+                "re-run partition with this version"
+            )
+        try:
+            d["parts"] = [PartInfo(**p) for p in d["parts"]]
+            return cls(**d)
+        except (KeyError, TypeError) as e:
+            raise PartitionError(f"manifest is missing or has unexpected fields ({e}); re-run partition") from None
+
+
+@dataclass
+class Partition:
+    """One worker's share of a partitioned graph, as :func:`load_partition` returns it."""
+
+    graph: ShardGraph
+    node_data: dict[str, torch.Tensor] = field(repr=False)  # local rows, local order
+    global_ids: torch.Tensor = field(repr=False)  # original node id of every local row
+    rank: int
+    manifest: Manifest = field(repr=False)
+
+
+# -- writing ---------------------------------------------------------------------------------
+def partition(
+    g: Graph,
+    num_parts: int,
+    out_dir: str | os.PathLike,
+    node_data: dict[str, torch.Tensor] | None = None,
+    method: str = "metis",
+    seed: int = 0,
+    name: str = "graph",
+) -> Manifest:
+    """Split ``g`` (and the node tensors in ``node_data``) into ``num_parts`` files under ``out_dir``.
+
+    Worker ``r`` later reads its piece with :func:`load_partition`. Returns the manifest
+    that is also written to ``out_dir/manifest.json``.
+    """
+    _check_graph(g)
+    _check_num_parts(num_parts)
+    node_data = _check_node_data(g, node_data)
+    assignment = assign(g, num_parts, method, seed)
+    parts = split_graph(g, assignment, num_parts, node_data)
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    # From here until the new manifest lands the directory must not load: drop the old
+    # manifest first (durably) so old and new part files can never be read as one set.
+    (out / MANIFEST).unlink(missing_ok=True)
+    _fsync_dir(out)
+    _remove_stale_parts(out, num_parts)
+    infos = [_write_part(out, r, part) for r, part in enumerate(parts)]
+
+    manifest = Manifest(
+        num_parts=num_parts,
+        num_nodes=g.num_nodes,
+        num_edges=g.num_edges,
+        method=method,
+        seed=seed,
+        name=name,
+        parts=infos,
+        halo_sizes=[[len(parts[q].send_index[r]) for q in range(num_parts)] for r in range(num_parts)],
+        edge_cut=int((assignment[g.src] != assignment[g.dst]).sum()),
+        node_data={
+            k: {"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape[1:])} for k, t in node_data.items()
+        },
+        created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    )
+    _atomic_write(out / MANIFEST, lambda f: f.write(manifest.to_json().encode()))
+    return manifest
+
+
+def _check_graph(g: Graph) -> None:
+    if not isinstance(g, Graph):
+        raise GraphError(
+            f"expected a sarcompile Graph, got {type(g).__name__}; build one with Graph.from_edges or Graph.from_pyg"
+        )
+
+
+def _check_num_parts(num_parts: int) -> None:
+    if isinstance(num_parts, bool) or not isinstance(num_parts, int) or num_parts < 1:
+        raise PartitionError(f"num_parts must be an integer >= 1, got {num_parts!r}")
+
+
+def _check_node_data(g: Graph, node_data: dict[str, torch.Tensor] | None) -> dict[str, torch.Tensor]:
+    """Node tensors as detached CPU tensors with one row per node, checked before any work."""
+    checked = {}
+    for key, t in (node_data or {}).items():
+        if not isinstance(key, str):
+            raise GraphError(f"node_data keys must be strings, got {key!r}")
+        if not isinstance(t, torch.Tensor):
+            raise GraphError(f"node_data[{key!r}] must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() == 0 or t.shape[0] != g.num_nodes:
+            raise GraphError(
+                f"node_data[{key!r}] has shape {tuple(t.shape)} but the graph has {g.num_nodes} nodes; "
+                "node tensors need one row per node"
+            )
+        checked[key] = t.detach().cpu()
+    return checked
+
+
+def _remove_stale_parts(out: Path, num_parts: int) -> None:
+    """Delete part files of an earlier partitioning into more parts (they may be large)."""
+    for path in out.glob("part-*.pt"):
+        index = path.stem.removeprefix("part-")
+        if index.isdigit() and int(index) >= num_parts:
+            path.unlink()
+
+
+def _write_part(out: Path, rank: int, part: PartData) -> PartInfo:
+    """Write ``part-{rank}.pt`` atomically and describe it for the manifest."""
+    path = out / f"part-{rank}.pt"
+    _atomic_write(path, lambda f: torch.save(part.to_dict(), f))
+    return PartInfo(
+        file=path.name,
+        num_nodes=part.global_ids.numel(),
+        num_edges=part.edge_ids.numel(),
+        sha256=_sha256(path),
+        bytes=path.stat().st_size,
+    )
+
+
+def _atomic_write(path: Path, write: Callable[[IO[bytes]], Any]) -> None:
+    """Write ``path`` so that it is either absent, the old file, or the complete new one."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+
+
+def _fsync_dir(path: Path) -> None:
+    """Make renames and removals in ``path`` durable where the OS allows fsync on a directory."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # e.g. Windows cannot open a directory
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # some filesystems refuse fsync on directories
+        pass
+    finally:
+        os.close(fd)
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+# -- reading ---------------------------------------------------------------------------------
+def read_manifest(out_dir: str | os.PathLike) -> Manifest:
+    """The manifest of a partition directory, or a :class:`PartitionError` saying what to do."""
+    out = Path(out_dir)
+    if not out.is_dir():
+        raise PartitionError(
+            f"partition directory '{out}' does not exist: run `sarcompile partition` or sc.partition first"
+        )
+    path = out / MANIFEST
+    if not path.is_file():
+        raise PartitionError(
+            f"'{out}' has no {MANIFEST} (never partitioned, or a partition run did not finish): "
+            "run `sarcompile partition` or sc.partition first"
+        )
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise PartitionError(f"cannot read '{path}' ({e}); re-run partition") from None
+    return Manifest.from_json(text)
+
+
+def load_partition(out_dir: str | os.PathLike, rank: int | None = None, world_size: int | None = None) -> Partition:
+    """Load worker ``rank``'s part of the partition in ``out_dir``.
+
+    ``rank`` and ``world_size`` default to torch.distributed's when a process group is
+    up, else to 0 and 1. The part file is checked against the manifest's checksum and
+    halo sizes before it is used.
+    """
+    rank, world_size = _rank_and_world(rank, world_size)
+    manifest = read_manifest(out_dir)
+    if manifest.num_parts != world_size:
+        raise PartitionError(
+            f"partition '{out_dir}' has {manifest.num_parts} parts but this run has {world_size} workers: "
+            f"start torchrun with --nproc-per-node {manifest.num_parts}, or repartition with --parts {world_size}"
+        )
+    if not 0 <= rank < world_size:
+        raise PartitionError(f"rank {rank} is outside [0, {world_size})")
+    part = _read_checked_part(out_dir, manifest, rank)
+    graph = ShardGraph.from_part(part, rank, world_size, manifest.num_nodes)
+    return Partition(graph, part.node_data, part.global_ids, rank, manifest)
+
+
+def load_whole_graph(out_dir: str | os.PathLike) -> tuple[Graph, dict[str, torch.Tensor]]:
+    """Reassemble the original graph (edges in their original order) and node tensors
+    from every part of a partition directory: the single-machine reference of a run."""
+    manifest = read_manifest(out_dir)
+    parts = [_read_checked_part(out_dir, manifest, r) for r in range(manifest.num_parts)]
+    src = torch.empty(manifest.num_edges, dtype=torch.long)
+    dst = torch.empty(manifest.num_edges, dtype=torch.long)
+    node_data: dict[str, torch.Tensor] = {}
+    for part in parts:
+        src[part.edge_ids] = part.edge_src_gid
+        dst[part.edge_ids] = part.global_ids[part.edge_dst_local]
+        for key, rows in part.node_data.items():
+            if key not in node_data:
+                node_data[key] = rows.new_empty((manifest.num_nodes, *rows.shape[1:]))
+            node_data[key][part.global_ids] = rows
+    return Graph(src, dst, manifest.num_nodes), node_data
+
+
+def _read_checked_part(out_dir: str | os.PathLike, manifest: Manifest, rank: int) -> PartData:
+    """Part ``rank``, after checking it exists and matches the manifest's checksum and halos."""
+    info = manifest.parts[rank]
+    path = Path(out_dir) / info.file
+    if not path.is_file():
+        raise PartitionError(f"part file '{path}' is missing; re-run partition")
+    if _sha256(path) != info.sha256:
+        raise PartitionError(
+            f"part file '{path}' does not match the manifest's checksum: "
+            "file corrupt or from another partitioning; re-run partition"
+        )
+    part = _read_part(path)
+    _check_halos(part, manifest, rank, path)
+    return part
+
+
+def _rank_and_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    dist = torch.distributed
+    running = dist.is_available() and dist.is_initialized()
+    if rank is None:
+        rank = dist.get_rank() if running else 0
+    if world_size is None:
+        world_size = dist.get_world_size() if running else 1
+    return rank, world_size
+
+
+def _read_part(path: Path) -> PartData:
+    try:
+        # weights_only (in every torch >= 2.2 this package supports) refuses arbitrary pickles.
+        return PartData(**torch.load(path, map_location="cpu", weights_only=True))
+    except Exception as e:  # unpickling raises many types; every one means the same here
+        raise PartitionError(f"cannot read part file '{path}' ({type(e).__name__}: {e}); re-run partition") from None
+
+
+def _check_halos(part: PartData, manifest: Manifest, rank: int, path: Path) -> None:
+    """The rows this part sends to each peer must be the halo sizes the manifest promises."""
+    sent = [len(s) for s in part.send_index]
+    promised = [manifest.halo_sizes[q][rank] for q in range(manifest.num_parts)]
+    if sent != promised:
+        raise PartitionError(
+            f"part file '{path}' sends {sent} rows to its peers but the manifest says {promised}; re-run partition"
+        )
+
+
+# -- reporting -------------------------------------------------------------------------------
+def summary(manifest: Manifest, max_matrix: int = 8) -> str:
+    """A plain-text table of a partition: nodes, edges and halo per part, and the edge cut.
+
+    ``halo in`` is the number of remote rows a part receives per aggregation, ``halo out``
+    the rows it sends. The full ``num_parts x num_parts`` halo matrix follows when it has
+    at most ``max_matrix`` parts.
+    """
+    m = manifest
+    halo_in = [sum(row) for row in m.halo_sizes]
+    halo_out = [sum(m.halo_sizes[r][q] for r in range(m.num_parts)) for q in range(m.num_parts)]
+    header = ("part", "nodes", "edges", "halo in", "halo out", "MiB")
+    rows = [
+        (str(r), str(p.num_nodes), str(p.num_edges), str(halo_in[r]), str(halo_out[r]), f"{p.bytes / 2**20:.2f}")
+        for r, p in enumerate(m.parts)
+    ]
+    lines = [
+        f"partition '{m.name}': {m.num_nodes} nodes, {m.num_edges} edges, "
+        f"{m.num_parts} parts ({m.method}, seed {m.seed})",
+        *_table(header, rows),
+    ]
+    cut = 100.0 * m.edge_cut / m.num_edges if m.num_edges else 0.0
+    lines.append(f"edge cut: {m.edge_cut} of {m.num_edges} edges ({cut:.1f}%)")
+    if 1 < m.num_parts <= max_matrix:
+        lines.append("halo sizes (row r: nodes of part q that r receives):")
+        matrix = [(str(r), *map(str, row)) for r, row in enumerate(m.halo_sizes)]
+        lines += _table(("r\\q", *map(str, range(m.num_parts))), matrix)
+    return "\n".join(lines)
+
+
+def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
+    widths = [max(len(c) for c in col) for col in zip(header, *rows)]
+    return ["  ".join(c.rjust(w) for c, w in zip(line, widths)) for line in (header, *rows)]

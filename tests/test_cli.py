@@ -1,0 +1,129 @@
+"""The ``sarcompile`` command line: help, each edge file format, and one-line errors."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from sarcompile.cli import main
+from sarcompile.partitioning import load_partition, read_manifest
+
+SRC = torch.tensor([0, 1, 2, 3, 4, 5, 5, 0])
+DST = torch.tensor([1, 2, 0, 4, 5, 3, 5, 4])
+N = 7  # node 6 is isolated
+
+
+def node_data() -> dict[str, torch.Tensor]:
+    return {"x": torch.arange(N * 2, dtype=torch.float32).reshape(N, 2), "train_mask": torch.arange(N) < 4}
+
+
+def run_partition(edges, out, *extra) -> int:
+    return main(["partition", "--edges", str(edges), "--parts", "2", "--out", str(out), *extra])
+
+
+def check_loadable(out, num_nodes, num_edges, with_data=True):
+    m = read_manifest(out)
+    assert (m.num_parts, m.num_nodes, m.num_edges) == (2, num_nodes, num_edges)
+    parts = [load_partition(out, rank=r, world_size=2) for r in range(2)]
+    assert sum(p.graph.num_edges for p in parts) == num_edges
+    if with_data:
+        for p in parts:
+            for key, t in node_data().items():
+                assert torch.equal(p.node_data[key], t[p.global_ids])
+
+
+def test_help_mentions_options(capsys):
+    with pytest.raises(SystemExit) as exit:
+        main(["partition", "--help"])
+    assert exit.value.code == 0
+    text = capsys.readouterr().out
+    assert "--parts" in text and "--edges" in text and ".csv" in text
+
+
+def test_python_dash_m_help():
+    result = subprocess.run(
+        [sys.executable, "-m", "sarcompile", "partition", "--help"], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0 and "--parts" in result.stdout
+
+
+def test_pt_file(tmp_path, capsys):
+    path = tmp_path / "g.pt"
+    torch.save({"src": SRC, "dst": DST, "num_nodes": N, **node_data()}, path)
+    assert run_partition(path, tmp_path / "out", "--method", "contiguous", "--name", "toy") == 0
+    printed = capsys.readouterr().out
+    assert "partition 'toy'" in printed and "edge cut" in printed and " s" in printed
+    check_loadable(tmp_path / "out", N, len(SRC))
+
+
+def test_npz_file_without_num_nodes_takes_node_rows(tmp_path):
+    path = tmp_path / "g.npz"
+    np.savez(path, src=SRC.numpy(), dst=DST.numpy(), **{k: v.numpy() for k, v in node_data().items()})
+    assert run_partition(path, tmp_path / "out", "--method", "random", "--seed", "4") == 0
+    check_loadable(tmp_path / "out", N, len(SRC))
+    assert read_manifest(tmp_path / "out").seed == 4
+
+
+@pytest.mark.parametrize("header", ["src,dst\n", ""])
+def test_csv_file(tmp_path, header):
+    path = tmp_path / "g.csv"
+    path.write_text(header + "".join(f"{u},{v}\n" for u, v in zip(SRC.tolist(), DST.tolist())))
+    assert run_partition(path, tmp_path / "out") == 0
+    check_loadable(tmp_path / "out", int(max(SRC.max(), DST.max())) + 1, len(SRC), with_data=False)
+    assert read_manifest(tmp_path / "out").name == "g"
+
+
+def write_bad(tmp_path, kind):
+    if kind == "missing":
+        return tmp_path / "nope.pt"
+    if kind == "suffix":
+        path = tmp_path / "g.txt"
+        path.write_text("0 1\n")
+    elif kind == "garbage_pt":
+        path = tmp_path / "g.pt"
+        path.write_bytes(b"not a torch file")
+    elif kind == "no_dst":
+        path = tmp_path / "g.pt"
+        torch.save({"src": SRC}, path)
+    elif kind == "bad_rows":
+        path = tmp_path / "g.pt"
+        torch.save({"src": SRC, "dst": DST, "num_nodes": N, "x": torch.zeros(N - 1)}, path)
+    elif kind == "id_out_of_range":
+        path = tmp_path / "g.npz"
+        np.savez(path, src=np.array([0, 9]), dst=np.array([1, 2]), num_nodes=np.array(5))
+    elif kind == "csv_text":
+        path = tmp_path / "g.csv"
+        path.write_text("src,dst\n0,1\n1,two\n")
+    elif kind == "csv_columns":
+        path = tmp_path / "g.csv"
+        path.write_text("0,1,2\n")
+    elif kind == "csv_empty":
+        path = tmp_path / "g.csv"
+        path.write_text("src,dst\n")
+    return path
+
+
+@pytest.mark.parametrize(
+    "kind",
+    [
+        "missing", "suffix", "garbage_pt", "no_dst", "bad_rows",
+        "id_out_of_range", "csv_text", "csv_columns", "csv_empty",
+    ],
+)
+def test_bad_input_is_one_line(tmp_path, capsys, kind):
+    path = write_bad(tmp_path, kind)
+    assert run_partition(path, tmp_path / "out") == 2
+    err = capsys.readouterr().err
+    assert err.startswith("sarcompile partition: error: ") and err.count("\n") == 1
+    assert "Traceback" not in err
+    assert not (tmp_path / "out" / "manifest.json").exists()
+
+
+def test_bad_parts_is_a_usage_error(tmp_path):
+    with pytest.raises(SystemExit) as exit:
+        main(["partition", "--edges", "g.pt", "--parts", "0", "--out", str(tmp_path)])
+    assert exit.value.code == 2
