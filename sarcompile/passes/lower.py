@@ -62,16 +62,16 @@ def _inline(gm: fx.GraphModule, node: fx.Node, module: nn.Module, lowered: nn.Mo
             if sub.op == "output":
                 result = fx.map_arg(sub.args[0], lambda n: env[n])
                 continue
-            if sub.op in ("get_attr", "call_module"):
-                new = gm.graph.create_node(
-                    sub.op,
-                    f"{prefix}.{sub.target}",
-                    fx.map_arg(sub.args, lambda n: env[n]),
-                    fx.map_arg(sub.kwargs, lambda n: env[n]),
-                    name=f"{node.name}_{sub.name}",
-                )
-            else:
-                new = gm.graph.node_copy(sub, lambda n: env[n])
+            # Attributes are addressed from the root now; names say which layer they came from.
+            target = f"{prefix}.{sub.target}" if sub.op in ("get_attr", "call_module") else sub.target
+            new = gm.graph.create_node(
+                sub.op,
+                target,
+                fx.map_arg(sub.args, lambda n: env[n]),
+                fx.map_arg(sub.kwargs, lambda n: env[n]),
+                name=f"{node.name}_{sub.name}",
+            )
+            new.meta.update(sub.meta)
             new.meta["layer"] = node.target
             new.meta["layer_type"] = type(module).__name__
             env[sub] = new

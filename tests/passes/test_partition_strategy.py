@@ -1,0 +1,99 @@
+import pytest
+import torch
+from torch import nn
+
+import sarcompile as sc
+from sarcompile.passes.context import CompileOptions
+from sarcompile.passes.lower import lower
+from sarcompile.passes.partition import partition
+from sarcompile.passes.strategy import strategy
+from sarcompile.runtime import ops as rt
+from sarcompile.trace import trace
+
+
+class Mixed(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.sage = sc.nn.SAGEConv(4, 4, "mean")
+        self.w = nn.Linear(4, 1)
+
+    def forward(self, g, x):
+        h = self.sage(g, x)
+        e = sc.edge_softmax(g, sc.sddmm(g, self.w(h), self.w(h), "add").squeeze(-1))
+        h = sc.spmm(g, h, "sum", edge_weight=e)  # weighted: backward reads remote h
+        return sc.sddmm(g, h, h, "dot")  # dot: backward reads remote h
+
+
+def _compile(options: CompileOptions):
+    gm = lower(trace(Mixed()))
+    return strategy(partition(gm, options), options)
+
+
+def _ops(gm):
+    return [(n.target.__name__, n.kwargs["strategy"]) for n in gm.graph.nodes if "ir_op" in n.meta]
+
+
+def test_partition_rewrites_communicating_ops_only():
+    gm = partition(lower(trace(Mixed())), CompileOptions())
+    targets = [n.target for n in gm.graph.nodes if n.op == "call_function"]
+    assert targets.count(rt.sar_spmm) == 2 and targets.count(rt.sar_sddmm) == 2
+    assert sc.spmm not in targets and sc.sddmm not in targets
+    assert sc.edge_softmax in targets  # local: all in-edges of a node live on its worker
+
+
+def test_strategy_per_mode():
+    assert _ops(_compile(CompileOptions("sar"))) == [
+        ("sar_spmm", "direct"), ("sar_sddmm", "direct"), ("sar_spmm", "remat"), ("sar_sddmm", "remat")
+    ]
+    for mode in ("stash", "oneshot"):
+        assert {s for _, s in _ops(_compile(CompileOptions(mode)))} == {mode}
+
+
+def test_user_override_by_layer_and_node():
+    gm = _compile(CompileOptions("sar", strategies={"sage": "stash", "spmm": "stash"}))
+    ops = _ops(gm)
+    assert ops[0] == ("sar_spmm", "stash") and ops[2] == ("sar_spmm", "stash")
+    reasons = [n.meta["strategy_reason"] for n in gm.graph.nodes if "ir_op" in n.meta]
+    assert "set by the user" in reasons[0]
+
+
+def test_bad_options_are_rejected_early():
+    with pytest.raises(sc.CompileError, match="mode must be one of"):
+        sc.distribute(Mixed(), mode="fast")
+    with pytest.raises(sc.CompileError, match="strategies"):
+        sc.distribute(Mixed(), strategies={"sage": "sometimes"})
+    with pytest.raises(sc.CompileError, match="not available yet"):
+        sc.distribute(Mixed(), staleness=3)
+    with pytest.raises(sc.CompileError, match="not available yet"):
+        sc.distribute(Mixed(), executor="triton")
+
+
+def test_batch_norm_is_rejected_at_compile_time():
+    class BN(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c = sc.nn.SAGEConv(4, 4)
+            self.bn = nn.BatchNorm1d(4)
+
+        def forward(self, g, x):
+            return self.bn(self.c(g, x))
+
+    with pytest.raises(sc.CompileError, match="'bn' .*BatchNorm1d.*LayerNorm"):
+        partition(lower(trace(BN())), CompileOptions())
+
+
+def test_value_dependent_control_flow_fails_with_a_clear_error():
+    class Branchy(nn.Module):
+        def forward(self, g, x):
+            if x.sum() > 0:
+                return sc.spmm(g, x)
+            return x
+
+    g = sc.Graph.from_edges(torch.tensor([0]), torch.tensor([1]), 2)
+    with pytest.raises(sc.CompileError, match="control flow may not depend on tensor values"):
+        sc.distribute(Branchy())(g, torch.randn(2, 3))
+
+
+def test_model_call_without_graph_argument():
+    with pytest.raises(sc.CompileError, match="no graph argument"):
+        sc.distribute(Mixed())(torch.randn(3, 4))
