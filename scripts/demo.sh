@@ -7,6 +7,7 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 . .venv/bin/activate
 WORKERS=${WORKERS:-2}
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}  # torchrun's default, set here so it does not warn
 OUT=${OUT:-demo_out}
 mkdir -p "$OUT"
 python examples/make_graph.py --out "$OUT/graph.pt" --nodes 20000
