@@ -65,23 +65,34 @@ def _find_graph(args: tuple, kwargs: dict) -> Graph | ShardGraph:
 class DistributedModule(nn.Module):
     """A user module compiled for single-machine and partitioned execution.
 
-    It *shares* the original module's parameters, buffers and submodules (the very same
-    dicts), so gradients land on the original's parameters, ``state_dict()`` has the
-    original's keys, and checkpoints move freely between the eager and compiled model.
+    It *shares* the original module's parameters, buffers, submodules and training flag
+    (the very same dicts and flag), so gradients land on the original's parameters,
+    ``state_dict()`` has the original's keys, checkpoints move freely between the eager
+    and compiled model, and ``original.eval()`` is seen by the compiled one.
     """
 
     def __init__(self, module: nn.Module, options: CompileOptions):
-        super().__init__()
         if isinstance(module, DistributedModule):
             raise CompileError("this module is already distributed; wrap the original module once")
+        # Set before nn.Module.__init__, whose `self.training = True` goes to the original.
         object.__setattr__(self, "_orig", module)
+        mode = module.training
+        super().__init__()
+        module.training = mode
         object.__setattr__(self, "_options", options)
         object.__setattr__(self, "_programs", {})
         self._parameters = module._parameters
         self._buffers = module._buffers
         self._modules = module._modules
         self._non_persistent_buffers_set = module._non_persistent_buffers_set
-        self.training = module.training
+
+    @property
+    def training(self) -> bool:  # type: ignore[override]
+        return self._orig.training
+
+    @training.setter
+    def training(self, mode: bool) -> None:
+        self._orig.training = mode
 
     @property
     def original(self) -> nn.Module:
@@ -93,26 +104,22 @@ class DistributedModule(nn.Module):
         return self._options
 
     def program(self, partitioned: bool) -> Program:
-        """The compiled program for the current training flag (compiled on first use)."""
+        """The compiled program for the current training flag (compiled on first use).
+
+        A program refers to the parameter and buffer objects it was traced with, so it is
+        compiled again when any of them was replaced (``load_state_dict(assign=True)``,
+        assigning a new buffer, ``.to()``).
+        """
+        state = tuple(self._orig.parameters()) + tuple(self._orig.buffers())
         key = (partitioned, self.training)
-        if key not in self._programs:
-            self._orig.train(self.training)
-            self._programs[key] = compile_program(self._orig, self._options, partitioned)
-        return self._programs[key]
+        cached = self._programs.get(key)
+        if cached is None or len(cached[0]) != len(state) or any(a is not b for a, b in zip(cached[0], state)):
+            self._programs[key] = (state, compile_program(self._orig, self._options, partitioned))
+        return self._programs[key][1]
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         graph = _find_graph(args, kwargs)
         return self.program(isinstance(graph, ShardGraph)).module(*args, **kwargs)
-
-    def train(self, mode: bool = True) -> "DistributedModule":
-        super().train(mode)
-        self._orig.training = mode
-        return self
-
-    def _apply(self, fn, *args, **kwargs):
-        # .to()/.double() may replace parameter objects; programs hold the old ones.
-        self._programs.clear()
-        return super()._apply(fn, *args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
         try:

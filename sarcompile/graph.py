@@ -87,6 +87,8 @@ def _csr(indptr: torch.Tensor, col: torch.Tensor, values: torch.Tensor, size: tu
 
 def _as_index(t: Any, name: str) -> torch.Tensor:
     t = torch.as_tensor(t)
+    if t.numel() == 0 and t.dim() == 1:  # torch.as_tensor([]) is float; no ids, no problem
+        t = t.long()
     if t.dtype not in (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8):
         raise GraphError(f"{name} must be an integer tensor of node ids, got dtype {t.dtype}")
     if t.dim() != 1:

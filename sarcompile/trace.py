@@ -7,7 +7,6 @@ become single ``call_function`` nodes by themselves (see :func:`sarcompile.ops.i
 
 from __future__ import annotations
 
-import torch
 import torch.fx as fx
 from torch import nn
 

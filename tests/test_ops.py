@@ -1,0 +1,437 @@
+"""The IR ops (spmm, sddmm, edge_softmax) against brute-force dense computations.
+
+The references below use only dense one-hot incidence matrices and explicit loops over
+nodes; they share no code with the package. Forward values and gradients are compared
+as whole tensors.
+"""
+
+from __future__ import annotations
+
+import networkx as nx
+import pytest
+import torch
+import torch.fx
+import torch.nn.functional as F
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import sarcompile as sc
+from sarcompile.errors import GraphError
+
+SETTINGS = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+DT = torch.float64
+
+
+# -- hypothesis graphs --------------------------------------------------------------------------
+
+
+@st.composite
+def graphs(draw, max_nodes: int = 30, max_edges: int = 120):
+    """(src, dst, n, seed): isolated nodes, self-loops, multi-edges, sometimes a hub with
+    in-degree >= 100 (whose in-edges are then mostly multi-edges)."""
+    n = draw(st.integers(1, max_nodes))
+    isolated = draw(st.integers(0, min(3, n - 1)))  # the last `isolated` nodes get no edges
+    k = n - isolated
+    node = st.integers(0, k - 1)
+    m = draw(st.integers(0, max_edges))
+    pairs = draw(st.lists(st.tuples(node, node), min_size=m, max_size=m))
+    if pairs and draw(st.booleans()):
+        pairs += draw(st.lists(st.sampled_from(pairs), min_size=1, max_size=5))  # multi-edges
+    if draw(st.booleans()):
+        pairs += [(v, v) for v in draw(st.lists(node, min_size=1, max_size=3))]  # self-loops
+    seed = draw(st.integers(0, 2**31 - 1))
+    if draw(st.integers(0, 3)) == 0:  # a hub
+        hub = draw(node)
+        deg = draw(st.integers(100, 130))
+        gen = torch.Generator().manual_seed(seed)
+        pairs += [(int(u), hub) for u in torch.randint(0, k, (deg,), generator=gen)]
+    draw(st.randoms(use_true_random=False)).shuffle(pairs)
+    src = torch.tensor([p[0] for p in pairs], dtype=torch.long).reshape(-1)
+    dst = torch.tensor([p[1] for p in pairs], dtype=torch.long).reshape(-1)
+    return src, dst, n, seed
+
+
+def rand(gen, *shape):
+    return torch.randn(*shape, generator=gen, dtype=DT).requires_grad_()
+
+
+# -- dense references ---------------------------------------------------------------------------
+
+
+def incidence(src, dst, n):
+    """S[e, u] = 1 if edge e leaves u; D[e, v] = 1 if edge e enters v."""
+    return F.one_hot(src, n).to(DT), F.one_hot(dst, n).to(DT)
+
+
+def gather_rows(M, t):
+    """Row e of the result is sum_u M[e, u] * t[u] (a dense gather)."""
+    width = 1
+    for d in t.shape[1:]:
+        width *= d
+    return (M @ t.reshape(t.shape[0], width)).reshape(M.shape[0], *t.shape[1:])
+
+
+def ref_spmm(src, dst, n, x, reduce, w=None):
+    S, D = incidence(src, dst, n)
+    if reduce == "max":
+        rows = []
+        for v in range(n):
+            srcs = [int(src[i]) for i in range(src.numel()) if int(dst[i]) == v]
+            if not srcs:
+                rows.append(torch.zeros(x.shape[1:], dtype=x.dtype))
+            else:
+                rows.append(torch.stack([x[u] for u in srcs]).max(dim=0).values)
+        return torch.stack(rows)
+    msg = gather_rows(S, x)
+    if w is not None:
+        msg = msg * w.reshape(*w.shape, *([1] * (x.dim() - w.dim())))
+    out = gather_rows(D.T.contiguous(), msg)
+    if reduce == "mean":
+        deg = D.sum(0).clamp(min=1)
+        out = out / deg.reshape(-1, *([1] * (x.dim() - 1)))
+    return out
+
+
+def ref_sddmm(src, dst, n, a, b, op):
+    S, D = incidence(src, dst, n)
+    au, bv = gather_rows(S, a), gather_rows(D, b)
+    if op == "add":
+        return au + bv
+    if op == "sub":
+        return au - bv
+    if op == "mul":
+        return au * bv
+    return (au * bv).sum(-1)
+
+
+def ref_edge_softmax(src, dst, n, e):
+    pieces, order = [], []
+    for v in range(n):
+        idx = [i for i in range(dst.numel()) if int(dst[i]) == v]
+        if idx:
+            pieces.append(torch.softmax(e[idx], dim=0))
+            order += idx
+    if not order:
+        return e * 0
+    out = torch.cat(pieces)
+    return out[torch.argsort(torch.tensor(order))]
+
+
+def check(out, ref, inputs, gen):
+    """Forward values and the gradients w.r.t. every input, as whole tensors."""
+    torch.testing.assert_close(out, ref)
+    go = torch.randn(out.shape, generator=gen, dtype=out.dtype)
+    got = torch.autograd.grad(out, inputs, go, allow_unused=True, materialize_grads=True)
+    want = torch.autograd.grad(ref, inputs, go, allow_unused=True, materialize_grads=True)
+    for name, g1, g2 in zip(range(len(inputs)), got, want):
+        torch.testing.assert_close(g1, g2, msg=lambda m, i=name: f"gradient of input {i}: {m}")
+
+
+# -- spmm ---------------------------------------------------------------------------------------
+
+F_, H_ = 3, 2
+# (node feature tail, edge weight tail or None)
+SHAPES = [((F_,), None), ((F_,), ()), ((H_, F_), None), ((H_, F_), ()), ((H_, F_), (H_,)), ((H_,), (H_,))]
+
+
+@pytest.mark.parametrize("reduce", ["sum", "mean"])
+@given(graphs())
+@SETTINGS
+def test_spmm_sum_mean(reduce, data):
+    src, dst, n, seed = data
+    g = sc.Graph.from_edges(src, dst, n)
+    gen = torch.Generator().manual_seed(seed)
+    E = src.numel()
+    for xtail, wtail in SHAPES:
+        x = rand(gen, n, *xtail)
+        if wtail is None:
+            out = sc.spmm(g, x, reduce)
+            check(out, ref_spmm(src, dst, n, x, reduce), [x], gen)
+        else:
+            w = rand(gen, E, *wtail)
+            out = sc.spmm(g, x, reduce, edge_weight=w)
+            assert out.shape == (n, *xtail)
+            check(out, ref_spmm(src, dst, n, x, reduce, w), [x, w], gen)
+
+
+@given(graphs())
+@SETTINGS
+def test_spmm_max(data):
+    src, dst, n, seed = data
+    g = sc.Graph.from_edges(src, dst, n)
+    gen = torch.Generator().manual_seed(seed)
+    for xtail in [(F_,), (H_, F_), ()]:
+        x = rand(gen, n, *xtail)
+        out = sc.spmm(g, x, "max")
+        assert out.shape == x.shape
+        check(out, ref_spmm(src, dst, n, x, "max"), [x], gen)
+
+
+@given(graphs())
+@SETTINGS
+def test_spmm_default_reduce_is_sum(data):
+    src, dst, n, seed = data
+    g = sc.Graph.from_edges(src, dst, n)
+    x = torch.randn(n, 2, generator=torch.Generator().manual_seed(seed), dtype=DT)
+    torch.testing.assert_close(sc.spmm(g, x), ref_spmm(src, dst, n, x, "sum"))
+
+
+def test_spmm_small_by_hand():
+    # 0->1 twice, 2->1, 2->0, 1->1 (self-loop); node 3 isolated
+    g = sc.Graph.from_edges(torch.tensor([0, 0, 2, 2, 1]), torch.tensor([1, 1, 1, 0, 1]), 4)
+    x = torch.tensor([[1.0], [10.0], [100.0], [1000.0]], dtype=DT)
+    assert sc.spmm(g, x, "sum").flatten().tolist() == [100.0, 112.0, 0.0, 0.0]
+    assert sc.spmm(g, x, "mean").flatten().tolist() == [100.0, 28.0, 0.0, 0.0]
+    assert sc.spmm(g, x, "max").flatten().tolist() == [100.0, 100.0, 0.0, 0.0]
+    w = torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0], dtype=DT)
+    assert sc.spmm(g, x, "sum", edge_weight=w).flatten().tolist() == [400.0, 353.0, 0.0, 0.0]
+
+
+def test_spmm_max_gradient_goes_to_winner_with_multi_edges():
+    # Node 0 receives from 1 three times and from 2 once; x[1] wins every feature.
+    g = sc.Graph.from_edges(torch.tensor([1, 2, 1, 1]), torch.tensor([0, 0, 0, 0]), 4)
+    x = torch.tensor([[0.0, 0.0], [5.0, 7.0], [1.0, -3.0], [9.0, 9.0]], dtype=DT, requires_grad=True)
+    out = sc.spmm(g, x, "max")
+    torch.testing.assert_close(out, torch.tensor([[5.0, 7.0], [0, 0], [0, 0], [0, 0]], dtype=DT))
+    go = torch.tensor([[2.0, 3.0], [1.0, 1.0], [1.0, 1.0], [1.0, 1.0]], dtype=DT)
+    (gx,) = torch.autograd.grad(out, x, go)
+    torch.testing.assert_close(gx, torch.tensor([[0, 0], [2.0, 3.0], [0, 0], [0, 0]], dtype=DT))
+
+
+def test_spmm_max_mixed_winners_and_empty():
+    # Per feature a different source wins; node 2 has no in-edge (gives 0, no gradient).
+    g = sc.Graph.from_edges(torch.tensor([0, 1, 1]), torch.tensor([3, 3, 3]), 4)
+    x = torch.tensor([[4.0, -1.0], [2.0, 6.0], [-7.0, -8.0], [0.5, 0.5]], dtype=DT, requires_grad=True)
+    out = sc.spmm(g, x, "max")
+    torch.testing.assert_close(out, torch.tensor([[0, 0], [0, 0], [0, 0], [4.0, 6.0]], dtype=DT))
+    go = torch.arange(8, dtype=DT).reshape(4, 2) + 1
+    (gx,) = torch.autograd.grad(out, x, go)
+    torch.testing.assert_close(gx, torch.tensor([[7.0, 0], [0, 8.0], [0, 0], [0, 0]], dtype=DT))
+
+
+def test_spmm_max_all_negative_is_not_clamped_to_zero():
+    g = sc.Graph.from_edges(torch.tensor([0, 1]), torch.tensor([2, 2]), 3)
+    x = torch.tensor([[-3.0], [-2.0], [-1.0]], dtype=DT)
+    assert sc.spmm(g, x, "max").flatten().tolist() == [0.0, 0.0, -2.0]
+
+
+def test_spmm_max_tie_between_sources_goes_to_smallest_id():
+    # Documented in graph.Block: ties go to the smallest global source id.
+    g = sc.Graph.from_edges(torch.tensor([3, 1, 2]), torch.tensor([0, 0, 0]), 4)
+    x = torch.tensor([[0.0], [5.0], [1.0], [5.0]], dtype=DT, requires_grad=True)
+    out = sc.spmm(g, x, "max")
+    (gx,) = torch.autograd.grad(out, x, torch.ones_like(out))
+    assert gx.flatten().tolist() == [0.0, 1.0, 0.0, 0.0]
+
+
+def test_spmm_keeps_dtype():
+    g = sc.Graph.from_edges(torch.tensor([0, 1]), torch.tensor([1, 0]), 2)
+    for reduce in ("sum", "mean", "max"):
+        assert sc.spmm(g, torch.randn(2, 3), reduce).dtype == torch.float32
+
+
+# -- sddmm --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("op", ["add", "sub", "mul", "dot"])
+@given(graphs())
+@SETTINGS
+def test_sddmm(op, data):
+    src, dst, n, seed = data
+    g = sc.Graph.from_edges(src, dst, n)
+    gen = torch.Generator().manual_seed(seed)
+    for tail in [(F_,), (H_, F_)]:
+        a, b = rand(gen, n, *tail), rand(gen, n, *tail)
+        out = sc.sddmm(g, a, b, op)
+        expected_shape = (src.numel(), *tail[:-1]) if op == "dot" else (src.numel(), *tail)
+        assert out.shape == expected_shape
+        check(out, ref_sddmm(src, dst, n, a, b, op), [a, b], gen)
+
+
+def test_sddmm_small_by_hand():
+    g = sc.Graph.from_edges(torch.tensor([0, 2, 1, 1]), torch.tensor([1, 1, 1, 2]), 3)
+    a = torch.tensor([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]], dtype=DT)
+    b = torch.tensor([[10.0, 20.0], [30.0, 40.0], [50.0, 60.0]], dtype=DT)
+    # edges in given order: 0->1, 2->1, 1->1, 1->2
+    assert sc.sddmm(g, a, b, "sub").tolist() == [[-29, -38], [-25, -34], [-27, -36], [-47, -56]]
+    assert sc.sddmm(g, a, b, "dot").tolist() == [110.0, 390.0, 250.0, 390.0]
+    assert sc.sddmm(g, a, b).tolist() == sc.sddmm(g, a, b, "add").tolist()  # default op is add
+
+
+# -- edge_softmax -------------------------------------------------------------------------------
+
+
+@given(graphs())
+@SETTINGS
+def test_edge_softmax(data):
+    src, dst, n, seed = data
+    g = sc.Graph.from_edges(src, dst, n)
+    gen = torch.Generator().manual_seed(seed)
+    E = src.numel()
+    for tail in [(), (H_,)]:
+        e = rand(gen, E, *tail) * 3
+        out = sc.edge_softmax(g, e)
+        assert out.shape == e.shape
+        check(out, ref_edge_softmax(src, dst, n, e), [e], gen)
+        # sums to one over the in-edges of every node that has some
+        total = torch.zeros(n, *tail, dtype=DT).index_add_(0, dst, out.detach())
+        has = g.in_degrees() > 0
+        torch.testing.assert_close(total[has], torch.ones_like(total[has]))
+
+
+def test_edge_softmax_large_scores_are_stable():
+    g = sc.Graph.from_edges(torch.tensor([0, 1, 2]), torch.tensor([2, 2, 2]), 3)
+    out = sc.edge_softmax(g, torch.tensor([1000.0, 1000.0, -1000.0], dtype=DT))
+    torch.testing.assert_close(out, torch.tensor([0.5, 0.5, 0.0], dtype=DT))
+
+
+@given(graphs())
+@SETTINGS
+def test_attention_pipeline(data):
+    """sddmm -> edge_softmax -> weighted spmm with heads, as a GAT layer does."""
+    src, dst, n, seed = data
+    g = sc.Graph.from_edges(src, dst, n)
+    gen = torch.Generator().manual_seed(seed)
+    q, k, v = rand(gen, n, H_, F_), rand(gen, n, H_, F_), rand(gen, n, H_, F_)
+    out = sc.spmm(g, v, "sum", edge_weight=sc.edge_softmax(g, sc.sddmm(g, k, q, "dot")))
+    ref = ref_spmm(src, dst, n, v, "sum", ref_edge_softmax(src, dst, n, ref_sddmm(src, dst, n, k, q, "dot")))
+    check(out, ref, [q, k, v], gen)
+
+
+# -- errors -------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def small():
+    g = sc.Graph.from_edges(torch.tensor([0, 1, 2]), torch.tensor([1, 2, 0]), 4)
+    return g, torch.randn(4, 3), torch.randn(3)
+
+
+def test_error_bad_reduce(small):
+    g, x, _ = small
+    with pytest.raises(GraphError, match=r"reduce must be one of.*'prod'"):
+        sc.spmm(g, x, reduce="prod")
+
+
+def test_error_max_with_edge_weight(small):
+    g, x, w = small
+    with pytest.raises(GraphError, match=r"max.*edge_weight"):
+        sc.spmm(g, x, "max", edge_weight=w)
+
+
+def test_error_bad_sddmm_op(small):
+    g, x, _ = small
+    with pytest.raises(GraphError, match=r"op must be one of.*'pow'"):
+        sc.sddmm(g, x, x, op="pow")
+
+
+def test_error_wrong_row_counts(small):
+    g, x, w = small
+    with pytest.raises(GraphError, match=r"x has 5 rows but the graph needs 4"):
+        sc.spmm(g, torch.randn(5, 3), "sum")
+    with pytest.raises(GraphError, match=r"x has 3 rows but the graph needs 4"):
+        sc.spmm(g, torch.randn(3, 3), "max")
+    with pytest.raises(GraphError, match=r"edge_weight has 4 rows but the graph needs 3"):
+        sc.spmm(g, x, "sum", edge_weight=torch.randn(4))
+    with pytest.raises(GraphError, match=r"\ba has 2 rows but the graph needs 4"):
+        sc.sddmm(g, torch.randn(2, 3), x, "dot")
+    with pytest.raises(GraphError, match=r"\bb has 6 rows but the graph needs 4"):
+        sc.sddmm(g, x, torch.randn(6, 3), "add")
+    with pytest.raises(GraphError, match=r"\be has 4 rows but the graph needs 3"):
+        sc.edge_softmax(g, torch.randn(4))
+
+
+@pytest.mark.parametrize(
+    "not_a_graph, name",
+    [
+        (torch.tensor([[0, 1], [1, 2]]), "Tensor"),
+        ((torch.tensor([0]), torch.tensor([1])), "tuple"),
+        (nx.path_graph(4), "Graph"),
+        (None, "NoneType"),
+    ],
+)
+def test_error_non_graph_first_argument(small, not_a_graph, name):
+    _, x, _ = small
+    pat = rf"first argument.*sarcompile Graph.*got {name}.*from_edges"
+    with pytest.raises(GraphError, match=pat):
+        sc.spmm(not_a_graph, x)
+    with pytest.raises(GraphError, match=pat):
+        sc.sddmm(not_a_graph, x, x)
+    with pytest.raises(GraphError, match=pat):
+        sc.edge_softmax(not_a_graph, torch.randn(3))
+
+
+def test_error_raised_at_trace_time():
+    class Bad(torch.nn.Module):
+        def forward(self, g, x):
+            return sc.spmm(g, x, reduce="prod")
+
+    with pytest.raises(GraphError, match="prod"):
+        torch.fx.symbolic_trace(Bad())
+
+
+# -- torch.fx: one node per op call -------------------------------------------------------------
+
+from sarcompile.ops import edge_softmax, sddmm, spmm  # noqa: E402  (imported by name on purpose)
+
+
+class ByName(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(3, 3).double()
+
+    def forward(self, g, x):
+        h = spmm(g, x, "sum") + spmm(g, x, reduce="mean")
+        h = self.lin(h) + spmm(g, torch.relu(x), "max")
+        e = sddmm(g, h, x, op="dot")
+        a = edge_softmax(g, e)
+        return spmm(g, h, "sum", edge_weight=a) + sddmm(g, x, h, "mul").sum() * 0
+
+
+class ByModule(torch.nn.Module):
+    def forward(self, g, x):
+        e = sc.sddmm(g, x, x, "add").sum(-1)
+        return sc.ops.spmm(g, x, "mean", edge_weight=sc.edge_softmax(g, e))
+
+
+def op_nodes(gm):
+    reg = sc.ops.registry()
+    return [n.target.__name__ for n in gm.graph.nodes if n.op == "call_function" and n.target in reg]
+
+
+def test_registry_holds_the_public_ops():
+    reg = sc.ops.registry()
+    assert {spmm, sddmm, edge_softmax} <= set(reg)
+    assert sc.spmm is spmm and sc.ops.spmm is spmm
+    assert {reg[f].name for f in (spmm, sddmm, edge_softmax)} == {"spmm", "sddmm", "edge_softmax"}
+
+
+@pytest.mark.parametrize(
+    "model, expected",
+    [
+        (ByName, ["spmm", "spmm", "spmm", "sddmm", "edge_softmax", "spmm", "sddmm"]),
+        (ByModule, ["sddmm", "edge_softmax", "spmm"]),
+    ],
+)
+def test_fx_trace_one_node_per_op(model, expected):
+    m = model()
+    gm = torch.fx.symbolic_trace(m)
+    assert op_nodes(gm) == expected
+    # every op node targets the registered public op, nothing from inside it leaks out
+    reg = sc.ops.registry()
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target in reg:
+            assert node.target is reg[node.target].fn
+    targets = {str(n.target) for n in gm.graph.nodes}
+    assert not any("scatter" in t or "index_add" in t or "sparse" in t for t in targets)
+    # the traced module computes the same as the eager one
+    g = sc.Graph.from_edges(torch.tensor([0, 1, 2, 2, 3]), torch.tensor([1, 2, 0, 0, 3]), 5)
+    x = torch.randn(5, 3, dtype=DT)
+    torch.testing.assert_close(gm(g, x), m(g, x))
+
+
+def test_fx_trace_with_sarcompile_tracer():
+    from sarcompile.trace import trace
+
+    gm = trace(ByName())
+    assert op_nodes(gm) == ["spmm", "spmm", "spmm", "sddmm", "edge_softmax", "spmm", "sddmm"]
