@@ -56,9 +56,19 @@ def init(backend: str | None = None, timeout_s: float | None = None) -> tuple[in
 
 
 def shutdown() -> None:
-    """Tear the process group down (safe to call twice)."""
-    if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
+    """Tear the process group down, all workers together (safe to call twice).
+
+    A worker that tears down while a peer still talks to it can make gloo abort the peer
+    ("terminate called without an active exception"), so all meet at a barrier first.
+    """
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    if dist.get_world_size() > 1:
+        try:
+            _wait([dist.barrier(async_op=True)], "shutdown")
+        except CommError:
+            pass  # a peer is already gone: nothing left to wait for
+    dist.destroy_process_group()
 
 
 # -- accounting ---------------------------------------------------------------------------

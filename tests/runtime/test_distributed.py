@@ -57,7 +57,7 @@ def check(case: Case, world_size: int, pool) -> list:
     return results
 
 
-SETTINGS = settings(max_examples=15, deadline=None, suppress_health_check=list(HealthCheck))
+SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
 
 
 @given(data=st.data())
@@ -147,3 +147,12 @@ def test_remat_refetches_only_what_backward_reads(pool):
         # remat fetches the inputs of edge-weighted spmm and sddmm(mul/dot) again; stash does not.
         assert a.stats["received"]["backward"] > b.stats["received"]["backward"]
         assert a.stats["peak_blocks"] <= 2
+
+
+def test_node_dropout_same_on_every_worker_count(pool):
+    gen = torch.Generator().manual_seed(5)
+    n = 50
+    g = sc.Graph.from_edges(torch.randint(0, n, (250,), generator=gen), torch.randint(0, n, (250,), generator=gen), n)
+    for world_size in (2, 3, 4):
+        case = _case(g, torch.randint(0, world_size, (n,), generator=gen), model="drop", seed=7)
+        check(case, world_size, pool)
