@@ -121,6 +121,10 @@ class Graph:
                     "pass the right num_nodes"
                 )
         self.src, self.dst, self.num_nodes = src, dst, num_nodes
+        # Global id of every edge (keys edge dropout). Self-loops a derived graph adds for
+        # node v get id ``edge_id_space + v``, beyond every original edge's id.
+        self.edge_ids = torch.arange(src.numel())
+        self.edge_id_space = src.numel()
         self._derived: dict[str, Graph] = {}
 
     # -- constructors -------------------------------------------------------------------
@@ -178,8 +182,25 @@ class Graph:
         """The same graph without edges ``v -> v`` (computed once and cached)."""
         if "no_loops" not in self._derived:
             keep = self.src != self.dst
-            self._derived["no_loops"] = Graph(self.src[keep], self.dst[keep], self.num_nodes)
+            self._derived["no_loops"] = self._derive(self.src[keep], self.dst[keep], self.edge_ids[keep])
         return self._derived["no_loops"]
+
+    def with_self_loops(self) -> "Graph":
+        """Exactly one self-loop per node: existing ones dropped, one added to every node
+        (what PyG's GCNConv and GATConv do). Computed once and cached."""
+        if "one_loop" not in self._derived:
+            keep, loops = self.src != self.dst, torch.arange(self.num_nodes)
+            self._derived["one_loop"] = self._derive(
+                torch.cat([self.src[keep], loops]),
+                torch.cat([self.dst[keep], loops]),
+                torch.cat([self.edge_ids[keep], self.edge_id_space + loops]),
+            )
+        return self._derived["one_loop"]
+
+    def _derive(self, src: torch.Tensor, dst: torch.Tensor, edge_ids: torch.Tensor) -> "Graph":
+        g = Graph(src, dst, self.num_nodes)
+        g.edge_ids, g.edge_id_space = edge_ids, self.edge_id_space
+        return g
 
     # -- what the kernels use -------------------------------------------------------------
     @cached_property

@@ -12,6 +12,7 @@ from torch import nn
 
 from .ops import spmm
 from .passes.lower import register_lowering
+from .rng import mix32, uniform
 
 __all__ = ["SAGEConv", "GCNConv", "GINConv", "NodeDropout"]
 
@@ -42,12 +43,11 @@ class GCNConv(nn.Module):
         self.bias = nn.Parameter(torch.zeros(out_dim)) if bias else None
 
     def forward(self, graph, x: torch.Tensor) -> torch.Tensor:
-        g = graph.remove_self_loops()
-        norm = (g.in_degrees() + 1).to(x.dtype).rsqrt().unsqueeze(-1)
+        g = graph.with_self_loops()
+        norm = g.in_degrees().to(x.dtype).rsqrt().unsqueeze(-1)
         # Scale at the source before the aggregation and at the destination after: only
         # each node's own degree is needed, so nothing extra crosses workers.
-        h = self.lin(x) * norm
-        out = (spmm(g, h, "sum") + h) * norm
+        out = spmm(g, self.lin(x) * norm, "sum") * norm
         return out if self.bias is None else out + self.bias
 
 
@@ -64,13 +64,6 @@ class GINConv(nn.Module):
 
     def forward(self, graph, x: torch.Tensor) -> torch.Tensor:
         return self.nn((1 + self.eps) * x + spmm(graph, x, "sum"))
-
-
-def _mix32(h: torch.Tensor) -> torch.Tensor:
-    # A 32-bit integer hash (two multiply-xorshift rounds); products stay below 2^63.
-    h = (((h >> 16) ^ h) * 0x45D9F3B) & 0xFFFFFFFF
-    h = (((h >> 16) ^ h) * 0x45D9F3B) & 0xFFFFFFFF
-    return (h >> 16) ^ h
 
 
 class NodeDropout(nn.Module):
@@ -97,10 +90,8 @@ class NodeDropout(nn.Module):
             return x
         self.step += 1
         width = x[0].numel() if x.shape[0] else 1
-        key = graph.global_ids.unsqueeze(1) * width + torch.arange(width)
-        salt = _mix32(self.seed ^ _mix32(self.step & 0xFFFFFFFF))
-        h = _mix32((key & 0xFFFFFFFF) ^ _mix32((key >> 32) ^ salt))
-        keep = (h.to(torch.float64) / 2.0**32) >= self.p
+        keys = graph.global_ids.unsqueeze(1) * width + torch.arange(width)
+        keep = uniform(keys, self.seed ^ mix32(self.step)) >= self.p
         return x * keep.reshape(x.shape).to(x.dtype) / (1.0 - self.p)
 
     def extra_repr(self) -> str:

@@ -365,7 +365,7 @@ def load_partition(out_dir: str | os.PathLike, rank: int | None = None, world_si
     if not 0 <= rank < world_size:
         raise PartitionError(f"rank {rank} is outside [0, {world_size})")
     part = _read_checked_part(out_dir, manifest, rank)
-    graph = ShardGraph.from_part(part, rank, world_size, manifest.num_nodes)
+    graph = ShardGraph.from_part(part, rank, world_size, manifest.num_nodes, manifest.num_edges)
     return Partition(graph, part.node_data, part.global_ids, rank, manifest)
 
 

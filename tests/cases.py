@@ -114,14 +114,14 @@ def payloads(case: Case, world_size: int) -> list[dict[str, Any]]:
     parts = split_graph(case.graph, case.assignment, world_size, {"x": case.x, "w": case.loss_weight})
     return [
         {"part": p, "model": case.model, "seed": case.seed, "mode": case.mode, "train": case.train,
-         "num_nodes": case.graph.num_nodes}
+         "num_nodes": case.graph.num_nodes, "num_edges": case.graph.num_edges}
         for p in parts
     ]
 
 
 def run_worker(rank: int, world_size: int, payload: dict[str, Any]) -> Result:
     part: PartData = payload["part"]
-    shard = ShardGraph.from_part(part, rank, world_size, payload["num_nodes"])
+    shard = ShardGraph.from_part(part, rank, world_size, payload["num_nodes"], payload["num_edges"])
     model = make_model(payload["model"], payload["seed"])
     dm = sc.distribute(model, mode=payload["mode"])
     dm.train(payload["train"])

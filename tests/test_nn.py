@@ -450,14 +450,14 @@ def test_node_dropout_same_mask_regardless_of_row_order():
     gp = sc.Graph.from_edges(inv[src], inv[dst], n)
     block = gp.block
     block.src_gids = perm
-    shard = ShardGraph(0, 1, perm, [block], [torch.empty(0, dtype=torch.long)], gp.csr_perm, n)
+    shard = ShardGraph(0, 1, perm, [block], [torch.empty(0, dtype=torch.long)], gp.csr_perm, n, gp.num_edges)
     torch.testing.assert_close(masks(copy.deepcopy(template), shard, n), full[perm])
 
     # Split over 3 workers: each node draws the same mask wherever it lives.
     assignment = torch.randint(0, 3, (n,), generator=gen)
     rebuilt = torch.full_like(full, float("nan"))
     for r, part in enumerate(split_graph(g, assignment, 3)):
-        sg = ShardGraph.from_part(part, r, 3, n)
+        sg = ShardGraph.from_part(part, r, 3, n, g.num_edges)
         rebuilt[sg.global_ids] = masks(copy.deepcopy(template), sg, sg.num_nodes)
     torch.testing.assert_close(rebuilt, full)
 

@@ -114,6 +114,7 @@ class ShardGraph:
         send_index: list[torch.Tensor],
         edge_ids: torch.Tensor,
         num_global_nodes: int,
+        edge_id_space: int,
     ):
         self.rank, self.world_size = rank, world_size
         self.global_ids = global_ids
@@ -121,16 +122,23 @@ class ShardGraph:
         self.send_index = send_index
         self.edge_ids = edge_ids
         self.num_global_nodes = num_global_nodes
+        # Self-loops added by with_self_loops() get edge id ``edge_id_space + global node id``.
+        self.edge_id_space = edge_id_space
         self.edge_ptr = torch.cumsum(torch.tensor([0] + [b.num_edges for b in blocks]), 0).tolist()
         self._derived: dict[str, ShardGraph] = {}
 
     @classmethod
     def single(cls, g: Graph) -> "ShardGraph":
         """A whole graph as the only shard of a one-worker world."""
-        return cls(0, 1, g.global_ids, [g.block], [torch.empty(0, dtype=torch.long)], g.csr_perm, g.num_nodes)
+        return cls(
+            0, 1, g.global_ids, [g.block], [torch.empty(0, dtype=torch.long)], g.edge_ids[g.csr_perm], g.num_nodes,
+            g.edge_id_space,
+        )
 
     @classmethod
-    def from_part(cls, part: PartData, rank: int, world_size: int, num_global_nodes: int) -> "ShardGraph":
+    def from_part(
+        cls, part: PartData, rank: int, world_size: int, num_global_nodes: int, num_global_edges: int
+    ) -> "ShardGraph":
         n = part.global_ids.numel()
         # Shard order: edges sorted by (source part, destination), stable within.
         order = torch.sort(part.edge_src_part * max(n, 1) + part.edge_dst_local, stable=True).indices
@@ -149,7 +157,10 @@ class ShardGraph:
             counts = torch.bincount(d, minlength=n)
             indptr = torch.cat([torch.zeros(1, dtype=torch.long), torch.cumsum(counts, 0)])
             blocks.append(Block(indptr, col.reshape(-1), num_src, src_gids))
-        return cls(rank, world_size, part.global_ids, blocks, part.send_index, part.edge_ids[order], num_global_nodes)
+        return cls(
+            rank, world_size, part.global_ids, blocks, part.send_index, part.edge_ids[order], num_global_nodes,
+            num_global_edges,
+        )
 
     # -- the Graph-like surface models use ---------------------------------------------------
     @property
@@ -176,20 +187,39 @@ class ShardGraph:
         return torch.bincount(self.dst_index, minlength=self.num_nodes)
 
     def remove_self_loops(self) -> "ShardGraph":
-        """Self-loops only ever sit in the local block, so the halos and send lists stay the same."""
+        """Without edges ``v -> v`` (cached). Self-loops only ever sit in the local block,
+        so the halos and send lists stay the same."""
         if "no_loops" not in self._derived:
-            local = self.blocks[self.rank]
-            keep = local.col != local.row
-            counts = torch.bincount(local.row[keep], minlength=self.num_nodes)
-            indptr = torch.cat([torch.zeros(1, dtype=torch.long), torch.cumsum(counts, 0)])
-            blocks = list(self.blocks)
-            blocks[self.rank] = Block(indptr, local.col[keep], local.num_src, local.src_gids)
-            lo, hi = self.edge_ptr[self.rank], self.edge_ptr[self.rank + 1]
-            edge_ids = torch.cat([self.edge_ids[:lo], self.edge_ids[lo:hi][keep], self.edge_ids[hi:]])
-            self._derived["no_loops"] = ShardGraph(
-                self.rank, self.world_size, self.global_ids, blocks, self.send_index, edge_ids, self.num_global_nodes
-            )
+            self._derived["no_loops"] = self._with_local_loops(add=False)
         return self._derived["no_loops"]
+
+    def with_self_loops(self) -> "ShardGraph":
+        """Exactly one self-loop per node, as :meth:`Graph.with_self_loops` (cached)."""
+        if "one_loop" not in self._derived:
+            self._derived["one_loop"] = self._with_local_loops(add=True)
+        return self._derived["one_loop"]
+
+    def _with_local_loops(self, add: bool) -> "ShardGraph":
+        """Rebuild the local block without its self-loops, then with one per node if ``add``."""
+        local = self.blocks[self.rank]
+        lo, hi = self.edge_ptr[self.rank], self.edge_ptr[self.rank + 1]
+        keep = local.col != local.row
+        col, row, eids = local.col[keep], local.row[keep], self.edge_ids[lo:hi][keep]
+        if add:
+            loops = torch.arange(self.num_nodes)
+            col, row = torch.cat([col, loops]), torch.cat([row, loops])
+            eids = torch.cat([eids, self.edge_id_space + self.global_ids])
+            order = torch.sort(row, stable=True).indices
+            col, row, eids = col[order], row[order], eids[order]
+        counts = torch.bincount(row, minlength=self.num_nodes)
+        indptr = torch.cat([torch.zeros(1, dtype=torch.long), torch.cumsum(counts, 0)])
+        blocks = list(self.blocks)
+        blocks[self.rank] = Block(indptr, col, local.num_src, local.src_gids)
+        edge_ids = torch.cat([self.edge_ids[:lo], eids, self.edge_ids[hi:]])
+        return ShardGraph(
+            self.rank, self.world_size, self.global_ids, blocks, self.send_index, edge_ids,
+            self.num_global_nodes, self.edge_id_space,
+        )
 
     def halo_sizes(self) -> list[int]:
         """Rows received from each partition (the local block counts its own nodes)."""

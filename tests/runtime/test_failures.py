@@ -22,7 +22,7 @@ def _worker(rank: int, store_path: str, behaviour: str, results) -> None:
     dist.init_process_group("gloo", store=dist.FileStore(store_path, 2), rank=rank, world_size=2)
     g = sc.Graph.from_edges(torch.tensor([0, 1, 2, 3]), torch.tensor([2, 3, 0, 1]), 4)
     parts = split_graph(g, torch.tensor([0, 0, 1, 1]), 2)
-    shard = ShardGraph.from_part(parts[rank], rank, 2, 4)
+    shard = ShardGraph.from_part(parts[rank], rank, 2, 4, 4)
     if rank == 1:
         if behaviour == "die":
             os._exit(3)

@@ -1,0 +1,29 @@
+"""Counter-based random numbers: a uniform draw is a hash of (key, salt), not RNG state.
+
+Dropout masks drawn this way depend only on *which* node or edge an entry belongs to, so
+they are the same however the graph is split across workers, and the backward pass can
+draw the same mask again instead of storing it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["mix32", "uniform"]
+
+_MASK32 = 0xFFFFFFFF
+
+
+def mix32(h: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer hash (two multiply-xorshift rounds) of int64 values in [0, 2^32).
+
+    The multiplier stays below 2^27, so products fit in int64 without overflow."""
+    h = (((h >> 16) ^ h) * 0x45D9F3B) & _MASK32
+    h = (((h >> 16) ^ h) * 0x45D9F3B) & _MASK32
+    return (h >> 16) ^ h
+
+
+def uniform(keys: torch.Tensor, salt: torch.Tensor) -> torch.Tensor:
+    """A float64 in [0, 1) for every non-negative int64 key, a pure function of (key, salt)."""
+    salted = mix32((keys >> 32) ^ mix32(salt & _MASK32))
+    return mix32((keys & _MASK32) ^ salted).to(torch.float64) / 2.0**32
