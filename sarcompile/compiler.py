@@ -3,11 +3,12 @@
 The pipeline, in order (each pass is a plain ``(GraphModule, options) -> GraphModule``)::
 
     trace      user module -> fx graph, graph layers as leaves      (sarcompile.trace)
-    lower      layers -> IR ops (spmm, sddmm, edge_softmax)         (passes/lower.py)
-    partition  IR ops -> sequential-aggregation ops over a shard    (passes/partition.py)
+    lower      layers -> IR ops (spmm, sddmm, edge_softmax, ...)    (passes/lower.py)
+    fuse       attention chains -> one fused attention op           (passes/fuse.py)
+    partition  ops that read remote rows -> sequential aggregation  (passes/partition.py)
     strategy   direct / remat / stash / oneshot per op              (passes/strategy.py)
 
-A single machine runs the program after ``lower``; a worker runs the one after
+A single machine runs the program after ``fuse``; a worker runs the one after
 ``strategy``. Every stage's code is kept in :attr:`Program.stages` for inspection.
 """
 
@@ -22,6 +23,7 @@ from torch import nn
 from .errors import CompileError
 from .graph import Graph
 from .passes.context import CompileOptions
+from .passes.fuse import fuse
 from .passes.lower import lower
 from .passes.partition import partition
 from .passes.strategy import strategy
@@ -40,10 +42,10 @@ class Program:
 
 
 def compile_program(model: nn.Module, options: CompileOptions, partitioned: bool) -> Program:
-    """Run the pipeline on ``model``; stop after ``lower`` for a single machine."""
+    """Run the pipeline on ``model``; stop after ``fuse`` for a single machine."""
     gm = trace(model)
     stages = [("trace", gm.code)]
-    passes = [("lower", lower)]
+    passes = [("lower", lower), ("fuse", fuse)]
     if partitioned:
         passes += [("partition", partition), ("strategy", strategy)]
     for name, run in passes:

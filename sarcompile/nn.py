@@ -8,13 +8,14 @@ machine or ``part.graph`` inside a worker.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-from .ops import spmm
+from .ops import edge_dropout, edge_softmax, sddmm, spmm
 from .passes.lower import register_lowering
 from .rng import mix32, uniform
 
-__all__ = ["SAGEConv", "GCNConv", "GINConv", "NodeDropout"]
+__all__ = ["SAGEConv", "GCNConv", "GINConv", "GATConv", "NodeDropout", "RandomStream"]
 
 
 class SAGEConv(nn.Module):
@@ -66,13 +67,33 @@ class GINConv(nn.Module):
         return self.nn((1 + self.eps) * x + spmm(graph, x, "sum"))
 
 
+class RandomStream(nn.Module):
+    """The salt of counter-based dropout masks (see :mod:`sarcompile.rng`).
+
+    Each training-mode call advances a step counter and returns a new salt; eval-mode
+    calls return the current one. ``seed`` defaults to a draw from torch's RNG, so set
+    ``torch.manual_seed`` the same on every worker; seed and step are buffers, so a
+    checkpoint resumes the same sequence of masks.
+    """
+
+    def __init__(self, seed: int | None = None):
+        super().__init__()
+        if seed is None:
+            seed = int(torch.randint(0, 2**31 - 1, ()))
+        self.register_buffer("seed", torch.tensor(int(seed) & 0xFFFFFFFF))
+        self.register_buffer("step", torch.tensor(0))
+
+    def forward(self) -> torch.Tensor:
+        if self.training:
+            self.step += 1
+        return self.seed ^ mix32(self.step)
+
+
 class NodeDropout(nn.Module):
     """Dropout whose mask is a function of (seed, step, global node id, feature).
 
     Every node draws the same mask wherever it lives, so a model with ``NodeDropout``
-    trains identically on one worker or N. ``seed`` defaults to a draw from torch's RNG
-    (set ``torch.manual_seed`` the same on every worker); ``step`` counts training calls
-    and both are buffers, so checkpoints resume the same sequence of masks.
+    trains identically on one worker or N (see :class:`RandomStream` for the seed).
     """
 
     def __init__(self, p: float = 0.5, seed: int | None = None):
@@ -80,24 +101,76 @@ class NodeDropout(nn.Module):
         if not 0.0 <= p < 1.0:
             raise ValueError(f"dropout probability must be in [0, 1), got {p}")
         self.p = p
-        if seed is None:
-            seed = int(torch.randint(0, 2**31 - 1, ()))
-        self.register_buffer("seed", torch.tensor(int(seed) & 0xFFFFFFFF))
-        self.register_buffer("step", torch.tensor(0))
+        self.stream = RandomStream(seed)
 
     def forward(self, graph, x: torch.Tensor) -> torch.Tensor:
         if not self.training or self.p == 0.0:
             return x
-        self.step += 1
         width = x[0].numel() if x.shape[0] else 1
         keys = graph.global_ids.unsqueeze(1) * width + torch.arange(width)
-        keep = uniform(keys, self.seed ^ mix32(self.step)) >= self.p
+        keep = uniform(keys, self.stream()) >= self.p
         return x * keep.reshape(x.shape).to(x.dtype) / (1.0 - self.p)
 
     def extra_repr(self) -> str:
         return f"p={self.p}"
 
 
+class GATConv(nn.Module):
+    """Graph attention as PyG's GATConv: ``lin`` projects to ``heads`` x ``out_dim``, scores
+    ``leaky_relu(att_src . h[u] + att_dst . h[v])`` are soft-maxed over the in-edges of
+    every node (with exactly one self-loop each if ``add_self_loops``), optionally dropped
+    out, and weight the sum of ``h[u]``; heads are concatenated or averaged.
+
+    Written with the raw IR ops; the compiler's fuse pass turns the chain into one
+    attention op that keeps no per-edge tensor. Attention dropout uses a mask keyed by
+    edge id (:class:`RandomStream`), so it is the same on any number of workers.
+    """
+
+    def __init__(
+        self,
+        in_dim: int,
+        out_dim: int,
+        heads: int = 1,
+        concat: bool = True,
+        negative_slope: float = 0.2,
+        dropout: float = 0.0,
+        add_self_loops: bool = True,
+        bias: bool = True,
+        residual: bool = False,
+        seed: int | None = None,
+    ):
+        super().__init__()
+        self.heads, self.out_dim, self.concat = heads, out_dim, concat
+        self.negative_slope, self.dropout, self.add_self_loops = negative_slope, dropout, add_self_loops
+        width = heads * out_dim if concat else out_dim
+        self.lin = nn.Linear(in_dim, heads * out_dim, bias=False)
+        self.att_src = nn.Parameter(torch.empty(1, heads, out_dim))
+        self.att_dst = nn.Parameter(torch.empty(1, heads, out_dim))
+        self.res = nn.Linear(in_dim, width, bias=False) if residual else None
+        self.bias = nn.Parameter(torch.zeros(width)) if bias else None
+        self.attn_drop = RandomStream(seed)
+        for w in (self.lin.weight, self.att_src, self.att_dst):
+            nn.init.xavier_uniform_(w)
+
+    def forward(self, graph, x: torch.Tensor) -> torch.Tensor:
+        h = self.lin(x).view(x.size(0), self.heads, self.out_dim)
+        a_src = (h * self.att_src).sum(-1)
+        a_dst = (h * self.att_dst).sum(-1)
+        g = graph.with_self_loops() if self.add_self_loops else graph
+        score = F.leaky_relu(sddmm(g, a_src, a_dst, "add"), self.negative_slope)
+        weight = edge_softmax(g, score)
+        if self.training and self.dropout > 0:
+            weight = edge_dropout(g, weight, self.dropout, self.attn_drop())
+        out = spmm(g, h, "sum", edge_weight=weight)
+        out = out.flatten(1) if self.concat else out.mean(1)
+        if self.res is not None:
+            out = out + self.res(x)
+        return out if self.bias is None else out + self.bias
+
+    def extra_repr(self) -> str:
+        return f"heads={self.heads}, out_dim={self.out_dim}, concat={self.concat}, dropout={self.dropout}"
+
+
 # These layers are written with IR ops already: each lowers to itself.
-for _layer in (SAGEConv, GCNConv, GINConv):
+for _layer in (SAGEConv, GCNConv, GINConv, GATConv):
     register_lowering(_layer, lambda m: m)

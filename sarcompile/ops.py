@@ -1,12 +1,16 @@
 """The IR: the few sparse primitives all message passing is written with.
 
-=================================  =============================================================
-``spmm(g, x, reduce, edge_weight)``  ``out[v] = reduce over u->v of w_uv * x[u]``; reduce in
-                                     sum, mean, max (empty neighbourhood gives 0)
-``sddmm(g, a, b, op)``               per edge u->v: ``a[u] op b[v]``; op in add, sub, mul, dot
-                                     (dot sums the last dim)
-``edge_softmax(g, e)``               softmax of per-edge scores over the in-edges of each v
-=================================  =============================================================
+=====================================  =========================================================
+``spmm(g, x, reduce, edge_weight)``      ``out[v] = reduce over u->v of w_uv * x[u]``; reduce
+                                         in sum, mean, max (empty neighbourhood gives 0)
+``sddmm(g, a, b, op)``                   per edge u->v: ``a[u] op b[v]``; op in add, sub, mul,
+                                         dot (dot sums the last dim)
+``edge_softmax(g, e)``                   softmax of per-edge scores over the in-edges of each v
+``edge_dropout(g, e, p, salt)``          dropout of edge values with a mask keyed by edge id
+``attention(g, h, a_src, a_dst, ...)``   the fused chain sddmm(add) -> leaky_relu ->
+                                         edge_softmax -> [edge_dropout] -> weighted spmm;
+                                         the fuse pass produces it
+=====================================  =========================================================
 
 Each op is registered once with :func:`ir_op`: that makes it a single node when traced
 with ``torch.fx`` (with any tracer, wherever the op was imported from, since the op
@@ -32,7 +36,18 @@ from .graph import Graph
 from .runtime import ops as runtime_ops
 from .runtime.shard import ShardGraph
 
-__all__ = ["OpDef", "ir_op", "registry", "spmm", "sddmm", "edge_softmax", "REDUCES", "SDDMM_OPS"]
+__all__ = [
+    "OpDef",
+    "ir_op",
+    "registry",
+    "spmm",
+    "sddmm",
+    "edge_softmax",
+    "edge_dropout",
+    "attention",
+    "REDUCES",
+    "SDDMM_OPS",
+]
 
 REDUCES = ("sum", "mean", "max")
 SDDMM_OPS = ("add", "sub", "mul", "dot")
@@ -44,7 +59,7 @@ class OpDef:
 
     name: str
     fn: Callable  # the public op: the target of its fx node
-    partitioned: Callable | None  # runtime op over a ShardGraph; None: needs no communication
+    communicates: bool  # reads other workers' rows: the partition pass gives it a strategy
     reads_remote_in_backward: Callable[[dict[str, Any]], bool]  # from the op's bound arguments
     signature: inspect.Signature
 
@@ -70,11 +85,13 @@ def _has_proxy(values) -> torch.fx.Proxy | None:
     return None
 
 
-def ir_op(
-    *, partitioned: Callable | None, reads_remote_in_backward: Callable[[dict[str, Any]], bool], check: Callable
-):
+def ir_op(*, communicates: bool, reads_remote_in_backward: Callable[[dict[str, Any]], bool], check: Callable):
     """Register an IR op. ``check(**arguments)`` validates the constant arguments at trace
-    time, so a wrong ``reduce`` fails where the model is written, not on a worker."""
+    time, so a wrong ``reduce`` fails where the model is written, not on a worker.
+
+    An op that ``communicates`` takes a keyword ``strategy`` (see
+    :mod:`sarcompile.runtime.ops`), which the partition and strategy passes set; it only
+    matters on a worker's shard."""
 
     def register(fn: Callable) -> Callable:
         sig = inspect.signature(fn)
@@ -83,13 +100,13 @@ def ir_op(
         def op(*args, **kwargs):
             bound = sig.bind(*args, **kwargs)
             bound.apply_defaults()
-            check(**bound.arguments)
+            check(**{k: v for k, v in bound.arguments.items() if k != "strategy"})
             proxy = _has_proxy(list(args) + list(kwargs.values()))
             if proxy is not None:
                 return proxy.tracer.create_proxy("call_function", op, args, kwargs)
             return fn(*args, **kwargs)
 
-        _REGISTRY[op] = OpDef(fn.__name__, op, partitioned, reads_remote_in_backward, sig)
+        _REGISTRY[op] = OpDef(fn.__name__, op, communicates, reads_remote_in_backward, sig)
         return op
 
     return register
@@ -136,36 +153,30 @@ def _from_csr_order(g: Graph, t: torch.Tensor) -> torch.Tensor:
     return t[g.__dict__["inv_perm"]]
 
 
-@ir_op(
-    partitioned=runtime_ops.sar_spmm,
-    reads_remote_in_backward=lambda a: a["edge_weight"] is not None,
-    check=_check_spmm,
-)
-def spmm(g, x: torch.Tensor, reduce: str = "sum", edge_weight: torch.Tensor | None = None) -> torch.Tensor:
+@ir_op(communicates=True, reads_remote_in_backward=lambda a: a["edge_weight"] is not None, check=_check_spmm)
+def spmm(
+    g, x: torch.Tensor, reduce: str = "sum", edge_weight: torch.Tensor | None = None, *, strategy: str = "direct"
+) -> torch.Tensor:
     """Aggregate ``x`` over in-edges: ``out[v] = reduce_{u->v} w_uv * x[u]``."""
     _check_rows(g, x, "x", g.num_nodes)
     if edge_weight is not None:
         _check_rows(g, edge_weight, "edge_weight", g.num_edges)
     if isinstance(g, Graph):
         return runtime_ops.sar_spmm(g.shard(), x, reduce, _to_csr_order(g, edge_weight))
-    return runtime_ops.sar_spmm(g, x, reduce, edge_weight)
+    return runtime_ops.sar_spmm(g, x, reduce, edge_weight, strategy=strategy)
 
 
-@ir_op(
-    partitioned=runtime_ops.sar_sddmm,
-    reads_remote_in_backward=lambda a: a["op"] in ("mul", "dot"),
-    check=_check_sddmm,
-)
-def sddmm(g, a: torch.Tensor, b: torch.Tensor, op: str = "add") -> torch.Tensor:
+@ir_op(communicates=True, reads_remote_in_backward=lambda a: a["op"] in ("mul", "dot"), check=_check_sddmm)
+def sddmm(g, a: torch.Tensor, b: torch.Tensor, op: str = "add", *, strategy: str = "direct") -> torch.Tensor:
     """One value per edge u->v from ``a[u]`` and ``b[v]``."""
     _check_rows(g, a, "a", g.num_nodes)
     _check_rows(g, b, "b", g.num_nodes)
     if isinstance(g, Graph):
         return _from_csr_order(g, runtime_ops.sar_sddmm(g.shard(), a, b, op))
-    return runtime_ops.sar_sddmm(g, a, b, op)
+    return runtime_ops.sar_sddmm(g, a, b, op, strategy=strategy)
 
 
-@ir_op(partitioned=None, reads_remote_in_backward=lambda a: False, check=_check_softmax)
+@ir_op(communicates=False, reads_remote_in_backward=lambda a: False, check=_check_softmax)
 def edge_softmax(g, e: torch.Tensor) -> torch.Tensor:
     """Softmax of edge scores over the in-edges of each node. All in-edges of a node live
     on its worker, so this never communicates."""
@@ -177,3 +188,64 @@ def edge_softmax(g, e: torch.Tensor) -> torch.Tensor:
     z = torch.exp(e - peak[dst])
     total = torch.zeros_like(peak).index_add_(0, dst, z)
     return z / total[dst]
+
+
+def _check_edge_dropout(g, e, p, salt) -> None:
+    _graph_kind(g)
+    if not 0.0 <= p < 1.0:
+        raise GraphError(f"edge dropout probability must be in [0, 1), got {p}")
+
+
+@ir_op(communicates=False, reads_remote_in_backward=lambda a: False, check=_check_edge_dropout)
+def edge_dropout(g, e: torch.Tensor, p: float, salt: torch.Tensor) -> torch.Tensor:
+    """Zero each edge value with probability ``p`` (scaling the rest by ``1/(1-p)``), with a
+    mask keyed by global edge id, head and ``salt``: the same on any number of workers."""
+    _check_rows(g, e, "e", g.num_edges)
+    if p == 0.0:
+        return e
+    heads = e[0].numel() if e.shape[0] else 1
+    keep = runtime_ops.edge_keep(g.edge_ids, heads, p, salt, e.dtype)
+    return e * keep.reshape(e.shape)
+
+
+def _check_attention(g, h, a_src, a_dst, negative_slope, dropout, salt) -> None:
+    _graph_kind(g)
+    if not 0.0 <= dropout < 1.0:
+        raise GraphError(f"attention dropout must be in [0, 1), got {dropout}")
+
+
+def _fusable_shapes(h: torch.Tensor, a_src: torch.Tensor, a_dst: torch.Tensor) -> bool:
+    """One score per edge and head: ``a [n]`` with ``h [n, C]``, or ``a [n, H]`` with ``h [n, H, C]``."""
+    if a_src.shape != a_dst.shape or h.dim() != a_src.dim() + 1:
+        return False
+    return a_src.dim() == 1 or (a_src.dim() == 2 and a_src.shape[1] == h.shape[1])
+
+
+@ir_op(communicates=True, reads_remote_in_backward=lambda a: True, check=_check_attention)
+def attention(
+    g,
+    h: torch.Tensor,
+    a_src: torch.Tensor,
+    a_dst: torch.Tensor,
+    negative_slope: float = 0.2,
+    dropout: float = 0.0,
+    salt: torch.Tensor | None = None,
+    *,
+    strategy: str = "remat",
+) -> torch.Tensor:
+    """``spmm(g, h, "sum", edge_dropout(edge_softmax(leaky_relu(sddmm(g, a_src, a_dst, "add")))))``
+    in one op that never keeps a per-edge tensor (see :mod:`sarcompile.runtime.ops`)."""
+    for name, t in (("h", h), ("a_src", a_src), ("a_dst", a_dst)):
+        _check_rows(g, t, name, g.num_nodes)
+    if not _fusable_shapes(h, a_src, a_dst):  # e.g. one score per edge shared by all heads
+        score = torch.nn.functional.leaky_relu(sddmm(g, a_src, a_dst, "add"), negative_slope)
+        weight = edge_softmax(g, score)
+        if dropout:
+            weight = edge_dropout(g, weight, dropout, salt)
+        return spmm(g, h, "sum", edge_weight=weight, strategy=strategy)
+    single = a_src.dim() == 1
+    if single:
+        h, a_src, a_dst = h.unsqueeze(1), a_src.unsqueeze(1), a_dst.unsqueeze(1)
+    shard = g.shard() if isinstance(g, Graph) else g
+    out = runtime_ops.sar_attention(shard, h, a_src, a_dst, negative_slope, dropout, salt, strategy=strategy)
+    return out.squeeze(1) if single else out

@@ -19,9 +19,10 @@ __all__ = ["SarTracer", "trace"]
 
 class SarTracer(fx.Tracer):
     def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
-        from .nn import NodeDropout
+        from .nn import NodeDropout, RandomStream
 
-        if lowering_for(m) is not None or isinstance(m, NodeDropout):
+        # Dropout modules keep their step counters: they must run, not be traced through.
+        if lowering_for(m) is not None or isinstance(m, (NodeDropout, RandomStream)):
             return True
         return super().is_leaf_module(m, qualname)
 

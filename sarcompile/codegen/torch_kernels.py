@@ -15,7 +15,17 @@ import torch
 
 from ..graph import Block
 
-__all__ = ["spmm", "spmm_t", "edge_dot", "MaxState", "max_grad", "sddmm", "sddmm_grads"]
+__all__ = [
+    "spmm",
+    "spmm_t",
+    "edge_dot",
+    "MaxState",
+    "max_grad",
+    "sddmm",
+    "sddmm_grads",
+    "AttentionState",
+    "attention_grads",
+]
 
 # Larger than any node id: marks "no candidate" in the arg-min tie-break of the max.
 _NO_ROW = torch.iinfo(torch.long).max
@@ -28,12 +38,19 @@ def _scalar_weight(weight: torch.Tensor | None) -> bool:
     return weight is None or weight.dim() == 1
 
 
+def _per_head(weight: torch.Tensor | None, x: torch.Tensor) -> bool:
+    """Weights ``[E, H]`` against features ``[n, H, C]``: one sparse matmul per head."""
+    return weight is not None and weight.dim() == 2 and x.dim() == 3 and weight.shape[1] == x.shape[1]
+
+
 def spmm(block: Block, x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
     """``out[v] = sum over edges u->v of w_e * x[u]`` for the block's destination rows."""
     if _scalar_weight(weight):
         out = block.sparse(weight, x.dtype) @ _flat(x)
         return out.reshape(block.num_dst, *x.shape[1:])
-    # Per-edge weights with extra dims (one per head) broadcast over the features.
+    if _per_head(weight, x):
+        return torch.stack([block.sparse(weight[:, k], x.dtype) @ x[:, k] for k in range(x.shape[1])], 1)
+    # Other broadcasts: materialise one message per edge.
     msg = x[block.col] * weight.reshape(*weight.shape, *([1] * (x.dim() - weight.dim())))
     return x.new_zeros((block.num_dst, *x.shape[1:])).index_add_(0, block.row, msg)
 
@@ -43,6 +60,8 @@ def spmm_t(block: Block, g: torch.Tensor, weight: torch.Tensor | None) -> torch.
     if _scalar_weight(weight):
         out = block.sparse_t(weight, g.dtype) @ _flat(g)
         return out.reshape(block.num_src, *g.shape[1:])
+    if _per_head(weight, g):
+        return torch.stack([block.sparse_t(weight[:, k], g.dtype) @ g[:, k] for k in range(g.shape[1])], 1)
     msg = g[block.row] * weight.reshape(*weight.shape, *([1] * (g.dim() - weight.dim())))
     return g.new_zeros((block.num_src, *g.shape[1:])).index_add_(0, block.col, msg)
 
@@ -50,6 +69,9 @@ def spmm_t(block: Block, g: torch.Tensor, weight: torch.Tensor | None) -> torch.
 def edge_dot(block: Block, g: torch.Tensor, x: torch.Tensor, weight_shape: torch.Size) -> torch.Tensor:
     """Gradient of the edge weights of :func:`spmm`: ``<g[v], x[u]>`` per edge u->v,
     summed over the dims the weight broadcast over."""
+    if len(weight_shape) == 2 and x.dim() == 3 and weight_shape[1] == x.shape[1]:
+        # Head by head: keeps the transient at one [E, C] product instead of [E, H, C].
+        return torch.stack([(g[block.row, k] * x[block.col, k]).sum(-1) for k in range(x.shape[1])], 1)
     prod = g[block.row] * x[block.col]
     rest = math.prod(g.shape[1:]) // math.prod(weight_shape[1:])
     return prod.reshape(block.num_edges, *weight_shape[1:], rest).sum(-1)
@@ -140,3 +162,71 @@ def sddmm_grads(
             msg = g * a[block.col]
         gb = msg.new_zeros((block.num_dst, *msg.shape[1:])).index_add_(0, block.row, msg)
     return ga, gb
+
+
+class AttentionState:
+    """Online softmax-weighted aggregation over blocks (exact, as in FlashAttention).
+
+    Per destination row and head it keeps the running max ``m`` of the scores seen so far,
+    the running sum ``l`` of ``exp(score - m)`` and the running weighted sum ``acc``; when a
+    block raises the max, what was accumulated is rescaled by ``exp(m_old - m_new)``. No
+    per-edge tensor outlives the block it belongs to.
+    """
+
+    def __init__(self, num_dst: int, heads: int, channels: int, dtype: torch.dtype):
+        self.m = torch.full((num_dst, heads), float("-inf"), dtype=dtype)
+        self.l = torch.zeros((num_dst, heads), dtype=dtype)
+        self.acc = torch.zeros((num_dst, heads, channels), dtype=dtype)
+
+    def update(self, block: Block, h: torch.Tensor, score: torch.Tensor, keep: torch.Tensor | None) -> None:
+        """Fold in one block: source features ``h [num_src, H, C]``, activated edge scores
+        ``score [E_b, H]`` and the dropout multiplier ``keep [E_b, H]`` (or None)."""
+        if block.num_edges == 0:
+            return
+        idx = block.row.unsqueeze(1).expand_as(score)
+        block_max = torch.full_like(self.m, float("-inf")).scatter_reduce(0, idx, score, "amax")
+        m_new = torch.maximum(self.m, block_max)
+        # Rows that have seen no edge yet keep m = -inf; rescaling them would give nan.
+        rescale = torch.where(torch.isinf(m_new), torch.ones_like(m_new), torch.exp(self.m - m_new))
+        e = torch.exp(score - m_new[block.row])
+        self.l = self.l * rescale + torch.zeros_like(self.l).index_add_(0, block.row, e)
+        self.acc = self.acc * rescale.unsqueeze(-1) + spmm(block, h, e if keep is None else e * keep)
+        self.m = m_new
+
+    def result(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The output ``[n, H, C]`` (0 where a row has no in-edge) and the per-row
+        log-sum-exp of the scores, which is all backward needs to recompute probabilities."""
+        seen = self.l > 0
+        out = self.acc / torch.where(seen, self.l, torch.ones_like(self.l)).unsqueeze(-1)
+        lse = torch.where(seen, self.m + torch.log(torch.where(seen, self.l, torch.ones_like(self.l))), 0.0)
+        return out, lse
+
+
+def attention_grads(
+    block: Block,
+    h: torch.Tensor,
+    pre: torch.Tensor,
+    score: torch.Tensor,
+    keep: torch.Tensor | None,
+    lse: torch.Tensor,
+    d_out: torch.Tensor,
+    delta: torch.Tensor,
+    negative_slope: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gradients for one block from recomputed probabilities ``P = exp(score - lse[v])``.
+
+    ``pre`` is the score before the leaky ReLU, ``delta[v] = sum_c dOut[v] * Out[v]``
+    (FlashAttention's D: the softmax backward's row term, without storing P).
+    Returns (grad of the block's source features, of its source scores, of the local
+    destination scores).
+    """
+    p = torch.exp(score - lse[block.row])
+    w = p if keep is None else p * keep
+    d_h = spmm_t(block, d_out, w)
+    d_w = edge_dot(block, d_out, h, w.shape)
+    d_p = d_w if keep is None else d_w * keep
+    d_score = p * (d_p - delta[block.row])
+    d_pre = torch.where(pre > 0, d_score, d_score * negative_slope)
+    d_src = torch.zeros((block.num_src, pre.shape[1]), dtype=pre.dtype).index_add_(0, block.col, d_pre)
+    d_dst = torch.zeros((block.num_dst, pre.shape[1]), dtype=pre.dtype).index_add_(0, block.row, d_pre)
+    return d_h, d_src, d_dst

@@ -1,12 +1,13 @@
 """Pass ``partition``: IR ops on the global graph -> sequential-aggregation ops on a shard.
 
-Contract. Expects a lowered GraphModule (IR ops as ``call_function`` nodes). Guarantees
-that every IR op that reads other nodes' rows (``spmm``, ``sddmm``) now calls its
-partitioned runtime op with its arguments normalised (all by position, defaults filled)
-and a ``strategy`` keyword (``"direct"`` until the strategy pass decides); ops that need
-no communication (``edge_softmax``) are left as they are. Each rewritten node records
-``meta["ir_op"]`` (the :class:`~sarcompile.ops.OpDef`) and ``meta["args"]`` (its bound
-arguments). Modules whose result would silently differ on a shard (batch norm over the
+Contract. Expects a lowered (and fused) GraphModule, IR ops as ``call_function`` nodes.
+Guarantees that every IR op that reads other workers' rows (``spmm``, ``sddmm``,
+``attention``) has its arguments normalised (all by position, defaults filled) and a
+``strategy`` keyword (``"direct"`` until the strategy pass decides); on a worker's shard
+the op then runs as a sequential aggregation over blocks. Ops that need no
+communication (``edge_softmax``, ``edge_dropout``) are left as they are. Each rewritten
+node records ``meta["ir_op"]`` (the :class:`~sarcompile.ops.OpDef`) and ``meta["args"]``
+(its bound arguments). Modules whose result would silently differ on a shard (batch norm over the
 local nodes only) are rejected with a :class:`CompileError`.
 """
 
@@ -38,10 +39,10 @@ def partition(gm: fx.GraphModule, ctx: CompileOptions) -> fx.GraphModule:
         if node.op != "call_function" or node.target not in ops:
             continue
         op = ops[node.target]
-        if op.partitioned is None:
+        if not op.communicates:
             continue
         args = op.bind(node.args, node.kwargs)
-        node.target = op.partitioned
+        args.pop("strategy")
         node.args = tuple(args.values())
         node.kwargs = {"strategy": "direct"}
         node.meta["ir_op"] = op

@@ -1,5 +1,5 @@
 """Partitioned ops: sequential aggregation over a shard's blocks, with explicit saving and
-rematerialization in backward. The partition pass rewrites the IR ops into these.
+rematerialization in backward. The IR ops (:mod:`sarcompile.ops`) call these on a shard.
 
 Strategies (chosen by :mod:`sarcompile.passes.strategy`):
 
@@ -18,12 +18,14 @@ that were not kept fetches them again, so ``direct`` on such an op behaves as ``
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from ..codegen import torch_kernels as K
+from ..rng import uniform
 from .comm import run_rounds
 from .shard import ShardGraph
 
-__all__ = ["STRATEGIES", "sar_spmm", "sar_sddmm"]
+__all__ = ["STRATEGIES", "sar_spmm", "sar_sddmm", "sar_attention", "edge_keep"]
 
 STRATEGIES = ("direct", "remat", "stash", "oneshot")
 
@@ -164,6 +166,105 @@ class _SarSddmm(torch.autograd.Function):
             )
         ctx.kept = None
         return ga, gb, None, None, None
+
+
+def edge_keep(edge_ids: torch.Tensor, heads: int, p: float, salt: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Dropout multiplier ``[E, heads]`` (0 or 1/(1-p)) keyed by global edge id and head, so
+    every worker draws the same mask for an edge and backward draws it again."""
+    keys = edge_ids.unsqueeze(1) * heads + torch.arange(heads)
+    return (uniform(keys, salt) >= p).to(dtype) / (1.0 - p)
+
+
+class _SarAttention(torch.autograd.Function):
+    """``out[v] = sum_u softmax_u(leaky_relu(a_src[u] + a_dst[v])) * drop * h[u]`` per head.
+
+    Forward makes one pass over the blocks with an online softmax and keeps per-node
+    statistics only (the output and the log-sum-exp of the scores). Backward visits every
+    block once more -- re-fetched in ``sar`` mode, kept in ``stash``/``oneshot`` --
+    recomputes the probabilities and sends the gradients of the remote ``h`` and
+    ``a_src`` rows to their owners. Each round moves ``h`` and ``a_src`` as one tensor.
+    """
+
+    @staticmethod
+    def forward(ctx, h, a_src, a_dst, shard: ShardGraph, negative_slope: float, p: float, salt, strategy: str):
+        n, heads, channels = h.shape
+        payload = torch.cat([h.reshape(n, heads * channels), a_src], 1)
+        state = K.AttentionState(shard.num_nodes, heads, channels, h.dtype)
+        kept: dict[int, torch.Tensor] = {}
+
+        def visit(q: int, block_payload: torch.Tensor) -> None:
+            if _keeps_blocks(strategy):
+                kept[q] = block_payload
+            block = shard.blocks[q]
+            hb, ab = _split_payload(block_payload, heads, channels)
+            score = F.leaky_relu(ab[block.col] + a_dst[block.row], negative_slope)
+            state.update(block, hb, score, _keep(shard, q, heads, p, salt, h.dtype))
+
+        run_rounds(shard, visit, fetch=payload, lookahead=_lookahead(shard, strategy), what="attention")
+        out, lse = state.result()
+        ctx.save_for_backward(payload, a_dst, out, lse, salt)
+        ctx.shard, ctx.negative_slope, ctx.p, ctx.strategy, ctx.kept = shard, negative_slope, p, strategy, kept
+        ctx.heads, ctx.channels = heads, channels
+        return out
+
+    @staticmethod
+    def backward(ctx, d_out):
+        payload, a_dst, out, lse, salt = ctx.saved_tensors
+        shard, heads, channels = ctx.shard, ctx.heads, ctx.channels
+        delta = (d_out * out).sum(-1)
+        d_payload = torch.zeros_like(payload)
+        d_a_dst = torch.zeros_like(a_dst)
+        kept = ctx.kept
+
+        def visit(q: int, block_payload: torch.Tensor | None) -> torch.Tensor:
+            block_payload = payload if q == shard.rank else kept.get(q, block_payload)
+            block = shard.blocks[q]
+            hb, ab = _split_payload(block_payload, heads, channels)
+            pre = ab[block.col] + a_dst[block.row]
+            score = F.leaky_relu(pre, ctx.negative_slope)
+            keep = _keep(shard, q, heads, ctx.p, salt, payload.dtype)
+            d_h, d_src, d_dst = K.attention_grads(block, hb, pre, score, keep, lse, d_out, delta, ctx.negative_slope)
+            d_a_dst.add_(d_dst)
+            return torch.cat([d_h.reshape(block.num_src, heads * channels), d_src], 1)
+
+        run_rounds(
+            shard,
+            visit,
+            fetch=None if _keeps_blocks(ctx.strategy) else payload,
+            push_into=d_payload,
+            phase="backward",
+            what="attention backward",
+        )
+        ctx.kept = None
+        d_h, d_a_src = _split_payload(d_payload, heads, channels)
+        return d_h, d_a_src, d_a_dst, None, None, None, None, None
+
+
+def _split_payload(payload: torch.Tensor, heads: int, channels: int) -> tuple[torch.Tensor, torch.Tensor]:
+    width = heads * channels
+    return payload[:, :width].reshape(payload.shape[0], heads, channels), payload[:, width:]
+
+
+def _keep(shard: ShardGraph, q: int, heads: int, p: float, salt, dtype: torch.dtype) -> torch.Tensor | None:
+    if p == 0.0:
+        return None
+    return edge_keep(_edge_slice(shard.edge_ids, shard, q), heads, p, salt, dtype)
+
+
+def sar_attention(
+    shard: ShardGraph,
+    h: torch.Tensor,
+    a_src: torch.Tensor,
+    a_dst: torch.Tensor,
+    negative_slope: float = 0.2,
+    dropout: float = 0.0,
+    salt: torch.Tensor | None = None,
+    *,
+    strategy: str = "remat",
+) -> torch.Tensor:
+    """Partitioned fused attention; ``h [n, H, C]``, ``a_src``/``a_dst`` ``[n, H]``."""
+    salt = torch.zeros((), dtype=torch.long) if salt is None else salt
+    return _SarAttention.apply(h, a_src, a_dst, shard, float(negative_slope), float(dropout), salt, strategy)
 
 
 def sar_spmm(

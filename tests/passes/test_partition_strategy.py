@@ -7,7 +7,6 @@ from sarcompile.passes.context import CompileOptions
 from sarcompile.passes.lower import lower
 from sarcompile.passes.partition import partition
 from sarcompile.passes.strategy import strategy
-from sarcompile.runtime import ops as rt
 from sarcompile.trace import trace
 
 
@@ -33,17 +32,18 @@ def _ops(gm):
     return [(n.target.__name__, n.kwargs["strategy"]) for n in gm.graph.nodes if "ir_op" in n.meta]
 
 
-def test_partition_rewrites_communicating_ops_only():
+def test_partition_marks_communicating_ops_only():
     gm = partition(lower(trace(Mixed())), CompileOptions())
-    targets = [n.target for n in gm.graph.nodes if n.op == "call_function"]
-    assert targets.count(rt.sar_spmm) == 2 and targets.count(rt.sar_sddmm) == 2
-    assert sc.spmm not in targets and sc.sddmm not in targets
-    assert sc.edge_softmax in targets  # local: all in-edges of a node live on its worker
+    marked = [n.target for n in gm.graph.nodes if "ir_op" in n.meta]
+    assert marked == [sc.spmm, sc.sddmm, sc.spmm, sc.sddmm]
+    assert all(n.kwargs == {"strategy": "direct"} for n in gm.graph.nodes if "ir_op" in n.meta)
+    softmax = [n for n in gm.graph.nodes if n.target is sc.edge_softmax]
+    assert softmax and "strategy" not in softmax[0].kwargs  # local: a node's in-edges live on its worker
 
 
 def test_strategy_per_mode():
     assert _ops(_compile(CompileOptions("sar"))) == [
-        ("sar_spmm", "direct"), ("sar_sddmm", "direct"), ("sar_spmm", "remat"), ("sar_sddmm", "remat")
+        ("spmm", "direct"), ("sddmm", "direct"), ("spmm", "remat"), ("sddmm", "remat")
     ]
     for mode in ("stash", "oneshot"):
         assert {s for _, s in _ops(_compile(CompileOptions(mode)))} == {mode}
@@ -52,7 +52,7 @@ def test_strategy_per_mode():
 def test_user_override_by_layer_and_node():
     gm = _compile(CompileOptions("sar", strategies={"sage": "stash", "spmm": "stash"}))
     ops = _ops(gm)
-    assert ops[0] == ("sar_spmm", "stash") and ops[2] == ("sar_spmm", "stash")
+    assert ops[0] == ("spmm", "stash") and ops[2] == ("spmm", "stash")
     reasons = [n.meta["strategy_reason"] for n in gm.graph.nodes if "ir_op" in n.meta]
     assert "set by the user" in reasons[0]
 

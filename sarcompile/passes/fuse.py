@@ -1,0 +1,113 @@
+"""Pass ``fuse``: the attention chain -> one ``attention`` op.
+
+Contract. Expects a lowered GraphModule (IR ops as ``call_function`` nodes). Finds every
+chain, on one graph value ``g``,
+
+    sddmm(g, a_src, a_dst, "add") -> [leaky_relu(., slope)] -> edge_softmax(g, .)
+        -> [edge_dropout(g, ., p, salt)] -> spmm(g, h, "sum", edge_weight=.)
+
+whose intermediate per-edge values have no other user, and replaces it by
+``attention(g, h, a_src, a_dst, slope, p, salt)``. The leaky ReLU may be
+``F.leaky_relu``, ``torch.nn.LeakyReLU`` or absent (slope 1: the identity). Guarantees the
+program computes the same values; the fused op never keeps a per-edge tensor, and on a
+shard it reads every remote block once in forward and once in backward. Chains whose
+edge values are used elsewhere are left alone (their per-edge tensors are needed anyway).
+The fused node records ``meta["fused"]`` (the names of the nodes it replaced).
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+import torch.fx as fx
+import torch.nn.functional as F
+
+from .. import ops
+from .context import CompileOptions
+
+__all__ = ["fuse"]
+
+_LEAKY = inspect.signature(F.leaky_relu)
+
+
+def _bound(node: fx.Node) -> dict:
+    return ops.registry()[node.target].bind(node.args, node.kwargs)
+
+
+def _is(node, op) -> bool:
+    return isinstance(node, fx.Node) and node.op == "call_function" and node.target is op
+
+
+def _only_user(node: fx.Node, user: fx.Node) -> bool:
+    return list(node.users) == [user]
+
+
+def _leaky_slope(gm: fx.GraphModule, node: fx.Node) -> tuple[float, fx.Node] | None:
+    """(slope, input) if ``node`` is a leaky ReLU with a constant slope."""
+    if node.op == "call_function" and node.target is F.leaky_relu:
+        args = _LEAKY.bind(*node.args, **node.kwargs)
+        args.apply_defaults()
+        slope = args.arguments["negative_slope"]
+        return (float(slope), args.arguments["input"]) if isinstance(slope, (int, float)) else None
+    if node.op == "call_module" and isinstance(gm.get_submodule(node.target), torch.nn.LeakyReLU):
+        return float(gm.get_submodule(node.target).negative_slope), node.args[0]
+    return None
+
+
+def _match(gm: fx.GraphModule, agg: fx.Node) -> dict | None:
+    """The chain ending in the weighted ``spmm`` node ``agg``, or None."""
+    a = _bound(agg)
+    g, weight = a["g"], a["edge_weight"]
+    if a["reduce"] != "sum" or not isinstance(weight, fx.Node) or not _only_user(weight, agg):
+        return None
+    chain, dropout, salt = [], 0.0, None
+    if _is(weight, ops.edge_dropout):
+        d = _bound(weight)
+        if d["g"] is not g or not isinstance(d["p"], (int, float)):
+            return None
+        chain.append(weight)
+        dropout, salt, weight = float(d["p"]), d["salt"], d["e"]
+        if not _only_user(weight, chain[-1]):
+            return None
+    if not _is(weight, ops.edge_softmax) or _bound(weight)["g"] is not g:
+        return None
+    chain.append(weight)
+    score = _bound(weight)["e"]
+    if not isinstance(score, fx.Node) or not _only_user(score, weight):
+        return None
+    slope = 1.0  # no activation: leaky_relu with slope 1 is the identity
+    leaky = _leaky_slope(gm, score)
+    if leaky is not None:
+        chain.append(score)
+        slope, score = leaky
+        if not isinstance(score, fx.Node) or not _only_user(score, chain[-1]):
+            return None
+    if not _is(score, ops.sddmm):
+        return None
+    s = _bound(score)
+    if s["g"] is not g or s["op"] != "add":
+        return None
+    chain.append(score)
+    return {"g": g, "h": a["x"], "a_src": s["a"], "a_dst": s["b"], "slope": slope, "dropout": dropout,
+            "salt": salt, "chain": chain}
+
+
+def fuse(gm: fx.GraphModule, ctx: CompileOptions | None = None) -> fx.GraphModule:
+    for agg in [n for n in gm.graph.nodes if _is(n, ops.spmm)]:
+        m = _match(gm, agg)
+        if m is None:
+            continue
+        with gm.graph.inserting_before(agg):
+            fused = gm.graph.call_function(
+                ops.attention, (m["g"], m["h"], m["a_src"], m["a_dst"], m["slope"], m["dropout"], m["salt"])
+            )
+        fused.meta.update(agg.meta)
+        fused.meta["fused"] = [n.name for n in reversed(m["chain"])] + [agg.name]
+        agg.replace_all_uses_with(fused)
+        gm.graph.erase_node(agg)
+        for node in m["chain"]:  # from the weight back to the scores: each is unused now
+            gm.graph.erase_node(node)
+    gm.graph.lint()
+    gm.recompile()
+    return gm
