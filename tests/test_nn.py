@@ -472,7 +472,7 @@ def test_node_dropout_successive_calls_differ_and_resume_from_checkpoint():
     m1 = masks(nd, g, 50)
     saved = copy.deepcopy(nd.state_dict())
     m2 = masks(nd, g, 50)
-    assert int(nd.step) == 2
+    assert int(nd.stream.step) == 2
     assert not torch.equal(m1, m2)
     # Same seed, same step: same masks; a checkpoint resumes the sequence.
     other = sc.nn.NodeDropout(p=0.5, seed=7)
@@ -489,7 +489,7 @@ def test_node_dropout_default_seed_from_torch_rng():
     a = sc.nn.NodeDropout(p=0.5)
     torch.manual_seed(11)
     b = sc.nn.NodeDropout(p=0.5)
-    assert int(a.seed) == int(b.seed)
+    assert int(a.stream.seed) == int(b.stream.seed)
     g = sc.Graph.from_edges(torch.tensor([0]), torch.tensor([1]), 30)
     torch.testing.assert_close(masks(a, g, 30), masks(b, g, 30))
 
@@ -499,7 +499,7 @@ def test_node_dropout_eval_is_identity():
     nd = sc.nn.NodeDropout(p=0.5, seed=3).eval()
     x = torch.randn(20, 4)
     torch.testing.assert_close(nd(g, x), x)
-    assert int(nd.step) == 0
+    assert int(nd.stream.step) == 0
     torch.testing.assert_close(sc.nn.NodeDropout(p=0.0, seed=3)(g, x), x)
 
 
@@ -546,6 +546,6 @@ def test_node_dropout_inside_distribute():
     x = torch.randn(n, 4, dtype=DT)
     for _ in range(2):
         torch.testing.assert_close(dm(g, x), eager(g, x))
-    assert int(model.drop.step) == 2  # the step buffer lives on the original
+    assert int(model.drop.stream.step) == 2  # the step buffer lives on the original
     dm.eval()
     torch.testing.assert_close(dm(g, x), model.conv(g, x))
