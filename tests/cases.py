@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 import sarcompile as sc
@@ -71,7 +72,35 @@ class DropModel(nn.Module):
         return self.c2(g, self.drop(g, torch.relu(self.c1(g, x))))
 
 
-MODELS = {"mix": MixModel, "edge": EdgeModel, "drop": DropModel}
+class GAT2(nn.Module):
+    """Two GAT layers with ELU: heads concatenated, then averaged."""
+
+    def __init__(self, f_in: int = 6):
+        super().__init__()
+        self.g1 = sc.nn.GATConv(f_in, 4, heads=2)
+        self.g2 = sc.nn.GATConv(8, 3, heads=2, concat=False)
+
+    def forward(self, g, x):
+        return self.g2(g, F.elu(self.g1(g, x)))
+
+
+class GAT3(nn.Module):
+    """Three GAT layers, attention dropout, a residual, a SAGE layer mixed in."""
+
+    def __init__(self, f_in: int = 6):
+        super().__init__()
+        self.g1 = sc.nn.GATConv(f_in, 4, heads=3, residual=True)
+        self.sage = sc.nn.SAGEConv(12, 12, "mean")
+        self.g2 = sc.nn.GATConv(12, 4, heads=2, dropout=0.3, negative_slope=0.1, seed=99)
+        self.g3 = sc.nn.GATConv(8, 2, heads=1)
+
+    def forward(self, g, x):
+        h = F.elu(self.g1(g, x))
+        h = h + torch.relu(self.sage(g, h))
+        return self.g3(g, F.elu(self.g2(g, h)))
+
+
+MODELS = {"mix": MixModel, "edge": EdgeModel, "drop": DropModel, "gat2": GAT2, "gat3": GAT3}
 
 
 def make_model(name: str, seed: int) -> nn.Module:
@@ -128,11 +157,25 @@ def run_worker(rank: int, world_size: int, payload: dict[str, Any]) -> Result:
     x = part.node_data["x"].clone().requires_grad_(True)
     comm.stats.reset()
     comm.live.reset_peak()
-    out = dm(shard, x)
+    saved: list[tuple[int, ...]] = []  # shapes of everything autograd keeps for backward
+
+    def pack(t):
+        saved.append(tuple(t.shape))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = dm(shard, x)
     forward_peak = comm.live.peak
     (out * part.node_data["w"]).sum().backward()
     sc.sync_gradients(model)
-    stats = {**comm.stats.as_dict(), "forward_peak_blocks": forward_peak, "peak_blocks": comm.live.peak}
+    stats = {
+        **comm.stats.as_dict(),
+        "forward_peak_blocks": forward_peak,
+        "peak_blocks": comm.live.peak,
+        "saved_shapes": saved,
+        "edges_with_loops": shard.with_self_loops().num_edges,
+        "edges": shard.num_edges,
+    }
     grads = {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
     return Result(out.detach(), x.grad, grads, stats)
 

@@ -65,7 +65,14 @@ def test_two_workers_all_modes(pool, data):
 @SETTINGS
 def test_one_to_four_workers_all_models(pool, data):
     world_size = data.draw(st.sampled_from([1, 3, 4]))
-    check(data.draw(cases(world_size, models=("mix", "edge", "drop"), modes=("sar", "stash", "oneshot"))), world_size, pool)
+    check(data.draw(cases(world_size, models=("mix", "edge", "drop", "gat2"), modes=("sar", "stash", "oneshot"))), world_size, pool)
+
+
+@given(data=st.data())
+@SETTINGS
+def test_gat_models_one_to_four_workers(pool, data):
+    world_size = data.draw(st.sampled_from([1, 2, 3, 4]))
+    check(data.draw(cases(world_size, models=("gat2", "gat3"), modes=("sar", "stash", "oneshot"))), world_size, pool)
 
 
 def _case(g: sc.Graph, assignment: torch.Tensor, model: str = "mix", mode: str = "sar", seed: int = 0) -> Case:
@@ -151,3 +158,34 @@ def test_node_dropout_same_on_every_worker_count(pool):
     for world_size in (2, 3, 4):
         case = _case(g, torch.randint(0, world_size, (n,), generator=gen), model="drop", seed=7)
         check(case, world_size, pool)
+
+
+def test_gat_keeps_no_per_edge_tensor_for_backward(pool):
+    """Fused attention saves per-node statistics only: nothing with one row per edge."""
+    gen = torch.Generator().manual_seed(2)
+    n = 40
+    g = sc.Graph.from_edges(torch.randint(0, n, (300,), generator=gen), torch.randint(0, n, (300,), generator=gen), n)
+    assignment = torch.randint(0, 3, (n,), generator=gen)
+    for r in check(_case(g, assignment, "gat3", "sar"), 3, pool):
+        edge_rows = {r.stats["edges_with_loops"], r.stats["edges"]}
+        assert r.stats["edges_with_loops"] > n  # distinct from any node count on this graph
+        assert not [s for s in r.stats["saved_shapes"] if s and s[0] in edge_rows], r.stats["saved_shapes"]
+        assert r.stats["peak_blocks"] <= 2
+    # The probe sees per-edge tensors when they are kept: the unfused edge ops keep them.
+    for r in check(_case(g, assignment, "edge", "sar"), 3, pool):
+        assert [s for s in r.stats["saved_shapes"] if s and s[0] == r.stats["edges"]]
+
+
+def test_attention_reads_each_remote_block_once_per_pass(pool):
+    """Forward fetches h and a_src together once; backward fetches them once more (remat)
+    and sends one gradient per fetched row; stash and oneshot never fetch in backward."""
+    gen = torch.Generator().manual_seed(4)
+    n = 40
+    g = sc.Graph.from_edges(torch.randint(0, n, (200,), generator=gen), torch.randint(0, n, (200,), generator=gen), n)
+    assignment = torch.randint(0, 4, (n,), generator=gen)
+    for r in check(_case(g, assignment, "gat2", "sar"), 4, pool):
+        s = r.stats
+        assert s["received"]["backward"] == s["received"]["forward"] + s["sent"]["forward"]
+    for mode in ("stash", "oneshot"):
+        for r in check(_case(g, assignment, "gat2", mode), 4, pool):
+            assert r.stats["received"]["backward"] == r.stats["sent"]["forward"]
