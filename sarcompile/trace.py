@@ -16,7 +16,6 @@ from .passes.lower import lowering_for
 __all__ = ["SarTracer", "trace"]
 
 
-
 class SarTracer(fx.Tracer):
     def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
         from .nn import NodeDropout, RandomStream
