@@ -237,6 +237,7 @@ def attention(
     in one op that never keeps a per-edge tensor (see :mod:`sarcompile.runtime.ops`)."""
     for name, t in (("h", h), ("a_src", a_src), ("a_dst", a_dst)):
         _check_rows(g, t, name, g.num_nodes)
+    salt = torch.zeros((), dtype=torch.long) if salt is None else salt
     if not _fusable_shapes(h, a_src, a_dst):  # e.g. one score per edge shared by all heads
         score = torch.nn.functional.leaky_relu(sddmm(g, a_src, a_dst, "add"), negative_slope)
         weight = edge_softmax(g, score)

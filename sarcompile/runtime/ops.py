@@ -256,14 +256,13 @@ def sar_attention(
     h: torch.Tensor,
     a_src: torch.Tensor,
     a_dst: torch.Tensor,
-    negative_slope: float = 0.2,
-    dropout: float = 0.0,
-    salt: torch.Tensor | None = None,
+    negative_slope: float,
+    dropout: float,
+    salt: torch.Tensor,
     *,
     strategy: str = "remat",
 ) -> torch.Tensor:
     """Partitioned fused attention; ``h [n, H, C]``, ``a_src``/``a_dst`` ``[n, H]``."""
-    salt = torch.zeros((), dtype=torch.long) if salt is None else salt
     return _SarAttention.apply(h, a_src, a_dst, shard, float(negative_slope), float(dropout), salt, strategy)
 
 
