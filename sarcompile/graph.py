@@ -162,6 +162,10 @@ class Graph:
 
     def in_degrees(self) -> torch.Tensor:
         """In-degree of every node (multi-edges and self-loops counted)."""
+        return self._in_degrees.clone()  # a copy: the cached one must survive in-place edits
+
+    @cached_property
+    def _in_degrees(self) -> torch.Tensor:
         return torch.bincount(self.dst, minlength=self.num_nodes)
 
     @property

@@ -184,7 +184,9 @@ class ShardGraph:
 
     def in_degrees(self) -> torch.Tensor:
         """Full (global) in-degree of each local node: all its in-edges live on this shard."""
-        return torch.bincount(self.dst_index, minlength=self.num_nodes)
+        if "_in_degrees" not in self.__dict__:
+            self.__dict__["_in_degrees"] = torch.bincount(self.dst_index, minlength=self.num_nodes)
+        return self.__dict__["_in_degrees"].clone()  # a copy: the cached one must survive in-place edits
 
     def remove_self_loops(self) -> "ShardGraph":
         """Without edges ``v -> v`` (cached). Self-loops only ever sit in the local block,
