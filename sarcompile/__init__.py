@@ -6,6 +6,7 @@ from .errors import CommError, CompileError, GraphError, PartitionError, Sarcomp
 from .compiler import DistributedModule, distribute
 from .graph import Graph
 from .ops import edge_softmax, sddmm, spmm
+from .plan import OpPlan, Plan
 from .partitioning import Manifest, Partition, load_partition, load_whole_graph, partition
 from .runtime.comm import global_sum, init, shutdown, sync_gradients
 
@@ -15,6 +16,8 @@ __all__ = [
     "Graph",
     "distribute",
     "DistributedModule",
+    "Plan",
+    "OpPlan",
     "nn",
     "ops",
     "spmm",

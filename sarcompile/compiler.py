@@ -14,9 +14,11 @@ A single machine runs the program after ``fuse``; a worker runs the one after
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
 import torch.fx as fx
 from torch import nn
 
@@ -27,6 +29,8 @@ from .passes.fuse import fuse
 from .passes.lower import lower
 from .passes.partition import partition
 from .passes.strategy import strategy
+from .partitioning import read_manifest
+from .plan import Plan, build_plan, halo_matrix
 from .runtime.shard import ShardGraph
 from .trace import trace
 
@@ -118,6 +122,39 @@ class DistributedModule(nn.Module):
         if cached is None or len(cached[0]) != len(state) or any(a is not b for a, b in zip(cached[0], state)):
             self._programs[key] = (state, compile_program(self._orig, self._options, partitioned))
         return self._programs[key][1]
+
+    def plan(
+        self,
+        source: str | os.PathLike | Graph,
+        num_parts: int | None = None,
+        x: torch.Tensor | None = None,
+        method: str | torch.Tensor = "metis",
+        seed: int = 0,
+    ) -> Plan:
+        """The plan of this model on ``num_parts`` workers, without training (see
+        :mod:`sarcompile.plan`). ``source`` is a partition directory, or a graph that is
+        partitioned in memory into ``num_parts`` (``method`` and ``seed`` as for
+        :func:`sarcompile.partition`, or a tensor giving each node's part). ``x`` is an example
+        input (only its trailing shape and dtype matter); by default the partition's
+        ``node_data["x"]``. Plans the training program: ``forward(graph, x)``.
+        """
+        halo = halo_matrix(source, num_parts, method, seed)
+        if x is None:
+            if isinstance(source, Graph):
+                raise CompileError("plan(graph, num_parts, x=...): give an example input to size the rows")
+            info = read_manifest(source).node_data.get("x")
+            if info is None:
+                raise CompileError(f"partition {source!r} has no node_data['x']; pass x=... to plan()")
+            x = torch.zeros((1, *info["shape"]), dtype=getattr(torch, info["dtype"]))
+        program = self.program(partitioned=True)
+        # The probe run must not advance dropout counters or other buffers of the model.
+        buffers = {k: v.clone() for k, v in self._orig.named_buffers()}
+        try:
+            return build_plan(type(self._orig).__name__, self._options.mode, program.module, program.stages, halo, x)
+        finally:
+            with torch.no_grad():
+                for k, v in self._orig.named_buffers():
+                    v.copy_(buffers[k])
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         graph = _find_graph(args, kwargs)

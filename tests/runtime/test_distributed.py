@@ -189,3 +189,22 @@ def test_attention_reads_each_remote_block_once_per_pass(pool):
     for mode in ("stash", "oneshot"):
         for r in check(_case(g, assignment, "gat2", mode), 4, pool):
             assert r.stats["received"]["backward"] == r.stats["sent"]["forward"]
+
+
+def test_plan_traffic_equals_runtime_counters(pool):
+    """The plan's bytes per worker and phase are exactly what the runtime counts."""
+    from cases import make_model
+
+    gen = torch.Generator().manual_seed(6)
+    n = 45
+    g = sc.Graph.from_edges(torch.randint(0, n, (220,), generator=gen), torch.randint(0, n, (220,), generator=gen), n)
+    for world_size, model, mode in [(3, "mix", "sar"), (3, "edge", "sar"), (3, "edge", "stash"),
+                                    (4, "gat3", "sar"), (4, "gat2", "oneshot"), (2, "drop", "sar")]:
+        case = _case(g, torch.randint(0, world_size, (n,), generator=gen), model=model, mode=mode)
+        results = check(case, world_size, pool)
+        plan = sc.distribute(make_model(model, case.seed), mode=mode).plan(
+            g, world_size, x=case.x.clone().requires_grad_(), method=case.assignment
+        )
+        for rank, r in enumerate(results):
+            assert plan.forward_bytes(rank) == r.stats["received"].get("forward", 0), (model, mode, rank)
+            assert plan.backward_bytes(rank) == r.stats["received"].get("backward", 0), (model, mode, rank)

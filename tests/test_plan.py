@@ -1,0 +1,98 @@
+"""Plans: golden printouts, stages, Graphviz, sources, and no side effects."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import sarcompile as sc
+
+GOLDEN = Path(__file__).parent / "golden"
+
+
+class Small(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.sage = sc.nn.SAGEConv(8, 16, "max")
+        self.drop = sc.nn.NodeDropout(0.5, seed=1)
+        self.gat = sc.nn.GATConv(16, 4, heads=2, dropout=0.2, seed=2)
+        self.gcn = sc.nn.GCNConv(8, 3)
+
+    def forward(self, g, x):
+        h = self.drop(g, F.relu(self.sage(g, x)))
+        return self.gcn(g, F.elu(self.gat(g, h)))
+
+
+def _graph() -> sc.Graph:
+    gen = torch.Generator().manual_seed(0)
+    return sc.Graph.from_edges(torch.randint(0, 60, (300,), generator=gen), torch.randint(0, 60, (300,), generator=gen), 60)
+
+
+def _golden(name: str, text: str) -> None:
+    """Compare with tests/golden/NAME; SARCOMPILE_UPDATE_GOLDEN=1 rewrites it."""
+    path = GOLDEN / name
+    if os.environ.get("SARCOMPILE_UPDATE_GOLDEN"):
+        path.write_text(text + "\n")
+    assert text + "\n" == path.read_text()
+
+
+@pytest.mark.parametrize("mode", ["sar", "oneshot"])
+def test_printed_plan_is_stable(mode):
+    plan = sc.distribute(Small(), mode=mode).plan(_graph(), 3, x=torch.zeros(1, 8), method="contiguous")
+    _golden(f"plan_small_{mode}.txt", str(plan))
+
+
+def test_stages_are_readable_python():
+    plan = sc.distribute(Small()).plan(_graph(), 2, x=torch.zeros(1, 8), method="contiguous")
+    assert [s for s, _ in plan.stages] == ["trace", "lower", "fuse", "partition", "strategy"]
+    assert "self.gat(" in plan.stage("trace")  # layers are leaves before lowering
+    assert "sddmm(" in plan.stage("lower") and "edge_softmax(" in plan.stage("lower")
+    assert "attention(" in plan.stage("fuse") and "edge_softmax(" not in plan.stage("fuse")
+    assert "strategy = 'remat'" in plan.stage("strategy")
+    compile(plan.stage("strategy"), "<plan>", "exec")  # it is Python
+    with pytest.raises(KeyError, match="stages are"):
+        plan.stage("codegen")
+
+
+def test_to_dot_lists_every_op_in_order():
+    plan = sc.distribute(Small()).plan(_graph(), 2, x=torch.zeros(1, 8), method="contiguous")
+    dot = plan.to_dot()
+    assert dot.startswith("digraph plan {") and dot.endswith("}")
+    assert [op.op for op in plan.ops] == ["spmm(max)", "attention", "spmm(sum)"]
+    for i in range(len(plan.ops)):
+        assert f"op{i} [label=" in dot
+    assert "op0 -> op1;" in dot and "op1 -> op2;" in dot
+
+
+def test_plan_from_partition_directory_equals_plan_from_graph(tmp_path):
+    g = _graph()
+    x = torch.randn(g.num_nodes, 8)
+    sc.partition(g, 3, tmp_path, node_data={"x": x}, method="contiguous")
+    model = sc.distribute(Small())
+    from_dir = model.plan(tmp_path)
+    from_graph = model.plan(g, 3, x=x, method="contiguous")
+    assert str(from_dir) == str(from_graph)
+
+
+def test_planning_leaves_the_model_untouched():
+    model = Small()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    sc.distribute(model).plan(_graph(), 2, x=torch.zeros(1, 8))
+    after = model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_plan_errors_say_what_is_missing(tmp_path):
+    model = sc.distribute(Small())
+    with pytest.raises(sc.CompileError, match="num_parts"):
+        model.plan(_graph())
+    with pytest.raises(sc.CompileError, match="example input"):
+        model.plan(_graph(), 2)
+    sc.partition(_graph(), 2, tmp_path)
+    with pytest.raises(sc.CompileError, match="node_data\\['x'\\]"):
+        model.plan(tmp_path)
