@@ -6,7 +6,7 @@
 Each engine runs in its own process (so peak memory is not polluted by the other), does
 one warm-up step, then times forward + backward ``--repeats`` times and reports the
 median; peak memory is the resident-set peak of one step above the baseline before it
-(see benchmarks/memory.py). Writes benchmarks/results/gat_single.json and a PNG.
+(see sarcompile/runtime/memory.py). Writes benchmarks/results/gat_single.json and a PNG.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from pathlib import Path
 import torch
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
 
 
 def graph(nodes: int, degree: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -33,7 +32,7 @@ def graph(nodes: int, degree: int, seed: int = 0) -> tuple[torch.Tensor, torch.T
 
 
 def run_engine(engine: str, nodes: int, degree: int, heads: int, channels: int, repeats: int) -> dict:
-    from memory import peak, reset_peak
+    from sarcompile.runtime.memory import MemoryProbe
 
     torch.manual_seed(0)
     torch.set_num_threads(1)  # both engines on one core: comparable and quieter
@@ -58,9 +57,9 @@ def run_engine(engine: str, nodes: int, degree: int, heads: int, channels: int, 
         out.sum().backward()
 
     step()  # warm-up: one-time set-up (CSR, self-loops, tracing) is not what we time
-    base = reset_peak()
-    step()
-    mem = peak() - base
+    with MemoryProbe() as probe:
+        step()
+    mem = probe.added_bytes
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import sarcompile as sc
+from sarcompile.runtime.memory import MemoryProbe
 
 
 class SAGE(nn.Module):
@@ -76,9 +77,12 @@ def main() -> None:
     if rank == 0:
         print(f"{world_size} workers, {int(total)} training nodes, mode={args.mode}")
         print(f"{'epoch':>5} {'loss (N workers)':>18}" + (f" {'loss (1 machine)':>18} {'|diff|':>9}" if ref else "") + f" {'time':>7}")
+    probe = MemoryProbe()
     for epoch in range(1, args.epochs + 1):
         t0 = time.perf_counter()
-        loss = float(sc.global_sum(train_step(model, opt, part.graph, x, y, mask, total)))
+        with probe:
+            local_loss = train_step(model, opt, part.graph, x, y, mask, total)
+        loss = float(sc.global_sum(local_loss))
         took = time.perf_counter() - t0
         if rank == 0:
             line = f"{epoch:>5} {loss:>18.6f}"
@@ -87,6 +91,13 @@ def main() -> None:
                 ref_loss = float(train_step(m, o, g_all, d["x"], d["y"], d["train_mask"], d["train_mask"].sum(), sync=False))
                 line += f" {ref_loss:>18.6f} {abs(loss - ref_loss):>9.1e}"
             print(line + f" {took:>6.2f}s", flush=True)
+    # Peak memory of the last step on every worker (see sarcompile/runtime/memory.py).
+    mem = torch.zeros(world_size, 2, dtype=torch.float64)
+    mem[rank] = torch.tensor([probe.peak_bytes, probe.added_bytes], dtype=torch.float64) / 2**20
+    mem = sc.global_sum(mem)
+    if rank == 0:
+        for r in range(world_size):
+            print(f"worker {r}: peak resident {mem[r, 0]:.0f} MiB, +{mem[r, 1]:.0f} MiB during the last step")
     sc.shutdown()
 
 
