@@ -164,7 +164,7 @@ def run_rounds(
             buf = live.alloc((shard.blocks[q].num_src, *tail(fetch)), fetch.dtype)
             works.append(dist.irecv(buf, q, tag=TAG_FEATURES))
             stats.received[phase] += buf.numel() * buf.element_size()
-        return q, buf, works
+        return p, q, buf, works
 
     def post_push(k: int, grad_rows: torch.Tensor | None):
         p, q = (r + k) % n, (r - k) % n
@@ -177,11 +177,11 @@ def run_rounds(
             buf = torch.empty((shard.send_index[p].numel(), *tail(push_into)), dtype=push_into.dtype)
             works.append(dist.irecv(buf, p, tag=TAG_GRADS))
             stats.received[phase] += buf.numel() * buf.element_size()
-        return p, buf, works
+        return p, q, buf, works
 
     def finish_push(posted) -> None:
-        p, buf, works = posted
-        _wait(works, f"{what}: gradients from worker {p}")
+        p, q, buf, works = posted
+        _wait(works, f"{what}: gradients to worker {q} / from worker {p}")
         if buf is not None:
             push_into.index_add_(0, shard.send_index[p], buf)
 
@@ -194,8 +194,8 @@ def run_rounds(
     in_flight = None
     for k in range(1, n):
         if fetch is not None:
-            q, buf, works = pending.popleft()
-            _wait(works, f"{what}: features from worker {q}")
+            p, q, buf, works = pending.popleft()
+            _wait(works, f"{what}: features to worker {p} / from worker {q}")
             del works
             if buf is None:  # nothing to receive from q: an empty block keeps kernels uniform
                 buf = fetch.new_empty((0, *tail(fetch)))
