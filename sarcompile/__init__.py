@@ -6,7 +6,7 @@ from .errors import CommError, CompileError, GraphError, PartitionError, Sarcomp
 from .compiler import DistributedModule, distribute
 from .graph import Graph
 from .ops import edge_softmax, sddmm, spmm
-from .plan import OpPlan, Plan
+from .plan import MemoryEstimate, OpPlan, Plan
 from .partitioning import Manifest, Partition, load_partition, load_whole_graph, partition
 from .runtime.comm import global_sum, init, shutdown, sync_gradients
 
@@ -18,6 +18,7 @@ __all__ = [
     "DistributedModule",
     "Plan",
     "OpPlan",
+    "MemoryEstimate",
     "nn",
     "ops",
     "spmm",

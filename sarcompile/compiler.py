@@ -30,7 +30,7 @@ from .passes.lower import lower
 from .passes.partition import partition
 from .passes.strategy import strategy
 from .partitioning import read_manifest
-from .plan import Plan, build_plan, halo_matrix
+from .plan import Plan, build_plan, worker_stats
 from .runtime.shard import ShardGraph
 from .trace import trace
 
@@ -130,15 +130,18 @@ class DistributedModule(nn.Module):
         x: torch.Tensor | None = None,
         method: str | torch.Tensor = "metis",
         seed: int = 0,
+        optimizer: Any = None,
     ) -> Plan:
         """The plan of this model on ``num_parts`` workers, without training (see
         :mod:`sarcompile.plan`). ``source`` is a partition directory, or a graph that is
         partitioned in memory into ``num_parts`` (``method`` and ``seed`` as for
         :func:`sarcompile.partition`, or a tensor giving each node's part). ``x`` is an example
-        input (only its trailing shape and dtype matter); by default the partition's
-        ``node_data["x"]``. Plans the training program: ``forward(graph, x)``.
+        input (only its trailing shape and dtype matter, and whether it requires grad); by
+        default the partition's ``node_data["x"]``. ``optimizer`` (an instance, or "adam" /
+        "sgd") adds its state to the memory estimate. Plans the training program:
+        ``forward(graph, x)``.
         """
-        halo = halo_matrix(source, num_parts, method, seed)
+        workers = worker_stats(source, num_parts, method, seed)
         if x is None:
             if isinstance(source, Graph):
                 raise CompileError("plan(graph, num_parts, x=...): give an example input to size the rows")
@@ -150,7 +153,9 @@ class DistributedModule(nn.Module):
         # The probe run must not advance dropout counters or other buffers of the model.
         buffers = {k: v.clone() for k, v in self._orig.named_buffers()}
         try:
-            return build_plan(type(self._orig).__name__, self._options.mode, program.module, program.stages, halo, x)
+            return build_plan(
+                type(self._orig).__name__, self._options.mode, program.module, program.stages, workers, x, optimizer
+            )
         finally:
             with torch.no_grad():
                 for k, v in self._orig.named_buffers():

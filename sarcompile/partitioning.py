@@ -47,6 +47,7 @@ __all__ = [
     "read_manifest",
     "load_partition",
     "load_whole_graph",
+    "read_part",
     "summary",
 ]
 
@@ -364,7 +365,7 @@ def load_partition(out_dir: str | os.PathLike, rank: int | None = None, world_si
         )
     if not 0 <= rank < world_size:
         raise PartitionError(f"rank {rank} is outside [0, {world_size})")
-    part = _read_checked_part(out_dir, manifest, rank)
+    part = read_part(out_dir, manifest, rank)
     graph = ShardGraph.from_part(part, rank, world_size, manifest.num_nodes, manifest.num_edges)
     return Partition(graph, part.node_data, part.global_ids, rank, manifest)
 
@@ -373,7 +374,7 @@ def load_whole_graph(out_dir: str | os.PathLike) -> tuple[Graph, dict[str, torch
     """Reassemble the original graph (edges in their original order) and node tensors
     from every part of a partition directory: the single-machine reference of a run."""
     manifest = read_manifest(out_dir)
-    parts = [_read_checked_part(out_dir, manifest, r) for r in range(manifest.num_parts)]
+    parts = [read_part(out_dir, manifest, r) for r in range(manifest.num_parts)]
     src = torch.empty(manifest.num_edges, dtype=torch.long)
     dst = torch.empty(manifest.num_edges, dtype=torch.long)
     node_data: dict[str, torch.Tensor] = {}
@@ -387,7 +388,7 @@ def load_whole_graph(out_dir: str | os.PathLike) -> tuple[Graph, dict[str, torch
     return Graph(src, dst, manifest.num_nodes), node_data
 
 
-def _read_checked_part(out_dir: str | os.PathLike, manifest: Manifest, rank: int) -> PartData:
+def read_part(out_dir: str | os.PathLike, manifest: Manifest, rank: int) -> PartData:
     """Part ``rank``, after checking it exists and matches the manifest's checksum and halos."""
     info = manifest.parts[rank]
     path = Path(out_dir) / info.file

@@ -6,8 +6,14 @@ forward and backward, and what the op keeps for backward. Communication is deriv
 the partition's halo sizes and the width of each op's rows, so it is exact: it equals
 what the runtime's byte counters (:data:`sarcompile.runtime.comm.stats`) record.
 
-Row widths and which inputs need gradients come from running the compiled program once
-on a small synthetic graph (widths do not depend on the number of nodes).
+Row widths, which inputs need gradients and what autograd keeps for backward come from
+running the compiled program once on a small synthetic graph (a one-worker shard):
+widths do not depend on the number of nodes, and every saved tensor is scaled by the
+size it is proportional to (nodes, or edges of the graph variant it belongs to).
+
+:meth:`Plan.memory_estimate` adds these up per worker. Two parts are exact -- saved
+activations and remote blocks alive at once, which tests compare with the runtime's own
+counters; the workspace of the kernels is a documented approximation.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ import torch.fx as fx
 from .graph import Graph
 from .ops import OpDef
 
-__all__ = ["OpPlan", "Plan", "halo_matrix", "build_plan"]
+__all__ = ["OpPlan", "Plan", "MemoryEstimate", "WorkerStats", "worker_stats", "build_plan"]
 
 
 @dataclass
@@ -43,15 +49,42 @@ class OpPlan:
 
 
 @dataclass
+class WorkerStats:
+    """The sizes of one worker's shard that its memory depends on."""
+
+    nodes: int
+    edges: int  # in-edges of its nodes
+    self_loops: int
+    halo: list[int]  # rows received from each worker per aggregation (0 for itself)
+
+
+@dataclass
+class MemoryEstimate:
+    """Estimated peak bytes of one worker over a training step, and where they go."""
+
+    rank: int
+    peak_bytes: int
+    breakdown: dict[str, int]
+
+
+@dataclass
 class Plan:
     """The plan of a compiled model on a partitioned graph; ``print(plan)`` shows it."""
 
     model: str
     mode: str
     num_parts: int
-    halo: list[list[int]]  # halo[r][q]: rows worker r receives from q per aggregation
+    workers: list[WorkerStats]
     ops: list[OpPlan]
     stages: list[tuple[str, str]]  # (pass, code after it): every stage as readable Python
+    estimates: list[MemoryEstimate] = field(default_factory=list)
+
+    def memory_estimate(self) -> list[MemoryEstimate]:
+        """Per worker: ``peak_bytes`` and a ``breakdown`` into parameters, gradients,
+        optimizer (if the plan was given one), saved_activations (what autograd keeps for
+        backward, exact), remote_blocks (the most remote rows alive at once, exact) and
+        workspace (kernel temporaries and gradient buffers: an approximation)."""
+        return list(self.estimates)
 
     def forward_bytes(self, rank: int) -> int:
         """Bytes worker ``rank`` receives in one forward pass."""
@@ -89,7 +122,15 @@ class Plan:
             f"  worker {r}: forward {_size(self.forward_bytes(r))}, backward {_size(self.backward_bytes(r))}"
             for r in range(self.num_parts)
         ]
-        return "\n".join([head, *_table(header, rows), "why:", *why, "received per step:", *per_worker])
+        keys = list(self.estimates[0].breakdown) if self.estimates else []
+        memory = _table(
+            ("worker", "peak", *keys),
+            [(str(e.rank), _size(e.peak_bytes), *(_size(e.breakdown[k]) for k in keys)) for e in self.estimates],
+        )
+        return "\n".join(
+            [head, *_table(header, rows), "why:", *why, "received per step:", *per_worker,
+             "estimated memory per worker:", *("  " + line for line in memory)]
+        )
 
     def to_dot(self) -> str:
         """Graphviz source: the ops in program order, labelled with strategy and traffic."""
@@ -117,13 +158,13 @@ def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
     return ["  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in (header, *rows)]
 
 
-def halo_matrix(
+def worker_stats(
     source: Any, num_parts: int | None = None, method: str | torch.Tensor = "metis", seed: int = 0
-) -> list[list[int]]:
-    """Halo sizes from a partition directory, or from partitioning a graph in memory with
+) -> list[WorkerStats]:
+    """Shard sizes from a partition directory, or from partitioning a graph in memory with
     ``method`` (a partition method, or an explicit part-per-node tensor)."""
     from .errors import CompileError
-    from .partitioning import assign, read_manifest
+    from .partitioning import assign, read_manifest, read_part
     from .runtime.shard import split_graph
 
     if isinstance(source, Graph):
@@ -131,16 +172,27 @@ def halo_matrix(
             raise CompileError("plan(graph, num_parts=N): give the number of workers to plan for")
         assignment = method if isinstance(method, torch.Tensor) else assign(source, num_parts, method, seed)
         parts = split_graph(source, assignment, num_parts)
-        return [[len(parts[q].send_index[r]) for q in range(num_parts)] for r in range(num_parts)]
-    return read_manifest(Path(source)).halo_sizes
+    else:
+        manifest = read_manifest(Path(source))
+        num_parts = manifest.num_parts
+        parts = [read_part(source, manifest, r) for r in range(num_parts)]
+    stats = []
+    for r, part in enumerate(parts):
+        local = part.edge_src_part == r
+        loops = int((local & (part.edge_src_local == part.edge_dst_local)).sum())
+        halo = [len(parts[q].send_index[r]) for q in range(num_parts)]
+        stats.append(WorkerStats(part.global_ids.numel(), part.edge_ids.numel(), loops, halo))
+    return stats
 
 
 class _Probe(fx.Interpreter):
-    """Runs the program on a small graph and records, per IR op node, its bound arguments."""
+    """Runs the program once on a small shard; records each IR op's bound arguments and
+    every tensor autograd saves for backward (by storage, so shared ones count once)."""
 
     def __init__(self, gm: fx.GraphModule):
         super().__init__(gm)
         self.seen: dict[str, dict[str, Any]] = {}
+        self.saved: dict[int, tuple[int, tuple[int, ...]]] = {}  # storage -> (bytes, shape)
 
     def run_node(self, n: fx.Node) -> Any:
         if "ir_op" in n.meta:
@@ -148,10 +200,47 @@ class _Probe(fx.Interpreter):
             self.seen[n.name] = n.meta["ir_op"].bind(args, kwargs)
         return super().run_node(n)
 
+    def run_and_record(self, *args: Any) -> None:
+        params = {p.untyped_storage().data_ptr() for p in self.module.parameters()}
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            storage = t.untyped_storage()
+            if storage.data_ptr() not in params:  # parameters are counted as such
+                self.saved[storage.data_ptr()] = (storage.nbytes(), tuple(t.shape))
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            self.run(*args)
+
+
+# The probe graph: 101 nodes, 300 edges between distinct nodes and 7 self-loops, so that
+# node counts and the edge counts of every graph variant are distinct numbers.
+_PROBE_NODES, _PROBE_EDGES, _PROBE_LOOPS = 101, 307, 7
+
 
 def _probe_graph() -> Graph:
     gen = torch.Generator().manual_seed(0)
-    return Graph.from_edges(torch.randint(0, 17, (40,), generator=gen), torch.randint(0, 17, (40,), generator=gen), 17)
+    src = torch.randint(0, _PROBE_NODES, (_PROBE_EDGES - _PROBE_LOOPS,), generator=gen)
+    step = torch.randint(1, _PROBE_NODES, (_PROBE_EDGES - _PROBE_LOOPS,), generator=gen)
+    loops = torch.arange(_PROBE_LOOPS)
+    dst = torch.cat([(src + step) % _PROBE_NODES, loops])
+    return Graph.from_edges(torch.cat([src, loops]), dst, _PROBE_NODES)
+
+
+def _scale_saved(saved: dict[int, tuple[int, tuple[int, ...]]], w: WorkerStats) -> int:
+    """Bytes the probe's saved tensors take on worker ``w``: each scales with the size
+    (nodes, or the edges of one graph variant) that one of its dims equals."""
+    sizes = {
+        _PROBE_NODES: w.nodes,
+        _PROBE_EDGES: w.edges,
+        _PROBE_EDGES - _PROBE_LOOPS: w.edges - w.self_loops,
+        _PROBE_EDGES - _PROBE_LOOPS + _PROBE_NODES: w.edges - w.self_loops + w.nodes,
+    }
+    total = 0
+    for nbytes, shape in saved.values():
+        dim = next((d for d in shape if d in sizes), None)
+        total += nbytes if dim is None else nbytes * sizes[dim] // dim
+    return total
 
 
 def _row_bytes(t: torch.Tensor) -> int:
@@ -180,13 +269,57 @@ def _traffic(op: OpDef, args: dict[str, Any], strategy: str) -> tuple[int, bool,
     return row, backward, backward and not kept, f"out + log-sum-exp per node; {keeps}"
 
 
-def build_plan(model_name: str, mode: str, gm: fx.GraphModule, stages, halo: list[list[int]], x: torch.Tensor) -> Plan:
-    """The plan of the partitioned program ``gm`` for workers whose halos are ``halo``."""
+def _optimizer_factor(optimizer: Any) -> int:
+    """Tensors of state per parameter element that ``optimizer`` keeps."""
+    if optimizer is None:
+        return 0
+    name = optimizer if isinstance(optimizer, str) else type(optimizer).__name__
+    name = name.lower()
+    if name.startswith("adam"):
+        return 2
+    if name == "sgd":
+        momentum = 0.0 if isinstance(optimizer, str) else optimizer.defaults.get("momentum", 0.0)
+        return 1 if (isinstance(optimizer, str) or momentum) else 0
+    raise ValueError(f"unknown optimizer {name!r}: give 'adam', 'sgd' or an optimizer instance")
+
+
+def _pair_peak(blocks: list[int]) -> int:
+    """Most bytes alive at once when blocks arrive in this order, each with the next one
+    prefetched: the largest sum of two consecutive blocks (or the largest one)."""
+    pairs = [a + b for a, b in zip(blocks, blocks[1:])]
+    return max(pairs + blocks, default=0)
+
+
+def _remote_peak(ops: list[tuple[list[int], bool, bool]]) -> int:
+    """Most remote bytes alive at once over a step. ``ops`` in program order: (blocks in
+    round order, keeps them for backward, fetches them again in backward)."""
+    kept, peak = 0, 0
+    for blocks, keeps, _ in ops:  # forward: kept blocks pile up until backward
+        peak = max(peak, kept + (sum(blocks) if keeps else _pair_peak(blocks)))
+        kept += sum(blocks) if keeps else 0
+    for blocks, keeps, refetch in reversed(ops):  # backward: each op frees its own
+        peak = max(peak, kept + (_pair_peak(blocks) if refetch else 0))
+        kept -= sum(blocks) if keeps else 0
+    return peak
+
+
+def build_plan(
+    model_name: str,
+    mode: str,
+    gm: fx.GraphModule,
+    stages,
+    workers: list[WorkerStats],
+    x: torch.Tensor,
+    optimizer: Any = None,
+) -> Plan:
+    """The plan of the partitioned program ``gm`` for workers of the given sizes."""
+    from .runtime.shard import ShardGraph
+
     probe = _Probe(gm)
-    g = _probe_graph()
-    probe.run(g, x.new_zeros((g.num_nodes, *x.shape[1:])).requires_grad_(x.requires_grad))
-    n = len(halo)
-    ops = []
+    shard = ShardGraph.single(_probe_graph())
+    probe.run_and_record(shard, x.new_zeros((shard.num_nodes, *x.shape[1:])).requires_grad_(x.requires_grad))
+    n = len(workers)
+    ops, comm = [], []
     for node in gm.graph.nodes:
         if node.op != "call_function":
             continue
@@ -198,14 +331,43 @@ def build_plan(model_name: str, mode: str, gm: fx.GraphModule, stages, halo: lis
             continue
         op: OpDef = node.meta["ir_op"]
         args = probe.seen[node.name]
-        row, pushes, refetch, saved = _traffic(op, args, node.kwargs["strategy"])
-        recv = [sum(halo[r][q] for q in range(n) if q != r) * row for r in range(n)]
-        sent = [sum(halo[p][r] for p in range(n) if p != r) * row for r in range(n)]
+        strategy = node.kwargs["strategy"]
+        row, pushes, refetch, saved = _traffic(op, args, strategy)
+        recv = [sum(w.halo) * row for w in workers]
+        sent = [sum(workers[p].halo[r] for p in range(n)) * row for r in range(n)]
         backward = [(sent[r] if pushes else 0) + (recv[r] if refetch else 0) for r in range(n)]
-        rounds = [max((halo[r][q] for q in range(n) if q != r), default=0) * row for r in range(n)]
+        # Blocks a worker receives, in round order (q = r-1, r-2, ...).
+        blocks = [[workers[r].halo[(r - k) % n] * row for k in range(1, n)] for r in range(n)]
+        comm.append((blocks, strategy in ("stash", "oneshot"), refetch, sent, row))
         label = f"{op.name}({args['reduce']})" if op.name == "spmm" else (
             f"sddmm({args['op']})" if op.name == "sddmm" else op.name
         )
-        ops.append(OpPlan(node.name, layer, label, node.kwargs["strategy"], node.meta.get("strategy_reason", ""),
-                          row, recv, backward, rounds, saved))
-    return Plan(model_name, mode, n, halo, ops, list(stages))
+        ops.append(OpPlan(node.name, layer, label, strategy, node.meta.get("strategy_reason", ""),
+                          row, recv, backward, [max(b, default=0) for b in blocks], saved))
+
+    params = sum(p.numel() * p.element_size() for p in gm.parameters())
+    estimates = []
+    for r, w in enumerate(workers):
+        remote = _remote_peak([(c[0][r], c[1], c[2]) for c in comm])
+        breakdown = {
+            "parameters": params,
+            "gradients": params,
+            "optimizer": params * _optimizer_factor(optimizer),
+            "saved_activations": _scale_saved(probe.saved, w),
+            "remote_blocks": remote,
+            "workspace": _workspace(w, comm, r),
+        }
+        estimates.append(MemoryEstimate(r, sum(breakdown.values()), breakdown))
+    return Plan(model_name, mode, n, workers, ops, list(stages), estimates)
+
+
+def _workspace(w: WorkerStats, comm: list, r: int) -> int:
+    """Temporaries of the largest op (an approximation, to be calibrated by the scaling
+    benchmark): its output and the gradient flowing back (one row per node each), one
+    message per edge of its largest block, and two gradient blocks in flight to owners."""
+    peak = 0
+    for blocks, _, _, sent, row in comm:
+        largest_block_edges = w.edges  # without per-block edge counts: every edge, at worst
+        grads_in_flight = 2 * max(sent[r] // max(len(blocks[r]), 1), 0)
+        peak = max(peak, 2 * w.nodes * row + largest_block_edges * row + grads_in_flight)
+    return peak

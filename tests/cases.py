@@ -158,9 +158,13 @@ def run_worker(rank: int, world_size: int, payload: dict[str, Any]) -> Result:
     comm.stats.reset()
     comm.live.reset_peak()
     saved: list[tuple[int, ...]] = []  # shapes of everything autograd keeps for backward
+    saved_storage: dict[int, int] = {}  # bytes kept for backward, per storage, parameters aside
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
 
     def pack(t):
         saved.append(tuple(t.shape))
+        if t.untyped_storage().data_ptr() not in params:
+            saved_storage[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
@@ -173,6 +177,8 @@ def run_worker(rank: int, world_size: int, payload: dict[str, Any]) -> Result:
         "forward_peak_blocks": forward_peak,
         "peak_blocks": comm.live.peak,
         "saved_shapes": saved,
+        "saved_bytes": sum(saved_storage.values()),
+        "peak_block_bytes": comm.live.peak_bytes,
         "edges_with_loops": shard.with_self_loops().num_edges,
         "edges": shard.num_edges,
     }

@@ -191,8 +191,9 @@ def test_attention_reads_each_remote_block_once_per_pass(pool):
             assert r.stats["received"]["backward"] == r.stats["sent"]["forward"]
 
 
-def test_plan_traffic_equals_runtime_counters(pool):
-    """The plan's bytes per worker and phase are exactly what the runtime counts."""
+def test_plan_traffic_and_memory_equal_runtime_counters(pool):
+    """The plan's bytes per worker and phase, saved activations and remote blocks are
+    exactly what the runtime counts."""
     from cases import make_model
 
     gen = torch.Generator().manual_seed(6)
@@ -208,3 +209,8 @@ def test_plan_traffic_equals_runtime_counters(pool):
         for rank, r in enumerate(results):
             assert plan.forward_bytes(rank) == r.stats["received"].get("forward", 0), (model, mode, rank)
             assert plan.backward_bytes(rank) == r.stats["received"].get("backward", 0), (model, mode, rank)
+            # The exact parts of the memory estimate: what autograd keeps, and the remote
+            # blocks alive at once, as the runtime itself counts them.
+            memory = plan.memory_estimate()[rank].breakdown
+            assert memory["saved_activations"] == r.stats["saved_bytes"], (model, mode, rank)
+            assert memory["remote_blocks"] == r.stats["peak_block_bytes"], (model, mode, rank)
