@@ -2,12 +2,13 @@
 training with Sequential Aggregation and Rematerialization (SAR)."""
 
 from . import nn, ops
-from .errors import CommError, CompileError, GraphError, PartitionError, SarcompileError
 from .compiler import DistributedModule, distribute
+from .errors import CommError, CompileError, GraphError, PartitionError, SarcompileError
+from .estimate import EstimateTable, estimate
 from .graph import Graph
 from .ops import edge_softmax, sddmm, spmm
-from .plan import MemoryEstimate, OpPlan, Plan
 from .partitioning import Manifest, Partition, load_partition, load_whole_graph, partition
+from .plan import MemoryEstimate, OpPlan, Plan
 from .runtime.comm import global_sum, init, shutdown, sync_gradients
 
 __version__ = "0.1.0"
@@ -19,6 +20,8 @@ __all__ = [
     "Plan",
     "OpPlan",
     "MemoryEstimate",
+    "estimate",
+    "EstimateTable",
     "nn",
     "ops",
     "spmm",

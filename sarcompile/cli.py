@@ -2,15 +2,19 @@
 
 ``sarcompile partition --edges FILE --parts N --out DIR`` cuts a graph into N parts for
 N workers; ``sarcompile partition --help`` lists the edge file formats.
+``sarcompile plan MODULE:FACTORY --parts DIR`` prints what a model will do on them.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
+import importlib.util
+import json
 import sys
 import time
-from pathlib import Path
 import warnings
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -68,7 +72,72 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seed of the metis and random methods (default: 0)")
     p.add_argument("--name", help="name recorded in the manifest (default: the edge file's name)")
     p.set_defaults(run=_partition)
+
+    p = commands.add_parser(
+        "plan",
+        help="print what a model will do on a partition, and its memory per worker",
+        description="Print the plan of a model on a partition directory: one row per graph op with its "
+        "strategy, traffic and saved tensors, and the estimated memory per worker.",
+        epilog=MODEL_SPEC,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("model", metavar="MODULE:FACTORY", help="the model to plan (see below)")
+    p.add_argument("--parts", required=True, metavar="DIR", help="partition directory (sarcompile partition --out)")
+    p.add_argument("--args", default="{}", metavar="JSON", help="keyword arguments for FACTORY, as a JSON object")
+    p.add_argument("--mode", choices=("sar", "stash", "oneshot"), default="sar", help="execution mode (default: sar)")
+    p.add_argument("--optimizer", choices=("adam", "sgd"), help="count this optimizer's state in the estimate")
+    p.add_argument("--stage", metavar="PASS", help="also print the program after this pass (e.g. fuse, strategy)")
+    p.add_argument("--dot", metavar="FILE", help="also write the plan as Graphviz source to FILE")
+    p.set_defaults(run=_plan)
     return parser
+
+
+MODEL_SPEC = """\
+naming a model:
+  MODULE:FACTORY   FACTORY is a function or class in MODULE that returns the torch.nn.Module,
+                   called with the keyword arguments of --args; MODULE is an importable
+                   module (my_package.models) or a path to a Python file (models/gat.py)
+example:
+  sarcompile plan examples/train_sage.py:SAGE --parts parts \\
+      --args '{"in_dim": 32, "hidden": 64, "num_classes": 8, "dropout": 0.5}'
+"""
+
+
+def _load_factory(spec: str) -> Callable[..., Any]:
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise GraphError(f"model {spec!r} is not MODULE:FACTORY (e.g. my_models:make_gat)")
+    try:
+        if module_name.endswith(".py"):
+            location = importlib.util.spec_from_file_location(Path(module_name).stem, module_name)
+            if location is None or not Path(module_name).is_file():
+                raise ImportError(f"no file {module_name}")
+            module = importlib.util.module_from_spec(location)
+            location.loader.exec_module(module)
+        else:
+            module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise GraphError(f"cannot import {module_name!r} ({e})") from None
+    if not hasattr(module, attr):
+        raise GraphError(f"{module_name!r} has no {attr!r}")
+    return getattr(module, attr)
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from .compiler import distribute
+
+    try:
+        kwargs = json.loads(args.args)
+    except json.JSONDecodeError as e:
+        raise GraphError(f"--args is not JSON ({e})") from None
+    model = distribute(_load_factory(args.model)(**kwargs), mode=args.mode)
+    plan = model.plan(args.parts, optimizer=args.optimizer)
+    print(plan)
+    if args.stage:
+        print(f"\nprogram after {args.stage}:\n{plan.stage(args.stage)}")
+    if args.dot:
+        Path(args.dot).write_text(plan.to_dot())
+    return 0
 
 
 def _positive_int(text: str) -> int:

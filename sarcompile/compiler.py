@@ -24,13 +24,13 @@ from torch import nn
 
 from .errors import CompileError
 from .graph import Graph
+from .partitioning import read_manifest
 from .passes.context import CompileOptions
 from .passes.fuse import fuse
 from .passes.lower import lower
 from .passes.partition import partition
 from .passes.strategy import strategy
-from .partitioning import read_manifest
-from .plan import Plan, build_plan, worker_stats
+from .plan import Plan, WorkerStats, build_plan, worker_stats
 from .runtime.shard import ShardGraph
 from .trace import trace
 
@@ -149,6 +149,10 @@ class DistributedModule(nn.Module):
             if info is None:
                 raise CompileError(f"partition {source!r} has no node_data['x']; pass x=... to plan()")
             x = torch.zeros((1, *info["shape"]), dtype=getattr(torch, info["dtype"]))
+        return self.plan_for_workers(workers, x, optimizer)
+
+    def plan_for_workers(self, workers: list[WorkerStats], x: torch.Tensor, optimizer: Any = None) -> Plan:
+        """The plan for workers of the given shard sizes (real, or from a partition model)."""
         program = self.program(partitioned=True)
         # The probe run must not advance dropout counters or other buffers of the model.
         buffers = {k: v.clone() for k, v in self._orig.named_buffers()}

@@ -338,7 +338,7 @@ def build_plan(
         backward = [(sent[r] if pushes else 0) + (recv[r] if refetch else 0) for r in range(n)]
         # Blocks a worker receives, in round order (q = r-1, r-2, ...).
         blocks = [[workers[r].halo[(r - k) % n] * row for k in range(1, n)] for r in range(n)]
-        comm.append((blocks, strategy in ("stash", "oneshot"), refetch, sent, row))
+        comm.append((blocks, strategy in ("stash", "oneshot"), refetch, sent, row, _edge_bytes(op, args, row)))
         label = f"{op.name}({args['reduce']})" if op.name == "spmm" else (
             f"sddmm({args['op']})" if op.name == "sddmm" else op.name
         )
@@ -361,13 +361,28 @@ def build_plan(
     return Plan(model_name, mode, n, workers, ops, list(stages), estimates)
 
 
+def _edge_bytes(op: OpDef, args: dict[str, Any], row: int) -> int:
+    """Bytes of per-edge temporaries the torch kernels of one op make for each edge of a
+    block (see :mod:`sarcompile.codegen.torch_kernels`); approximate."""
+    if op.name == "spmm":
+        x = args["x"]
+        if args["reduce"] == "max":  # messages, candidate rows (int64) and their index
+            return row + 2 * 8 * math.prod(x.shape[1:])
+        return 2 * x.element_size()  # sparse CSR values, forward and transposed
+    if op.name == "sddmm":
+        return 2 * row  # the output and its gradient
+    heads = args["a_src"].shape[1] if args["a_src"].dim() == 2 else 1
+    return 6 * heads * args["a_src"].element_size()  # scores, exp, probabilities and their gradients
+
+
 def _workspace(w: WorkerStats, comm: list, r: int) -> int:
-    """Temporaries of the largest op (an approximation, to be calibrated by the scaling
-    benchmark): its output and the gradient flowing back (one row per node each), one
-    message per edge of its largest block, and two gradient blocks in flight to owners."""
+    """Temporaries of the most demanding op (an approximation, to be calibrated against the
+    scaling benchmark): its output and the gradient flowing back (one row per node each),
+    its per-edge temporaries over all of the worker's edges (the largest block is not
+    known from the manifest, so at worst all of them), and two gradient blocks in flight
+    back to their owners."""
     peak = 0
-    for blocks, _, _, sent, row in comm:
-        largest_block_edges = w.edges  # without per-block edge counts: every edge, at worst
-        grads_in_flight = 2 * max(sent[r] // max(len(blocks[r]), 1), 0)
-        peak = max(peak, 2 * w.nodes * row + largest_block_edges * row + grads_in_flight)
+    for blocks, _, _, sent, row, edge_bytes in comm:
+        grads_in_flight = 2 * sent[r] // max(len(blocks[r]), 1)
+        peak = max(peak, 2 * w.nodes * row + w.edges * edge_bytes + grads_in_flight)
     return peak

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -127,3 +128,25 @@ def test_bad_parts_is_a_usage_error(tmp_path):
     with pytest.raises(SystemExit) as exit:
         main(["partition", "--edges", "g.pt", "--parts", "0", "--out", str(tmp_path)])
     assert exit.value.code == 2
+
+
+def test_plan_command_prints_the_plan(tmp_path, capsys):
+    import sarcompile as sc
+
+    g = sc.Graph.from_edges(torch.randint(0, 200, (900,)), torch.randint(0, 200, (900,)), 200)
+    sc.partition(g, 2, tmp_path / "parts", node_data={"x": torch.randn(200, 32)})
+    spec = str(Path(__file__).resolve().parents[1] / "examples" / "train_sage.py") + ":SAGE"
+    args = '{"in_dim": 32, "hidden": 16, "num_classes": 4, "dropout": 0.5}'
+    assert main(["plan", spec, "--parts", str(tmp_path / "parts"), "--args", args, "--stage", "fuse",
+                 "--dot", str(tmp_path / "plan.dot")]) == 0
+    out = capsys.readouterr().out
+    assert "plan of SAGE: mode=sar, 2 workers" in out and "spmm(mean)" in out
+    assert "estimated memory per worker" in out and "program after fuse" in out
+    assert (tmp_path / "plan.dot").read_text().startswith("digraph plan {")
+
+
+def test_plan_command_bad_model_spec(tmp_path, capsys):
+    assert main(["plan", "no_such_module:make", "--parts", str(tmp_path)]) == 2
+    assert "cannot import 'no_such_module'" in capsys.readouterr().err
+    assert main(["plan", "not-a-spec", "--parts", str(tmp_path)]) == 2
+    assert "MODULE:FACTORY" in capsys.readouterr().err
