@@ -338,7 +338,7 @@ def build_plan(
         backward = [(sent[r] if pushes else 0) + (recv[r] if refetch else 0) for r in range(n)]
         # Blocks a worker receives, in round order (q = r-1, r-2, ...).
         blocks = [[workers[r].halo[(r - k) % n] * row for k in range(1, n)] for r in range(n)]
-        comm.append((blocks, strategy in ("stash", "oneshot"), refetch, sent, row, _edge_bytes(op, args, row)))
+        comm.append((blocks, strategy in ("stash", "oneshot"), refetch, sent, row, _temporaries(op, args, row)))
         label = f"{op.name}({args['reduce']})" if op.name == "spmm" else (
             f"sddmm({args['op']})" if op.name == "sddmm" else op.name
         )
@@ -361,28 +361,37 @@ def build_plan(
     return Plan(model_name, mode, n, workers, ops, list(stages), estimates)
 
 
-def _edge_bytes(op: OpDef, args: dict[str, Any], row: int) -> int:
-    """Bytes of per-edge temporaries the torch kernels of one op make for each edge of a
-    block (see :mod:`sarcompile.codegen.torch_kernels`); approximate."""
+def _temporaries(op: OpDef, args: dict[str, Any], row: int) -> tuple[int, int, int]:
+    """What one op's kernels (:mod:`sarcompile.codegen.torch_kernels`) hold at their worst
+    moment beyond what is saved: (node-row tensors of the op's row width, bytes per edge,
+    bytes of the bounded per-edge chunks of edge-weight gradients).
+
+    Calibrated against measurement with benchmarks/scaling.py (20k nodes, SAGE and GAT,
+    1 to 4 workers): for an aggregation, the gradient arriving, the gradients of its
+    input and of the layer around it; for attention, the payload gradient."""
+    from .codegen.torch_kernels import EDGE_CHUNK_ELEMENTS
+
     if op.name == "spmm":
-        x = args["x"]
+        x, w = args["x"], args["edge_weight"]
+        chunks = 3 * EDGE_CHUNK_ELEMENTS * x.element_size() if w is not None and w.requires_grad else 0
         if args["reduce"] == "max":  # messages, candidate rows (int64) and their index
-            return row + 2 * 8 * math.prod(x.shape[1:])
-        return 2 * x.element_size()  # sparse CSR values, forward and transposed
+            return 5, row + 2 * 8 * math.prod(x.shape[1:]), chunks
+        return 5, 2 * x.element_size(), chunks  # sparse CSR values, forward and transposed
     if op.name == "sddmm":
-        return 2 * row  # the output and its gradient
-    heads = args["a_src"].shape[1] if args["a_src"].dim() == 2 else 1
-    return 6 * heads * args["a_src"].element_size()  # scores, exp, probabilities and their gradients
+        return 2, 2 * row, 0  # the output and its gradient
+    a = args["a_src"]
+    heads = a.shape[1] if a.dim() == 2 else 1
+    # scores, probabilities and their gradients, one [E, heads] tensor each
+    return 1, 5 * heads * a.element_size(), 3 * EDGE_CHUNK_ELEMENTS * a.element_size()
 
 
 def _workspace(w: WorkerStats, comm: list, r: int) -> int:
-    """Temporaries of the most demanding op (an approximation, to be calibrated against the
-    scaling benchmark): its output and the gradient flowing back (one row per node each),
-    its per-edge temporaries over all of the worker's edges (the largest block is not
-    known from the manifest, so at worst all of them), and two gradient blocks in flight
-    back to their owners."""
+    """Temporaries of the most demanding op -- an approximation: node-row gradient
+    buffers, per-edge temporaries over all of the worker's edges (the largest block is
+    not known from the manifest, so at worst all of them), bounded per-edge chunks, and
+    two gradient blocks in flight back to their owners."""
     peak = 0
-    for blocks, _, _, sent, row, edge_bytes in comm:
+    for blocks, _, _, sent, row, (node_rows, edge_bytes, chunk_bytes) in comm:
         grads_in_flight = 2 * sent[r] // max(len(blocks[r]), 1)
-        peak = max(peak, 2 * w.nodes * row + w.edges * edge_bytes + grads_in_flight)
+        peak = max(peak, node_rows * w.nodes * row + w.edges * edge_bytes + chunk_bytes + grads_in_flight)
     return peak

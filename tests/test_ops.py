@@ -412,3 +412,21 @@ def test_fx_trace_with_sarcompile_tracer():
 
     gm = trace(ByName())
     assert op_nodes(gm) == ["spmm", "spmm", "spmm", "sddmm", "edge_softmax", "spmm", "sddmm"]
+
+
+def test_edge_weight_gradient_in_chunks(monkeypatch):
+    """The edge-weight gradient works through the edges in chunks; any chunk size agrees."""
+    from sarcompile.codegen import torch_kernels
+
+    gen = torch.Generator().manual_seed(3)
+    n, e = 30, 200
+    src, dst = torch.randint(0, n, (e,), generator=gen), torch.randint(0, n, (e,), generator=gen)
+    g = sc.Graph.from_edges(src, dst, n)
+    for xtail, wtail in [((F_,), ()), ((H_, F_), (H_,))]:
+        x, w = rand(gen, n, *xtail), rand(gen, e, *wtail)
+        want = torch.autograd.grad(sc.spmm(g, x, "sum", edge_weight=w).sum(), (x, w))
+        monkeypatch.setattr(torch_kernels, "EDGE_CHUNK_ELEMENTS", 7)  # several edges per chunk, many chunks
+        got = torch.autograd.grad(sc.spmm(g, x, "sum", edge_weight=w).sum(), (x, w))
+        monkeypatch.undo()
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b)

@@ -66,15 +66,23 @@ def spmm_t(block: Block, g: torch.Tensor, weight: torch.Tensor | None) -> torch.
     return g.new_zeros((block.num_src, *g.shape[1:])).index_add_(0, block.col, msg)
 
 
+# Edges handled at once by kernels that build one row per edge: bounds their temporaries
+# to about this many elements, whatever the graph's size.
+EDGE_CHUNK_ELEMENTS = 1 << 20
+
+
 def edge_dot(block: Block, g: torch.Tensor, x: torch.Tensor, weight_shape: torch.Size) -> torch.Tensor:
     """Gradient of the edge weights of :func:`spmm`: ``<g[v], x[u]>`` per edge u->v,
-    summed over the dims the weight broadcast over."""
-    if len(weight_shape) == 2 and x.dim() == 3 and weight_shape[1] == x.shape[1]:
-        # Head by head: keeps the transient at one [E, C] product instead of [E, H, C].
-        return torch.stack([(g[block.row, k] * x[block.col, k]).sum(-1) for k in range(x.shape[1])], 1)
-    prod = g[block.row] * x[block.col]
+    summed over the dims the weight broadcast over. Works through the edges in chunks so
+    the per-edge products never exceed :data:`EDGE_CHUNK_ELEMENTS`."""
     rest = math.prod(g.shape[1:]) // math.prod(weight_shape[1:])
-    return prod.reshape(block.num_edges, *weight_shape[1:], rest).sum(-1)
+    out = g.new_empty((block.num_edges, *weight_shape[1:]))
+    step = max(1, EDGE_CHUNK_ELEMENTS // max(math.prod(g.shape[1:]), 1))
+    for lo in range(0, block.num_edges, step):
+        rows, cols = block.row[lo : lo + step], block.col[lo : lo + step]
+        prod = g[rows] * x[cols]
+        out[lo : lo + step] = prod.reshape(rows.numel(), *weight_shape[1:], rest).sum(-1)
+    return out
 
 
 class MaxState:

@@ -1,0 +1,138 @@
+"""Memory and time against the number of workers: sar vs stash vs oneshot.
+
+    python benchmarks/scaling.py                       # the full run (long on 2 cores)
+    python benchmarks/scaling.py --nodes 20000 --degrees 10 --models sage --workers 1 2 4
+
+For each graph density, model, worker count and mode it partitions a generated graph
+(METIS), trains a few steps under torchrun (benchmarks/scaling_worker.py) and records per
+worker: the measured memory a step adds above its starting resident size, the plan's
+estimate of that (saved activations + remote blocks + workspace + parameter gradients,
+which are re-created every step), the median step time and the bytes received. Writes
+benchmarks/results/scaling.json and scaling.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+
+
+def _graph_file(path: Path, nodes: int, degree: int) -> None:
+    sys.path.insert(0, str(ROOT / "examples"))
+    from make_graph import sbm
+
+    data = sbm(nodes, 16, degree / 2, 0.7, 64, seed=0)  # symmetrised: in-degree = degree on average
+    torch.save(data, path)
+
+
+def run(a: argparse.Namespace) -> list[dict]:
+    rows = []
+    # A fixed mmap threshold makes glibc hand every large tensor back to the OS when it is
+    # freed; with the default (adaptive) one, freed memory stays resident and a step's
+    # measured peak depends on what earlier steps happened to leave behind.
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "SARCOMPILE_TIMEOUT": "900",
+           "MALLOC_MMAP_THRESHOLD_": "131072", "MALLOC_TRIM_THRESHOLD_": "131072"}
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        for degree in a.degrees:
+            graph = tmp / f"graph{degree}.pt"
+            _graph_file(graph, a.nodes, degree)
+            for n in a.workers:
+                parts = tmp / f"parts{degree}_{n}"
+                subprocess.run([sys.executable, "-m", "sarcompile", "partition", "--edges", str(graph), "--parts",
+                                str(n), "--out", str(parts)], check=True, capture_output=True, env=env)
+                for model in a.models:
+                    for mode in a.modes:
+                        out = tmp / "run.json"
+                        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+                               str(n), str(HERE / "scaling_worker.py"), "--parts", str(parts), "--model", model,
+                               "--mode", mode, "--hidden", str(a.hidden), "--epochs", str(a.epochs), "--out", str(out)]
+                        out.unlink(missing_ok=True)
+                        done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=a.timeout)
+                        if done.returncode != 0 or not out.exists():  # keep going; say what failed
+                            tail = "\n".join(done.stderr.strip().splitlines()[-15:])
+                            print(f"deg {degree} {model} N={n} {mode}: FAILED (exit {done.returncode})\n{tail}",
+                                  flush=True)
+                            continue
+                        workers = json.loads(out.read_text())
+                        row = {"degree": degree, "model": model, "workers": n, "mode": mode, "per_worker": workers}
+                        rows.append(row)
+                        print(_line(row), flush=True)
+    return rows
+
+
+def _estimated_added(w: dict) -> int:
+    e = w["estimate"]
+    return e["saved_activations"] + e["remote_blocks"] + e["workspace"] + e["gradients"]
+
+
+def _line(row: dict) -> str:
+    worst = max(row["per_worker"], key=lambda w: w["measured_added_bytes"])
+    est = max(_estimated_added(w) for w in row["per_worker"])
+    step = max(w["step_s"] for w in row["per_worker"])
+    recv = max(w["traffic"]["received"].get("forward", 0) + w["traffic"]["received"].get("backward", 0)
+               for w in row["per_worker"])
+    ratio = est / worst["measured_added_bytes"] if worst["measured_added_bytes"] else float("nan")
+    return (f"deg {row['degree']:>4} {row['model']:<5} N={row['workers']} {row['mode']:<8} "
+            f"measured {worst['measured_added_bytes'] / 2**20:8.1f} MiB  estimated {est / 2**20:8.1f} MiB "
+            f"(x{ratio:.2f})  step {step:6.2f}s  recv {recv / 2**20:7.1f} MiB")
+
+
+def _plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = sorted({(r["degree"], r["model"]) for r in rows})
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 3.5), squeeze=False)
+    for ax, (degree, model) in zip(axes[0], panels):
+        for mode, color in zip(("sar", "stash", "oneshot"), ("tab:blue", "tab:orange", "tab:gray")):
+            pts = sorted((r["workers"], r) for r in rows if (r["degree"], r["model"], r["mode"]) == (degree, model, mode))
+            if not pts:
+                continue
+            ns = [p[0] for p in pts]
+            measured = [max(w["measured_added_bytes"] for w in p[1]["per_worker"]) / 2**20 for p in pts]
+            estimated = [max(_estimated_added(w) for w in p[1]["per_worker"]) / 2**20 for p in pts]
+            ax.plot(ns, measured, marker="o", color=color, label=f"{mode} measured")
+            ax.plot(ns, estimated, marker="x", linestyle="--", color=color, label=f"{mode} estimated")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("workers")
+        ax.set_ylabel("memory a step adds per worker (MiB)")
+        ax.set_title(f"{model}, in-degree ~{degree}")
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--nodes", type=int, default=100_000)
+    ap.add_argument("--degrees", type=int, nargs="+", default=[10, 100])
+    ap.add_argument("--models", nargs="+", default=["sage", "gat"])
+    ap.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4, 8])
+    ap.add_argument("--modes", nargs="+", default=["sar", "stash", "oneshot"])
+    ap.add_argument("--hidden", type=int, default=256)
+    ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--timeout", type=float, default=1800)
+    ap.add_argument("--name", default="scaling")
+    a = ap.parse_args()
+    rows = run(a)
+    out = HERE / "results"
+    out.mkdir(exist_ok=True)
+    (out / f"{a.name}.json").write_text(json.dumps({"config": vars(a), "rows": rows}, indent=1))
+    _plot(rows, out / f"{a.name}.png")
+
+
+if __name__ == "__main__":
+    main()
