@@ -75,6 +75,10 @@ def test_gat_models_one_to_four_workers(pool, data):
     check(data.draw(cases(world_size, models=("gat2", "gat3"), modes=("sar", "stash", "oneshot"))), world_size, pool)
 
 
+def _random_graph(n: int, e: int, gen: torch.Generator) -> sc.Graph:
+    return sc.Graph.from_edges(torch.randint(0, n, (e,), generator=gen), torch.randint(0, n, (e,), generator=gen), n)
+
+
 def _case(g: sc.Graph, assignment: torch.Tensor, model: str = "mix", mode: str = "sar", seed: int = 0) -> Case:
     gen = torch.Generator().manual_seed(seed)
     n = g.num_nodes
@@ -123,7 +127,7 @@ def test_sar_sum_mean_never_refetches_and_frees_blocks(pool):
     """Direct strategies: backward traffic is exactly the gradients of what forward fetched."""
     gen = torch.Generator().manual_seed(0)
     n = 40
-    g = sc.Graph.from_edges(torch.randint(0, n, (200,), generator=gen), torch.randint(0, n, (200,), generator=gen), n)
+    g = _random_graph(n, 200, gen)
     assignment = torch.randint(0, 4, (n,), generator=gen)
     sar = check(_case(g, assignment, "mix", "sar"), 4, pool)
     for r in sar:
@@ -140,7 +144,7 @@ def test_sar_sum_mean_never_refetches_and_frees_blocks(pool):
 def test_remat_refetches_only_what_backward_reads(pool):
     gen = torch.Generator().manual_seed(1)
     n = 40
-    g = sc.Graph.from_edges(torch.randint(0, n, (200,), generator=gen), torch.randint(0, n, (200,), generator=gen), n)
+    g = _random_graph(n, 200, gen)
     assignment = torch.randint(0, 3, (n,), generator=gen)
     sar = check(_case(g, assignment, "edge", "sar"), 3, pool)
     stash = check(_case(g, assignment, "edge", "stash"), 3, pool)
@@ -154,7 +158,7 @@ def test_remat_refetches_only_what_backward_reads(pool):
 def test_node_dropout_same_on_every_worker_count(pool):
     gen = torch.Generator().manual_seed(5)
     n = 50
-    g = sc.Graph.from_edges(torch.randint(0, n, (250,), generator=gen), torch.randint(0, n, (250,), generator=gen), n)
+    g = _random_graph(n, 250, gen)
     for world_size in (2, 3, 4):
         case = _case(g, torch.randint(0, world_size, (n,), generator=gen), model="drop", seed=7)
         check(case, world_size, pool)
@@ -164,7 +168,7 @@ def test_gat_keeps_no_per_edge_tensor_for_backward(pool):
     """Fused attention saves per-node statistics only: nothing with one row per edge."""
     gen = torch.Generator().manual_seed(2)
     n = 40
-    g = sc.Graph.from_edges(torch.randint(0, n, (300,), generator=gen), torch.randint(0, n, (300,), generator=gen), n)
+    g = _random_graph(n, 300, gen)
     assignment = torch.randint(0, 3, (n,), generator=gen)
     for r in check(_case(g, assignment, "gat3", "sar"), 3, pool):
         edge_rows = {r.stats["edges_with_loops"], r.stats["edges"]}
@@ -181,7 +185,7 @@ def test_attention_reads_each_remote_block_once_per_pass(pool):
     and sends one gradient per fetched row; stash and oneshot never fetch in backward."""
     gen = torch.Generator().manual_seed(4)
     n = 40
-    g = sc.Graph.from_edges(torch.randint(0, n, (200,), generator=gen), torch.randint(0, n, (200,), generator=gen), n)
+    g = _random_graph(n, 200, gen)
     assignment = torch.randint(0, 4, (n,), generator=gen)
     for r in check(_case(g, assignment, "gat2", "sar"), 4, pool):
         s = r.stats
@@ -198,7 +202,7 @@ def test_plan_traffic_and_memory_equal_runtime_counters(pool):
 
     gen = torch.Generator().manual_seed(6)
     n = 45
-    g = sc.Graph.from_edges(torch.randint(0, n, (220,), generator=gen), torch.randint(0, n, (220,), generator=gen), n)
+    g = _random_graph(n, 220, gen)
     for world_size, model, mode in [(3, "mix", "sar"), (3, "edge", "sar"), (3, "edge", "stash"),
                                     (4, "gat3", "sar"), (4, "gat2", "oneshot"), (2, "drop", "sar")]:
         case = _case(g, torch.randint(0, world_size, (n,), generator=gen), model=model, mode=mode)
