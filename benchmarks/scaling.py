@@ -35,7 +35,9 @@ def _graph_file(path: Path, nodes: int, degree: int) -> None:
     torch.save(data, path)
 
 
-def run(a: argparse.Namespace) -> list[dict]:
+def run(a: argparse.Namespace, save) -> list[dict]:
+    """Every configuration in turn; ``save(rows)`` after each, so a long run that is
+    stopped keeps what it measured."""
     rows = []
     # A fixed mmap threshold makes glibc hand every large tensor back to the OS when it is
     # freed; with the default (adaptive) one, freed memory stays resident and a step's
@@ -67,6 +69,7 @@ def run(a: argparse.Namespace) -> list[dict]:
                         workers = json.loads(out.read_text())
                         row = {"degree": degree, "model": model, "workers": n, "mode": mode, "per_worker": workers}
                         rows.append(row)
+                        save(rows)
                         print(_line(row), flush=True)
     return rows
 
@@ -127,11 +130,16 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=1800)
     ap.add_argument("--name", default="scaling")
     a = ap.parse_args()
-    rows = run(a)
     out = HERE / "results"
     out.mkdir(exist_ok=True)
-    (out / f"{a.name}.json").write_text(json.dumps({"config": vars(a), "rows": rows}, indent=1))
-    _plot(rows, out / f"{a.name}.png")
+
+    def save(rows: list[dict]) -> None:
+        tmp = out / f".{a.name}.json.tmp"
+        tmp.write_text(json.dumps({"config": vars(a), "rows": rows}, indent=1))
+        tmp.replace(out / f"{a.name}.json")  # never a half-written results file
+        _plot(rows, out / f"{a.name}.png")
+
+    run(a, save)
 
 
 if __name__ == "__main__":
