@@ -116,6 +116,7 @@ def _plot(rows: list[dict], path: Path) -> None:
     axes[0][0].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
+    plt.close(fig)
 
 
 def main() -> None:
