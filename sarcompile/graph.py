@@ -213,6 +213,11 @@ class Graph:
         return torch.sort(self.dst, stable=True).indices
 
     @cached_property
+    def csr_inverse_perm(self) -> torch.Tensor:
+        """Where each edge (in the order given) sits in CSR order: undoes :attr:`csr_perm`."""
+        return torch.argsort(self.csr_perm)
+
+    @cached_property
     def block(self) -> Block:
         """The whole graph as one CSR block (sources are all nodes)."""
         counts = torch.bincount(self.dst, minlength=self.num_nodes)

@@ -148,9 +148,7 @@ def _to_csr_order(g: Graph, t: torch.Tensor | None) -> torch.Tensor | None:
 
 
 def _from_csr_order(g: Graph, t: torch.Tensor) -> torch.Tensor:
-    if "inv_perm" not in g.__dict__:
-        g.__dict__["inv_perm"] = torch.argsort(g.csr_perm)
-    return t[g.__dict__["inv_perm"]]
+    return t[g.csr_inverse_perm]
 
 
 @ir_op(communicates=True, reads_remote_in_backward=lambda a: a["edge_weight"] is not None, check=_check_spmm)
