@@ -25,6 +25,7 @@ import torch
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
 
 
 def _graph_file(path: Path, nodes: int, degree: int) -> None:
@@ -35,10 +36,10 @@ def _graph_file(path: Path, nodes: int, degree: int) -> None:
     torch.save(data, path)
 
 
-def run(a: argparse.Namespace, save) -> list[dict]:
-    """Every configuration in turn; ``save(rows)`` after each, so a long run that is
-    stopped keeps what it measured."""
-    rows = []
+def run(a: argparse.Namespace, save, rows: list[dict]) -> list[dict]:
+    """Every configuration not yet in ``rows``, in turn; ``save(rows)`` after each, so a
+    long run that is stopped keeps what it measured and a rerun goes on from there."""
+    done_before = {(r["degree"], r["model"], r["workers"], r["mode"]) for r in rows}
     # A fixed mmap threshold makes glibc hand every large tensor back to the OS when it is
     # freed; with the default (adaptive) one, freed memory stays resident and a step's
     # measured peak depends on what earlier steps happened to leave behind.
@@ -50,28 +51,53 @@ def run(a: argparse.Namespace, save) -> list[dict]:
             graph = tmp / f"graph{degree}.pt"
             _graph_file(graph, a.nodes, degree)
             for n in a.workers:
+                todo = [(m, mode) for m in a.models for mode in a.modes if (degree, m, n, mode) not in done_before]
+                if not todo:
+                    continue
                 parts = tmp / f"parts{degree}_{n}"
                 subprocess.run([sys.executable, "-m", "sarcompile", "partition", "--edges", str(graph), "--parts",
                                 str(n), "--out", str(parts)], check=True, capture_output=True, env=env)
-                for model in a.models:
-                    for mode in a.modes:
-                        out = tmp / "run.json"
-                        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-                               str(n), str(HERE / "scaling_worker.py"), "--parts", str(parts), "--model", model,
-                               "--mode", mode, "--hidden", str(a.hidden), "--epochs", str(a.epochs), "--out", str(out)]
-                        out.unlink(missing_ok=True)
-                        done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=a.timeout)
-                        if done.returncode != 0 or not out.exists():  # keep going; say what failed
-                            tail = "\n".join(done.stderr.strip().splitlines()[-15:])
-                            print(f"deg {degree} {model} N={n} {mode}: FAILED (exit {done.returncode})\n{tail}",
-                                  flush=True)
-                            continue
-                        workers = json.loads(out.read_text())
-                        row = {"degree": degree, "model": model, "workers": n, "mode": mode, "per_worker": workers}
-                        rows.append(row)
-                        save(rows)
-                        print(_line(row), flush=True)
+                for model, mode in todo:
+                    out = tmp / "run.json"
+                    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+                           str(n), str(HERE / "scaling_worker.py"), "--parts", str(parts), "--model", model,
+                           "--mode", mode, "--hidden", str(a.hidden), "--epochs", str(a.epochs), "--out", str(out)]
+                    out.unlink(missing_ok=True)
+                    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=a.timeout)
+                    if done.returncode != 0 or not out.exists():  # keep going; say what failed
+                        tail = "\n".join(done.stderr.strip().splitlines()[-15:])
+                        print(f"deg {degree} {model} N={n} {mode}: FAILED (exit {done.returncode})\n{tail}",
+                              flush=True)
+                        continue
+                    workers = json.loads(out.read_text())
+                    row = {"degree": degree, "model": model, "workers": n, "mode": mode, "per_worker": workers}
+                    rows.append(row)
+                    save(rows)
+                    print(_line(row), flush=True)
     return rows
+
+
+def reestimate(a: argparse.Namespace, save, rows: list[dict]) -> None:
+    """Recompute every row's estimate with the current planner, keeping what was measured:
+    the graphs and METIS partitions are regenerated exactly as the run made them."""
+    from scaling_worker import build
+
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        for degree in sorted({r["degree"] for r in rows}):
+            graph = tmp / f"graph{degree}.pt"
+            _graph_file(graph, a.nodes, degree)
+            for n in sorted({r["workers"] for r in rows if r["degree"] == degree}):
+                parts = tmp / f"parts{degree}_{n}"
+                subprocess.run([sys.executable, "-m", "sarcompile", "partition", "--edges", str(graph), "--parts",
+                                str(n), "--out", str(parts)], check=True, capture_output=True)
+                for row in rows:
+                    if (row["degree"], row["workers"]) == (degree, n):
+                        estimates = build(str(parts), row["model"], row["mode"], a.hidden)[2]
+                        for w, e in zip(row["per_worker"], estimates):
+                            w["estimate"] = {"peak_bytes": e.peak_bytes, **e.breakdown}
+                        print(_line(row), flush=True)
+    save(rows)
 
 
 def _estimated_added(w: dict) -> int:
@@ -130,17 +156,33 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--timeout", type=float, default=1800)
     ap.add_argument("--name", default="scaling")
+    ap.add_argument("--reestimate", action="store_true",
+                    help="recompute the estimates of the rows already in results/NAME.json; measure nothing")
     a = ap.parse_args()
     out = HERE / "results"
     out.mkdir(exist_ok=True)
 
+    config = {k: v for k, v in vars(a).items() if k != "reestimate"}
+
     def save(rows: list[dict]) -> None:
         tmp = out / f".{a.name}.json.tmp"
-        tmp.write_text(json.dumps({"config": vars(a), "rows": rows}, indent=1))
+        tmp.write_text(json.dumps({"config": config, "rows": rows}, indent=1))
         tmp.replace(out / f"{a.name}.json")  # never a half-written results file
         _plot(rows, out / f"{a.name}.png")
 
-    run(a, save)
+    # Resume: rows measured by an earlier run with the same sizes are kept, not redone.
+    previous = out / f"{a.name}.json"
+    rows = []
+    if previous.exists():
+        old = json.loads(previous.read_text())
+        same = all(old["config"].get(k) == getattr(a, k) for k in ("nodes", "hidden", "epochs"))
+        rows = old["rows"] if same else []
+        if a.reestimate:
+            config = old["config"]
+    if a.reestimate:
+        reestimate(a, save, rows)
+    else:
+        run(a, save, rows)
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import sarcompile as sc
+from sarcompile.partitioning import read_manifest
 from sarcompile.runtime import comm
 from sarcompile.runtime.memory import MemoryProbe
 
@@ -51,6 +52,16 @@ class GAT2(nn.Module):
 MODELS = {"sage": SAGE3, "gat": GAT2}
 
 
+def build(parts: str, model: str, mode: str, hidden: int) -> tuple[nn.Module, torch.optim.Optimizer, list]:
+    """The benchmark's model and optimizer, and the plan's memory estimate for every worker."""
+    manifest = read_manifest(parts)
+    in_dim = manifest.node_data["x"]["shape"][0]
+    torch.manual_seed(0)
+    compiled = sc.distribute(MODELS[model](in_dim, hidden, 16), mode=mode)
+    opt = torch.optim.Adam(compiled.parameters(), lr=0.01)
+    return compiled, opt, compiled.plan(parts, optimizer=opt).memory_estimate()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--parts", required=True)
@@ -64,11 +75,9 @@ def main() -> None:
     rank, world = sc.init()
     part = sc.load_partition(a.parts)
     x, y = part.node_data["x"], part.node_data["y"]
-    torch.manual_seed(0)
-    model = sc.distribute(MODELS[a.model](x.shape[1], a.hidden, 16), mode=a.mode)
-    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    model, opt, estimates = build(a.parts, a.model, a.mode, a.hidden)
+    estimate = estimates[rank]
     total = sc.global_sum(torch.tensor(float(part.graph.num_nodes)))
-    estimate = model.plan(a.parts, optimizer=opt).memory_estimate()[rank]
 
     def step() -> None:
         opt.zero_grad()

@@ -85,8 +85,15 @@ def model_workers(g: Graph, num_parts: int) -> list[WorkerStats]:
     def share(total: int) -> int:
         return -(-total // n)  # the largest worker's share
 
+    edges = share(g.num_edges)
     return [
-        WorkerStats(share(g.num_nodes), share(g.num_edges), share(loops), [0 if q == r else round(halo) for q in range(n)])
+        WorkerStats(
+            share(g.num_nodes),
+            edges,
+            share(loops),
+            [0 if q == r else round(halo) for q in range(n)],
+            [-(-edges // n)] * n,  # a random partition spreads a node's in-edges evenly
+        )
         for r in range(n)
     ]
 

@@ -56,6 +56,13 @@ class WorkerStats:
     edges: int  # in-edges of its nodes
     self_loops: int
     halo: list[int]  # rows received from each worker per aggregation (0 for itself)
+    block_edges: list[int]  # of its in-edges, how many come from each worker's nodes
+
+    def largest_block(self, rank: int) -> int:
+        """Edges of its largest block, counting the local one as it is once self-loops
+        are replaced by one per node (as GCN and GAT do), whichever is larger."""
+        local = self.block_edges[rank] - self.self_loops + self.nodes
+        return max(max(self.block_edges, default=0), local)
 
 
 @dataclass
@@ -181,7 +188,8 @@ def worker_stats(
         local = part.edge_src_part == r
         loops = int((local & (part.edge_src_local == part.edge_dst_local)).sum())
         halo = [len(parts[q].send_index[r]) for q in range(num_parts)]
-        stats.append(WorkerStats(part.global_ids.numel(), part.edge_ids.numel(), loops, halo))
+        blocks = torch.bincount(part.edge_src_part, minlength=num_parts).tolist()
+        stats.append(WorkerStats(part.global_ids.numel(), part.edge_ids.numel(), loops, halo, blocks))
     return stats
 
 
@@ -338,7 +346,7 @@ def build_plan(
         backward = [(sent[r] if pushes else 0) + (recv[r] if refetch else 0) for r in range(n)]
         # Blocks a worker receives, in round order (q = r-1, r-2, ...).
         blocks = [[workers[r].halo[(r - k) % n] * row for k in range(1, n)] for r in range(n)]
-        comm.append((blocks, strategy in ("stash", "oneshot"), refetch, sent, row, _temporaries(op, args, row)))
+        comm.append((blocks, strategy in ("stash", "oneshot"), refetch, row, _temporaries(op, args, row)))
         label = f"{op.name}({args['reduce']})" if op.name == "spmm" else (
             f"sddmm({args['op']})" if op.name == "sddmm" else op.name
         )
@@ -381,17 +389,21 @@ def _temporaries(op: OpDef, args: dict[str, Any], row: int) -> tuple[int, int, i
         return 2, 2 * row, 0  # the output and its gradient
     a = args["a_src"]
     heads = a.shape[1] if a.dim() == 2 else 1
-    # scores, probabilities and their gradients, one [E, heads] tensor each
-    return 1, 5 * heads * a.element_size(), 3 * EDGE_CHUNK_ELEMENTS * a.element_size()
+    # Backward of one block holds seven [E, heads] tensors at once: the scores before and
+    # after the leaky ReLU, the probabilities, the gradients of the weights, of the scores
+    # and of the pre-activations, the negative-slope branch -- and the sign mask (bool).
+    return 1, (7 * a.element_size() + 1) * heads, 3 * EDGE_CHUNK_ELEMENTS * a.element_size()
 
 
 def _workspace(w: WorkerStats, comm: list, r: int) -> int:
     """Temporaries of the most demanding op -- an approximation: node-row gradient
-    buffers, per-edge temporaries over all of the worker's edges (the largest block is
-    not known from the manifest, so at worst all of them), bounded per-edge chunks, and
-    two gradient blocks in flight back to their owners."""
-    peak = 0
-    for blocks, _, _, sent, row, (node_rows, edge_bytes, chunk_bytes) in comm:
-        grads_in_flight = 2 * sent[r] // max(len(blocks[r]), 1)
-        peak = max(peak, node_rows * w.nodes * row + w.edges * edge_bytes + chunk_bytes + grads_in_flight)
-    return peak
+    buffers, per-edge temporaries of the worker's largest block (kernels run one block at
+    a time) and bounded per-edge chunks.
+
+    Gradients on their way back to their owners are not counted: measured with
+    benchmarks/scaling.py they are gone before the node-row buffers peak."""
+    edges = w.largest_block(r)
+    return max(
+        (node_rows * w.nodes * row + edges * edge_bytes + chunk_bytes for *_, row, (node_rows, edge_bytes, chunk_bytes) in comm),
+        default=0,
+    )
