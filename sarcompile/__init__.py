@@ -3,6 +3,7 @@ training with Sequential Aggregation and Rematerialization (SAR)."""
 
 from . import nn, ops
 from .compiler import DistributedModule, distribute
+from .datasets import Dataset, load_ogb
 from .errors import CommError, CompileError, GraphError, PartitionError, SarcompileError
 from .estimate import EstimateTable, estimate
 from .graph import Graph
@@ -32,6 +33,8 @@ __all__ = [
     "load_whole_graph",
     "Partition",
     "Manifest",
+    "load_ogb",
+    "Dataset",
     "init",
     "shutdown",
     "sync_gradients",

@@ -1,32 +1,45 @@
 """The ``sarcompile`` command line (also ``python -m sarcompile``).
 
 ``sarcompile partition --edges FILE --parts N --out DIR`` cuts a graph into N parts for
-N workers; ``sarcompile partition --help`` lists the edge file formats.
+N workers; ``--dataset ogbn-arxiv --root DIR`` in place of ``--edges`` reads an OGB dataset
+instead. ``sarcompile partition --help`` lists the edge file formats.
 ``sarcompile plan MODULE:FACTORY --parts DIR`` prints what a model will do on them.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import importlib.util
 import json
 import sys
 import time
 import warnings
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
+from rich.console import Console
+from rich.text import Text
 
-from .errors import GraphError, SarcompileError
+from .datasets import SUPPORTED, load_ogb
+from .errors import DatasetError, GraphError, SarcompileError
 from .graph import Graph
 from .partitioning import METHODS, partition, summary
 
-__all__ = ["main", "load_edge_file"]
+__all__ = ["load_edge_file", "main"]
 
 EDGE_FORMATS = """\
+graph sources (exactly one):
+  --edges FILE                 an edge file (formats below)
+  --dataset NAME --root DIR    an OGB dataset read from DIR/NAME-with-_ (e.g. DIR/ogbn_arxiv/)
+                               as OGB's zip extracts; never downloaded. Node data: x, y
+                               (-1 = unlabelled), train_mask, val_mask, test_mask.
+                               NAME: {datasets}
+
 edge file formats:
   .pt   torch.save'd dict with 'src' and 'dst' (node ids of each edge u->v), optional
         'num_nodes', and any other tensors with one row per node (e.g. x, y, train_mask),
@@ -58,19 +71,26 @@ def _parser() -> argparse.ArgumentParser:
         help="cut a graph into one part per worker",
         description="Cut a graph into one part per worker and write them, with a manifest, to a directory "
         "that sc.load_partition reads.",
-        epilog=EDGE_FORMATS,
+        epilog=EDGE_FORMATS.format(datasets=", ".join(SUPPORTED)),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    # The graph source. A later `--dataset ogbn-... --root DIR` joins --edges in a
-    # mutually exclusive, required group; --edges is required until then.
-    p.add_argument("--edges", required=True, metavar="FILE", help="edge list (.pt, .npz or .csv; see below)")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--edges", metavar="FILE", help="edge list (.pt, .npz or .csv; see below)")
+    source.add_argument("--dataset", metavar="NAME", help="an OGB dataset under --root (see below)")
+    p.add_argument("--root", metavar="DIR", help="directory holding the OGB dataset folders (needed by --dataset)")
+    p.add_argument(
+        "--symmetrize",
+        action=argparse.BooleanOptionalAction,
+        help="with --dataset: add the reverse of every edge, each pair once (default: for the datasets "
+        "OGB stores directed, arxiv and papers100M, as OGB's examples do)",
+    )
     p.add_argument("--parts", required=True, type=_positive_int, metavar="N", help="number of parts (= workers)")
     p.add_argument("--out", required=True, metavar="DIR", help="directory to write the parts and manifest.json to")
     p.add_argument(
         "--method", choices=METHODS, default="metis", help="how nodes are assigned to parts (default: metis)"
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the metis and random methods (default: 0)")
-    p.add_argument("--name", help="name recorded in the manifest (default: the edge file's name)")
+    p.add_argument("--name", help="name recorded in the manifest (default: the edge file's or dataset's name)")
     p.set_defaults(run=_partition)
 
     p = commands.add_parser(
@@ -148,13 +168,49 @@ def _positive_int(text: str) -> int:
 
 
 def _partition(args: argparse.Namespace) -> int:
+    """Load, partition, write; a spinner per phase on stderr, the summary and timings on stdout."""
     start = time.perf_counter()
-    g, node_data = load_edge_file(args.edges)
-    name = args.name or Path(args.edges).stem
-    manifest = partition(g, args.parts, args.out, node_data=node_data, method=args.method, seed=args.seed, name=name)
+    # Only a terminal shows the (transient) spinner, so logs and pipes see stderr only on error.
+    console = Console(stderr=True, highlight=False)
+    times: dict[str, float] = {}
+    with _phase(console, times, "load", f"loading {args.dataset or args.edges}"):
+        g, node_data, name, described = _load_source(args)
+    with _phase(console, times, "partition + write", f"partitioning ({args.method}) and writing to {args.out}"):
+        manifest = partition(
+            g, args.parts, args.out, node_data=node_data, method=args.method, seed=args.seed, name=args.name or name
+        )
+    if described:
+        print(described)
     print(summary(manifest))
+    print("time: " + ", ".join(f"{phase} {seconds:.2f} s" for phase, seconds in times.items()))
     print(f"wrote {args.parts} parts to {args.out} in {time.perf_counter() - start:.2f} s")
     return 0
+
+
+@contextlib.contextmanager
+def _phase(console: Console, times: dict[str, float], phase: str, message: str) -> Iterator[None]:
+    """Show ``message`` with a spinner while the block runs; record its seconds in ``times[phase]``."""
+    start = time.perf_counter()
+    with console.status(Text(message)):  # Text: paths may hold [brackets] rich would read as markup
+        yield
+    times[phase] = time.perf_counter() - start
+
+
+def _load_source(args: argparse.Namespace) -> tuple[Graph, dict[str, torch.Tensor], str, str]:
+    """The graph, its node tensors, its default name and a line describing a dataset ('' for an edge file)."""
+    if args.edges is not None:
+        if args.root is not None or args.symmetrize is not None:
+            raise DatasetError("--root and --symmetrize/--no-symmetrize apply only to --dataset")
+        g, node_data = load_edge_file(args.edges)
+        return g, node_data, Path(args.edges).stem, ""
+    if args.root is None:
+        raise DatasetError(f"--dataset {args.dataset} needs --root DIR, the directory that holds its folder")
+    ds = load_ogb(args.dataset, args.root, symmetrize=args.symmetrize)
+    splits = ("train", "val", "test")
+    masks = ", ".join(f"{int(ds.node_data[f'{s}_mask'].sum())} {s}" for s in splits)
+    edges = "symmetrized (both directions, each pair once)" if ds.symmetrized else "edges as OGB stores them"
+    described = f"dataset {ds.name}: {edges}; {ds.num_classes} classes; {masks} nodes"
+    return ds.graph, ds.node_data, ds.name, described
 
 
 # -- edge files ------------------------------------------------------------------------------
@@ -188,7 +244,7 @@ def _load_npz(path: Path) -> dict[str, np.ndarray]:
 def _read(path: Path, load: Callable[[], Any]) -> dict:
     try:
         data = load()
-    except Exception as e:  # torch.load and np.load raise many types for a bad file
+    except Exception as e:  # noqa: BLE001 -- torch.load and np.load raise many types for a bad file
         reason = " ".join(str(e).split())
         if len(reason) > 200:  # torch's unpickling errors run to a paragraph
             reason = reason[:200] + "..."

@@ -4,6 +4,7 @@ __all__ = [
     "SarcompileError",
     "GraphError",
     "PartitionError",
+    "DatasetError",
     "CompileError",
     "CommError",
 ]
@@ -19,6 +20,10 @@ class GraphError(SarcompileError, ValueError):
 
 class PartitionError(SarcompileError):
     """A partition directory is missing, incomplete, corrupt or made for another world size."""
+
+
+class DatasetError(SarcompileError):
+    """A dataset is unsupported, or its files are missing or unreadable where it is loaded from."""
 
 
 class CompileError(SarcompileError):

@@ -47,7 +47,8 @@ def test_help_mentions_options(capsys):
 
 def test_python_dash_m_help():
     result = subprocess.run(
-        [sys.executable, "-m", "sarcompile", "partition", "--help"], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "sarcompile", "partition", "--help"],
+        capture_output=True, text=True, timeout=60, check=False,
     )
     assert result.returncode == 0 and "--parts" in result.stdout
 
@@ -150,3 +151,66 @@ def test_plan_command_bad_model_spec(tmp_path, capsys):
     assert "cannot import 'no_such_module'" in capsys.readouterr().err
     assert main(["plan", "not-a-spec", "--parts", str(tmp_path)]) == 2
     assert "MODULE:FACTORY" in capsys.readouterr().err
+
+
+# -- OGB datasets ----------------------------------------------------------------------------
+def test_dataset_end_to_end(tmp_path):
+    from test_datasets import write_ogbn_arxiv
+
+    from sarcompile.partitioning import load_whole_graph
+
+    written = write_ogbn_arxiv(tmp_path / "ogb")
+    out = tmp_path / "parts"
+    result = subprocess.run(
+        [sys.executable, "-m", "sarcompile", "partition", "--dataset", "ogbn-arxiv", "--root", str(written.root),
+         "--parts", "2", "--out", str(out)],
+        capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    printed = result.stdout
+    assert "dataset ogbn-arxiv: symmetrized" in printed and "40 classes" in printed
+    assert "30 train, 15 val, 15 test nodes" in printed
+    assert "partition 'ogbn-arxiv'" in printed and "edge cut" in printed and "halo sizes" in printed
+    assert "time: load" in printed and "partition + write" in printed and f"wrote 2 parts to {out}" in printed
+
+    g, data = load_whole_graph(out)
+    expected = written.symmetric_edge_set()
+    assert set(zip(g.src.tolist(), g.dst.tolist())) == expected and g.num_edges == len(expected)
+    assert torch.equal(data["x"], torch.tensor(written.x, dtype=torch.float32))
+    assert data["y"].tolist() == written.y.tolist()
+    assert sorted(torch.nonzero(data["val_mask"]).flatten().tolist()) == sorted(written.split["valid"].tolist())
+    assert sum(load_partition(out, rank=r, world_size=2).graph.num_edges for r in range(2)) == len(expected)
+
+
+def test_dataset_no_symmetrize_keeps_stored_edges(tmp_path, capsys):
+    from test_datasets import write_ogbn_arxiv
+
+    written = write_ogbn_arxiv(tmp_path / "ogb")
+    args = ["--root", str(written.root), "--parts", "2", "--out", str(tmp_path / "out"), "--no-symmetrize"]
+    assert main(["partition", "--dataset", "ogbn-arxiv", *args]) == 0
+    assert "edges as OGB stores them" in capsys.readouterr().out
+    assert read_manifest(tmp_path / "out").num_edges == len(written.edges)
+
+
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (["--dataset", "ogbn-arxiv"], "needs --root DIR"),
+        (["--dataset", "ogbn-mag", "--root", "{tmp}"], "choose one of ogbn-arxiv, ogbn-products, ogbn-papers100M"),
+        (["--dataset", "ogbn-arxiv", "--root", "{tmp}"], "'{tmp}/ogbn_arxiv' does not exist; download http"),
+        (["--edges", "g.pt", "--root", "{tmp}"], "apply only to --dataset"),
+    ],
+)
+def test_dataset_errors_are_one_line(tmp_path, capsys, argv, expected):
+    argv = [a.format(tmp=tmp_path) for a in argv]
+    assert main(["partition", *argv, "--parts", "2", "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("sarcompile partition: error: ") and err.count("\n") == 1
+    assert expected.format(tmp=tmp_path) in err
+
+
+@pytest.mark.parametrize("source", [[], ["--edges", "g.pt", "--dataset", "ogbn-arxiv"]])
+def test_exactly_one_graph_source(tmp_path, source):
+    with pytest.raises(SystemExit) as exit:
+        main(["partition", *source, "--parts", "2", "--out", str(tmp_path)])
+    assert exit.value.code == 2

@@ -1,0 +1,250 @@
+"""Real graphs to partition: OGB node property prediction datasets read from local files.
+
+    >>> ds = load_ogb("ogbn-arxiv", "dataset")  # doctest: +SKIP
+    >>> ds.graph.num_nodes, ds.num_classes, ds.symmetrized, tuple(ds.node_data["x"].shape)
+    (169343, 40, True, (169343, 128))
+    >>> sorted(ds.node_data)
+    ['test_mask', 'train_mask', 'val_mask', 'x', 'y']
+
+The files are read by the ``ogb`` package itself, from ``<root>/<name with - as _>/``
+laid out as OGB's zip extracts. This module never downloads: it checks the files are in
+place first and otherwise raises a :class:`DatasetError` naming the missing path, the URL
+to fetch on a machine with internet, and where to unzip it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from .errors import DatasetError
+from .graph import Graph
+
+__all__ = ["SUPPORTED", "Dataset", "load_ogb", "symmetrize_edges"]
+
+SUPPORTED = ("ogbn-arxiv", "ogbn-products", "ogbn-papers100M")
+CSV_FILES = ("edge", "num-node-list", "num-edge-list", "node-feat", "node-label")
+BINARY_FILES = ("data.npz", "node-label.npz")
+SPLIT_FILES = ("train.csv.gz", "valid.csv.gz", "test.csv.gz")
+
+
+@dataclass
+class Dataset:
+    """One graph with its node tensors, ready for :func:`sarcompile.partition`.
+
+    ``node_data`` has one row per node: ``x`` (float32 features), ``y`` (int64 class,
+    -1 where the node has no label) and the bool ``train_mask``, ``val_mask`` and
+    ``test_mask`` of the dataset's official split. ``symmetrized`` says whether the
+    edges are the union of both directions of the stored ones.
+    """
+
+    name: str
+    graph: Graph
+    node_data: dict[str, torch.Tensor] = field(repr=False)
+    num_classes: int
+    symmetrized: bool = False
+
+
+def load_ogb(name: str, root: str | Path, symmetrize: bool | None = None) -> Dataset:
+    """Load OGB dataset ``name`` (one of :data:`SUPPORTED`) from ``root/<name with - as _>/``.
+
+    ``symmetrize=None`` does what OGB's examples do: datasets OGB stores directed
+    (arxiv, papers100M) get both directions of every edge (see :func:`symmetrize_edges`);
+    products, which OGB already gives both directions, is kept as stored. ``True`` or
+    ``False`` forces the choice.
+
+    The first load parses the raw files and leaves ogb's cache in ``processed/``; later
+    loads read the cache. That cache is a pickle, unpickled in full (as ogb itself does):
+    load only dataset directories you trust. Raises :class:`DatasetError` for an
+    unsupported name, missing files or files ogb cannot read; it never downloads or prompts.
+    """
+    meta = _meta(name)
+    folder = Path(root) / name.replace("-", "_")
+    _check_files(name, folder, meta)
+    ogb_data, split = _read(name, Path(root), folder)
+
+    num_nodes = int(ogb_data.graph["num_nodes"])
+    edge_index = torch.from_numpy(np.ascontiguousarray(ogb_data.graph["edge_index"]))
+    src, dst = edge_index[0], edge_index[1]
+    if symmetrize is None:
+        symmetrize = meta["add_inverse_edge"] != "True"
+    if symmetrize:
+        src, dst = symmetrize_edges(src, dst, num_nodes)
+
+    node_data = {
+        "x": _features(ogb_data.graph.get("node_feat"), num_nodes, name),
+        "y": _labels(ogb_data.labels, num_nodes, name),
+        "train_mask": _mask(split["train"], num_nodes, name, "train"),
+        "val_mask": _mask(split["valid"], num_nodes, name, "valid"),
+        "test_mask": _mask(split["test"], num_nodes, name, "test"),
+    }
+    graph = Graph.from_edges(src, dst, num_nodes)
+    return Dataset(name, graph, node_data, int(ogb_data.num_classes), bool(symmetrize))
+
+
+def symmetrize_edges(src: torch.Tensor, dst: torch.Tensor, num_nodes: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every edge in both directions, each ``(u, v)`` pair once, sorted by ``(u, v)``.
+
+    Self-loops stay exactly when the input has them (once each).
+
+    >>> symmetrize_edges(torch.tensor([0, 1, 2, 2]), torch.tensor([1, 0, 2, 0]), 3)
+    (tensor([0, 0, 1, 2, 2]), tensor([1, 2, 0, 0, 2]))
+    """
+    # One int64 key per pair (num_nodes**2 fits for any graph that fits in memory);
+    # torch.unique sorts and de-duplicates them in one pass.
+    key = torch.unique(torch.cat([src * num_nodes + dst, dst * num_nodes + src]))
+    return key // num_nodes, key % num_nodes
+
+
+# -- checking the files before ogb sees them ---------------------------------------------------
+def _meta(name: str) -> dict[str, str]:
+    """The dataset's column of ogb's own master.csv (file names, URL, version, split)."""
+    if name not in SUPPORTED:
+        raise DatasetError(
+            f"dataset {name!r} is not supported; choose one of {', '.join(SUPPORTED)} "
+            "(homogeneous OGB node property prediction)"
+        )
+    import pandas as pd  # an ogb dependency; read master.csv exactly as ogb does
+
+    master = Path(_ogb().__file__).with_name("master.csv")
+    return dict(pd.read_csv(master, index_col=0, keep_default_na=False)[name])
+
+
+def _check_files(name: str, folder: Path, meta: dict[str, str]) -> None:
+    """Raise :class:`DatasetError` unless ogb will find everything without downloading or asking.
+
+    ogb asks on stdin whether to re-download when the folder lacks its RELEASE file, and
+    downloads when the raw files (or its processed cache) are missing.
+    """
+    url = meta["url"]
+    fetch = (
+        f"download {url} on a machine with internet, unzip it and move the folder "
+        f"'{meta['download_name']}' it holds to '{folder}'"
+    )
+    if not folder.is_dir():
+        raise DatasetError(f"{name}: '{folder}' does not exist; {fetch}")
+    release = folder / f"RELEASE_v{meta['version']}.txt"
+    if not release.is_file():
+        raise DatasetError(
+            f"{name}: '{release}' is missing (OGB's zip has it; without it ogb would offer to re-download): "
+            f"re-extract {url} into '{folder}', or create that empty file if the files there are OGB's "
+            f"version {meta['version']}"
+        )
+    missing = [str(p) for p in _needed_files(folder, meta) if not p.exists()]
+    if missing:
+        raise DatasetError(f"{name}: missing {', '.join(repr(p) for p in missing)}; {fetch}")
+
+
+def _needed_files(folder: Path, meta: dict[str, str]) -> list[Path]:
+    needed = []
+    if not (folder / "processed" / "data_processed").is_file():  # the cache replaces raw/
+        raw = folder / "raw"
+        if meta["binary"] == "True":
+            needed += [raw / f for f in BINARY_FILES]
+        else:
+            extra = [] if meta["additional node files"] == "None" else meta["additional node files"].split(",")
+            needed += [raw / f"{f}.csv.gz" for f in (*CSV_FILES, *extra)]
+    split = folder / "split" / meta["split"]
+    if not (split / "split_dict.pt").is_file():  # ogb's shortcut replaces the three lists
+        needed += [split / f for f in SPLIT_FILES]
+    return needed
+
+
+# -- reading through ogb ----------------------------------------------------------------------
+def _ogb() -> Any:
+    """ogb's node property prediction package, imported on first use: it pulls in pandas
+    and starts a version check, which ``import sarcompile`` should not pay for."""
+    import ogb.nodeproppred
+
+    return ogb.nodeproppred
+
+
+@functools.cache
+def _dataset_class() -> type:
+    """ogb's ``NodePropPredDataset``, reading back the caches ogb itself wrote.
+
+    ogb ``torch.save``s numpy arrays and reloads them with a bare ``torch.load``, which
+    torch >= 2.6 refuses (``weights_only`` became the default). These two methods load
+    the same files with ``weights_only=False`` (what ogb got on older torch) and defer
+    to ogb for everything else.
+    """
+
+    class TrustedCacheDataset(_ogb().NodePropPredDataset):
+        def pre_process(self) -> None:
+            cache = Path(self.root) / "processed" / "data_processed"
+            if not cache.is_file():
+                cache.parent.mkdir(exist_ok=True)  # ogb's torch.save needs it; OGB's zips ship it
+                super().pre_process()
+                return
+            try:
+                loaded = torch.load(cache, map_location="cpu", weights_only=False)
+                self.graph, self.labels = loaded["graph"], loaded["labels"]
+            except Exception as e:  # noqa: BLE001 -- unpickling raises many types; each means a bad cache
+                raise DatasetError(
+                    f"cannot read ogb's cache '{cache}' ({type(e).__name__}: {e}); "
+                    "delete it to rebuild it from raw/"
+                ) from None
+
+        def get_idx_split(self, split_type: str | None = None) -> dict[str, Any]:
+            path = Path(self.root) / "split" / (split_type or self.meta_info["split"]) / "split_dict.pt"
+            if path.is_file():
+                return torch.load(path, map_location="cpu", weights_only=False)
+            return super().get_idx_split(split_type)
+
+    return TrustedCacheDataset
+
+
+def _read(name: str, root: Path, folder: Path) -> tuple[Any, dict[str, Any]]:
+    """ogb's dataset object and its split, with ogb's progress prints sent to stderr
+    (stdout belongs to the caller's results)."""
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            data = _dataset_class()(name, root=str(root))
+            return data, data.get_idx_split()
+    except DatasetError:
+        raise
+    except Exception as e:  # noqa: BLE001 -- the raw files are outside input; pandas and numpy raise many types
+        reason = " ".join(str(e).split())[:300]
+        raise DatasetError(
+            f"ogb cannot read {name} from '{folder}' ({type(e).__name__}: {reason}); "
+            f"re-extract OGB's zip there (delete '{folder / 'processed'}' to rebuild the cache)"
+        ) from None
+
+
+# -- node tensors ------------------------------------------------------------------------------
+def _features(feat: np.ndarray | None, num_nodes: int, name: str) -> torch.Tensor:
+    if feat is None or len(feat) != num_nodes:
+        raise DatasetError(f"{name}: expected node features with {num_nodes} rows, got {_shape(feat)}")
+    return torch.from_numpy(np.ascontiguousarray(feat)).to(torch.float32)
+
+
+def _labels(labels: np.ndarray, num_nodes: int, name: str) -> torch.Tensor:
+    """Labels as int64, -1 where a label is missing (papers100M stores those as NaN)."""
+    labels = np.asarray(labels)
+    if labels.shape not in ((num_nodes,), (num_nodes, 1)):
+        raise DatasetError(f"{name}: expected one label per node ({num_nodes}), got {_shape(labels)}")
+    labels = labels.reshape(-1)
+    if labels.dtype.kind == "f":
+        labels = np.where(np.isnan(labels), -1, labels)
+    return torch.from_numpy(labels.astype(np.int64))
+
+
+def _mask(index: Any, num_nodes: int, name: str, split: str) -> torch.Tensor:
+    # A copy: ogb's split arrays come from pandas read-only, which torch warns about.
+    index = torch.from_numpy(np.array(index, dtype=np.int64)).reshape(-1)
+    if index.numel() and (int(index.min()) < 0 or int(index.max()) >= num_nodes):
+        raise DatasetError(f"{name}: the {split} split names nodes outside [0, {num_nodes})")
+    mask = torch.zeros(num_nodes, dtype=torch.bool)
+    mask[index] = True
+    return mask
+
+
+def _shape(a: np.ndarray | None) -> str:
+    return "none" if a is None else f"shape {tuple(np.shape(a))}"
