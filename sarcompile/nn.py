@@ -11,11 +11,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .ops import edge_dropout, edge_softmax, sddmm, spmm
+from .ops import batch_norm, edge_dropout, edge_softmax, sddmm, spmm
 from .passes.lower import register_lowering
 from .rng import mix32, uniform
 
-__all__ = ["SAGEConv", "GCNConv", "GINConv", "GATConv", "NodeDropout", "RandomStream"]
+__all__ = ["SAGEConv", "GCNConv", "GINConv", "GATConv", "BatchNorm", "NodeDropout", "RandomStream"]
 
 
 class SAGEConv(nn.Module):
@@ -65,6 +65,31 @@ class GINConv(nn.Module):
 
     def forward(self, graph, x: torch.Tensor) -> torch.Tensor:
         return self.nn((1 + self.eps) * x + spmm(graph, x, "sum"))
+
+
+class BatchNorm(nn.BatchNorm1d):
+    """Batch norm over the nodes of the whole graph: ``torch.nn.BatchNorm1d`` on one machine,
+    and on N workers the same numbers, because the batch statistics (and the sums its
+    backward needs) are all-reduced across workers.
+
+    Running statistics are kept as torch keeps them and used in eval mode, so the
+    ``state_dict`` (keys ``weight``, ``bias``, ``running_mean``, ``running_var``,
+    ``num_batches_tracked``) moves freely to and from ``BatchNorm1d``. Input: node
+    features ``[num_nodes, dim]``.
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return batch_norm(
+            x,
+            self.weight,
+            self.bias,
+            self.running_mean,
+            self.running_var,
+            self.num_batches_tracked,
+            self.training or not self.track_running_stats,
+            self.momentum,
+            self.eps,
+        )
 
 
 class RandomStream(nn.Module):

@@ -10,6 +10,7 @@
 ``attention(g, h, a_src, a_dst, ...)``   the fused chain sddmm(add) -> leaky_relu ->
                                          edge_softmax -> [edge_dropout] -> weighted spmm;
                                          the fuse pass produces it
+``batch_norm(x, weight, bias, ...)``     batch norm over all nodes, on every worker
 =====================================  =========================================================
 
 Each op is registered once with :func:`ir_op`: that makes it a single node when traced
@@ -45,6 +46,7 @@ __all__ = [
     "edge_softmax",
     "edge_dropout",
     "attention",
+    "batch_norm",
     "REDUCES",
     "SDDMM_OPS",
 ]
@@ -60,6 +62,7 @@ class OpDef:
     name: str
     fn: Callable  # the public op: the target of its fx node
     communicates: bool  # reads other workers' rows: the partition pass gives it a strategy
+    collective: bool  # reduces over every worker's nodes (strategy "allreduce"), no halo
     reads_remote_in_backward: Callable[[dict[str, Any]], bool]  # from the op's bound arguments
     signature: inspect.Signature
 
@@ -85,13 +88,20 @@ def _has_proxy(values) -> torch.fx.Proxy | None:
     return None
 
 
-def ir_op(*, communicates: bool, reads_remote_in_backward: Callable[[dict[str, Any]], bool], check: Callable):
+def ir_op(
+    *,
+    communicates: bool,
+    reads_remote_in_backward: Callable[[dict[str, Any]], bool],
+    check: Callable,
+    collective: bool = False,
+):
     """Register an IR op. ``check(**arguments)`` validates the constant arguments at trace
     time, so a wrong ``reduce`` fails where the model is written, not on a worker.
 
     An op that ``communicates`` takes a keyword ``strategy`` (see
     :mod:`sarcompile.runtime.ops`), which the partition and strategy passes set; it only
-    matters on a worker's shard."""
+    matters on a worker's shard. A ``collective`` op communicates by all-reduce rather
+    than by halo exchange; its strategy is always ``"allreduce"``."""
 
     def register(fn: Callable) -> Callable:
         sig = inspect.signature(fn)
@@ -106,7 +116,7 @@ def ir_op(*, communicates: bool, reads_remote_in_backward: Callable[[dict[str, A
                 return proxy.tracer.create_proxy("call_function", op, args, kwargs)
             return fn(*args, **kwargs)
 
-        _REGISTRY[op] = OpDef(fn.__name__, op, communicates, reads_remote_in_backward, sig)
+        _REGISTRY[op] = OpDef(fn.__name__, op, communicates, collective, reads_remote_in_backward, sig)
         return op
 
     return register
@@ -248,3 +258,44 @@ def attention(
     shard = g.shard() if isinstance(g, Graph) else g
     out = runtime_ops.sar_attention(shard, h, a_src, a_dst, negative_slope, dropout, salt, strategy=strategy)
     return out.squeeze(1) if single else out
+
+
+def _check_batch_norm(x, weight, bias, running_mean, running_var, num_batches_tracked, training, momentum, eps) -> None:
+    if momentum is not None and not 0.0 <= momentum <= 1.0:
+        raise GraphError(f"batch_norm momentum must be in [0, 1] or None, got {momentum}")
+
+
+@ir_op(communicates=True, collective=True, reads_remote_in_backward=lambda a: False, check=_check_batch_norm)
+def batch_norm(
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    running_mean: torch.Tensor | None,
+    running_var: torch.Tensor | None,
+    num_batches_tracked: torch.Tensor | None,
+    training: bool,
+    momentum: float | None,
+    eps: float,
+    *,
+    strategy: str = "local",
+) -> torch.Tensor:
+    """Batch norm of node features over the nodes of the whole graph, as
+    ``torch.nn.BatchNorm1d`` computes it on one machine (running statistics included).
+
+    On a worker's shard (``strategy="allreduce"``, set by the partition pass) the batch
+    statistics and, in backward, the sums the input gradient needs are all-reduced, so N
+    workers normalise exactly as one machine does. In eval mode the running statistics
+    are used and nothing is communicated.
+    """
+    if x.dim() != 2:
+        raise GraphError(f"batch_norm takes node features [num_nodes, channels], got shape {tuple(x.shape)}")
+    if not training and running_mean is not None:
+        return torch.nn.functional.batch_norm(x, running_mean, running_var, weight, bias, False, 0.0, eps)
+    factor = 0.0 if momentum is not None else None
+    if running_mean is not None and num_batches_tracked is not None:
+        with torch.no_grad():
+            num_batches_tracked.add_(1)
+        factor = momentum if momentum is not None else 1.0 / float(num_batches_tracked)
+    if strategy == "local":
+        return torch.nn.functional.batch_norm(x, running_mean, running_var, weight, bias, True, factor or 0.0, eps)
+    return runtime_ops.global_batch_norm(x, weight, bias, running_mean, running_var, factor or 0.0, eps)

@@ -28,6 +28,7 @@ import torch.fx as fx
 
 from .graph import Graph
 from .ops import OpDef
+from .runtime.comm import offline
 
 __all__ = ["OpPlan", "Plan", "MemoryEstimate", "WorkerStats", "worker_stats", "build_plan"]
 
@@ -39,7 +40,7 @@ class OpPlan:
     name: str  # the fx node
     layer: str  # the layer it came from ("" for ops written in the model itself)
     op: str  # e.g. "spmm(mean)", "attention", "edge_softmax"
-    strategy: str  # direct | remat | stash | oneshot | local
+    strategy: str  # direct | remat | stash | oneshot | local | allreduce
     reason: str
     row_bytes: int  # bytes of one node's row that crosses workers
     forward_bytes: list[int] = field(default_factory=list)
@@ -325,13 +326,14 @@ def build_plan(
 
     probe = _Probe(gm)
     shard = ShardGraph.single(_probe_graph())
-    probe.run_and_record(shard, x.new_zeros((shard.num_nodes, *x.shape[1:])).requires_grad_(x.requires_grad))
+    with offline():  # the probe runs on this process alone
+        probe.run_and_record(shard, x.new_zeros((shard.num_nodes, *x.shape[1:])).requires_grad_(x.requires_grad))
     n = len(workers)
     ops, comm = [], []
     for node in gm.graph.nodes:
         if node.op != "call_function":
             continue
-        layer = node.meta.get("layer", "")
+        layer = _layer(node)
         if "ir_op" not in node.meta:
             name = getattr(node.target, "__name__", "")
             if name in ("edge_softmax", "edge_dropout"):
@@ -340,6 +342,12 @@ def build_plan(
         op: OpDef = node.meta["ir_op"]
         args = probe.seen[node.name]
         strategy = node.kwargs["strategy"]
+        if op.collective:  # batch norm: float64 sums all-reduced, no halo
+            c = args["x"].shape[1]
+            fwd, bwd = (c + 1 + c) * 8, 2 * c * 8
+            ops.append(OpPlan(node.name, layer, op.name, strategy, "statistics over all workers' nodes",
+                              0, [fwd] * n, [bwd if args["x"].requires_grad else 0] * n, [0] * n, "input (reference)"))
+            continue
         row, pushes, refetch, saved = _traffic(op, args, strategy)
         recv = [sum(w.halo) * row for w in workers]
         sent = [sum(workers[p].halo[r] for p in range(n)) * row for r in range(n)]
@@ -367,6 +375,15 @@ def build_plan(
         }
         estimates.append(MemoryEstimate(r, sum(breakdown.values()), breakdown))
     return Plan(model_name, mode, n, workers, ops, list(stages), estimates)
+
+
+def _layer(node: fx.Node) -> str:
+    """The layer an op came from: set by the lower pass for lowered layers, else the
+    innermost module fx traced through (e.g. a BatchNorm)."""
+    if node.meta.get("layer"):
+        return node.meta["layer"]
+    stack = list((node.meta.get("nn_module_stack") or {}).values())
+    return stack[-1][0] if stack else ""
 
 
 def _temporaries(op: OpDef, args: dict[str, Any], row: int) -> tuple[int, int, int]:

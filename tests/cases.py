@@ -100,7 +100,23 @@ class GAT3(nn.Module):
         return self.g3(g, F.elu(self.g2(g, h)))
 
 
-MODELS = {"mix": MixModel, "edge": EdgeModel, "drop": DropModel, "gat2": GAT2, "gat3": GAT3}
+class NormModel(nn.Module):
+    """Batch norm over all workers' nodes: affine, then without affine and momentum=None."""
+
+    def __init__(self, f_in: int = 6, hidden: int = 8):
+        super().__init__()
+        self.c1 = sc.nn.SAGEConv(f_in, hidden, "mean")
+        self.bn1 = sc.nn.BatchNorm(hidden)
+        self.drop = sc.nn.NodeDropout(0.3, seed=7)
+        self.c2 = sc.nn.GCNConv(hidden, 3)
+        self.bn2 = sc.nn.BatchNorm(3, affine=False, momentum=None)
+
+    def forward(self, g, x):
+        h = self.drop(g, torch.relu(self.bn1(self.c1(g, x))))
+        return self.bn2(self.c2(g, h))
+
+
+MODELS = {"mix": MixModel, "edge": EdgeModel, "drop": DropModel, "gat2": GAT2, "gat3": GAT3, "norm": NormModel}
 
 
 def make_model(name: str, seed: int) -> nn.Module:
@@ -126,6 +142,7 @@ class Result:
     x_grad: torch.Tensor
     param_grads: dict[str, torch.Tensor]
     stats: dict = field(default_factory=dict)
+    buffers: dict[str, torch.Tensor] = field(default_factory=dict)  # after the step (running statistics)
 
 
 def single_machine(case: Case) -> Result:
@@ -136,7 +153,8 @@ def single_machine(case: Case) -> Result:
     x = case.x.clone().requires_grad_(True)
     out = dm(case.graph, x)
     (out * case.loss_weight).sum().backward()
-    return Result(out.detach(), x.grad, {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None})
+    grads = {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
+    return Result(out.detach(), x.grad, grads, buffers={k: b.clone() for k, b in model.named_buffers()})
 
 
 def payloads(case: Case, world_size: int) -> list[dict[str, Any]]:
@@ -183,7 +201,7 @@ def run_worker(rank: int, world_size: int, payload: dict[str, Any]) -> Result:
         "edges": shard.num_edges,
     }
     grads = {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
-    return Result(out.detach(), x.grad, grads, stats)
+    return Result(out.detach(), x.grad, grads, stats, {k: b.clone() for k, b in model.named_buffers()})
 
 
 def gather_rows(case: Case, world_size: int, results: list[Result], attr: str) -> torch.Tensor:

@@ -549,3 +549,88 @@ def test_node_dropout_inside_distribute():
     assert int(model.drop.stream.step) == 2  # the step buffer lives on the original
     dm.eval()
     torch.testing.assert_close(dm(g, x), model.conv(g, x))
+
+
+# -- BatchNorm --------------------------------------------------------------------------------
+class _Norm(nn.Module):
+    def __init__(self, norm: nn.Module):
+        super().__init__()
+        self.lin = nn.Linear(5, 4)
+        self.norm = norm
+
+    def forward(self, g, x):
+        return torch.tanh(self.norm(self.lin(x) + sc.spmm(g, x[:, :4], "mean")))
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{}, {"affine": False}, {"momentum": None}, {"momentum": 0.5, "eps": 1e-3}, {"track_running_stats": False}],
+)
+def test_batch_norm_is_torch_batch_norm_on_one_machine(kwargs):
+    """Eager and compiled sc.nn.BatchNorm against torch.nn.BatchNorm1d over three training
+    steps (outputs, input and parameter gradients, running statistics), then in eval."""
+    gen = torch.Generator().manual_seed(0)
+    g = sc.Graph.from_edges(torch.randint(0, 30, (90,), generator=gen), torch.randint(0, 30, (90,), generator=gen), 30)
+    torch.manual_seed(1)
+    ref = _Norm(nn.BatchNorm1d(4, **kwargs)).double()
+    eager = _Norm(sc.nn.BatchNorm(4, **kwargs)).double()
+    eager.load_state_dict(ref.state_dict())
+    compiled_model = copy.deepcopy(eager)
+    compiled = sc.distribute(compiled_model)
+    for step in range(4):
+        training = step < 3
+        x = torch.randn(30, 5, generator=gen, dtype=torch.float64)
+        w = torch.randn(30, 4, generator=gen, dtype=torch.float64)
+        results = []
+        for m, params in ((ref, ref), (eager, eager), (compiled, compiled_model)):
+            m.train(training)
+            params.zero_grad()
+            xi = x.clone().requires_grad_(True)
+            out = m(g, xi)
+            (out * w).sum().backward()
+            grads = {k: p.grad.clone() for k, p in params.named_parameters()}
+            results.append((out.detach(), xi.grad, grads, {k: b.clone() for k, b in params.named_buffers()}))
+        want = results[0]
+        for got in results[1:]:
+            torch.testing.assert_close(got[0], want[0], atol=1e-12, rtol=0)
+            torch.testing.assert_close(got[1], want[1], atol=1e-12, rtol=0)
+            assert got[2].keys() == want[2].keys() and got[3].keys() == want[3].keys()
+            for k in want[2]:
+                torch.testing.assert_close(got[2][k], want[2][k], atol=1e-12, rtol=0, msg=k)
+            for k in want[3]:
+                torch.testing.assert_close(got[3][k], want[3][k], atol=1e-12, rtol=0, msg=k)
+
+
+def test_batch_norm_state_dict_moves_to_and_from_torch():
+    ours = sc.nn.BatchNorm(6)
+    theirs = nn.BatchNorm1d(6)
+    with torch.no_grad():
+        theirs.running_mean.uniform_()
+        theirs.weight.uniform_()
+    theirs.num_batches_tracked.fill_(5)
+    ours.load_state_dict(theirs.state_dict())
+    assert ours.state_dict().keys() == theirs.state_dict().keys()
+    for k, v in theirs.state_dict().items():
+        assert torch.equal(ours.state_dict()[k], v)
+    x = torch.randn(10, 6)
+    torch.testing.assert_close(ours.eval()(x), theirs.eval()(x))
+
+
+def test_batch_norm_rejects_other_shapes_and_single_node():
+    with pytest.raises(sc.GraphError, match=r"\[num_nodes, channels\]"):
+        sc.nn.BatchNorm(3)(torch.randn(4, 3, 2))
+    with pytest.raises(sc.GraphError, match="momentum"):
+        sc.nn.BatchNorm(3, momentum=2.0)(torch.randn(4, 3))
+    # One node in all cannot give a batch variance: torch's error on one machine, ours on a shard.
+    g = sc.Graph.from_edges(torch.tensor([0]), torch.tensor([0]), 1)
+    with pytest.raises(ValueError, match="more than 1"):
+        sc.distribute(_Norm(sc.nn.BatchNorm(4)))(ShardGraph.single(g), torch.randn(1, 5))
+
+
+def test_batch_norm_in_plan():
+    g = sc.Graph.from_edges(torch.arange(20), (torch.arange(20) + 1) % 20, 20)
+    plan = sc.distribute(_Norm(sc.nn.BatchNorm(4))).plan(g, 2, x=torch.randn(1, 5), method="contiguous")
+    row = next(op for op in plan.ops if op.op == "batch_norm")
+    assert (row.layer, row.strategy) == ("norm", "allreduce")
+    assert row.forward_bytes == [(4 + 1 + 4) * 8] * 2  # sums, count, squared deviations (float64)
+    assert "batch_norm" in str(plan) and "allreduce" in str(plan)

@@ -4,11 +4,12 @@ Contract. Expects a lowered (and fused) GraphModule, IR ops as ``call_function``
 Guarantees that every IR op that reads other workers' rows (``spmm``, ``sddmm``,
 ``attention``) has its arguments normalised (all by position, defaults filled) and a
 ``strategy`` keyword (``"direct"`` until the strategy pass decides); on a worker's shard
-the op then runs as a sequential aggregation over blocks. Ops that need no
+the op then runs as a sequential aggregation over blocks. Collective ops (``batch_norm``)
+get ``strategy="allreduce"``: their statistics are summed over all workers. Ops that need no
 communication (``edge_softmax``, ``edge_dropout``) are left as they are. Each rewritten
 node records ``meta["ir_op"]`` (the :class:`~sarcompile.ops.OpDef`) and ``meta["args"]``
-(its bound arguments). Modules whose result would silently differ on a shard (batch norm over the
-local nodes only) are rejected with a :class:`CompileError`.
+(its bound arguments). Modules whose result would silently differ on a shard (torch's batch
+norm, over the local nodes only) are rejected with a :class:`CompileError`.
 """
 
 from __future__ import annotations
@@ -33,8 +34,8 @@ def partition(gm: fx.GraphModule, ctx: CompileOptions) -> fx.GraphModule:
             kind = type(gm.get_submodule(node.target)).__name__
             raise CompileError(
                 f"layer {node.target!r} ({kind}) normalises over the nodes it sees, which on a worker "
-                "are only its own, so N workers would not match one machine. Use LayerNorm, or "
-                "remove it; a batch norm with statistics across workers is planned (sc.nn.BatchNorm)."
+                "are only its own, so N workers would not match one machine. Use sc.nn.BatchNorm "
+                "(statistics across all workers, same parameters and state_dict keys) or LayerNorm."
             )
         if node.op != "call_function" or node.target not in ops:
             continue
@@ -44,7 +45,7 @@ def partition(gm: fx.GraphModule, ctx: CompileOptions) -> fx.GraphModule:
         args = op.bind(node.args, node.kwargs)
         args.pop("strategy")
         node.args = tuple(args.values())
-        node.kwargs = {"strategy": "direct"}
+        node.kwargs = {"strategy": "allreduce" if op.collective else "direct"}
         node.meta["ir_op"] = op
         node.meta["args"] = args
     gm.graph.lint()

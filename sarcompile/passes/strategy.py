@@ -10,7 +10,8 @@ saying why:
 * mode ``stash``: every op keeps its remote blocks for backward.
 * mode ``oneshot``: every op fetches all halos at once and keeps them (domain parallel).
 
-``CompileOptions.strategies`` overrides the choice by layer path or node name.
+``CompileOptions.strategies`` overrides the choice by layer path or node name. Collective
+ops (batch norm) keep ``allreduce``.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ def choose_strategy(reads_remote: bool, mode: str) -> tuple[str, str]:
 def strategy(gm: fx.GraphModule, ctx: CompileOptions) -> fx.GraphModule:
     for node in gm.graph.nodes:
         op = node.meta.get("ir_op")
-        if op is None:
+        if op is None or op.collective:  # an all-reduce has nothing to choose
             continue
         chosen, reason = choose_strategy(op.reads_remote_in_backward(node.meta["args"]), ctx.mode)
         for key in (node.meta.get("layer"), node.name):

@@ -15,6 +15,7 @@ from __future__ import annotations
 import atexit
 import os
 import weakref
+from contextlib import contextmanager
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -216,13 +217,32 @@ def run_rounds(
 
 
 # -- collectives users call -------------------------------------------------------------------
-def global_sum(t: torch.Tensor) -> torch.Tensor:
-    """All-reduce (SUM) of ``t`` across workers; returns a new tensor (``t`` is untouched)."""
+def global_sum(t: torch.Tensor, phase: str | None = None) -> torch.Tensor:
+    """All-reduce (SUM) of ``t`` across workers; returns a new tensor (``t`` is untouched).
+    With a ``phase`` the bytes are counted in :data:`stats` under it."""
     out = t.detach().clone()
-    if dist.is_initialized() and dist.get_world_size() > 1:
+    if dist.is_initialized() and dist.get_world_size() > 1 and not _offline:
+        if phase is not None:
+            stats.sent[phase] += out.numel() * out.element_size()
+            stats.received[phase] += out.numel() * out.element_size()
         work = dist.all_reduce(out, async_op=True)
         _wait([work], "global_sum")
     return out
+
+
+_offline = False
+
+
+@contextmanager
+def offline():
+    """Within this block :func:`global_sum` is the identity on every worker: for running a
+    program on one worker alone (the planner's probe) without waiting for the others."""
+    global _offline
+    before, _offline = _offline, True
+    try:
+        yield
+    finally:
+        _offline = before
 
 
 def sync_gradients(model: torch.nn.Module) -> None:

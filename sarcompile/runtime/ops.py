@@ -22,10 +22,10 @@ import torch.nn.functional as F
 
 from ..codegen import torch_kernels as K
 from ..rng import uniform
-from .comm import run_rounds
+from .comm import global_sum, run_rounds
 from .shard import ShardGraph
 
-__all__ = ["STRATEGIES", "sar_spmm", "sar_sddmm", "sar_attention", "edge_keep"]
+__all__ = ["STRATEGIES", "sar_spmm", "sar_sddmm", "sar_attention", "edge_keep", "global_batch_norm"]
 
 STRATEGIES = ("direct", "remat", "stash", "oneshot")
 
@@ -276,3 +276,65 @@ def sar_spmm(
 def sar_sddmm(shard: ShardGraph, a: torch.Tensor, b: torch.Tensor, op: str, *, strategy: str = "direct") -> torch.Tensor:
     """Partitioned :func:`sarcompile.ops.sddmm`; the result is in shard edge order."""
     return _SarSddmm.apply(a, b, shard, op, strategy)
+
+
+class _GlobalBatchNorm(torch.autograd.Function):
+    """Batch norm whose statistics are sums over every worker's rows.
+
+    Sums are taken in float64 and all-reduced, so the result does not depend on how the
+    nodes are split (up to the final rounding to the input's dtype). The variance is
+    two-pass (sum of squared deviations from the global mean), as stable as one machine's.
+    """
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, running_mean, running_var, momentum: float, eps: float):
+        xd = x.detach().double()
+        first = global_sum(torch.cat([xd.sum(0), xd.new_full((1,), x.shape[0])]), phase="batch_norm")
+        count = float(first[-1])
+        if count <= 1:
+            raise ValueError(f"batch norm in training needs more than 1 node in all, got {int(count)}")
+        mean = first[:-1] / count
+        var = global_sum(((xd - mean) ** 2).sum(0), phase="batch_norm") / count
+        invstd = torch.rsqrt(var + eps)
+        if running_mean is not None:
+            with torch.no_grad():  # torch keeps the unbiased variance in the running statistics
+                running_mean.mul_(1 - momentum).add_(mean.to(running_mean.dtype), alpha=momentum)
+                running_var.mul_(1 - momentum).add_((var * count / (count - 1)).to(running_var.dtype), alpha=momentum)
+        y = ((xd - mean) * invstd).to(x.dtype)
+        if weight is not None:
+            y = y * weight
+        if bias is not None:
+            y = y + bias
+        ctx.save_for_backward(x, weight, mean, invstd)
+        ctx.count = count
+        ctx.has_bias = bias is not None
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight, mean, invstd = ctx.saved_tensors
+        xhat = (x.double() - mean) * invstd
+        g = dy.double()
+        if weight is not None:
+            g = g * weight.double()
+        # dx = invstd * (g - mean(g) - xhat * mean(g * xhat)), the means over all workers' rows
+        sums = global_sum(torch.cat([g.sum(0), (g * xhat).sum(0)]), phase="batch_norm")
+        c = x.shape[1]
+        dx = invstd * (g - sums[:c] / ctx.count - xhat * (sums[c:] / ctx.count))
+        # Parameter gradients stay local sums: sync_gradients adds the workers' shares.
+        dw = (dy.double() * xhat).sum(0).to(weight.dtype) if weight is not None and ctx.needs_input_grad[1] else None
+        db = dy.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
+        return dx.to(x.dtype), dw, db, None, None, None, None
+
+
+def global_batch_norm(
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    running_mean: torch.Tensor | None,
+    running_var: torch.Tensor | None,
+    momentum: float,
+    eps: float,
+) -> torch.Tensor:
+    """Training-mode batch norm of ``x`` (this worker's rows) with statistics over all workers."""
+    return _GlobalBatchNorm.apply(x, weight, bias, running_mean, running_var, momentum, eps)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import sarcompile as sc
@@ -49,6 +49,8 @@ def check(case: Case, world_size: int, pool) -> list:
         assert r.param_grads.keys() == want.param_grads.keys()
         for k, g in want.param_grads.items():
             torch.testing.assert_close(r.param_grads[k], g, atol=TOL * scale, rtol=0, msg=k)
+        for k, b in want.buffers.items():  # and the same running statistics and counters
+            torch.testing.assert_close(r.buffers[k], b, atol=TOL * scale, rtol=0, msg=k)
     return results
 
 
@@ -73,6 +75,16 @@ def test_one_to_four_workers_all_models(pool, data):
 def test_gat_models_one_to_four_workers(pool, data):
     world_size = data.draw(st.sampled_from([1, 2, 3, 4]))
     check(data.draw(cases(world_size, models=("gat2", "gat3"), modes=("sar", "stash", "oneshot"))), world_size, pool)
+
+
+@given(data=st.data())
+@SETTINGS
+def test_batch_norm_statistics_span_all_workers(pool, data):
+    world_size = data.draw(st.sampled_from([1, 2, 3]))
+    case = data.draw(cases(world_size, models=("norm",), modes=("sar", "oneshot")))
+    assume(case.graph.num_nodes >= 2)  # batch statistics need two nodes in all
+    case.train = data.draw(st.booleans())
+    check(case, world_size, pool)
 
 
 def _random_graph(n: int, e: int, gen: torch.Generator) -> sc.Graph:
