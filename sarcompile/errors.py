@@ -32,3 +32,10 @@ class CompileError(SarcompileError):
 
 class CommError(SarcompileError, RuntimeError):
     """A peer worker did not answer in time or went away."""
+
+
+class CheckpointError(SarcompileError):
+    """A training checkpoint is missing, truncated, corrupt, or made for another run."""
+
+
+__all__.append("CheckpointError")
