@@ -1,0 +1,618 @@
+"""``python -m sarcompile.train``: full-batch GNN training on a partition directory.
+
+    torchrun --standalone --nproc-per-node 4 -m sarcompile.train --parts parts/ \\
+        --model sage --layers 3 --hidden 256 --epochs 100
+    python -m sarcompile.train --parts parts1/          # a 1-part partition, one process
+
+Every worker loads its partition, builds the same model (same seed), compiles it with
+:func:`sarcompile.distribute` and trains it: the cross-entropy summed over its training
+nodes divided by the *global* number of training nodes, gradients summed across workers,
+Adam. Dropout masks are keyed by global node / edge id and batch norm statistics span
+all workers, so the per-epoch loss and accuracies are the same on any number of workers
+(to float rounding) as on one machine.
+
+Each epoch trains one step, then evaluates (eval mode, no gradients) the accuracy on the
+``train_mask``, ``val_mask`` and ``test_mask`` nodes, counted on every worker and summed.
+Rank 0 shows a progress bar (stderr), prints one line per epoch (stdout) and appends one
+JSON line per epoch to the log (``OUT/log.jsonl``)::
+
+    {"epoch": 3, "loss": 1.27, "train_acc": 0.61, "val_acc": 0.58, "test_acc": 0.59,
+     "epoch_s": 0.41, "world_size": 4}
+
+A checkpoint (``OUT/checkpoint.pt``, see :mod:`sarcompile.checkpoint`) is written every
+``--checkpoint-every`` epochs and at the end; ``--resume`` continues from it to the same
+numbers an uninterrupted run gives. :func:`build_model` rebuilds the eager single-machine
+model from a checkpoint's config, and :func:`load_trained` does both steps::
+
+    model, config = load_trained("runs/x/checkpoint.pt")   # eval mode, one machine
+    g, data = sc.load_whole_graph("parts")
+    evaluate(model, g, data)   # {'train_acc': ..., 'val_acc': ..., 'test_acc': ...}
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import os
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from tqdm import tqdm
+
+from . import nn as scnn
+from .checkpoint import CHECKPOINT_NAME, load_checkpoint, save_checkpoint
+from .compiler import distribute
+from .errors import CheckpointError, PartitionError, SarcompileError
+from .partitioning import _atomic_write, load_partition, read_manifest
+from .runtime.comm import global_sum, init, shutdown, sync_gradients
+from .runtime.memory import MemoryProbe
+
+__all__ = ["GNN", "TrainConfig", "build_model", "evaluate", "load_trained", "main", "parse_args", "train"]
+
+MODELS = ("sage", "gcn", "gin", "gat")
+MODES = ("sar", "stash", "oneshot")
+NODE_KEYS = ("x", "y", "train_mask", "val_mask", "test_mask")
+MASKS = ("train_mask", "val_mask", "test_mask")
+# What build_model needs: saved in every checkpoint's "config".
+MODEL_KEYS = ("model", "in_dim", "num_classes", "layers", "hidden", "heads", "dropout", "batch_norm", "residual")
+# Options that change the numbers: a checkpoint resumes only with the same values.
+# (--mode, --epochs, --parts, --out, --log, --checkpoint-every may change between runs.)
+RESUME_KEYS = MODEL_KEYS + ("lr", "weight_decay", "seed")
+FORMAT = 1
+
+
+@dataclass
+class TrainConfig:
+    """Every option of ``python -m sarcompile.train`` (field ``x_y`` is flag ``--x-y``)."""
+
+    parts: str
+    model: str = "sage"
+    layers: int = 2
+    hidden: int = 128
+    heads: int = 4
+    epochs: int = 100
+    lr: float = 0.01
+    weight_decay: float = 0.0
+    dropout: float = 0.5
+    batch_norm: bool = False
+    residual: bool = False
+    mode: str = "sar"
+    seed: int = 0
+    log: str | None = None
+    out: str | None = None
+    checkpoint_every: int = 10
+    resume: bool = False
+    stop_after: int | None = None
+    progress: bool = True
+
+    def validate(self) -> None:
+        """Raise a :class:`ValueError` naming the first option out of range."""
+        if self.model not in MODELS:
+            raise ValueError(f"--model must be one of {', '.join(MODELS)}, got {self.model!r}")
+        if self.mode not in MODES:
+            raise ValueError(f"--mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        for name in ("layers", "hidden", "heads"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name} must be >= 1, got {getattr(self, name)}")
+        if self.epochs < 0 or self.checkpoint_every < 0:
+            raise ValueError("--epochs and --checkpoint-every must be >= 0")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"--dropout must be in [0, 1), got {self.dropout}")
+        if self.model == "gat" and self.layers > 1 and self.hidden % self.heads:
+            raise ValueError(
+                f"--hidden {self.hidden} is not a multiple of --heads {self.heads}: GAT's hidden layers "
+                "concatenate the heads, each hidden/heads wide"
+            )
+
+
+# -- the model ---------------------------------------------------------------------------------
+class GNN(nn.Module):
+    """``layers`` graph convolutions; between two of them: [batch norm] -> activation ->
+    [+ input, if ``residual`` and the widths match] -> [node dropout]. The last layer
+    outputs ``num_classes`` logits (plus its input if ``residual`` and widths match).
+
+    * ``sage``: ``SAGEConv(mean)``; ``gcn``: ``GCNConv``; ``gin``: ``GINConv`` around
+      ``Linear -> ReLU -> Linear``; activation ReLU.
+    * With ``batch_norm`` the hidden layers have no bias (batch norm cancels it).
+    * ``gat``: hidden layers ``GATConv(d, hidden // heads, heads)`` with the heads
+      concatenated (``hidden`` wide), the last one ``heads`` heads averaged; attention
+      dropout ``dropout``; activation ELU.
+    """
+
+    def __init__(
+        self,
+        model: str,
+        in_dim: int,
+        num_classes: int,
+        layers: int = 2,
+        hidden: int = 128,
+        heads: int = 4,
+        dropout: float = 0.0,
+        batch_norm: bool = False,
+        residual: bool = False,
+    ):
+        super().__init__()
+        if model not in MODELS:
+            raise ValueError(f"model must be one of {', '.join(MODELS)}, got {model!r}")
+        dims = [in_dim] + [hidden] * (layers - 1) + [num_classes]
+        # A bias right before batch norm is cancelled by it: its true gradient is 0, and
+        # Adam would blow the rounding noise in its gradient up into steps of size lr that
+        # differ with the number of workers (and move the running mean used in eval).
+        self.convs = nn.ModuleList(
+            _conv(model, dims[i], dims[i + 1], i == layers - 1, hidden, heads, dropout, not batch_norm)
+            for i in range(layers)
+        )
+        self.norms = nn.ModuleList(scnn.BatchNorm(hidden) for _ in range(layers - 1)) if batch_norm else None
+        self.drops = nn.ModuleList(scnn.NodeDropout(dropout) for _ in range(layers - 1)) if dropout > 0 else None
+        self.residual = [bool(residual) and dims[i] == dims[i + 1] for i in range(layers)]
+        self.act = F.elu if model == "gat" else F.relu
+
+    def forward(self, graph, x: torch.Tensor) -> torch.Tensor:
+        last = len(self.convs) - 1
+        for i, conv in enumerate(self.convs):
+            h = conv(graph, x)
+            if i < last:
+                if self.norms is not None:
+                    h = self.norms[i](h)
+                h = self.act(h)
+            if self.residual[i]:
+                h = h + x
+            if i < last and self.drops is not None:
+                h = self.drops[i](graph, h)
+            x = h
+        return x
+
+
+def _conv(
+    model: str, d_in: int, d_out: int, last: bool, hidden: int, heads: int, dropout: float, bias_before_norm: bool
+) -> nn.Module:
+    bias = last or bias_before_norm
+    if model == "sage":
+        return scnn.SAGEConv(d_in, d_out, "mean", bias=bias)
+    if model == "gcn":
+        return scnn.GCNConv(d_in, d_out, bias=bias)
+    if model == "gin":
+        width = hidden if last else d_out
+        return scnn.GINConv(nn.Sequential(nn.Linear(d_in, width), nn.ReLU(), nn.Linear(width, d_out, bias=bias)))
+    if last:
+        return scnn.GATConv(d_in, d_out, heads=heads, concat=False, dropout=dropout)
+    return scnn.GATConv(d_in, d_out // heads, heads=heads, concat=True, dropout=dropout, bias=bias)
+
+
+def build_model(config: Mapping[str, Any] | TrainConfig | argparse.Namespace | None = None, **kwargs: Any) -> GNN:
+    """The eager single-machine model a run trains, from its config.
+
+    ``config`` is a checkpoint's ``"config"`` dict (or any mapping / :class:`TrainConfig` /
+    namespace with the fields below); keyword arguments add to or override it. Needs
+    ``in_dim`` and ``num_classes``; ``model``, ``layers``, ``hidden``, ``heads``,
+    ``dropout``, ``batch_norm`` and ``residual`` default as on the command line. Call
+    ``torch.manual_seed`` first for reproducible initial weights (the trainer seeds with
+    ``--seed``). A checkpoint's ``"model"`` state dict loads into the result with
+    ``load_state_dict``, whatever number of workers trained it.
+    """
+    fields = _as_mapping(config) if config is not None else {}
+    fields = {**fields, **kwargs}
+    missing = [k for k in ("in_dim", "num_classes") if k not in fields]
+    if missing:
+        raise ValueError(f"build_model needs {' and '.join(missing)} (a checkpoint's config has them)")
+    defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig) if f.name in MODEL_KEYS}
+    args = {k: fields.get(k, defaults.get(k)) for k in MODEL_KEYS}
+    return GNN(**args)
+
+
+def _as_mapping(config: Any) -> dict[str, Any]:
+    if isinstance(config, TrainConfig):
+        return dataclasses.asdict(config)
+    if isinstance(config, argparse.Namespace):
+        return vars(config)
+    if isinstance(config, Mapping):
+        return dict(config)
+    raise TypeError(f"expected a config dict, TrainConfig or argparse.Namespace, got {type(config).__name__}")
+
+
+# -- evaluation --------------------------------------------------------------------------------
+def _counts(model: nn.Module, graph, x: torch.Tensor, y: torch.Tensor, masks: dict[str, torch.Tensor]) -> torch.Tensor:
+    """(correct, total) per mask on this worker's nodes, in eval mode: 6 float64 values."""
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            pred = model(graph, x).argmax(-1)
+    finally:
+        model.train(was_training)
+    values = []
+    for key in MASKS:
+        m = masks[key]
+        values += [(pred[m] == y[m]).sum(), m.sum()]
+    return torch.stack(values).to(torch.float64)
+
+
+def _accuracies(counts: torch.Tensor) -> dict[str, float | None]:
+    """Accuracy per mask from summed (correct, total) pairs; None where a mask is empty."""
+    out = {}
+    for i, key in enumerate(MASKS):
+        correct, total = float(counts[2 * i]), float(counts[2 * i + 1])
+        out[key.replace("_mask", "_acc")] = correct / total if total else None
+    return out
+
+
+def evaluate(model: nn.Module, graph, node_data: Mapping[str, torch.Tensor]) -> dict[str, float | None]:
+    """Accuracy on the train / val / test nodes of one machine's graph (no communication).
+
+    For serving a checkpoint: ``evaluate(model, *sc.load_whole_graph(parts))`` gives the
+    accuracies the trainer logged for the checkpoint's epoch (labels < 0 do not count).
+    """
+    x, y, masks = _node_tensors(node_data, where="node_data")
+    return _accuracies(_counts(model, graph, x, y, masks))
+
+
+def load_trained(path: str | os.PathLike) -> tuple[GNN, dict[str, Any]]:
+    """The eager model of a checkpoint (weights loaded, eval mode) and the run's config."""
+    state = load_checkpoint(path)
+    for key in ("config", "model"):
+        if key not in state:
+            raise CheckpointError(f"checkpoint '{path}' has no {key!r}: not written by sarcompile.train")
+    model = build_model(state["config"])
+    model.load_state_dict(state["model"])
+    return model.eval(), state["config"]
+
+
+def _node_tensors(data: Mapping[str, torch.Tensor], where: str):
+    missing = [k for k in NODE_KEYS if k not in data]
+    if missing:
+        raise PartitionError(_missing_keys_message(missing, where))
+    y = data["y"].long()
+    masks = {k: data[k].bool() & (y >= 0) for k in MASKS}  # labels < 0: unlabelled
+    return data["x"], y, masks
+
+
+def _missing_keys_message(missing: list[str], where: str) -> str:
+    return (
+        f"{where} has no node data {', '.join(repr(k) for k in missing)}; the trainer needs "
+        f"{', '.join(NODE_KEYS)} (features, integer labels with -1 for unlabelled, boolean masks). "
+        "Partition with sc.partition(g, n, out, node_data={'x': ..., 'y': ..., 'train_mask': ..., "
+        "'val_mask': ..., 'test_mask': ...}) or put those keys in the --edges file of "
+        "`sarcompile partition`."
+    )
+
+
+# -- collectives that tolerate a one-process run -------------------------------------------------
+def _distributed() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def _broadcast(obj: Any) -> Any:
+    """Rank 0's ``obj`` on every rank."""
+    if not _distributed():
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def _global_max(t: torch.Tensor) -> int:
+    m = t.max().reshape(1) if t.numel() else torch.full((1,), -1, dtype=t.dtype)
+    if _distributed():
+        dist.all_reduce(m, op=dist.ReduceOp.MAX)
+    return int(m[0])
+
+
+def _agree(error: str | None, what: str) -> None:
+    """Raise on every rank if any rank failed (so no rank waits for the others forever)."""
+    failed = float(global_sum(torch.tensor([1.0 if error else 0.0], dtype=torch.float64)))
+    if error:
+        raise CheckpointError(error)
+    if failed:
+        raise CheckpointError(f"{what} failed on another worker (see its error message)")
+
+
+# -- checkpoints ---------------------------------------------------------------------------------
+def _write_checkpoint(path: Path, rank: int, make_state, epoch: int) -> None:
+    """Rank 0 writes ``make_state(epoch)``; every rank learns whether it worked."""
+    error = None
+    if rank == 0:
+        try:
+            save_checkpoint(path, make_state(epoch))
+        # Whatever failed, the other ranks must hear of it rather than wait for rank 0.
+        except Exception as e:  # noqa: BLE001
+            error = f"writing checkpoint '{path}' failed ({type(e).__name__}: {e}); the previous checkpoint is intact"
+    _agree(error, f"writing checkpoint '{path}'")
+
+
+def _read_checkpoint(path: Path) -> dict[str, Any]:
+    state, error = None, None
+    try:
+        state = load_checkpoint(path)
+        if state.get("format") != FORMAT or not {"model", "optimizer", "epoch", "config"} <= state.keys():
+            raise CheckpointError(f"checkpoint '{path}' was not written by this version of sarcompile.train")
+    except CheckpointError as e:
+        error = str(e)
+    _agree(error, f"reading checkpoint '{path}'")
+    return state
+
+
+def _check_resumable(state: dict[str, Any], run: dict[str, Any], graph: dict[str, int], path: Path) -> None:
+    """Refuse a checkpoint made with other numbers-changing options or of another graph."""
+    saved = state["config"]
+    diff = [k for k in RESUME_KEYS if saved.get(k) != run[k]]
+    if diff:
+        flags = " ".join(_flag(k, saved.get(k)) for k in diff if k not in ("in_dim", "num_classes"))
+        detail = ", ".join(f"{k}: checkpoint {saved.get(k)!r}, this run {run[k]!r}" for k in diff)
+        raise CheckpointError(
+            f"checkpoint '{path}' was trained with other options ({detail}). Resume with the same options"
+            + (f" ({flags})" if flags else "")
+            + ", or start a new run in another --out"
+        )
+    if state.get("graph") != graph:
+        raise CheckpointError(
+            f"checkpoint '{path}' was trained on another graph ({state.get('graph')}, this partition: {graph}); "
+            "resume with a partition of the same graph"
+        )
+
+
+def _flag(key: str, value: Any) -> str:
+    flag = "--" + key.replace("_", "-")
+    if isinstance(value, bool):
+        return flag if value else f"(no {flag})"
+    return f"{flag} {value}"
+
+
+# -- the JSONL log ---------------------------------------------------------------------------------
+def _prepare_log(path: Path, keep_through: int) -> None:
+    """Keep the log's lines of epochs <= ``keep_through`` (0: start empty), atomically."""
+    kept = []
+    if keep_through > 0 and path.is_file():
+        for line in path.read_text().splitlines():
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line cut short by a kill
+            if isinstance(rec, dict) and isinstance(rec.get("epoch"), int) and rec["epoch"] <= keep_through:
+                kept.append(line + "\n")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _atomic_write(path, lambda f: f.write("".join(kept).encode()))
+
+
+# -- the trainer ---------------------------------------------------------------------------------
+def train(config: TrainConfig | Mapping[str, Any] | argparse.Namespace | Sequence[str]) -> list[dict[str, Any]]:
+    """Train as ``python -m sarcompile.train`` does; returns this call's per-epoch records.
+
+    ``config`` is a :class:`TrainConfig`, a dict or namespace of its fields, or a list of
+    command-line arguments. Joins the process group torchrun describes (or uses the one
+    already up; a single process without torchrun). Does not tear the group down: the
+    caller does (``sc.shutdown()``), as :func:`main` does. Every rank returns the same
+    records (the values are summed across workers); with ``resume`` only the epochs run
+    by this call.
+    """
+    cfg = _as_config(config)
+    cfg.validate()
+    rank, world_size = init()
+    manifest = read_manifest(cfg.parts)
+    missing = [k for k in NODE_KEYS if k not in manifest.node_data]
+    if missing:
+        raise PartitionError(_missing_keys_message(missing, f"partition '{cfg.parts}'"))
+
+    out = Path(_broadcast(_out_dir(cfg) if rank == 0 else None))
+    log_path = Path(cfg.log) if cfg.log else out / "log.jsonl"
+    ckpt_path = out / CHECKPOINT_NAME
+    if not cfg.resume and ckpt_path.exists():
+        raise CheckpointError(
+            f"'{out}' already holds a checkpoint: pass --resume to continue that run, or choose another --out"
+        )
+
+    part = load_partition(cfg.parts)
+    x, y, masks = _node_tensors(part.node_data, where=f"partition '{cfg.parts}'")
+    num_classes = _global_max(y) + 1
+    num_train = int(global_sum(masks["train_mask"].sum()))
+    if num_classes < 1 or num_train == 0:
+        raise PartitionError(f"partition '{cfg.parts}' has no labelled training nodes (train_mask & y >= 0)")
+    run = {**dataclasses.asdict(cfg), "in_dim": x.shape[1], "num_classes": num_classes}
+    graph = {"num_nodes": manifest.num_nodes, "num_edges": manifest.num_edges}
+
+    state = _read_checkpoint(ckpt_path) if cfg.resume else None
+    if state is not None:
+        _check_resumable(state, run, graph, ckpt_path)
+    torch.manual_seed(cfg.seed)  # same initial weights and dropout seeds on every worker
+    net = build_model(run)
+    opt = torch.optim.Adam(net.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    start = 0
+    if state is not None:
+        net.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+        torch.set_rng_state(state["rng"]["torch"])
+        start = int(state["epoch"])
+    model = distribute(net, mode=cfg.mode)
+
+    def make_state(epoch: int) -> dict[str, Any]:
+        return {
+            "format": FORMAT,
+            "epoch": epoch,
+            "model": net.state_dict(),
+            "optimizer": opt.state_dict(),
+            "config": {k: run[k] for k in RESUME_KEYS},  # what build_model and --resume need
+            "args": dataclasses.asdict(cfg),  # the whole command line of the run that wrote it
+            "rng": {"torch": torch.get_rng_state()},
+            "graph": graph,
+            "world_size": world_size,
+            "mode": cfg.mode,
+        }
+
+    show = rank == 0
+    if show:
+        _prepare_log(log_path, start)
+        where = f"resuming from epoch {start}" if start else "starting"
+        print(
+            f"{world_size} worker{'s' if world_size > 1 else ''}, {num_train} training nodes, "
+            f"{cfg.model} x {cfg.layers} layers, mode={cfg.mode}; {where}; writing {out}",
+            flush=True,
+        )
+    records: list[dict[str, Any]] = []
+    stopped = False
+    probe = MemoryProbe()
+    with contextlib.ExitStack() as stack:
+        log = stack.enter_context(open(log_path, "a")) if show else None
+        bar = stack.enter_context(
+            tqdm(total=cfg.epochs, initial=min(start, cfg.epochs), unit="epoch", file=sys.stderr,
+                 disable=not (show and cfg.progress), dynamic_ncols=True)
+        )
+        stack.enter_context(probe)
+        for epoch in range(start + 1, cfg.epochs + 1):
+            t0 = time.perf_counter()
+            loss = _train_step(model, opt, part.graph, x, y, masks["train_mask"], num_train)
+            counts = _counts(model, part.graph, x, y, masks)
+            summed = global_sum(torch.cat([loss.to(torch.float64).reshape(1), counts]))
+            rec = {"epoch": epoch, "loss": float(summed[0]), **_accuracies(summed[1:])}
+            rec.update(epoch_s=round(time.perf_counter() - t0, 4), world_size=world_size)
+            records.append(rec)
+            if log is not None:
+                log.write(json.dumps(rec) + "\n")
+                log.flush()
+                bar.write(_epoch_line(rec), file=sys.stdout)
+                sys.stdout.flush()
+                bar.set_postfix(loss=f"{rec['loss']:.4f}", val=_fmt(rec["val_acc"]), refresh=False)
+                bar.update(1)
+            stopped = cfg.stop_after is not None and epoch == cfg.stop_after
+            every = cfg.checkpoint_every and epoch % cfg.checkpoint_every == 0
+            if every or stopped or epoch == cfg.epochs:
+                _write_checkpoint(ckpt_path, rank, make_state, epoch)
+            if stopped:
+                break
+
+    if stopped:
+        if show:
+            print(f"stopped after epoch {records[-1]['epoch']} (--stop-after); continue with --resume", flush=True)
+        return records
+    _report(records, probe, rank, world_size, start)
+    return records
+
+
+def _train_step(model, opt, graph, x, y, mask, num_train: int) -> torch.Tensor:
+    """One full-batch step; returns this worker's share of the global mean loss."""
+    opt.zero_grad()
+    out = model(graph, x)
+    loss = F.cross_entropy(out[mask], y[mask], reduction="sum") / num_train
+    loss.backward()
+    sync_gradients(model)  # each worker holds its nodes' share of the gradient: sum them
+    opt.step()
+    return loss.detach()
+
+
+def _fmt(acc: float | None) -> str:
+    return "   -  " if acc is None else f"{acc:.4f}"
+
+
+def _epoch_line(rec: dict[str, Any]) -> str:
+    return (
+        f"epoch {rec['epoch']:>4}  loss {rec['loss']:.6f}  train {_fmt(rec['train_acc'])}  "
+        f"val {_fmt(rec['val_acc'])}  test {_fmt(rec['test_acc'])}  {rec['epoch_s']:.2f}s"
+    )
+
+
+def _report(records: list[dict[str, Any]], probe: MemoryProbe, rank: int, world_size: int, start: int) -> None:
+    """Final accuracies and every worker's peak resident memory, printed by rank 0."""
+    mem = torch.zeros(world_size, 2, dtype=torch.float64)
+    mem[rank] = torch.tensor([probe.peak_bytes, probe.added_bytes], dtype=torch.float64) / 2**20
+    mem = global_sum(mem)
+    if rank != 0:
+        return
+    if records:
+        r = records[-1]
+        print(
+            f"final (epoch {r['epoch']}): train_acc {_fmt(r['train_acc'])}  val_acc {_fmt(r['val_acc'])}  "
+            f"test_acc {_fmt(r['test_acc'])}",
+            flush=True,
+        )
+    else:
+        print(f"nothing to train: the checkpoint is at epoch {start}, --epochs asks for no more", flush=True)
+        return
+    for r in range(world_size):
+        print(f"worker {r}: peak resident {mem[r, 0]:.0f} MiB, +{mem[r, 1]:.0f} MiB during training", flush=True)
+
+
+def _out_dir(cfg: TrainConfig) -> str:
+    out = Path(cfg.out) if cfg.out else Path("runs") / datetime.now().strftime("%Y%m%d-%H%M%S")
+    out.mkdir(parents=True, exist_ok=True)
+    return str(out)
+
+
+# -- command line ---------------------------------------------------------------------------------
+def _parser() -> argparse.ArgumentParser:
+    d = TrainConfig(parts="")
+    ap = argparse.ArgumentParser(
+        prog="python -m sarcompile.train", description=__doc__.split("\n\n")[0],
+        epilog="Run under torchrun for N workers (the partition must have N parts); "
+        "see python -m sarcompile.train's module docstring for the log and checkpoint formats.",
+    )
+    ap.add_argument("--parts", required=True, help="partition directory (sarcompile partition --out)")
+    ap.add_argument("--model", choices=MODELS, default=d.model)
+    ap.add_argument("--layers", type=int, default=d.layers, help=f"graph layers (default {d.layers})")
+    ap.add_argument("--hidden", type=int, default=d.hidden, help=f"hidden width (default {d.hidden})")
+    ap.add_argument("--heads", type=int, default=d.heads, help=f"GAT attention heads (default {d.heads})")
+    ap.add_argument("--epochs", type=int, default=d.epochs, help=f"(default {d.epochs})")
+    ap.add_argument("--lr", type=float, default=d.lr, help=f"Adam learning rate (default {d.lr})")
+    ap.add_argument("--weight-decay", type=float, default=d.weight_decay, help=f"(default {d.weight_decay})")
+    ap.add_argument("--dropout", type=float, default=d.dropout,
+                    help=f"node dropout between layers, and GAT attention dropout (default {d.dropout})")
+    ap.add_argument("--batch-norm", action="store_true", help="distributed batch norm after each hidden layer")
+    ap.add_argument("--residual", action="store_true", help="add each layer's input to its output where widths match")
+    ap.add_argument("--mode", choices=MODES, default=d.mode, help=f"sc.distribute mode (default {d.mode})")
+    ap.add_argument("--seed", type=int, default=d.seed, help=f"initial weights and dropout masks (default {d.seed})")
+    ap.add_argument("--out", help="run directory for the log and checkpoint (default runs/<timestamp>)")
+    ap.add_argument("--log", help="JSONL log file (default OUT/log.jsonl)")
+    ap.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every, metavar="K",
+                    help=f"write OUT/checkpoint.pt every K epochs and at the end; 0: only at the end "
+                    f"(default {d.checkpoint_every})")
+    ap.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
+    ap.add_argument("--stop-after", type=int, metavar="E",
+                    help="stop right after epoch E's checkpoint, as if killed (for testing --resume)")
+    ap.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    return ap
+
+
+def parse_args(argv: Sequence[str] | None = None) -> TrainConfig:
+    """The :class:`TrainConfig` of a command line (``sys.argv[1:]`` by default)."""
+    return TrainConfig(**vars(_parser().parse_args(argv)))
+
+
+def _as_config(config: Any) -> TrainConfig:
+    if isinstance(config, TrainConfig):
+        return dataclasses.replace(config)
+    if isinstance(config, (list, tuple)):
+        return parse_args([str(a) for a in config])
+    fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    given = _as_mapping(config)
+    unknown = sorted(set(given) - fields)
+    if unknown:
+        raise ValueError(f"unknown training options {unknown}; known: {sorted(fields)}")
+    return TrainConfig(**given)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit status (1 with a one-line message on a known error)."""
+    cfg = parse_args(argv)
+    try:
+        cfg.validate()
+        train(cfg)
+    except (SarcompileError, ValueError) as e:
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        prefix = f"[rank {rank}] " if _distributed() else ""
+        print(f"{prefix}error: {e}", file=sys.stderr)
+        return 1
+    finally:
+        shutdown()
+    return 0
+
+
+if __name__ == "__main__":  # importing this module must not run the trainer
+    raise SystemExit(main())
