@@ -117,6 +117,21 @@ def _line(row: dict) -> str:
             f"(x{ratio:.2f})  step {step:6.2f}s  recv {recv / 2**20:7.1f} MiB")
 
 
+def table(rows: list[dict]) -> str:
+    """The rows as the README's markdown table (max over workers)."""
+    lines = ["| model | in-degree | workers | mode | measured (max worker) | estimated | est/measured "
+             "| step (median, max worker) | received per step |", "|" + " --- |" * 9]
+    for r in sorted(rows, key=lambda r: (r["model"], r["degree"], r["workers"])):
+        measured = max(w["measured_added_bytes"] for w in r["per_worker"])
+        est = max(_estimated_added(w) for w in r["per_worker"])
+        worst = max(_estimated_added(w) / w["measured_added_bytes"] for w in r["per_worker"])
+        step = max(w["step_s"] for w in r["per_worker"])
+        recv = max(sum(w["traffic"]["received"].get(k, 0) for k in ("forward", "backward")) for w in r["per_worker"])
+        lines.append(f"| {r['model']} | {r['degree']} | {r['workers']} | {r['mode']} | {measured / 2**20:.0f} MiB "
+                     f"| {est / 2**20:.0f} MiB | {worst:.2f} | {step:.2f} s | {recv / 2**20:.0f} MiB |")
+    return "\n".join(lines)
+
+
 def _plot(rows: list[dict], path: Path) -> None:
     import matplotlib
 
@@ -156,13 +171,14 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--timeout", type=float, default=1800)
     ap.add_argument("--name", default="scaling")
+    ap.add_argument("--table", action="store_true", help="print results/NAME.json as a markdown table; run nothing")
     ap.add_argument("--reestimate", action="store_true",
                     help="recompute the estimates of the rows already in results/NAME.json; measure nothing")
     a = ap.parse_args()
     out = HERE / "results"
     out.mkdir(exist_ok=True)
 
-    config = {k: v for k, v in vars(a).items() if k != "reestimate"}
+    config = {k: v for k, v in vars(a).items() if k not in ("reestimate", "table")}
 
     def save(rows: list[dict]) -> None:
         tmp = out / f".{a.name}.json.tmp"
@@ -175,11 +191,14 @@ def main() -> None:
     rows = []
     if previous.exists():
         old = json.loads(previous.read_text())
+        if a.reestimate or a.table:  # the earlier run's sizes, whatever the flags say
+            config = old["config"]
+            a.nodes, a.hidden = config["nodes"], config["hidden"]
         same = all(old["config"].get(k) == getattr(a, k) for k in ("nodes", "hidden", "epochs"))
         rows = old["rows"] if same else []
-        if a.reestimate:
-            config = old["config"]
-    if a.reestimate:
+    if a.table:
+        print(table(rows))
+    elif a.reestimate:
         reestimate(a, save, rows)
     else:
         run(a, save, rows)
