@@ -4,7 +4,15 @@ training with Sequential Aggregation and Rematerialization (SAR)."""
 from . import nn, ops
 from .compiler import DistributedModule, distribute
 from .datasets import Dataset, load_ogb
-from .errors import CommError, CompileError, GraphError, PartitionError, SarcompileError
+from .errors import (
+    CheckpointError,
+    CommError,
+    CompileError,
+    DatasetError,
+    GraphError,
+    PartitionError,
+    SarcompileError,
+)
 from .estimate import EstimateTable, estimate
 from .graph import Graph
 from .ops import edge_softmax, sddmm, spmm
@@ -44,4 +52,6 @@ __all__ = [
     "PartitionError",
     "CompileError",
     "CommError",
+    "DatasetError",
+    "CheckpointError",
 ]
