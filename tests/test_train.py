@@ -21,8 +21,6 @@ from sarcompile.errors import CheckpointError, SarcompileError
 from sarcompile.train import build_model, evaluate, load_trained, parse_args
 
 ROOT = Path(__file__).resolve().parents[1]
-HAS_BATCH_NORM = hasattr(sc.nn, "BatchNorm")
-NEEDS_BATCH_NORM = pytest.mark.skipif(not HAS_BATCH_NORM, reason="sc.nn.BatchNorm has not landed in sarcompile/nn.py")
 ACC_KEYS = ("loss", "train_acc", "val_acc", "test_acc")
 
 
@@ -81,7 +79,7 @@ def _close(a: list[dict], b: list[dict], rel: float) -> bool:
 
 
 # -- 1. identical curves on any number of workers --------------------------------------------------
-@pytest.mark.parametrize("batch_norm", [False, pytest.param(True, marks=NEEDS_BATCH_NORM)], ids=["plain", "bn"])
+@pytest.mark.parametrize("batch_norm", [False, True], ids=["plain", "bn"])
 @pytest.mark.parametrize("model", ["sage", "gat"])
 def test_same_curve_on_1_2_4_workers(pool, parts, tmp_path, model, batch_norm):
     extra = ["--model", model, "--epochs", 5, "--dropout", 0.5, "--heads", 2, "--seed", 3]
@@ -101,8 +99,7 @@ def test_same_curve_on_1_2_4_workers(pool, parts, tmp_path, model, batch_norm):
 @pytest.fixture(scope="module")
 def full_run(pool, parts, tmp_path_factory):
     """An uninterrupted 6-epoch run on 2 workers: (out dir, records, argv extras)."""
-    extra = ["--epochs", 6, "--dropout", 0.5, "--checkpoint-every", 2, "--seed", 1]
-    extra += ["--batch-norm"] if HAS_BATCH_NORM else []
+    extra = ["--epochs", 6, "--dropout", 0.5, "--checkpoint-every", 2, "--seed", 1, "--batch-norm"]
     out = tmp_path_factory.mktemp("full")
     return out, _run(pool, 2, _args(parts[2], out, *extra)), extra
 
