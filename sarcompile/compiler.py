@@ -23,6 +23,7 @@ import torch.fx as fx
 from torch import nn
 
 from .errors import CompileError
+from .frontends import load_available
 from .graph import Graph
 from .partitioning import read_manifest
 from .passes.context import CompileOptions
@@ -47,6 +48,7 @@ class Program:
 
 def compile_program(model: nn.Module, options: CompileOptions, partitioned: bool) -> Program:
     """Run the pipeline on ``model``; stop after ``fuse`` for a single machine."""
+    load_available()  # lowering rules for the layers of libraries in use (PyG)
     gm = trace(model)
     stages = [("trace", gm.code)]
     passes = [("lower", lower), ("fuse", fuse)]

@@ -20,17 +20,42 @@ class SarTracer(fx.Tracer):
     def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
         from .nn import NodeDropout, RandomStream
 
+        try:
+            lowered = lowering_for(m)
+        except CompileError as e:  # a rule refused the layer: say which one
+            raise CompileError(f"layer {qualname!r}: {e}") from None
         # Dropout modules keep their step counters: they must run, not be traced through.
-        if lowering_for(m) is not None or isinstance(m, (NodeDropout, RandomStream)):
+        if lowered is not None or isinstance(m, (NodeDropout, RandomStream)):
             return True
         return super().is_leaf_module(m, qualname)
+
+    def create_arg(self, a):
+        # A submodule passed to an IR op (message_passing's message function) becomes a
+        # get_attr node, so the op receives the module itself when the program runs.
+        if isinstance(a, nn.Module):
+            return self.create_node("get_attr", self.path_of_module(a), (), {})
+        return super().create_arg(a)
+
+
+def _with_own_forward(model: nn.Module) -> nn.Module:
+    """``model``, or where it has a ``forward`` of its own (an instance attribute, as
+    ``torch_geometric.nn.Sequential`` generates) a shallow view of it whose class has that
+    forward: fx traces ``type(root).forward``. The view shares the model's submodules,
+    parameters and buffers, so the traced program refers to the model's own."""
+    own = vars(model).get("forward")
+    if own is None or getattr(own, "__self__", None) is not model:
+        return model
+    view_type = type(type(model).__name__, (type(model),), {"forward": own.__func__})
+    view = object.__new__(view_type)
+    view.__dict__.update({k: v for k, v in vars(model).items() if k != "forward"})
+    return view
 
 
 def trace(model: nn.Module) -> fx.GraphModule:
     """Symbolically trace ``model``; failures become a :class:`CompileError` that says why."""
     tracer = SarTracer()
     try:
-        graph = tracer.trace(model)
+        graph = tracer.trace(_with_own_forward(model))
     except fx.proxy.TraceError as e:
         raise CompileError(
             f"cannot trace {type(model).__name__}: {e}. sarcompile traces forward() once with "

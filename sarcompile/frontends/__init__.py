@@ -1,0 +1,33 @@
+"""Front-ends: lowering rules for other libraries' graph layers, so models written with
+them compile unchanged.
+
+Each front-end is a module that registers rules with
+:func:`sarcompile.passes.lower.register_lowering` when imported. None of the libraries is
+a dependency of sarcompile: :func:`load_available` imports a front-end only when its
+library is already imported by the user's program (it must be, for a model built with
+it to exist), and the compiler calls it before every compile.
+
+=====================  ===================  ==============================================
+front-end              library              layers
+=====================  ===================  ==============================================
+``frontends.pyg``      ``torch_geometric``  SAGEConv, GCNConv, GINConv, GATConv, GATv2Conv,
+                                            GraphConv, BatchNorm
+=====================  ===================  ==============================================
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+__all__ = ["load_available"]
+
+# library module name -> front-end module that registers its rules
+_FRONTENDS = {"torch_geometric": "sarcompile.frontends.pyg"}
+
+
+def load_available() -> None:
+    """Import the front-end of every supported library the program has imported."""
+    for library, frontend in _FRONTENDS.items():
+        if library in sys.modules and frontend not in sys.modules:
+            importlib.import_module(frontend)

@@ -1,0 +1,416 @@
+"""PyTorch Geometric front-end: ``torch_geometric.nn`` layers lowered to sarcompile's IR.
+
+A PyG model compiles unchanged: ``sc.distribute(pyg_model)``, then call it with a
+:class:`~sarcompile.Graph` (one machine) or ``part.graph`` (a worker) where it takes
+``edge_index``. It computes what the eager model computes with
+``edge_index = torch.stack([g.src, g.dst])``, forward and backward.
+
+Each rule below maps a PyG layer to a *stand-in*: a module with the layer's call
+signature, written with IR ops, that refers to the layer's own submodules and
+parameters (nothing is copied), so gradients land on the user's parameters and the
+``state_dict`` keeps PyG's keys. The lower pass inlines the stand-in's traced body.
+
+==================  =========================================================================
+PyG layer           lowered to
+==================  =========================================================================
+``SAGEConv``        ``lin_l(spmm(g, x, aggr)) + lin_r(x)``; aggr mean/sum/max, ``project``,
+                    ``normalize``, ``root_weight``, ``bias``
+``GCNConv``         ``spmm`` over ``g.with_self_loops()`` scaled by ``deg^-1/2`` at both ends;
+                    ``normalize``, ``add_self_loops``, ``improved``, ``bias``, ``edge_weight``
+``GINConv``         ``nn(spmm(g, x, "sum") + (1 + eps) x)``
+``GATConv``         ``sddmm(add) -> leaky_relu -> edge_softmax -> [edge_dropout] -> spmm``,
+                    which the fuse pass turns into one attention op; ``residual``, ``bias``
+``GATv2Conv``       ``att . leaky_relu(sddmm(g, lin_l x, lin_r x, "add"))`` per edge and head,
+                    ``edge_softmax``, ``[edge_dropout]``, weighted ``spmm`` (not fused)
+``GraphConv``       ``lin_rel(spmm(g, x, aggr, edge_weight)) + lin_root(x)``
+``BatchNorm``       the ``batch_norm`` IR op on the wrapped ``BatchNorm1d``'s parameters and
+                    running statistics: statistics over the nodes of *all* workers
+==================  =========================================================================
+
+Any other ``MessagePassing`` layer, and PyG norms that reduce over the nodes they see
+(``GraphNorm``, ``InstanceNorm``, ``PairNorm``, ...), fail at compile time with a
+:class:`~sarcompile.CompileError` naming the layer; so do options a rule does not cover.
+
+Optional arguments (``edge_weight``, ``size``, ...) are runtime values to the traced
+stand-in, so the few checks that depend on them run in the compiled program (at the
+first call, which is also when the model compiles).
+
+Attention dropout (``GATConv``/``GATv2Conv`` with ``dropout > 0`` in training) uses
+sarcompile's edge-keyed masks, the same on any number of workers but not PyG's random
+draws; the mask stream of each layer is seeded from torch's RNG when the layer is first
+compiled (call ``torch.manual_seed`` alike on every worker), and its step counter is not
+part of the model's ``state_dict``.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+import torch.fx
+import torch.nn.functional as F
+from torch import nn
+from torch_geometric import nn as gnn
+from torch_geometric.nn.conv import MessagePassing
+
+from ..errors import CompileError
+from ..nn import RandomStream
+from ..ops import batch_norm, edge_dropout, edge_softmax, sddmm, spmm
+from ..passes.lower import register_lowering
+
+__all__ = ["SUPPORTED"]
+
+# PyG layer -> what it is lowered to, for error messages and docs.
+SUPPORTED = ("SAGEConv", "GCNConv", "GINConv", "GATConv", "GATv2Conv", "GraphConv", "BatchNorm")
+
+# The methods that define what a MessagePassing layer computes: a subclass overriding one
+# of them computes something else than the rule of its base class.
+_DEFINING = (
+    "forward", "propagate", "message", "aggregate", "update", "message_and_aggregate", "edge_update", "edge_updater",
+)
+
+
+def _name(m: nn.Module) -> str:
+    t = type(m)
+    return f"torch_geometric.nn.{t.__name__}" if getattr(gnn, t.__name__, None) is t else f"{t.__module__}.{t.__qualname__}"
+
+
+def _refuse(m: nn.Module, option: str, value, what_to_do: str) -> CompileError:
+    return CompileError(f"{_name(m)} with {option}={value!r} is not supported yet; {what_to_do}")
+
+
+def _check_common(m: nn.Module, base: type, aggrs: tuple[str, ...] | None = None) -> None:
+    """Refuse what no rule covers: subclasses that change the computation, hooks that would
+    not run, lazily initialised parameters, other flows and aggregations."""
+    if type(m) is not base:
+        changed = [k for k in _DEFINING if getattr(type(m), k, None) is not getattr(base, k, None)]
+        if changed:
+            raise CompileError(
+                f"{_name(m)} subclasses torch_geometric.nn.{base.__name__} but overrides {', '.join(changed)}, "
+                "so the rule for the base class does not apply; lowering arbitrary MessagePassing code is not "
+                "supported yet: write the layer with sarcompile's IR ops (sc.spmm, sc.sddmm, sc.edge_softmax)"
+            )
+    hooks = [k for k, v in vars(m).items() if k.endswith("hooks") and ("forward" in k or "backward" in k) and v]
+    if hooks:
+        raise CompileError(
+            f"{_name(m)} has hooks registered ({', '.join(sorted(hooks))}); the compiled program does not run "
+            "them: remove them before sc.distribute"
+        )
+    for p in m.parameters():
+        if isinstance(p, nn.parameter.UninitializedParameter):
+            raise CompileError(
+                f"{_name(m)} has lazily initialised parameters (in_channels=-1); run the eager model once on "
+                "example inputs (or give in_channels) before compiling it"
+            )
+    if isinstance(m, MessagePassing):
+        if m.flow != "source_to_target":
+            raise _refuse(m, "flow", m.flow, "reverse the graph instead (sc.Graph.from_edges(dst, src, n))")
+        if aggrs is not None and (not isinstance(m.aggr, str) or m.aggr not in aggrs):
+            raise _refuse(m, "aggr", m.aggr, f"use one of {', '.join(map(repr, aggrs))}")
+
+
+def _reduce(aggr: str) -> str:
+    return {"add": "sum"}.get(aggr, aggr)
+
+
+@torch.fx.wrap
+def _plain_call(x, layer: str, **unsupported):
+    """``x``, after checking at run time the call arguments no rule covers (their values
+    are not known when the stand-in is traced)."""
+    if not isinstance(x, torch.Tensor):
+        raise CompileError(
+            f"{layer} got node features of type {type(x).__name__}; sarcompile supports one feature tensor "
+            "(bipartite (x_src, x_dst) inputs are not supported yet)"
+        )
+    given = [k for k, v in unsupported.items() if v is not None]
+    if given:
+        raise CompileError(f"{layer} was called with {', '.join(given)}, which is not supported yet; leave it out")
+    return x
+
+
+class _StandIn(nn.Module):
+    """A PyG layer written with IR ops. ``self.layer`` is the PyG layer itself: every
+    parameter is read from it, never copied."""
+
+    def __init__(self, layer: nn.Module):
+        super().__init__()
+        self.layer = layer
+
+    def extra_repr(self) -> str:
+        return f"lowered {_name(self.layer)}"
+
+
+# ---------------------------------------------------------------------------- SAGEConv
+class _SAGEConv(_StandIn):
+    def forward(self, x, edge_index, size=None):
+        m = self.layer
+        x = _plain_call(x, "SAGEConv", size=size)
+        src = m.lin(x).relu() if m.project else x
+        out = m.lin_l(spmm(edge_index, src, _reduce(m.aggr)))
+        if m.root_weight:
+            out = out + m.lin_r(x)
+        if m.normalize:
+            out = F.normalize(out, p=2.0, dim=-1)
+        return out
+
+
+def _lower_sage(m: gnn.SAGEConv) -> nn.Module:
+    _check_common(m, gnn.SAGEConv, ("mean", "add", "sum", "max"))
+    return _SAGEConv(m)
+
+
+# ----------------------------------------------------------------------------- GCNConv
+@torch.fx.wrap
+def _gcn_loop_weights(graph, looped, edge_weight, fill: float):
+    """``edge_weight`` (in ``graph``'s edge order) carried over to ``looped =
+    graph.with_self_loops()`` as PyG's ``add_remaining_self_loops`` does: other edges
+    keep their weight; each node's one self-loop gets the weight of its last existing
+    self-loop (by edge id), or ``fill``. None stays None (PyG then weighs every edge 1,
+    self-loops too, even with ``improved=True``).
+
+    Works on a shard as on a whole graph: edges are matched by their global edge id and
+    a node's in-edges all live on its worker, so nothing crosses workers.
+    """
+    if edge_weight is None:
+        return None
+    ids, loop_ids, dst = graph.edge_ids, looped.edge_ids, graph.dst_index
+    n, num_edges = looped.num_dst, ids.numel()
+    # The edges `looped` has that `graph` has not are its new self-loops (one per node);
+    # the edges `graph` has that `looped` has not are its old ones.
+    kept_ids = loop_ids[torch.isin(loop_ids, ids)]
+    new_loop = ~torch.isin(loop_ids, kept_ids)
+    old_loop = ~torch.isin(ids, kept_ids)
+    last = torch.full((n,), -1, dtype=torch.long).scatter_reduce(0, dst[old_loop], ids[old_loop], "amax")
+    chosen = old_loop & (ids == last[dst])
+    loop_weight = torch.full((n, *edge_weight.shape[1:]), fill, dtype=edge_weight.dtype)
+    loop_weight = loop_weight.index_put((dst[chosen],), edge_weight[chosen])
+    index = num_edges + looped.dst_index  # a new self-loop reads its node's loop weight
+    if num_edges:
+        order = torch.argsort(ids)
+        index[~new_loop] = order[torch.searchsorted(ids[order], loop_ids[~new_loop])]
+    return torch.cat([edge_weight, loop_weight])[index]
+
+
+@torch.fx.wrap
+def _gcn_inv_sqrt_degree(graph, edge_weight, like: torch.Tensor) -> torch.Tensor:
+    """``deg^-1/2`` per node as a column (0 where the degree is 0), the degree being the
+    sum of the in-edge weights (the in-edge count without weights). Local: every in-edge
+    of a node lives on its worker."""
+    if edge_weight is None:
+        deg = graph.in_degrees().to(like.dtype)
+    else:
+        deg = torch.zeros(graph.num_dst, dtype=edge_weight.dtype).index_add(0, graph.dst_index, edge_weight)
+    inv = deg.pow(-0.5)
+    return inv.masked_fill(inv == float("inf"), 0.0).unsqueeze(-1)
+
+
+class _GCNConv(_StandIn):
+    def forward(self, x, edge_index, edge_weight=None):
+        m = self.layer
+        h = m.lin(_plain_call(x, "GCNConv"))
+        if m.normalize:
+            g, w = edge_index, edge_weight
+            if m.add_self_loops:
+                g = edge_index.with_self_loops()
+                w = _gcn_loop_weights(edge_index, g, edge_weight, 2.0 if m.improved else 1.0)
+            # Scale at the source before the aggregation and at the destination after:
+            # each node's own degree is all a worker needs.
+            norm = _gcn_inv_sqrt_degree(g, w, h)
+            out = spmm(g, h * norm, "sum", edge_weight=w) * norm
+        else:
+            out = spmm(edge_index, h, "sum", edge_weight=edge_weight)
+        if m.bias is not None:
+            out = out + m.bias
+        return out
+
+
+def _lower_gcn(m: gnn.GCNConv) -> nn.Module:
+    _check_common(m, gnn.GCNConv, ("add", "sum"))
+    if m.cached:
+        raise _refuse(m, "cached", True, "use cached=False (the normalisation is cheap and computed per call)")
+    return _GCNConv(m)
+
+
+# ----------------------------------------------------------------------------- GINConv
+class _GINConv(_StandIn):
+    def forward(self, x, edge_index, size=None):
+        m = self.layer
+        x = _plain_call(x, "GINConv", size=size)
+        return m.nn(spmm(edge_index, x, "sum") + (1 + m.eps) * x)
+
+
+def _lower_gin(m: gnn.GINConv) -> nn.Module:
+    _check_common(m, gnn.GINConv, ("add", "sum"))
+    return _GINConv(m)
+
+
+# ----------------------------------------------------------------------------- GraphConv
+@torch.fx.wrap
+def _no_weight_for_max(x, edge_weight):
+    if edge_weight is not None:
+        raise CompileError(
+            "GraphConv(aggr='max') with edge_weight is not supported yet; use aggr 'add' or 'mean', or scale "
+            "the features before the layer"
+        )
+    return x
+
+
+class _GraphConv(_StandIn):
+    def forward(self, x, edge_index, edge_weight=None, size=None):
+        m = self.layer
+        x = _plain_call(x, "GraphConv", size=size)
+        reduce = _reduce(m.aggr)
+        if reduce == "max":
+            agg = spmm(edge_index, _no_weight_for_max(x, edge_weight), "max")
+        else:
+            agg = spmm(edge_index, x, reduce, edge_weight=edge_weight)
+        return m.lin_rel(agg) + m.lin_root(x)
+
+
+def _lower_graph_conv(m: gnn.GraphConv) -> nn.Module:
+    _check_common(m, gnn.GraphConv, ("add", "sum", "mean", "max"))
+    return _GraphConv(m)
+
+
+# ----------------------------------------------------------------------------- attention
+# One counter-based dropout stream per PyG attention layer, kept across recompiles (a
+# stand-in is rebuilt at every compile) without adding state to the user's module.
+_STREAMS: "weakref.WeakKeyDictionary[nn.Module, RandomStream]" = weakref.WeakKeyDictionary()
+
+
+def _stream(m: nn.Module) -> RandomStream | None:
+    if m.dropout <= 0:
+        return None
+    if m not in _STREAMS:
+        _STREAMS[m] = RandomStream()
+    return _STREAMS[m]
+
+
+def _check_attention(m: nn.Module, base: type) -> None:
+    _check_common(m, base, ("add", "sum"))
+    bipartite = m.lin is None if base is gnn.GATConv else not isinstance(m.in_channels, int)
+    if bipartite:
+        raise _refuse(m, "in_channels", m.in_channels, "give one int (bipartite layers are not supported yet)")
+    if m.edge_dim is not None:
+        raise _refuse(m, "edge_dim", m.edge_dim, "edge features are not supported yet")
+    if not 0.0 <= m.dropout < 1.0:
+        raise _refuse(m, "dropout", m.dropout, "use a probability in [0, 1)")
+
+
+class _Attention(_StandIn):
+    def __init__(self, layer: nn.Module):
+        super().__init__(layer)
+        self.stream = _stream(layer)
+
+    def _aggregate(self, g, score, h, x):
+        """Softmax of ``score`` [E, H] over in-edges, [dropout], weighted sum of ``h``
+        [n, H, C]; then concat or mean of the heads, residual and bias as PyG."""
+        m = self.layer
+        weight = edge_softmax(g, score)
+        if m.training and m.dropout > 0:
+            weight = edge_dropout(g, weight, m.dropout, self.stream())
+        out = spmm(g, h, "sum", edge_weight=weight)
+        out = out.reshape(-1, m.heads * m.out_channels) if m.concat else out.mean(dim=1)
+        if m.res is not None:
+            out = out + m.res(x)
+        if m.bias is not None:
+            out = out + m.bias
+        return out
+
+
+class _GATConv(_Attention):
+    def forward(self, x, edge_index, edge_attr=None, size=None, return_attention_weights=None):
+        m = self.layer
+        x = _plain_call(
+            x, "GATConv", edge_attr=edge_attr, size=size, return_attention_weights=return_attention_weights
+        )
+        h = m.lin(x).view(-1, m.heads, m.out_channels)
+        a_src = (h * m.att_src).sum(dim=-1)
+        a_dst = (h * m.att_dst).sum(dim=-1)
+        g = edge_index.with_self_loops() if m.add_self_loops else edge_index
+        # The chain the fuse pass turns into one attention op (no per-edge tensor kept).
+        score = F.leaky_relu(sddmm(g, a_src, a_dst, "add"), m.negative_slope)
+        return self._aggregate(g, score, h, x)
+
+
+class _GATv2Conv(_Attention):
+    def forward(self, x, edge_index, edge_attr=None, return_attention_weights=None):
+        m = self.layer
+        x = _plain_call(x, "GATv2Conv", edge_attr=edge_attr, return_attention_weights=return_attention_weights)
+        x_l = m.lin_l(x).view(-1, m.heads, m.out_channels)
+        x_r = x_l if m.share_weights else m.lin_r(x).view(-1, m.heads, m.out_channels)
+        g = edge_index.with_self_loops() if m.add_self_loops else edge_index
+        # Per edge u->v and head: att . leaky_relu(x_l[u] + x_r[v]), an [E, H, C] tensor.
+        score = (F.leaky_relu(sddmm(g, x_l, x_r, "add"), m.negative_slope) * m.att).sum(dim=-1)
+        return self._aggregate(g, score, x_l, x)
+
+
+def _lower_gat(m: gnn.GATConv) -> nn.Module:
+    _check_attention(m, gnn.GATConv)
+    return _GATConv(m)
+
+
+def _lower_gatv2(m: gnn.GATv2Conv) -> nn.Module:
+    _check_attention(m, gnn.GATv2Conv)
+    return _GATv2Conv(m)
+
+
+# ----------------------------------------------------------------------------- BatchNorm
+class _BatchNorm(_StandIn):
+    def forward(self, x):
+        bn = self.layer.module  # the torch.nn.BatchNorm1d PyG's BatchNorm wraps
+        return batch_norm(
+            x,
+            bn.weight,
+            bn.bias,
+            bn.running_mean,
+            bn.running_var,
+            bn.num_batches_tracked,
+            bn.training or not bn.track_running_stats,
+            bn.momentum,
+            bn.eps,
+        )
+
+
+def _lower_batch_norm(m: gnn.BatchNorm) -> nn.Module:
+    _check_common(m, gnn.BatchNorm)
+    if m.allow_single_element:
+        raise _refuse(m, "allow_single_element", True, "use allow_single_element=False")
+    return _BatchNorm(m)
+
+
+# ----------------------------------------------------------------------------- refused
+def _unsupported(m: nn.Module) -> nn.Module:
+    raise CompileError(
+        f"{_name(m)} is a MessagePassing layer without a sarcompile lowering; lowering arbitrary "
+        f"MessagePassing layers is not supported yet. Supported PyG layers: {', '.join(SUPPORTED)}. Use one of "
+        "them, or write the layer with sarcompile's IR ops (sc.spmm, sc.sddmm, sc.edge_softmax) in a module "
+        "of your own"
+    )
+
+
+def _node_reducing(m: nn.Module) -> nn.Module | None:
+    if isinstance(m, gnn.LayerNorm) and m.mode == "node":
+        return None  # per node: traced through as it is
+    raise CompileError(
+        f"{_name(m)} normalises over the nodes it sees, which on a worker are only its own, so N workers would "
+        "not match one machine; it is not supported yet. Use torch_geometric.nn.BatchNorm (statistics across all "
+        "workers) or a per-node norm (torch.nn.LayerNorm, torch_geometric.nn.LayerNorm(mode='node'))"
+    )
+
+
+for _layer, _rule in (
+    (gnn.SAGEConv, _lower_sage),
+    (gnn.GCNConv, _lower_gcn),
+    (gnn.GINConv, _lower_gin),
+    (gnn.GraphConv, _lower_graph_conv),
+    (gnn.GATConv, _lower_gat),
+    (gnn.GATv2Conv, _lower_gatv2),
+    (gnn.BatchNorm, _lower_batch_norm),
+    (MessagePassing, _unsupported),
+):
+    register_lowering(_layer, _rule)
+for _name_ in ("InstanceNorm", "GraphNorm", "PairNorm", "MeanSubtractionNorm", "DiffGroupNorm", "GraphSizeNorm",
+               "HeteroBatchNorm", "LayerNorm"):
+    if hasattr(gnn, _name_):
+        register_lowering(getattr(gnn, _name_), _node_reducing)
