@@ -11,6 +11,8 @@
                                          edge_softmax -> [edge_dropout] -> weighted spmm;
                                          the fuse pass produces it
 ``batch_norm(x, weight, bias, ...)``     batch norm over all nodes, on every worker
+``message_passing(g, fn, x, e, reduce)`` ``out[v] = reduce over u->v of fn(x[u], x[v], e_uv)``
+                                         for any message function ``fn`` (a module)
 =====================================  =========================================================
 
 Each op is registered once with :func:`ir_op`: that makes it a single node when traced
@@ -47,6 +49,7 @@ __all__ = [
     "edge_dropout",
     "attention",
     "batch_norm",
+    "message_passing",
     "REDUCES",
     "SDDMM_OPS",
 ]
@@ -299,3 +302,46 @@ def batch_norm(
     if strategy == "local":
         return torch.nn.functional.batch_norm(x, running_mean, running_var, weight, bias, True, factor or 0.0, eps)
     return runtime_ops.global_batch_norm(x, weight, bias, running_mean, running_var, factor or 0.0, eps)
+
+
+def _check_message_passing(g, fn, x, edge_attr, reduce) -> None:
+    _graph_kind(g)
+    if reduce not in REDUCES:
+        raise GraphError(f"message_passing reduce must be one of {REDUCES}, got {reduce!r}")
+    if not isinstance(fn, torch.nn.Module):
+        raise GraphError(
+            f"message_passing needs the message function as a torch.nn.Module (a submodule of the model), "
+            f"got {type(fn).__name__}; wrap it in a module whose forward(x_j, x_i, edge_attr) returns the messages"
+        )
+    for m in fn.modules():  # backward recomputes the messages: they must come out the same
+        if isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.p > 0:
+            raise GraphError(
+                f"the message function {type(fn).__name__} contains {type(m).__name__}, which would draw a "
+                "different mask when backward recomputes the messages; apply dropout outside it"
+            )
+
+
+@ir_op(communicates=True, reads_remote_in_backward=lambda a: True, check=_check_message_passing)
+def message_passing(
+    g,
+    fn: torch.nn.Module,
+    x: torch.Tensor,
+    edge_attr: torch.Tensor | None = None,
+    reduce: str = "sum",
+    *,
+    strategy: str = "remat",
+) -> torch.Tensor:
+    """General message passing: ``out[v] = reduce_{u->v} fn(x[u], x[v], edge_attr[e])``.
+
+    ``fn(x_j, x_i, edge_attr)`` maps per-edge rows (source, destination, edge features or
+    None) to per-edge messages ``[E, ...]`` -- any torch code, parameters included. It runs
+    block by block and no message is kept: backward re-fetches each block and recomputes
+    its messages (SAR's rematerialization), so ``fn`` must be deterministic. An empty
+    neighbourhood gives 0; max picks, among equal messages, the edge with the smallest id.
+    """
+    _check_rows(g, x, "x", g.num_nodes)
+    if edge_attr is not None:
+        _check_rows(g, edge_attr, "edge_attr", g.num_edges)
+    if isinstance(g, Graph):
+        return runtime_ops.sar_message(g.shard(), fn, x, _to_csr_order(g, edge_attr), reduce)
+    return runtime_ops.sar_message(g, fn, x, edge_attr, reduce, strategy=strategy)

@@ -204,10 +204,11 @@ class _Probe(fx.Interpreter):
         self.saved: dict[int, tuple[int, tuple[int, ...]]] = {}  # storage -> (bytes, shape)
 
     def run_node(self, n: fx.Node) -> Any:
+        result = super().run_node(n)
         if "ir_op" in n.meta:
             args, kwargs = self.fetch_args_kwargs_from_env(n)
-            self.seen[n.name] = n.meta["ir_op"].bind(args, kwargs)
-        return super().run_node(n)
+            self.seen[n.name] = {**n.meta["ir_op"].bind(args, kwargs), "result": result}
+        return result
 
     def run_and_record(self, *args: Any) -> None:
         params = {p.untyped_storage().data_ptr() for p in self.module.parameters()}
@@ -270,6 +271,10 @@ def _traffic(op: OpDef, args: dict[str, Any], strategy: str) -> tuple[int, bool,
         a, b = args["a"], args["b"]
         reads = args["op"] in ("mul", "dot") and b.requires_grad
         return _row_bytes(a), a.requires_grad, reads and not kept, f"inputs (references); {keeps}"
+    if op.name == "message_passing":  # backward recomputes every block's messages
+        x = args["x"]
+        saved = "inputs (references), winning edge [n, F] int64" if args["reduce"] == "max" else "inputs (references)"
+        return _row_bytes(x), x.requires_grad, not kept, f"{saved}; {keeps}"
     # attention: h and a_src travel together; backward re-fetches every block unless kept
     h, a_src = args["h"], args["a_src"]
     heads = a_src.shape[1] if a_src.dim() == 2 else 1
@@ -355,7 +360,7 @@ def build_plan(
         # Blocks a worker receives, in round order (q = r-1, r-2, ...).
         blocks = [[workers[r].halo[(r - k) % n] * row for k in range(1, n)] for r in range(n)]
         comm.append((blocks, strategy in ("stash", "oneshot"), refetch, row, _temporaries(op, args, row)))
-        label = f"{op.name}({args['reduce']})" if op.name == "spmm" else (
+        label = f"{op.name}({args['reduce']})" if op.name in ("spmm", "message_passing") else (
             f"sddmm({args['op']})" if op.name == "sddmm" else op.name
         )
         ops.append(OpPlan(node.name, layer, label, strategy, node.meta.get("strategy_reason", ""),
@@ -404,6 +409,12 @@ def _temporaries(op: OpDef, args: dict[str, Any], row: int) -> tuple[int, int, i
         return 5, 2 * x.element_size(), chunks  # sparse CSR values, forward and transposed
     if op.name == "sddmm":
         return 2, 2 * row, 0  # the output and its gradient
+    if op.name == "message_passing":
+        # Per edge: the gathered source and destination rows and their gradients, the
+        # messages and their gradient -- an approximation: the message function's own
+        # intermediates (an MLP's hidden layer, say) are not counted.
+        out = _row_bytes(args["result"])
+        return 3, 4 * row + 2 * out, 0
     a = args["a_src"]
     heads = a.shape[1] if a.dim() == 2 else 1
     # Backward of one block holds seven [E, heads] tensors at once: the scores before and

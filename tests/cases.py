@@ -116,7 +116,65 @@ class NormModel(nn.Module):
         return self.bn2(self.c2(g, h))
 
 
-MODELS = {"mix": MixModel, "edge": EdgeModel, "drop": DropModel, "gat2": GAT2, "gat3": GAT3, "norm": NormModel}
+class EdgeConvMessage(nn.Module):
+    """EdgeConv's message with edge features: an MLP on (x_i, x_j - x_i, e_ij)."""
+
+    def __init__(self, f_in: int, f_edge: int, f_out: int):
+        super().__init__()
+        self.mlp = nn.Sequential(nn.Linear(2 * f_in + f_edge, 8), nn.Tanh(), nn.Linear(8, f_out))
+
+    def forward(self, x_j, x_i, e):
+        return self.mlp(torch.cat([x_i, x_j - x_i, e], dim=-1))
+
+
+class MessageModel(nn.Module):
+    """General message passing: EdgeConv-style messages with learned edge features, reduced
+    by max, then sum and mean."""
+
+    def __init__(self, f_in: int = 6):
+        super().__init__()
+        self.edge_lin = nn.Linear(f_in, 2)
+        self.m1 = EdgeConvMessage(f_in, 2, 5)
+        self.m2 = EdgeConvMessage(5, 2, 3)
+
+    def forward(self, g, x):
+        e = sc.sddmm(g, self.edge_lin(x), self.edge_lin(x), "mul")  # per-edge features [E, 2]
+        h = torch.sin(sc.ops.message_passing(g, self.m1, x, e, "max"))
+        return sc.ops.message_passing(g, self.m2, h, e, "sum") + sc.ops.message_passing(g, self.m2, h, e, "mean")
+
+
+class ScaleMessage(nn.Module):
+    """An elementwise message, ``tanh(w * x_j + x_i)``: computed bit-for-bit the same in any
+    batch (unlike a matmul, whose last bit can depend on the batch shape), so equal inputs
+    give exactly tied messages on any partition."""
+
+    def __init__(self, f: int):
+        super().__init__()
+        self.w = nn.Parameter(torch.linspace(0.5, 1.5, f))
+
+    def forward(self, x_j, x_i, e):
+        return torch.tanh(self.w * x_j + x_i)
+
+
+class MaxMessageModel(nn.Module):
+    def __init__(self, f_in: int = 6):
+        super().__init__()
+        self.msg = ScaleMessage(f_in)
+
+    def forward(self, g, x):
+        return sc.ops.message_passing(g, self.msg, x, None, "max")
+
+
+MODELS = {
+    "mix": MixModel,
+    "edge": EdgeModel,
+    "drop": DropModel,
+    "gat2": GAT2,
+    "gat3": GAT3,
+    "norm": NormModel,
+    "msg": MessageModel,
+    "msgmax": MaxMessageModel,
+}
 
 
 def make_model(name: str, seed: int) -> nn.Module:

@@ -430,3 +430,55 @@ def test_edge_weight_gradient_in_chunks(monkeypatch):
         monkeypatch.undo()
         for a, b in zip(got, want):
             torch.testing.assert_close(a, b)
+
+
+# -- message_passing ---------------------------------------------------------------------------
+class _EdgeMLP(torch.nn.Module):
+    """EdgeConv-style message with edge features: MLP(x_i, x_j - x_i, e)."""
+
+    def __init__(self, f: int, fe: int, out: int):
+        super().__init__()
+        self.mlp = torch.nn.Sequential(torch.nn.Linear(2 * f + fe, 7), torch.nn.Tanh(), torch.nn.Linear(7, out))
+
+    def forward(self, x_j, x_i, e):
+        return self.mlp(torch.cat([x_i, x_j - x_i, e], dim=-1))
+
+
+def ref_message_passing(src, dst, n, fn, x, e, reduce):
+    """Loop over nodes: reduce the messages of each node's in-edges, one edge at a time."""
+    rows = []
+    for v in range(n):
+        idx = [i for i in range(dst.numel()) if int(dst[i]) == v]
+        msgs = [fn(x[src[i]][None], x[v][None], e[i][None])[0] for i in idx]
+        if not msgs:
+            rows.append(torch.zeros(fn.mlp[-1].out_features, dtype=x.dtype))
+        elif reduce == "max":
+            rows.append(torch.stack(msgs).max(dim=0).values)
+        else:
+            total = torch.stack(msgs).sum(0)
+            rows.append(total / len(msgs) if reduce == "mean" else total)
+    return torch.stack(rows)
+
+
+@pytest.mark.parametrize("reduce", ["sum", "mean", "max"])
+@given(graphs(max_nodes=12, max_edges=30))
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_message_passing(reduce, data):
+    src, dst, n, seed = data
+    torch.manual_seed(seed % 2**16)
+    fn = _EdgeMLP(3, 2, 4).double()
+    gen = torch.Generator().manual_seed(seed)
+    x, e = rand(gen, n, 3), rand(gen, src.numel(), 2)
+    out = sc.ops.message_passing(sc.Graph.from_edges(src, dst, n), fn, x, e, reduce)
+    check(out, ref_message_passing(src, dst, n, fn, x, e, reduce), [x, e, *fn.parameters()], gen)
+
+
+def test_message_passing_errors(small):
+    g, x, _ = small
+    fn = _EdgeMLP(x.shape[1], 0, 2)
+    with pytest.raises(GraphError, match="reduce must be one of"):
+        sc.ops.message_passing(g, fn, x, None, "min")
+    with pytest.raises(GraphError, match=r"torch.nn.Module"):
+        sc.ops.message_passing(g, lambda xj, xi, e: xj, x, None, "sum")
+    with pytest.raises(GraphError, match="Dropout.*recomputes"):
+        sc.ops.message_passing(g, torch.nn.Sequential(torch.nn.Dropout(0.5)), x, None, "sum")

@@ -25,7 +25,7 @@ from ..rng import uniform
 from .comm import global_sum, run_rounds
 from .shard import ShardGraph
 
-__all__ = ["STRATEGIES", "sar_spmm", "sar_sddmm", "sar_attention", "edge_keep", "global_batch_norm"]
+__all__ = ["STRATEGIES", "sar_spmm", "sar_sddmm", "sar_attention", "sar_message", "edge_keep", "global_batch_norm"]
 
 STRATEGIES = ("direct", "remat", "stash", "oneshot")
 
@@ -276,6 +276,151 @@ def sar_spmm(
 def sar_sddmm(shard: ShardGraph, a: torch.Tensor, b: torch.Tensor, op: str, *, strategy: str = "direct") -> torch.Tensor:
     """Partitioned :func:`sarcompile.ops.sddmm`; the result is in shard edge order."""
     return _SarSddmm.apply(a, b, shard, op, strategy)
+
+
+_NO_EDGE = torch.iinfo(torch.int64).max
+
+
+class _MaxMessages:
+    """Running elementwise max of messages per destination row over blocks, and which edge
+    (by global id, the smallest among equals) gave it -- so the winner, and hence the
+    gradient, does not depend on how the graph is partitioned."""
+
+    def __init__(self) -> None:
+        self.best: torch.Tensor | None = None
+        self.edge: torch.Tensor | None = None
+
+    def update(self, row: torch.Tensor, msg: torch.Tensor, edge_ids: torch.Tensor, num_dst: int) -> None:
+        shape = (num_dst, *msg.shape[1:])
+        if self.best is None:
+            self.best = msg.new_full(shape, float("-inf"))
+            self.edge = torch.full(shape, _NO_EDGE, dtype=torch.long)
+        idx = row.reshape(-1, *([1] * (msg.dim() - 1))).expand_as(msg)
+        block_max = msg.new_full(shape, float("-inf")).scatter_reduce(0, idx, msg, "amax")
+        ids = edge_ids.reshape(-1, *([1] * (msg.dim() - 1))).expand_as(msg)
+        cand = torch.where(msg == block_max[row], ids, _NO_EDGE)
+        block_edge = torch.full(shape, _NO_EDGE, dtype=torch.long).scatter_reduce(0, idx, cand, "amin")
+        take = (block_max > self.best) | ((block_max == self.best) & (block_edge < self.edge))
+        self.best = torch.where(take, block_max, self.best)
+        self.edge = torch.where(take, block_edge, self.edge)
+
+    def result(self) -> torch.Tensor:
+        return torch.where(self.edge == _NO_EDGE, torch.zeros_like(self.best), self.best)
+
+
+class _SarMessage(torch.autograd.Function):
+    """``out[v] = reduce_{u->v} fn(x[u], x[v], e_uv)`` with a user message function.
+
+    Forward computes each block's messages without autograd and reduces them; nothing per
+    edge is kept. Backward visits every block again (re-fetched, or kept in stash/oneshot),
+    recomputes its messages with autograd on, and back-propagates the output gradient
+    through them: source-row gradients go to their owners, destination-row and edge-feature
+    gradients stay, and the gradients of ``fn``'s parameters are summed over blocks (each
+    worker's share; ``sync_gradients`` adds the workers').
+    """
+
+    @staticmethod
+    def forward(ctx, x, edge_attr, shard: ShardGraph, fn, reduce: str, strategy: str, *params):
+        kept: dict[int, torch.Tensor] = {}
+        acc: dict[str, torch.Tensor] = {}
+        state = _MaxMessages() if reduce == "max" else None
+
+        def visit(q: int, xb: torch.Tensor) -> None:
+            if _keeps_blocks(strategy):
+                kept[q] = xb
+            block = shard.blocks[q]
+            with torch.no_grad():
+                msg = fn(xb[block.col], x[block.row], _edge_slice(edge_attr, shard, q))
+            if state is not None:
+                state.update(block.row, msg, _edge_slice(shard.edge_ids, shard, q), shard.num_nodes)
+            elif "out" not in acc:
+                acc["out"] = msg.new_zeros((shard.num_nodes, *msg.shape[1:])).index_add_(0, block.row, msg)
+            else:
+                acc["out"].index_add_(0, block.row, msg)
+
+        run_rounds(shard, visit, fetch=x, lookahead=_lookahead(shard, strategy), what=f"message_passing({reduce})")
+        if state is not None:
+            out = state.result()
+            ctx.save_for_backward(x, edge_attr, state.edge)
+        else:
+            out = acc["out"]
+            if reduce == "mean":
+                out = out / _bcast(shard.in_degrees(), out)
+            ctx.save_for_backward(x, edge_attr)
+        ctx.shard, ctx.fn, ctx.reduce, ctx.strategy, ctx.kept = shard, fn, reduce, strategy, kept
+        ctx.num_params = len(params)
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        shard, fn, reduce, kept = ctx.shard, ctx.fn, ctx.reduce, ctx.kept
+        x, edge_attr, *winner = ctx.saved_tensors
+        params = [p for p in fn.parameters() if p.requires_grad]
+        want_x = ctx.needs_input_grad[0]
+        want_e = edge_attr is not None and ctx.needs_input_grad[1]
+        gx = torch.zeros_like(x) if want_x else None
+        ge = torch.zeros_like(edge_attr) if want_e else None
+        gp = [torch.zeros_like(p) for p in params]
+        if reduce == "mean":
+            g = g / _bcast(shard.in_degrees(), g)
+
+        def visit(q: int, xb: torch.Tensor | None) -> torch.Tensor | None:
+            xb = x if q == shard.rank else kept.get(q, xb)
+            block = shard.blocks[q]
+            lo, hi = shard.edge_ptr[q], shard.edge_ptr[q + 1]
+            x_j = xb.detach()[block.col].requires_grad_(want_x)
+            x_i = x.detach()[block.row].requires_grad_(want_x)
+            e = None if edge_attr is None else edge_attr.detach()[lo:hi].requires_grad_(want_e)
+            with torch.enable_grad():
+                msg = fn(x_j, x_i, e)
+            g_msg = g[block.row]
+            if reduce == "max":
+                ids = _edge_slice(shard.edge_ids, shard, q).reshape(-1, *([1] * (msg.dim() - 1)))
+                g_msg = torch.where(winner[0][block.row] == ids, g_msg, torch.zeros_like(g_msg))
+            inputs = [t for t in (x_j, x_i, e) if t is not None and t.requires_grad] + params
+            grads = torch.autograd.grad(msg, inputs, g_msg, allow_unused=True) if inputs and msg.requires_grad else ()
+            grads = list(grads)
+            d_j = d_i = None
+            if want_x and grads:
+                d_j, d_i = grads.pop(0), grads.pop(0)
+            if want_e and grads:
+                d_e = grads.pop(0)
+                if d_e is not None:
+                    ge[lo:hi] = d_e
+            for acc, d in zip(gp, grads):
+                if d is not None:
+                    acc.add_(d)
+            if not want_x:
+                return None
+            if d_i is not None:
+                gx.index_add_(0, block.row, d_i)
+            d_src = x.new_zeros((block.num_src, *x.shape[1:]))
+            return d_src if d_j is None else d_src.index_add_(0, block.col, d_j)
+
+        run_rounds(
+            shard,
+            visit,
+            fetch=None if _keeps_blocks(ctx.strategy) else x.detach(),
+            push_into=gx,
+            phase="backward",
+            what=f"message_passing({reduce}) backward",
+        )
+        ctx.kept = None
+        return (gx, ge, None, None, None, None, *gp)
+
+
+def sar_message(
+    shard: ShardGraph,
+    fn,
+    x: torch.Tensor,
+    edge_attr: torch.Tensor | None,
+    reduce: str,
+    *,
+    strategy: str = "remat",
+) -> torch.Tensor:
+    """Partitioned :func:`sarcompile.ops.message_passing`; edge features in shard order."""
+    params = [p for p in fn.parameters() if p.requires_grad]
+    return _SarMessage.apply(x, edge_attr, shard, fn, reduce, strategy, *params)
 
 
 class _GlobalBatchNorm(torch.autograd.Function):

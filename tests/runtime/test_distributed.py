@@ -87,6 +87,27 @@ def test_batch_norm_statistics_span_all_workers(pool, data):
     check(case, world_size, pool)
 
 
+@given(data=st.data())
+@SETTINGS
+def test_general_message_passing_on_one_to_three_workers(pool, data):
+    world_size = data.draw(st.sampled_from([1, 2, 3]))
+    check(data.draw(cases(world_size, models=("msg",), modes=("sar", "stash", "oneshot"))), world_size, pool)
+
+
+def test_message_passing_max_ties_across_workers(pool):
+    # Node 0 receives equal messages from nodes 1, 2 and 3, which live on three workers:
+    # the winner (the smallest edge id) and so every gradient must not depend on the split.
+    # (The message is elementwise: a matmul's last bit can depend on the batch shape, and
+    # then messages equal in exact arithmetic are not tied in floating point.)
+    src = torch.tensor([2, 1, 3, 4, 5, 0, 6, 7])
+    dst = torch.tensor([0, 0, 0, 1, 2, 3, 5, 6])
+    case = _case(sc.Graph.from_edges(src, dst, 8), torch.tensor([0, 1, 2, 0, 1, 2, 0, 1]), model="msgmax")
+    case.x[[2, 3]] = case.x[1].clone()
+    for world_size, assignment in ((3, case.assignment), (1, torch.zeros(8, dtype=torch.long))):
+        case.assignment = assignment
+        check(case, world_size, pool)
+
+
 def _random_graph(n: int, e: int, gen: torch.Generator) -> sc.Graph:
     return sc.Graph.from_edges(torch.randint(0, n, (e,), generator=gen), torch.randint(0, n, (e,), generator=gen), n)
 
