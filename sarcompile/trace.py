@@ -54,8 +54,9 @@ def _with_own_forward(model: nn.Module) -> nn.Module:
 def trace(model: nn.Module) -> fx.GraphModule:
     """Symbolically trace ``model``; failures become a :class:`CompileError` that says why."""
     tracer = SarTracer()
+    root = lowering_for(model)  # a model that is one layer: trace what it lowers to
     try:
-        graph = tracer.trace(_with_own_forward(model))
+        graph = tracer.trace(_with_own_forward(model if root is None else root))
     except fx.proxy.TraceError as e:
         raise CompileError(
             f"cannot trace {type(model).__name__}: {e}. sarcompile traces forward() once with "

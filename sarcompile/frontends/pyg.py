@@ -64,10 +64,9 @@ __all__ = ["SUPPORTED"]
 SUPPORTED = ("SAGEConv", "GCNConv", "GINConv", "GATConv", "GATv2Conv", "GraphConv", "BatchNorm")
 
 # The methods that define what a MessagePassing layer computes: a subclass overriding one
-# of them computes something else than the rule of its base class.
-_DEFINING = (
-    "forward", "propagate", "message", "aggregate", "update", "message_and_aggregate", "edge_update", "edge_updater",
-)
+# of them computes something else than the rule of its base class. (PyG generates
+# `propagate` and `edge_updater` for every subclass, so those do not tell.)
+_DEFINING = ("forward", "message", "aggregate", "update", "message_and_aggregate", "edge_update")
 
 
 def _name(m: nn.Module) -> str:
@@ -183,7 +182,11 @@ def _gcn_loop_weights(graph, looped, edge_weight, fill: float):
     last = torch.full((n,), -1, dtype=torch.long).scatter_reduce(0, dst[old_loop], ids[old_loop], "amax")
     chosen = old_loop & (ids == last[dst])
     loop_weight = torch.full((n, *edge_weight.shape[1:]), fill, dtype=edge_weight.dtype)
-    loop_weight = loop_weight.index_put((dst[chosen],), edge_weight[chosen])
+    loop_weight = loop_weight.index_put((dst[chosen],), edge_weight[chosen].detach())
+    # PyG writes the loop weights with an index assignment, whose backward gives *every*
+    # self-loop of a node the gradient of the one kept; adding exact zeros does the same.
+    old = edge_weight[old_loop]
+    loop_weight = loop_weight + torch.zeros_like(loop_weight).index_add(0, dst[old_loop], old - old.detach())
     index = num_edges + looped.dst_index  # a new self-loop reads its node's loop weight
     if num_edges:
         order = torch.argsort(ids)

@@ -1,0 +1,86 @@
+"""Plain PyG models and the worker side of the PyG distributed cases (imported by the
+workers too, so it lives at a module path they can import)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+import torch_geometric.nn as gnn
+from torch import nn
+
+import sarcompile as sc
+from sarcompile.runtime.shard import PartData, ShardGraph
+
+
+def sage_bn_gcn(f_in: int = 6, hidden: int = 8, f_out: int = 3) -> nn.Module:
+    """Three layers built with torch_geometric.nn.Sequential: SAGE (mean) + BatchNorm,
+    GCN + BatchNorm (no affine), SAGE (max), PyG's Linear at the end."""
+    return gnn.Sequential("x, edge_index", [
+        (gnn.SAGEConv(f_in, hidden), "x, edge_index -> x"),
+        gnn.BatchNorm(hidden),
+        nn.ReLU(),
+        (gnn.GCNConv(hidden, hidden), "x, edge_index -> x"),
+        gnn.BatchNorm(hidden, affine=False, momentum=None),
+        nn.Tanh(),
+        (gnn.SAGEConv(hidden, hidden, aggr="max"), "x, edge_index -> x"),
+        gnn.Linear(hidden, f_out),
+    ])
+
+
+class AttentionMix(nn.Module):
+    """GAT (heads concatenated, residual) -> GATv2 (shared weights, heads averaged) ->
+    GraphConv (mean) + GIN, with a skip connection."""
+
+    def __init__(self, f_in: int = 6, f_out: int = 3):
+        super().__init__()
+        self.gat = gnn.GATConv(f_in, 4, heads=2, residual=True)
+        self.gatv2 = gnn.GATv2Conv(8, 5, heads=3, concat=False, share_weights=True, negative_slope=0.1)
+        self.graph_conv = gnn.GraphConv(5, f_out, aggr="mean")
+        self.gin = gnn.GINConv(nn.Sequential(nn.Linear(8, f_out), nn.ReLU()), eps=0.5, train_eps=True)
+
+    def forward(self, x, edge_index):
+        h = F.elu(self.gat(x, edge_index))
+        return self.graph_conv(F.elu(self.gatv2(h, edge_index)), edge_index) + self.gin(h, edge_index)
+
+
+class DropAttention(nn.Module):
+    """GAT and GATv2 with attention dropout (sarcompile's edge-keyed masks)."""
+
+    def __init__(self, f_in: int = 6, f_out: int = 3):
+        super().__init__()
+        self.gat = gnn.GATConv(f_in, 4, heads=2, dropout=0.4)
+        self.gatv2 = gnn.GATv2Conv(8, f_out, heads=2, concat=False, dropout=0.3)
+
+    def forward(self, x, edge_index):
+        return self.gatv2(F.elu(self.gat(x, edge_index)), edge_index)
+
+
+MODELS = {"sage_bn_gcn": sage_bn_gcn, "attention_mix": AttentionMix, "drop_attention": DropAttention}
+
+
+def make_model(name: str, seed: int) -> nn.Module:
+    torch.manual_seed(seed)
+    return MODELS[name]().double()
+
+
+def run_worker(rank: int, world_size: int, payload: dict[str, Any]) -> dict[str, Any]:
+    """Build the model, load the parent's weights, run the compiled model on this shard:
+    output rows, input-gradient rows, all-reduced parameter gradients, buffers."""
+    part: PartData = payload["part"]
+    shard = ShardGraph.from_part(part, rank, world_size, payload["num_nodes"], payload["num_edges"])
+    model = make_model(payload["model"], payload["seed"])
+    model.load_state_dict(payload["state"])
+    torch.manual_seed(payload["seed"])  # attention dropout streams are seeded at compile time
+    dm = sc.distribute(model)
+    x = part.node_data["x"].clone().requires_grad_(True)
+    out = dm(x, shard)
+    (out * part.node_data["w"]).sum().backward()
+    sc.sync_gradients(model)
+    return {
+        "out": out.detach(),
+        "x_grad": x.grad,
+        "grads": {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None},
+        "buffers": {k: b.clone() for k, b in model.named_buffers()},
+    }

@@ -1,0 +1,297 @@
+"""PyG models compile unchanged: the compiled model (one machine, and N workers) computes
+what the eager PyG model computes with ``edge_index = stack([g.src, g.dst])``; what no
+rule covers fails at compile time naming the layer."""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+import torch_geometric.nn as gnn
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+import sarcompile as sc
+from pyg_models import make_model, run_worker
+from sarcompile.runtime.shard import split_graph
+from strategies import graphs
+
+DT = torch.float64
+TOL = 1e-9  # float64: the only differences are summation order
+SETTINGS = settings(max_examples=6, deadline=None, suppress_health_check=list(HealthCheck))
+
+
+class One(nn.Module):
+    """One layer in a plain PyG model: ``forward(x, edge_index[, edge_weight])``."""
+
+    def __init__(self, layer: nn.Module, weighted: bool = False):
+        super().__init__()
+        self.layer, self.weighted = layer, weighted
+
+    def forward(self, x, edge_index, edge_weight):
+        if isinstance(self.layer, gnn.BatchNorm):
+            return self.layer(x)
+        if self.weighted:
+            return self.layer(x, edge_index, edge_weight)
+        return self.layer(x, edge_index)
+
+
+def mlp(d_in: int, d_out: int) -> nn.Module:
+    return nn.Sequential(nn.Linear(d_in, 7), nn.ReLU(), nn.Linear(7, d_out))
+
+
+# (id, layer factory for 5 input features, called with edge_weight, eval mode)
+LAYERS = [
+    ("sage-mean", lambda: gnn.SAGEConv(5, 4), False, False),
+    ("sage-sum-nobias", lambda: gnn.SAGEConv(5, 4, aggr="sum", bias=False), False, False),
+    ("sage-max-noroot", lambda: gnn.SAGEConv(5, 4, aggr="max", root_weight=False), False, False),
+    ("sage-project-normalize", lambda: gnn.SAGEConv(5, 4, project=True, normalize=True), False, False),
+    ("gcn", lambda: gnn.GCNConv(5, 4), False, False),
+    ("gcn-weighted-improved", lambda: gnn.GCNConv(5, 4, improved=True), True, False),
+    ("gcn-weighted", lambda: gnn.GCNConv(5, 4, bias=False), True, False),
+    ("gcn-no-loops", lambda: gnn.GCNConv(5, 4, add_self_loops=False), False, False),
+    ("gcn-no-loops-weighted", lambda: gnn.GCNConv(5, 4, add_self_loops=False), True, False),
+    ("gcn-no-normalize", lambda: gnn.GCNConv(5, 4, normalize=False), False, False),
+    ("gcn-no-normalize-weighted", lambda: gnn.GCNConv(5, 4, normalize=False), True, False),
+    ("gin", lambda: gnn.GINConv(mlp(5, 4)), False, False),
+    ("gin-train-eps", lambda: gnn.GINConv(mlp(5, 4), eps=0.3, train_eps=True), False, False),
+    ("gat", lambda: gnn.GATConv(5, 3, heads=2), False, False),
+    ("gat-mean-residual-noloops", lambda: gnn.GATConv(5, 3, heads=3, concat=False, residual=True,
+                                                       add_self_loops=False, negative_slope=0.1), False, False),
+    ("gat-nobias-eval-dropout", lambda: gnn.GATConv(5, 4, bias=False, dropout=0.5), False, True),
+    ("gatv2", lambda: gnn.GATv2Conv(5, 3, heads=2), False, False),
+    ("gatv2-shared-mean-residual", lambda: gnn.GATv2Conv(5, 3, heads=2, concat=False, share_weights=True,
+                                                         residual=True, negative_slope=0.3), False, False),
+    ("gatv2-noloops-nobias-eval-dropout", lambda: gnn.GATv2Conv(5, 4, add_self_loops=False, bias=False,
+                                                                 dropout=0.5), False, True),
+    ("graphconv-sum", lambda: gnn.GraphConv(5, 4), False, False),
+    ("graphconv-sum-weighted", lambda: gnn.GraphConv(5, 4), True, False),
+    ("graphconv-mean-weighted", lambda: gnn.GraphConv(5, 4, aggr="mean", bias=False), True, False),
+    ("graphconv-max", lambda: gnn.GraphConv(5, 4, aggr="max"), False, False),
+    ("batchnorm", lambda: gnn.BatchNorm(5), False, False),
+    ("batchnorm-no-affine-cumulative", lambda: gnn.BatchNorm(5, affine=False, momentum=None), False, False),
+    ("batchnorm-eval", lambda: gnn.BatchNorm(5), False, True),
+]
+
+
+def assert_close(got, want, what):
+    scale = max(1.0, float(want.detach().abs().max())) if want.numel() else 1.0
+    torch.testing.assert_close(got, want, atol=TOL * scale, rtol=0, equal_nan=True, msg=lambda m: f"{what}: {m}")
+
+
+def run(model, x, graph_arg, edge_weight, weight):
+    """Output and the gradients of sum(out * weight) w.r.t. x, the edge weights and
+    every parameter."""
+    x = x.clone().requires_grad_(True)
+    ew = None if edge_weight is None else edge_weight.clone().requires_grad_(True)
+    out = model(x, graph_arg, ew)
+    (out * weight).sum().backward()
+    grads = {k: p.grad for k, p in model.named_parameters()}
+    return out.detach(), x.grad, None if ew is None else ew.grad, grads
+
+
+@pytest.mark.parametrize("factory,weighted,eval_mode", [c[1:] for c in LAYERS], ids=[c[0] for c in LAYERS])
+@given(graph=graphs(max_nodes=20, max_edges=50), data=st.data())
+@SETTINGS
+def test_layer_matches_pyg(factory, weighted, eval_mode, graph, data):
+    src, dst, n, seed = graph
+    torch.manual_seed(seed)
+    eager = One(factory(), weighted).to(DT)
+    assume(n > 1 or eval_mode or not isinstance(eager.layer, gnn.BatchNorm))  # torch refuses 1-row batches
+    if isinstance(eager.layer, gnn.BatchNorm):  # running statistics that are not the defaults
+        eager.layer.module.running_mean.uniform_(-1, 1)
+        eager.layer.module.running_var.uniform_(0.5, 2)
+    eager.train(not eval_mode)
+    compiled_model = copy.deepcopy(eager)
+    compiled = sc.distribute(compiled_model)
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 5, generator=gen, dtype=DT)
+    weight = torch.randn(n, 1, generator=gen, dtype=DT)
+    edge_weight = None
+    if weighted:  # positive, some zero (a node whose in-weights are all 0 has degree 0)
+        edge_weight = torch.rand(src.numel(), generator=gen, dtype=DT) * torch.randint(0, 4, (src.numel(),), generator=gen)
+    g = sc.Graph.from_edges(src, dst, n)
+
+    want = run(eager, x, torch.stack([src, dst]), edge_weight, weight)
+    got = run(compiled, x, g, edge_weight, weight)
+    for what, a, b in zip(("output", "x grad", "edge weight grad"), got[:3], want[:3]):
+        if b is None:
+            assert a is None, what
+        else:
+            assert_close(a, b, what)
+    assert got[3].keys() == want[3].keys()
+    for k, gw in want[3].items():
+        if gw is None:
+            assert got[3][k] is None, k
+        else:
+            assert_close(got[3][k], gw, f"grad of {k}")
+    for (k, b), (_, c) in zip(eager.named_buffers(), compiled_model.named_buffers()):
+        assert_close(c, b, f"buffer {k}")  # running statistics updated as PyG updates them
+
+
+def test_compiled_model_shares_the_pyg_parameters():
+    model = make_model("attention_mix", 0)
+    compiled = sc.distribute(model)
+    g = sc.Graph.from_edges(torch.tensor([0, 1, 2]), torch.tensor([1, 2, 0]), 3)
+    compiled(torch.randn(3, 6, dtype=DT), g).sum().backward()
+    assert list(compiled.state_dict()) == list(model.state_dict())
+    assert all(p.grad is not None for p in model.parameters())
+    lowered = compiled.program(False).module
+    ours = {id(p) for p in model.parameters()}
+    assert {id(p) for p in lowered.parameters()} <= ours  # referenced, never copied
+
+
+def test_sarcompile_does_not_import_torch_geometric():
+    code = "import sys, sarcompile; assert 'torch_geometric' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# --- N workers ------------------------------------------------------------------------
+@st.composite
+def dist_cases(draw, models):
+    world_size = draw(st.sampled_from([1, 2, 3]))
+    src, dst, n, seed = draw(graphs(max_nodes=20, max_edges=60))
+    assume(n > 1)  # batch norm in training needs two rows
+    if draw(st.booleans()):
+        assignment = torch.tensor(draw(st.lists(st.integers(0, world_size - 1), min_size=n, max_size=n)))
+    else:
+        assignment = torch.arange(n) * world_size // n
+    return world_size, draw(st.sampled_from(models)), src, dst, n, seed % 2**16, assignment
+
+
+def check_distributed(pool, case, oracle: str = "eager"):
+    world_size, name, src, dst, n, seed, assignment = case
+    g = sc.Graph.from_edges(src, dst, n)
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 6, generator=gen, dtype=DT)
+    w = torch.randn(n, 1, generator=gen, dtype=DT)
+    model = make_model(name, seed)
+    state = copy.deepcopy(model.state_dict())
+    xr = x.clone().requires_grad_(True)
+    if oracle == "eager":  # plain PyG on edge_index
+        out = model(xr, torch.stack([src, dst]))
+    else:  # the compiled model on one machine (attention dropout: sarcompile's masks)
+        torch.manual_seed(seed)
+        out = sc.distribute(model)(xr, g)
+    (out * w).sum().backward()
+    parts = split_graph(g, assignment, world_size, {"x": x, "w": w})
+    payloads = [{"part": p, "model": name, "seed": seed, "state": state, "num_nodes": n, "num_edges": g.num_edges}
+                for p in parts]
+    results = pool(world_size).run(run_worker, payloads)
+    got_out = torch.zeros_like(out)
+    got_grad = torch.zeros_like(x)
+    for p, r in zip(parts, results):
+        got_out[p.global_ids] = r["out"]
+        got_grad[p.global_ids] = r["x_grad"]
+    assert_close(got_out, out.detach(), "output")
+    assert_close(got_grad, xr.grad, "x grad")
+    for r in results:
+        assert r["grads"].keys() == {k for k, p in model.named_parameters() if p.grad is not None}
+        for k, p in model.named_parameters():
+            assert_close(r["grads"][k], p.grad, f"grad of {k}")
+        for k, b in model.named_buffers():
+            assert_close(r["buffers"][k], b, f"buffer {k}")
+
+
+DIST_SETTINGS = settings(max_examples=8, deadline=None, suppress_health_check=list(HealthCheck))
+
+
+@given(case=dist_cases(["sage_bn_gcn", "attention_mix"]))
+@DIST_SETTINGS
+def test_workers_match_eager_pyg(pool, case):
+    check_distributed(pool, case)
+
+
+@given(case=dist_cases(["drop_attention"]))
+@settings(DIST_SETTINGS, max_examples=4)
+def test_attention_dropout_same_on_any_number_of_workers(pool, case):
+    check_distributed(pool, case, oracle="compiled")
+
+
+# --- what is refused, and how ---------------------------------------------------------
+class Two(nn.Module):
+    def __init__(self, second: nn.Module):
+        super().__init__()
+        self.conv1 = gnn.SAGEConv(4, 4)
+        self.conv2 = second
+
+    def forward(self, x, edge_index):
+        return self.conv2(self.conv1(x, edge_index), edge_index)
+
+
+def compile_error(second: nn.Module) -> str:
+    g = sc.Graph.from_edges(torch.tensor([0, 1]), torch.tensor([1, 0]), 2)
+    with pytest.raises(sc.CompileError) as e:
+        sc.distribute(Two(second))(torch.randn(2, 4), g)
+    return str(e.value)
+
+
+@pytest.mark.parametrize("layer,words", [
+    (lambda: gnn.ChebConv(4, 4, K=2), ["'conv2'", "torch_geometric.nn.ChebConv", "not supported yet", "SAGEConv"]),
+    (lambda: gnn.GINEConv(nn.Linear(4, 4)), ["'conv2'", "torch_geometric.nn.GINEConv", "not supported yet"]),
+    (lambda: gnn.SAGEConv(4, 4, aggr=["mean", "max"]), ["'conv2'", "SAGEConv", "aggr="]),
+    (lambda: gnn.SAGEConv(4, 4, flow="target_to_source"), ["'conv2'", "SAGEConv", "flow='target_to_source'"]),
+    (lambda: gnn.GCNConv(4, 4, cached=True), ["'conv2'", "GCNConv", "cached=True", "cached=False"]),
+    (lambda: gnn.GATConv(4, 4, edge_dim=3), ["'conv2'", "GATConv", "edge_dim=3"]),
+    (lambda: gnn.GATv2Conv((4, 4), 4), ["'conv2'", "GATv2Conv", "in_channels"]),
+    (lambda: gnn.GraphNorm(4), ["'conv2'", "GraphNorm", "normalises over the nodes", "BatchNorm"]),
+    (lambda: gnn.BatchNorm(4, allow_single_element=True), ["'conv2'", "allow_single_element=True"]),
+    (lambda: gnn.SAGEConv(-1, 4), ["'conv2'", "lazily initialised"]),
+])
+def test_unsupported_layers_and_options_name_the_layer(layer, words):
+    message = compile_error(layer())
+    for word in words:
+        assert word in message, message
+
+
+def test_subclass_that_changes_the_message_is_refused():
+    class Doubled(gnn.SAGEConv):
+        def message(self, x_j):
+            return 2 * x_j
+
+    message = compile_error(Doubled(4, 4))
+    assert "'conv2'" in message and "overrides message" in message, message
+
+
+def test_unsupported_call_arguments_are_refused():
+    class Attention(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gat = gnn.GATConv(4, 4)
+
+        def forward(self, x, edge_index):
+            return self.gat(x, edge_index, return_attention_weights=True)[0]
+
+    class WeightedMax(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = gnn.GraphConv(4, 4, aggr="max")
+
+        def forward(self, x, edge_index, edge_weight):
+            return self.conv(x, edge_index, edge_weight)
+
+    g = sc.Graph.from_edges(torch.tensor([0, 1]), torch.tensor([1, 0]), 2)
+    with pytest.raises(sc.CompileError, match="GATConv was called with return_attention_weights"):
+        sc.distribute(Attention())(torch.randn(2, 4), g)
+    with pytest.raises(sc.CompileError, match="GraphConv.aggr='max'. with edge_weight"):
+        sc.distribute(WeightedMax())(torch.randn(2, 4), g, torch.ones(2))
+
+
+def test_pyg_linear_and_sequential_trace():
+    model = gnn.Sequential("x, edge_index", [
+        (gnn.Linear(4, 6), "x -> x"),
+        nn.ReLU(),
+        (gnn.GCNConv(6, 3), "x, edge_index -> h"),
+        (lambda x, h: torch.cat([x, F.relu(h)], -1), "x, h -> x"),
+        (gnn.Linear(9, 2), "x -> x"),
+    ]).double()
+    src, dst = torch.tensor([0, 1, 2, 2]), torch.tensor([1, 2, 0, 2])
+    x = torch.randn(3, 4, dtype=DT)
+    want = model(x, torch.stack([src, dst]))
+    got = sc.distribute(model)(x, sc.Graph.from_edges(src, dst, 3))
+    assert_close(got, want, "output")
