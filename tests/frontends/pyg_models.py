@@ -73,7 +73,7 @@ def run_worker(rank: int, world_size: int, payload: dict[str, Any]) -> dict[str,
     model = make_model(payload["model"], payload["seed"])
     model.load_state_dict(payload["state"])
     torch.manual_seed(payload["seed"])  # attention dropout streams are seeded at compile time
-    dm = sc.distribute(model)
+    dm = sc.distribute(model, mode=payload["mode"])
     x = part.node_data["x"].clone().requires_grad_(True)
     out = dm(x, shard)
     (out * part.node_data["w"]).sum().backward()
