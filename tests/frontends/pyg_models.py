@@ -57,7 +57,25 @@ class DropAttention(nn.Module):
         return self.gatv2(F.elu(self.gat(x, edge_index)), edge_index)
 
 
-MODELS = {"sage_bn_gcn": sage_bn_gcn, "attention_mix": AttentionMix, "drop_attention": DropAttention}
+class Weighted(nn.Module):
+    """Edge weights through GCN (improved, with self-loops), GCN without self-loops and
+    GraphConv (mean): ``forward(x, edge_index, edge_weight)``."""
+
+    def __init__(self, f_in: int = 6, f_out: int = 3):
+        super().__init__()
+        self.gcn = gnn.GCNConv(f_in, 8, improved=True)
+        self.gcn_no_loops = gnn.GCNConv(8, 8, add_self_loops=False)
+        self.graph_conv = gnn.GraphConv(8, f_out, aggr="mean")
+
+    def forward(self, x, edge_index, edge_weight):
+        h = torch.tanh(self.gcn(x, edge_index, edge_weight))
+        h = torch.tanh(self.gcn_no_loops(h, edge_index, edge_weight))
+        return self.graph_conv(h, edge_index, edge_weight)
+
+
+MODELS = {"sage_bn_gcn": sage_bn_gcn, "attention_mix": AttentionMix, "drop_attention": DropAttention,
+          "weighted": Weighted}
+WEIGHTED = {"weighted"}  # models that take edge weights
 
 
 def make_model(name: str, seed: int) -> nn.Module:
@@ -75,12 +93,19 @@ def run_worker(rank: int, world_size: int, payload: dict[str, Any]) -> dict[str,
     torch.manual_seed(payload["seed"])  # attention dropout streams are seeded at compile time
     dm = sc.distribute(model, mode=payload["mode"])
     x = part.node_data["x"].clone().requires_grad_(True)
-    out = dm(x, shard)
+    args = [x, shard]
+    edge_weight = None
+    if payload["model"] in WEIGHTED:  # the original edges' weights, in shard order
+        edge_weight = payload["edge_weight"][shard.edge_ids].clone().requires_grad_(True)
+        args.append(edge_weight)
+    out = dm(*args)
     (out * part.node_data["w"]).sum().backward()
     sc.sync_gradients(model)
     return {
         "out": out.detach(),
         "x_grad": x.grad,
+        "edge_ids": shard.edge_ids,
+        "edge_weight_grad": None if edge_weight is None else edge_weight.grad,
         "grads": {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None},
         "buffers": {k: b.clone() for k, b in model.named_buffers()},
     }

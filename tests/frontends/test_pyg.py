@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 import sarcompile as sc
-from pyg_models import make_model, run_worker
+from pyg_models import WEIGHTED, make_model, run_worker
 from sarcompile.runtime.shard import split_graph
 from strategies import graphs
 
@@ -174,15 +174,19 @@ def check_distributed(pool, case, oracle: str = "eager"):
     model = make_model(name, seed)
     state = copy.deepcopy(model.state_dict())
     xr = x.clone().requires_grad_(True)
+    extra, edge_weight = [], None
+    if name in WEIGHTED:  # positive, some zero
+        edge_weight = torch.rand(g.num_edges, generator=gen, dtype=DT) * torch.randint(0, 3, (g.num_edges,), generator=gen)
+        extra = [edge_weight.clone().requires_grad_(True)]
     if oracle == "eager":  # plain PyG on edge_index
-        out = model(xr, torch.stack([src, dst]))
+        out = model(xr, torch.stack([src, dst]), *extra)
     else:  # the compiled model on one machine (attention dropout: sarcompile's masks)
         torch.manual_seed(seed)
-        out = sc.distribute(model)(xr, g)
+        out = sc.distribute(model)(xr, g, *extra)
     (out * w).sum().backward()
     parts = split_graph(g, assignment, world_size, {"x": x, "w": w})
     payloads = [{"part": p, "model": name, "seed": seed, "state": state, "mode": mode, "num_nodes": n,
-                 "num_edges": g.num_edges} for p in parts]
+                 "num_edges": g.num_edges, "edge_weight": edge_weight} for p in parts]
     results = pool(world_size).run(run_worker, payloads)
     got_out = torch.zeros_like(out)
     got_grad = torch.zeros_like(x)
@@ -191,6 +195,11 @@ def check_distributed(pool, case, oracle: str = "eager"):
         got_grad[p.global_ids] = r["x_grad"]
     assert_close(got_out, out.detach(), "output")
     assert_close(got_grad, xr.grad, "x grad")
+    if extra:  # every edge lives on exactly one worker: its weight's gradient too
+        got_ew_grad = torch.full_like(edge_weight, float("nan"))
+        for r in results:
+            got_ew_grad[r["edge_ids"]] = r["edge_weight_grad"]
+        assert_close(got_ew_grad, extra[0].grad, "edge weight grad")
     for r in results:
         assert r["grads"].keys() == {k for k, p in model.named_parameters() if p.grad is not None}
         for k, p in model.named_parameters():
@@ -202,7 +211,7 @@ def check_distributed(pool, case, oracle: str = "eager"):
 DIST_SETTINGS = settings(max_examples=6, deadline=None, suppress_health_check=list(HealthCheck))
 
 
-@given(case=dist_cases(["sage_bn_gcn", "attention_mix"]))
+@given(case=dist_cases(["sage_bn_gcn", "attention_mix", "weighted"]))
 @DIST_SETTINGS
 def test_workers_match_eager_pyg(pool, case):
     check_distributed(pool, case)
