@@ -7,6 +7,9 @@ become single ``call_function`` nodes by themselves (see :func:`sarcompile.ops.i
 
 from __future__ import annotations
 
+import traceback
+from pathlib import Path
+
 import torch.fx as fx
 from torch import nn
 
@@ -52,15 +55,34 @@ def _with_own_forward(model: nn.Module) -> nn.Module:
 
 
 def trace(model: nn.Module) -> fx.GraphModule:
-    """Symbolically trace ``model``; failures become a :class:`CompileError` that says why."""
+    """Symbolically trace ``model``; failures become a :class:`CompileError` that says why,
+    naming the layer being traced and the user's line that failed."""
     tracer = SarTracer()
     root = lowering_for(model)  # a model that is one layer: trace what it lowers to
     try:
         graph = tracer.trace(_with_own_forward(model if root is None else root))
     except fx.proxy.TraceError as e:
         raise CompileError(
-            f"cannot trace {type(model).__name__}: {e}. sarcompile traces forward() once with "
-            "symbolic tensors, so Python control flow may not depend on tensor values; "
+            f"cannot trace {type(model).__name__}{_where(tracer, e)}: {e}. sarcompile traces forward() "
+            "once with symbolic tensors, so Python control flow may not depend on tensor values; "
             "move such logic into a submodule that stays a leaf or make it static."
         ) from None
     return fx.GraphModule(tracer.root, graph, type(model).__name__)
+
+
+def _where(tracer: fx.Tracer, error: BaseException) -> str:
+    """`` in layer 'conv2' (MyConv), at file.py:12: `if x.sum() > 0:` `` -- the module fx was
+    inside and the innermost line of user code (not torch's, not ours) in the traceback."""
+    parts = []
+    stack = list(getattr(tracer, "module_stack", {}).values())  # (path, type) per module entered
+    if stack and stack[-1][0]:
+        path, kind = stack[-1]
+        parts.append(f" in layer {path!r} ({getattr(kind, '__name__', kind)})")
+    package = str(Path(__file__).resolve().parent)
+    torch_dir = str(Path(fx.__file__).resolve().parents[1])
+    frames = [f for f in traceback.extract_tb(error.__traceback__)
+              if not f.filename.startswith((package, torch_dir))]
+    if frames:
+        f = frames[-1]
+        parts.append(f", at {Path(f.filename).name}:{f.lineno}: `{(f.line or '').strip()}`")
+    return "".join(parts)

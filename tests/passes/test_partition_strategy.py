@@ -94,6 +94,31 @@ def test_value_dependent_control_flow_fails_with_a_clear_error():
         sc.distribute(Branchy())(g, torch.randn(2, 3))
 
 
+class _BranchOnValues(nn.Module):
+    def forward(self, x):
+        if x.mean() > 0:  # the line the error must quote
+            return x
+        return -x
+
+
+def test_control_flow_error_names_the_layer_and_the_line():
+    class Outer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = sc.nn.SAGEConv(3, 3)
+            self.head = _BranchOnValues()
+
+        def forward(self, g, x):
+            return self.head(self.conv(g, x))
+
+    g = sc.Graph.from_edges(torch.tensor([0]), torch.tensor([1]), 2)
+    with pytest.raises(sc.CompileError) as info:
+        sc.distribute(Outer())(g, torch.randn(2, 3))
+    message = str(info.value)
+    assert "in layer 'head' (_BranchOnValues)" in message
+    assert "test_partition_strategy.py:" in message and "`if x.mean() > 0:" in message
+
+
 def test_model_call_without_graph_argument():
     with pytest.raises(sc.CompileError, match="no graph argument"):
         sc.distribute(Mixed())(torch.randn(3, 4))
