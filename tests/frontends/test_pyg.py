@@ -305,3 +305,11 @@ def test_pyg_linear_and_sequential_trace():
     want = model(x, torch.stack([src, dst]))
     got = sc.distribute(model)(x, sc.Graph.from_edges(src, dst, 3))
     assert_close(got, want, "output")
+
+
+def test_a_bare_pyg_layer_compiles():
+    layer = gnn.GATv2Conv(4, 3, heads=2).double()
+    src, dst = torch.tensor([0, 1, 2, 2]), torch.tensor([1, 2, 0, 2])
+    x = torch.randn(3, 4, dtype=DT)
+    want = layer(x, torch.stack([src, dst]))
+    assert_close(sc.distribute(layer)(x, sc.Graph.from_edges(src, dst, 3)), want, "output")
