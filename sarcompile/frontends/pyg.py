@@ -60,7 +60,7 @@ from ..passes.lower import register_lowering
 
 __all__ = ["SUPPORTED"]
 
-# PyG layer -> what it is lowered to, for error messages and docs.
+# The PyG layers with a lowering rule (named in error messages).
 SUPPORTED = ("SAGEConv", "GCNConv", "GINConv", "GATConv", "GATv2Conv", "GraphConv", "BatchNorm")
 
 # The methods that define what a MessagePassing layer computes: a subclass overriding one
