@@ -331,8 +331,9 @@ def build_plan(
 
     probe = _Probe(gm)
     shard = ShardGraph.single(_probe_graph())
+    x_probe = x.new_zeros((shard.num_nodes, *x.shape[1:])).requires_grad_(x.requires_grad)
     with offline():  # the probe runs on this process alone
-        probe.run_and_record(shard, x.new_zeros((shard.num_nodes, *x.shape[1:])).requires_grad_(x.requires_grad))
+        probe.run_and_record(*_probe_inputs(gm, shard, x_probe))
     n = len(workers)
     ops, comm = [], []
     for node in gm.graph.nodes:
@@ -380,6 +381,47 @@ def build_plan(
         }
         estimates.append(MemoryEstimate(r, sum(breakdown.values()), breakdown))
     return Plan(model_name, mode, n, workers, ops, list(stages), estimates)
+
+
+def _probe_inputs(gm: fx.GraphModule, shard, x: torch.Tensor) -> list[Any]:
+    """The probe's arguments in the program's order: the graph where the program takes it
+    (``forward(g, x)``, or PyG's ``forward(x, edge_index)``), ``x`` for the first other
+    input, defaults for optional ones."""
+    from .errors import CompileError
+
+    graph = _graph_placeholder(gm)
+    inputs, x_given = [], False
+    for node in gm.graph.nodes:
+        if node.op != "placeholder":
+            continue
+        if node is graph:
+            inputs.append(shard)
+        elif not x_given:
+            inputs.append(x)
+            x_given = True
+        elif node.args:  # an optional input: its default
+            inputs.append(node.args[0])
+        else:
+            raise CompileError(
+                f"plan() runs the model on an example shard with a graph and node features only, but its forward "
+                f"also needs {node.target!r}; give it a default (e.g. None) or plan a model without it"
+            )
+    return inputs
+
+
+def _graph_placeholder(gm: fx.GraphModule) -> fx.Node | None:
+    """The input the IR ops' graph argument comes from (directly, or through graph methods
+    such as ``with_self_loops()``)."""
+    for node in gm.graph.nodes:
+        op = node.meta.get("ir_op")
+        if op is None or op.collective:
+            continue
+        g = node.args[0]
+        while isinstance(g, fx.Node) and g.op != "placeholder" and g.args:
+            g = g.args[0]
+        if isinstance(g, fx.Node) and g.op == "placeholder":
+            return g
+    return None
 
 
 def _layer(node: fx.Node) -> str:

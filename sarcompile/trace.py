@@ -7,6 +7,7 @@ become single ``call_function`` nodes by themselves (see :func:`sarcompile.ops.i
 
 from __future__ import annotations
 
+import os
 import traceback
 from pathlib import Path
 
@@ -72,17 +73,21 @@ def trace(model: nn.Module) -> fx.GraphModule:
 
 def _where(tracer: fx.Tracer, error: BaseException) -> str:
     """`` in layer 'conv2' (MyConv), at file.py:12: `if x.sum() > 0:` `` -- the module fx was
-    inside and the innermost line of user code (not torch's, not ours) in the traceback."""
-    parts = []
+    inside and the innermost line of user code in the traceback."""
     stack = list(getattr(tracer, "module_stack", {}).values())  # (path, type) per module entered
+    layer = ""
     if stack and stack[-1][0]:
         path, kind = stack[-1]
-        parts.append(f" in layer {path!r} ({getattr(kind, '__name__', kind)})")
-    package = str(Path(__file__).resolve().parent)
-    torch_dir = str(Path(fx.__file__).resolve().parents[1])
-    frames = [f for f in traceback.extract_tb(error.__traceback__)
-              if not f.filename.startswith((package, torch_dir))]
-    if frames:
-        f = frames[-1]
-        parts.append(f", at {Path(f.filename).name}:{f.lineno}: `{(f.line or '').strip()}`")
-    return "".join(parts)
+        layer = f" in layer {path!r} ({getattr(kind, '__name__', kind)})"
+    return layer + user_line(error)
+
+
+def user_line(error: BaseException) -> str:
+    """``, at file.py:12: `code` `` for the innermost frame of ``error``'s traceback that is
+    neither torch's nor sarcompile's (empty if there is none)."""
+    ours = (str(Path(__file__).resolve().parent) + os.sep, str(Path(fx.__file__).resolve().parents[1]) + os.sep)
+    frames = [f for f in traceback.extract_tb(error.__traceback__) if not f.filename.startswith(ours)]
+    if not frames:
+        return ""
+    f = frames[-1]
+    return f", at {Path(f.filename).name}:{f.lineno}: `{(f.line or '').strip()}`"

@@ -44,6 +44,11 @@ part of the model's ``state_dict``.
 
 from __future__ import annotations
 
+import builtins
+import copy
+import functools
+import inspect
+import sys
 import weakref
 
 import torch
@@ -54,8 +59,9 @@ from torch_geometric import nn as gnn
 from torch_geometric.nn.conv import MessagePassing
 
 from ..errors import CompileError
+from ..trace import user_line
 from ..nn import RandomStream
-from ..ops import batch_norm, edge_dropout, edge_softmax, sddmm, spmm
+from ..ops import batch_norm, edge_dropout, edge_softmax, message_passing, sddmm, spmm
 from ..passes.lower import register_lowering
 
 __all__ = ["SUPPORTED"]
@@ -70,7 +76,10 @@ _DEFINING = ("forward", "message", "aggregate", "update", "message_and_aggregate
 
 
 def _name(m: nn.Module) -> str:
-    t = type(m)
+    return _name_of(type(m))
+
+
+def _name_of(t: type) -> str:
     return f"torch_geometric.nn.{t.__name__}" if getattr(gnn, t.__name__, None) is t else f"{t.__module__}.{t.__qualname__}"
 
 
@@ -382,14 +391,116 @@ def _lower_batch_norm(m: gnn.BatchNorm) -> nn.Module:
     return _BatchNorm(m)
 
 
-# ----------------------------------------------------------------------------- refused
-def _unsupported(m: nn.Module) -> nn.Module:
-    raise CompileError(
-        f"{_name(m)} is a MessagePassing layer without a sarcompile lowering; lowering arbitrary "
-        f"MessagePassing layers is not supported yet. Supported PyG layers: {', '.join(SUPPORTED)}. Use one of "
-        "them, or write the layer with sarcompile's IR ops (sc.spmm, sc.sddmm, sc.edge_softmax) in a module "
-        "of your own"
-    )
+# --------------------------------------------------------------- any other MessagePassing
+class _Message(nn.Module):
+    """A MessagePassing layer's ``message`` as ``fn(x_j, x_i, edge)`` for the
+    ``message_passing`` IR op: maps the per-edge rows to ``message``'s own argument names.
+    The layer is a submodule, so its parameters get their gradients through the op."""
+
+    def __init__(self, layer: MessagePassing, node: str, edge: str | None, names: list[str]):
+        super().__init__()
+        self.layer = layer
+        self.node, self.edge, self.names = node, edge, names
+
+    def forward(self, x_j, x_i, edge):
+        given = {f"{self.node}_j": x_j, f"{self.node}_i": x_i, self.edge: edge}
+        return self.layer.message(**{k: given[k] for k in self.names})
+
+
+def _message_signature(m: MessagePassing) -> tuple[str, str | None, list[str]]:
+    """(node tensor name, edge tensor name or None, message's argument names), or a
+    CompileError saying what ``message`` may take."""
+    names = [k for k in inspect.signature(m.message).parameters if k not in ("self",)]
+    nodes = {k[:-2] for k in names if k.endswith(("_i", "_j"))}
+    edges = [k for k in names if not k.endswith(("_i", "_j"))]
+    if len(nodes) != 1 or len(edges) > 1 or set(edges) & {"index", "ptr", "size_i", "size_j", "dim_size"}:
+        raise CompileError(
+            f"{_name(m)}.message({', '.join(names)}) is not supported yet: sarcompile lowers a message that takes "
+            "one node tensor as <name>_j and/or <name>_i and at most one edge tensor (e.g. message(x_j, x_i, "
+            "edge_attr)); write the layer with sarcompile's IR ops (sc.ops.message_passing) otherwise"
+        )
+    return nodes.pop(), (edges[0] if edges else None), names
+
+
+def _lower_message_passing(m: MessagePassing) -> nn.Module:
+    """Any other MessagePassing layer: its ``forward`` traced as written, with ``propagate``
+    becoming the general ``message_passing`` op around its own ``message`` (recomputed per
+    block in backward), then its ``update``."""
+    # (message_and_aggregate only runs for SparseTensor adjacencies, never here.)
+    changed = [k for k in ("aggregate", "edge_update") if
+               getattr(type(m), k, None) is not getattr(MessagePassing, k, None)]
+    if changed:
+        raise CompileError(
+            f"{_name(m)} overrides {', '.join(changed)}, which sarcompile cannot lower yet (it lowers forward, "
+            "message and update with a sum, mean or max aggregation); use aggr= instead of a custom aggregate"
+        )
+    aggr = m.aggr if isinstance(m.aggr, str) else None
+    if aggr not in ("add", "sum", "mean", "max"):
+        raise _refuse(m, "aggr", m.aggr, "use 'add', 'sum', 'mean' or 'max'")
+    _check_common(m, type(m))
+    node, edge, names = _message_signature(m)
+    view = copy.copy(m)  # shares parameters and submodules; gets its own submodule table below
+    view._modules = dict(m._modules)
+    view._sc_message = _Message(m, node, edge, names)
+    reduce = _reduce(aggr)
+    update_args = [k for k in inspect.signature(m.update).parameters if k != "self"][1:]
+
+    def propagate(edge_index, size=None, **kwargs):
+        x = kwargs.get(node)
+        if isinstance(x, tuple) and len(x) == 2 and x[0] is x[1]:
+            x = x[0]  # PyG's idiom for a plain graph: x = (x, x)
+        x = _plain_call(x, type(m).__name__, size=size)
+        out = message_passing(edge_index, view._sc_message, x, kwargs.get(edge) if edge else None, reduce)
+        return m.update(out, **{k: kwargs[k] for k in update_args})
+
+    object.__setattr__(view, "propagate", propagate)
+    view.__class__ = _tracing_type(type(m))
+    return view
+
+
+_real_isinstance = builtins.isinstance
+
+
+def _isinstance_seeing_proxies_as_tensors(obj, cls) -> bool:
+    """``isinstance``, except that outside torch's own code an fx Proxy counts as a Tensor."""
+    if _real_isinstance(obj, torch.fx.Proxy) and (
+        cls is torch.Tensor or (_real_isinstance(cls, tuple) and torch.Tensor in cls)
+    ):
+        caller = sys._getframe(1).f_globals.get("__name__", "")
+        if caller != "torch" and not caller.startswith("torch."):  # fx itself must see a Proxy
+            return True
+    return _real_isinstance(obj, cls)
+
+
+def _tracing_type(cls: type) -> type:
+    """A subclass of ``cls`` whose forward, while it is traced, sees the features as the
+    tensors they stand for. Layers start with ``if isinstance(x, Tensor): x = (x, x)``;
+    under fx the features are a Proxy, the branch would be skipped and a later ``x[1]``
+    would silently take row 1 instead of x. So for the duration of the trace,
+    ``isinstance(proxy, Tensor)`` is True in code that is not torch's (fx's own checks are
+    unchanged). Errors of the layer's code become a CompileError naming it and the line."""
+    original = cls.forward
+    layer_name = _name_of(cls)
+
+    @functools.wraps(original)
+    def forward(self, *args, **kwargs):
+        builtins.isinstance = _isinstance_seeing_proxies_as_tensors
+        try:
+            return original(self, *args, **kwargs)
+        except CompileError:
+            raise
+        except Exception as e:  # whatever the layer's own code raised: say which layer and where
+            raise CompileError(
+                f"{layer_name} could not be lowered: its forward failed while traced with symbolic tensors and "
+                f"a graph in place of edge_index ({type(e).__name__}: {e}{user_line(e)}). Layers that compute with "
+                "edge_index itself (get_laplacian, add_self_loops, degree, ...) or branch on tensor values are not "
+                f"supported yet. Supported PyG layers: {', '.join(SUPPORTED)}, and MessagePassing layers whose "
+                "forward calls propagate and whose message takes x_j / x_i and one edge tensor"
+            ) from None
+        finally:
+            builtins.isinstance = _real_isinstance
+
+    return type(cls.__name__, (cls,), {"forward": forward, "__module__": cls.__module__})
 
 
 def _node_reducing(m: nn.Module) -> nn.Module | None:
@@ -402,6 +513,18 @@ def _node_reducing(m: nn.Module) -> nn.Module | None:
     )
 
 
+def _unless_overridden(rule, base: type):
+    """``rule`` for ``base`` itself; a subclass that overrides what ``base`` computes with
+    (``forward``, ``message``, ...) gets the general MessagePassing lowering instead."""
+
+    def lower(m: nn.Module) -> nn.Module:
+        if type(m) is not base and any(getattr(type(m), k, None) is not getattr(base, k, None) for k in _DEFINING):
+            return _lower_message_passing(m)
+        return rule(m)
+
+    return lower
+
+
 for _layer, _rule in (
     (gnn.SAGEConv, _lower_sage),
     (gnn.GCNConv, _lower_gcn),
@@ -410,9 +533,10 @@ for _layer, _rule in (
     (gnn.GATConv, _lower_gat),
     (gnn.GATv2Conv, _lower_gatv2),
     (gnn.BatchNorm, _lower_batch_norm),
-    (MessagePassing, _unsupported),
+    (MessagePassing, _lower_message_passing),
 ):
-    register_lowering(_layer, _rule)
+    overridable = issubclass(_layer, MessagePassing) and _layer is not MessagePassing
+    register_lowering(_layer, _unless_overridden(_rule, _layer) if overridable else _rule)
 for _name_ in ("InstanceNorm", "GraphNorm", "PairNorm", "MeanSubtractionNorm", "DiffGroupNorm", "GraphSizeNorm",
                "HeteroBatchNorm", "LayerNorm"):
     if hasattr(gnn, _name_):

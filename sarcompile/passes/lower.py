@@ -21,6 +21,8 @@ from typing import Callable
 import torch.fx as fx
 from torch import nn
 
+from ..errors import CompileError
+
 __all__ = ["lower", "register_lowering", "lowering_for"]
 
 _RULES: dict[type, Callable[[nn.Module], nn.Module]] = {}
@@ -90,7 +92,10 @@ def lower(gm: fx.GraphModule, ctx=None) -> fx.GraphModule:
             module = gm.get_submodule(node.target)
             lowered = lowering_for(module)
             if lowered is not None:
-                _inline(gm, node, module, lowered)
+                try:
+                    _inline(gm, node, module, lowered)
+                except CompileError as e:  # say which layer of the user's model it was
+                    raise CompileError(f"layer {node.target!r}: {e}") from None
                 changed = True
     gm.graph.lint()
     gm.recompile()

@@ -73,9 +73,44 @@ class Weighted(nn.Module):
         return self.graph_conv(h, edge_index, edge_weight)
 
 
+class EdgeMLPConv(gnn.MessagePassing):
+    """A user's own MessagePassing layer, EdgeConv-style with edge features:
+    ``message = mlp(x_i, x_j - x_i, edge_attr)``, then a root term."""
+
+    def __init__(self, f_in: int, f_edge: int, f_out: int, aggr: str = "max"):
+        super().__init__(aggr=aggr)
+        self.mlp = nn.Sequential(nn.Linear(2 * f_in + f_edge, 7), nn.Tanh(), nn.Linear(7, f_out))
+        self.root = nn.Linear(f_in, f_out)
+
+    def forward(self, x, edge_index, edge_attr):
+        return self.propagate(edge_index, x=x, edge_attr=edge_attr) + self.root(x)
+
+    def message(self, x_i, x_j, edge_attr):
+        return self.mlp(torch.cat([x_i, x_j - x_i, edge_attr], dim=-1))
+
+
+class EdgeFeatures(nn.Module):
+    """Generic MessagePassing layers (a user's EdgeMLPConv, PyG's GINEConv and EdgeConv)
+    with edge features: ``forward(x, edge_index, edge_attr)``, ``edge_attr [E, 3]``."""
+
+    def __init__(self, f_in: int = 6, f_out: int = 3):
+        super().__init__()
+        self.conv1 = EdgeMLPConv(f_in, 3, 8, "max")
+        self.conv2 = gnn.GINEConv(nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8)), edge_dim=3)
+        self.conv3 = EdgeMLPConv(8, 3, 8, "mean")
+        self.conv4 = gnn.EdgeConv(nn.Linear(16, f_out), aggr="add")
+
+    def forward(self, x, edge_index, edge_attr):
+        h = torch.sin(self.conv1(x, edge_index, edge_attr))
+        h = torch.tanh(self.conv2(h, edge_index, edge_attr))
+        h = torch.tanh(self.conv3(h, edge_index, edge_attr))
+        return self.conv4(h, edge_index)
+
+
 MODELS = {"sage_bn_gcn": sage_bn_gcn, "attention_mix": AttentionMix, "drop_attention": DropAttention,
-          "weighted": Weighted}
-WEIGHTED = {"weighted"}  # models that take edge weights
+          "weighted": Weighted, "edge_features": EdgeFeatures}
+WEIGHTED = {"weighted", "edge_features"}  # models that take a per-edge tensor
+EDGE_DIMS = {"edge_features": 3}  # its width, for those that take features rather than weights
 
 
 def make_model(name: str, seed: int) -> nn.Module:

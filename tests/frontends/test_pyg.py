@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 import sarcompile as sc
-from pyg_models import WEIGHTED, make_model, run_worker
+from pyg_models import EDGE_DIMS, WEIGHTED, EdgeMLPConv, make_model, run_worker
 from sarcompile.runtime.shard import split_graph
 from strategies import graphs
 
@@ -45,7 +45,34 @@ def mlp(d_in: int, d_out: int) -> nn.Module:
     return nn.Sequential(nn.Linear(d_in, 7), nn.ReLU(), nn.Linear(7, d_out))
 
 
-# (id, layer factory for 5 input features, called with edge_weight, eval mode)
+class DoubledSAGE(gnn.SAGEConv):
+    """A PyG layer subclassed with its own message: lowered as a general MessagePassing."""
+
+    def message(self, x_j):
+        return 2 * x_j
+
+
+class Gated(gnn.MessagePassing):
+    """Own message and update; ``x = (x, x)`` as PyG's layers write it."""
+
+    def __init__(self, f: int):
+        super().__init__(aggr="add")
+        self.gate = nn.Linear(2 * f, f)
+
+    def forward(self, x, edge_index):
+        if isinstance(x, torch.Tensor):
+            x = (x, x)
+        return self.propagate(edge_index, x=x) + x[1]
+
+    def message(self, x_j, x_i):
+        return torch.sigmoid(self.gate(torch.cat([x_i, x_j], -1))) * x_j
+
+    def update(self, inputs):
+        return torch.tanh(inputs)
+
+
+# (id, layer factory for 5 input features, called with a per-edge tensor: False, True (weights
+# [E]) or a width (features [E, width]), eval mode)
 LAYERS = [
     ("sage-mean", lambda: gnn.SAGEConv(5, 4), False, False),
     ("sage-sum-nobias", lambda: gnn.SAGEConv(5, 4, aggr="sum", bias=False), False, False),
@@ -76,6 +103,14 @@ LAYERS = [
     ("batchnorm", lambda: gnn.BatchNorm(5), False, False),
     ("batchnorm-no-affine-cumulative", lambda: gnn.BatchNorm(5, affine=False, momentum=None), False, False),
     ("batchnorm-eval", lambda: gnn.BatchNorm(5), False, True),
+    ("mp-own-max", lambda: EdgeMLPConv(5, 3, 4, "max"), 3, False),
+    ("mp-own-add", lambda: EdgeMLPConv(5, 3, 4, "add"), 3, False),
+    ("mp-own-mean", lambda: EdgeMLPConv(5, 3, 4, "mean"), 3, False),
+    ("mp-own-update", lambda: Gated(5), False, False),
+    ("mp-sage-subclass", lambda: DoubledSAGE(5, 4, aggr="max"), False, False),
+    ("mp-edgeconv", lambda: gnn.EdgeConv(mlp(10, 4), aggr="max"), False, False),
+    ("mp-gine", lambda: gnn.GINEConv(mlp(5, 4)), 5, False),
+    ("mp-gine-edge-dim", lambda: gnn.GINEConv(mlp(5, 4), edge_dim=2, train_eps=True), 2, False),
 ]
 
 
@@ -113,7 +148,9 @@ def test_layer_matches_pyg(factory, weighted, eval_mode, graph, data):
     x = torch.randn(n, 5, generator=gen, dtype=DT)
     weight = torch.randn(n, 1, generator=gen, dtype=DT)
     edge_weight = None
-    if weighted:  # positive, some zero (a node whose in-weights are all 0 has degree 0)
+    if weighted is not True and weighted:  # edge features
+        edge_weight = torch.randn(src.numel(), weighted, generator=gen, dtype=DT)
+    elif weighted:  # positive, some zero (a node whose in-weights are all 0 has degree 0)
         edge_weight = torch.rand(src.numel(), generator=gen, dtype=DT) * torch.randint(0, 4, (src.numel(),), generator=gen)
     g = sc.Graph.from_edges(src, dst, n)
 
@@ -175,8 +212,11 @@ def check_distributed(pool, case, oracle: str = "eager"):
     state = copy.deepcopy(model.state_dict())
     xr = x.clone().requires_grad_(True)
     extra, edge_weight = [], None
-    if name in WEIGHTED:  # positive, some zero
+    if name in EDGE_DIMS:  # edge features
+        edge_weight = torch.randn(g.num_edges, EDGE_DIMS[name], generator=gen, dtype=DT)
+    elif name in WEIGHTED:  # positive, some zero
         edge_weight = torch.rand(g.num_edges, generator=gen, dtype=DT) * torch.randint(0, 3, (g.num_edges,), generator=gen)
+    if edge_weight is not None:
         extra = [edge_weight.clone().requires_grad_(True)]
     if oracle == "eager":  # plain PyG on edge_index
         out = model(xr, torch.stack([src, dst]), *extra)
@@ -211,7 +251,7 @@ def check_distributed(pool, case, oracle: str = "eager"):
 DIST_SETTINGS = settings(max_examples=6, deadline=None, suppress_health_check=list(HealthCheck))
 
 
-@given(case=dist_cases(["sage_bn_gcn", "attention_mix", "weighted"]))
+@given(case=dist_cases(["sage_bn_gcn", "attention_mix", "weighted", "edge_features"]))
 @DIST_SETTINGS
 def test_workers_match_eager_pyg(pool, case):
     check_distributed(pool, case)
@@ -243,7 +283,8 @@ def compile_error(second: nn.Module) -> str:
 
 @pytest.mark.parametrize("layer,words", [
     (lambda: gnn.ChebConv(4, 4, K=2), ["'conv2'", "torch_geometric.nn.ChebConv", "not supported yet", "SAGEConv"]),
-    (lambda: gnn.GINEConv(nn.Linear(4, 4)), ["'conv2'", "torch_geometric.nn.GINEConv", "not supported yet"]),
+    (lambda: gnn.TransformerConv(4, 4), ["'conv2'", "torch_geometric.nn.TransformerConv", "message(query_i",
+                                         "not supported yet"]),
     (lambda: gnn.SAGEConv(4, 4, aggr=["mean", "max"]), ["'conv2'", "SAGEConv", "aggr="]),
     (lambda: gnn.SAGEConv(4, 4, flow="target_to_source"), ["'conv2'", "SAGEConv", "flow='target_to_source'"]),
     (lambda: gnn.GCNConv(4, 4, cached=True), ["'conv2'", "GCNConv", "cached=True", "cached=False"]),
@@ -259,13 +300,13 @@ def test_unsupported_layers_and_options_name_the_layer(layer, words):
         assert word in message, message
 
 
-def test_subclass_that_changes_the_message_is_refused():
-    class Doubled(gnn.SAGEConv):
-        def message(self, x_j):
-            return 2 * x_j
+def test_subclass_that_overrides_aggregate_is_refused():
+    class Median(gnn.SAGEConv):
+        def aggregate(self, inputs, index, ptr=None, dim_size=None):
+            return super().aggregate(inputs, index, ptr, dim_size)
 
-    message = compile_error(Doubled(4, 4))
-    assert "'conv2'" in message and "overrides message" in message, message
+    message = compile_error(Median(4, 4))
+    assert "'conv2'" in message and "overrides aggregate" in message, message
 
 
 def test_unsupported_call_arguments_are_refused():
@@ -313,3 +354,30 @@ def test_a_bare_pyg_layer_compiles():
     x = torch.randn(3, 4, dtype=DT)
     want = layer(x, torch.stack([src, dst]))
     assert_close(sc.distribute(layer)(x, sc.Graph.from_edges(src, dst, 3)), want, "output")
+
+
+def test_plan_of_a_pyg_model():
+    """plan() finds the graph in PyG's argument order and shows every lowered layer."""
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.sage = gnn.SAGEConv(8, 16)
+            self.norm = gnn.BatchNorm(16)
+            self.gat = gnn.GATConv(16, 4, heads=2)
+            self.edge = gnn.EdgeConv(nn.Linear(16, 3))
+
+        def forward(self, x, edge_index):
+            h = torch.relu(self.norm(self.sage(x, edge_index)))
+            return self.edge(self.gat(h, edge_index), edge_index)
+
+    gen = torch.Generator().manual_seed(0)
+    g = sc.Graph.from_edges(torch.randint(0, 60, (300,), generator=gen), torch.randint(0, 60, (300,), generator=gen), 60)
+    plan = sc.distribute(Model()).plan(g, 2, x=torch.randn(1, 8))
+    assert [(op.layer, op.op, op.strategy) for op in plan.ops] == [
+        ("sage", "spmm(mean)", "direct"),
+        ("norm", "batch_norm", "allreduce"),
+        ("gat", "attention", "remat"),
+        ("edge", "message_passing(max)", "remat"),
+    ]
+    assert all(e.peak_bytes > 0 for e in plan.memory_estimate())
