@@ -155,6 +155,14 @@ class Graph:
         dst = torch.tensor([p[1] for p in pairs], dtype=torch.long)
         return cls(src, dst, len(ids))
 
+    @classmethod
+    def from_dgl(cls, g: Any) -> "Graph":
+        """From a homogeneous ``dgl.DGLGraph``: its edges in edge-id order (so DGL edge
+        tensors keep their meaning), its node ids. Heterographs are refused."""
+        from .frontends.dgl import graph_from_dgl  # needs DGL; imported only here
+
+        return graph_from_dgl(g)
+
     # -- queries ------------------------------------------------------------------------
     @property
     def num_edges(self) -> int:

@@ -12,6 +12,7 @@ front-end              library              layers
 =====================  ===================  ==============================================
 ``frontends.pyg``      ``torch_geometric``  SAGEConv, GCNConv, GINConv, GATConv, GATv2Conv,
                                             GraphConv, BatchNorm
+``frontends.dgl``      ``dgl``              SAGEConv (mean, gcn, pool), GraphConv, GATConv
 =====================  ===================  ==============================================
 """
 
@@ -23,7 +24,7 @@ import sys
 __all__ = ["load_available"]
 
 # library module name -> front-end module that registers its rules
-_FRONTENDS = {"torch_geometric": "sarcompile.frontends.pyg"}
+_FRONTENDS = {"torch_geometric": "sarcompile.frontends.pyg", "dgl": "sarcompile.frontends.dgl"}
 
 
 def load_available() -> None:

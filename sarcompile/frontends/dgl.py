@@ -1,0 +1,307 @@
+"""DGL front-end: DGL graphs and DGL's own layers compile unchanged.
+
+The compiler imports this module when ``dgl`` is imported (see
+:mod:`sarcompile.compiler`); it needs DGL itself. It gives
+
+* :func:`graph_from_dgl`, behind :meth:`sarcompile.Graph.from_dgl`: a homogeneous
+  ``DGLGraph`` as a sarcompile :class:`~sarcompile.Graph` with the same node ids and its
+  edges in DGL's edge-id order, so DGL edge tensors (``edge_weight=``) keep their meaning;
+* lowering rules (:func:`sarcompile.passes.lower.register_lowering`) for
+  ``dgl.nn.SAGEConv`` (``mean``, ``gcn``, ``pool``), ``dgl.nn.GraphConv`` (every ``norm``)
+  and ``dgl.nn.GATConv``: each layer is replaced by a stand-in written with the IR ops
+  that computes what the DGL layer computes and *shares* its parameters, so gradients land
+  on the DGL module and its ``state_dict`` keys stay DGL's.
+
+The convention: where the eager DGL model gets the ``DGLGraph``, the compiled one gets a
+sarcompile graph (``Graph.from_dgl(g)``, or a worker's ``part.graph``)::
+
+    model = sc.distribute(MyDGLModel(...))
+    out = model(sc.Graph.from_dgl(g), x)        # == MyDGLModel(...)(g, x)
+
+What does not carry over is refused with a :class:`~sarcompile.CompileError` naming the
+layer and the option: DGL's torch-RNG dropouts (``feat_drop`` while training; GAT's
+``attn_drop`` is replaced by sarcompile's counter-based edge dropout, the same on any
+number of workers but a different mask than DGL's), bipartite inputs (feature pairs,
+``DGLBlock``), ``aggregator_type="lstm"`` and code that calls ``DGLGraph`` methods itself.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import dgl
+import torch
+import torch.fx
+import torch.nn.functional as F
+from dgl.nn.pytorch import GATConv, GraphConv, SAGEConv
+from torch import nn
+
+from ..errors import CompileError, GraphError
+from ..graph import Graph
+from ..nn import RandomStream
+from ..ops import edge_dropout, edge_softmax, sddmm, spmm
+from ..passes.lower import register_lowering
+from ..runtime import comm
+from ..runtime.shard import ShardGraph
+
+__all__ = ["graph_from_dgl", "out_degrees"]
+
+
+def graph_from_dgl(g: Any) -> Graph:
+    """A homogeneous ``DGLGraph`` as a :class:`~sarcompile.Graph`: edges ``src[i] -> dst[i]``
+    in edge-id order (``g.edges(order="eid")``), ``g.num_nodes()`` nodes. Multi-edges and
+    self-loops are kept, as DGL keeps them."""
+    if not isinstance(g, dgl.DGLGraph):
+        raise GraphError(f"Graph.from_dgl takes a dgl.DGLGraph, got {type(g).__name__}")
+    if g.is_block:
+        raise GraphError(
+            "Graph.from_dgl got a DGLBlock (a sampled bipartite block); sarcompile trains full-batch on "
+            "the whole graph: pass the DGLGraph itself"
+        )
+    if len(g.ntypes) != 1 or len(g.etypes) != 1:
+        raise GraphError(
+            f"Graph.from_dgl takes a homogeneous graph, got a heterograph with node types {g.ntypes} and "
+            f"edge types {g.etypes}; convert it with dgl.to_homogeneous(g) first"
+        )
+    src, dst = g.edges(order="eid")
+    return Graph(src.long().cpu(), dst.long().cpu(), g.num_nodes())
+
+
+# -- runtime helpers the stand-ins call ----------------------------------------------------------
+# Each is a single fx node in the compiled program (torch.fx.wrap) and runs on the real graph:
+# a sarcompile Graph on one machine, a worker's ShardGraph in a distributed run. Results are
+# cached per graph object (graphs are immutable), so the exchange below runs once per graph.
+_OUT_DEGREES: weakref.WeakKeyDictionary[Any, torch.Tensor] = weakref.WeakKeyDictionary()
+
+
+def out_degrees(graph: Graph | ShardGraph) -> torch.Tensor:
+    """Out-degree of every node (local nodes on a worker), counting all its out-edges.
+
+    On a worker a node's out-edges live on the workers of their destinations, so each worker
+    counts the edges of every halo row it holds and sends the counts back to the row's owner:
+    the same exchange as the backward of ``spmm`` (every worker calls this at the same point
+    of the program, so the exchange lines up)."""
+    cached = _OUT_DEGREES.get(graph)
+    if cached is None:
+        if isinstance(graph, Graph):
+            cached = torch.bincount(graph.src, minlength=graph.num_nodes)
+        else:
+            cached = torch.zeros(graph.num_nodes, dtype=torch.long)
+
+            def count(q: int, _rows: None) -> torch.Tensor:
+                block = graph.blocks[q]
+                return torch.bincount(block.col, minlength=block.num_src)
+
+            comm.run_rounds(graph, count, push_into=cached, phase="forward", what="out_degrees")
+        _OUT_DEGREES[graph] = cached
+    return cached
+
+
+def require_in_edges(graph: Graph | ShardGraph, feat: torch.Tensor, layer: str) -> torch.Tensor:
+    """``feat`` unchanged if every node has an in-edge; else the error DGL raises for
+    ``allow_zero_in_degree=False``. All workers decide together (one all-reduce of a count),
+    so they fail together instead of leaving their peers waiting."""
+    if comm._offline:  # the planner's probe runs on a made-up graph; only real graphs are checked
+        return feat
+    zero = int(comm.global_sum((graph.in_degrees() == 0).sum().reshape(1))[0])
+    if zero:
+        raise GraphError(
+            f"{layer}: {zero} node(s) have no in-edge, so their output would be invalid (DGL raises here "
+            "too). Add a self-loop to every node (dgl.add_self_loop(g)) before Graph.from_dgl, or build "
+            "the layer with allow_zero_in_degree=True."
+        )
+    return feat
+
+
+def scale_rows(x: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    """``x * s`` with ``s [n]`` broadcast over the trailing dims of ``x [n, ...]``."""
+    return x * s.to(x.dtype).reshape(-1, *([1] * (x.dim() - 1)))
+
+
+def check_call(feat: Any, layer: str, **refused: Any) -> torch.Tensor:
+    """``feat`` unchanged, after refusing what the stand-in cannot compute: a (source,
+    destination) feature pair, or any of ``refused`` given (not None / not False).
+
+    A stand-in is traced once for every call signature, so optional arguments are only
+    known when the program runs: this check runs then, before anything is computed."""
+    if isinstance(feat, (tuple, list)):
+        raise CompileError(
+            f"{layer}: a (source, destination) feature pair is a bipartite input, which sarcompile does "
+            "not compile; pass one node feature tensor for the whole graph"
+        )
+    for name, value in refused.items():
+        if value is not None and value is not False:
+            raise CompileError(f"{layer}: {name}= is not supported by the compiled layer")
+    return feat
+
+
+def own_or_given(own: torch.Tensor | None, given: torch.Tensor | None) -> torch.Tensor | None:
+    """GraphConv's weight: its own, or the one passed to forward (never both, as in DGL)."""
+    if own is not None and given is not None:
+        raise CompileError("dgl.nn.GraphConv got an external weight but has its own; build it with weight=False")
+    return own if given is None else given
+
+
+def matmul_opt(x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
+    return x if weight is None else torch.matmul(x, weight)
+
+
+for _fn in ("out_degrees", "require_in_edges", "scale_rows", "check_call", "own_or_given", "matmul_opt"):
+    torch.fx.wrap(_fn)
+
+
+# -- stand-ins -------------------------------------------------------------------------------------
+def _refuse_feat_drop(layer: str, m: nn.Module) -> None:
+    if m.training and m.feat_drop.p > 0:
+        raise CompileError(
+            f"{layer}(feat_drop={m.feat_drop.p}): DGL's feature dropout draws from torch's RNG, so N "
+            "workers would drop different entries than one machine. Build the layer with feat_drop=0 and "
+            "put sc.nn.NodeDropout(p) before it (a mask keyed by node id, the same on any number of "
+            "workers)."
+        )
+
+
+class _Shared(nn.Module):
+    """Base of the stand-ins: the DGL layer's own submodules and parameters (never copies),
+    and its training flag at compile time (a program is compiled per training flag)."""
+
+    def __init__(self, m: nn.Module, names: tuple[str, ...]):
+        super().__init__()
+        for name in names:
+            value = getattr(m, name, None)
+            if isinstance(value, (nn.Module, nn.Parameter)) or value is None:
+                setattr(self, name, value)
+            else:  # a plain activation function
+                object.__setattr__(self, name, value)
+        self.training = m.training
+
+
+class DGLSAGEConv(_Shared):
+    """``dgl.nn.SAGEConv`` with ``aggregator_type`` ``mean``, ``gcn`` or ``pool``."""
+
+    def __init__(self, m: SAGEConv):
+        aggr = m._aggre_type
+        if aggr not in ("mean", "gcn", "pool"):
+            raise CompileError(
+                f"dgl.nn.SAGEConv(aggregator_type={aggr!r}) is not supported: its reducer runs an LSTM "
+                "over each node's in-edges in DGL's order. Use 'mean', 'gcn' or 'pool'."
+            )
+        _refuse_feat_drop("dgl.nn.SAGEConv", m)
+        super().__init__(m, ("fc_neigh", "fc_self", "fc_pool", "bias", "activation", "norm"))
+        self.aggr = aggr
+        self.lin_before_mp = m._in_src_feats > m._out_feats  # DGL's order of the linear map
+
+    # Note: every argument is a symbolic value when this is traced (see check_call).
+    def forward(self, graph, feat, edge_weight=None):
+        if self.aggr == "pool":
+            feat = check_call(feat, "dgl.nn.SAGEConv(aggregator_type='pool')", edge_weight=edge_weight)
+            h_neigh = self.fc_neigh(spmm(graph, F.relu(self.fc_pool(feat)), "max"))
+        else:
+            feat = check_call(feat, "dgl.nn.SAGEConv")
+            h = self.fc_neigh(feat) if self.lin_before_mp else feat
+            if self.aggr == "mean":
+                h_neigh = spmm(graph, h, "mean", edge_weight)
+            else:  # gcn: the node itself counts as one more neighbour
+                deg = graph.in_degrees().to(h.dtype)
+                h_neigh = (spmm(graph, h, "sum", edge_weight) + h) / (deg.unsqueeze(-1) + 1)
+            if not self.lin_before_mp:
+                h_neigh = self.fc_neigh(h_neigh)
+        if self.aggr == "gcn":
+            rst = h_neigh if self.bias is None else h_neigh + self.bias
+        else:
+            rst = self.fc_self(feat) + h_neigh
+        if self.activation is not None:
+            rst = self.activation(rst)
+        if self.norm is not None:
+            rst = self.norm(rst)
+        return rst
+
+
+class DGLGraphConv(_Shared):
+    """``dgl.nn.GraphConv``: ``norm`` in both, right, left, none; an own or a given weight."""
+
+    def __init__(self, m: GraphConv):
+        super().__init__(m, ("weight", "bias", "_activation"))
+        self.norm, self.allow_zero_in_degree = m._norm, m._allow_zero_in_degree
+        self.in_feats, self.out_feats = m._in_feats, m._out_feats
+
+    def forward(self, graph, feat, weight=None, edge_weight=None):
+        feat = check_call(feat, "dgl.nn.GraphConv")
+        if not self.allow_zero_in_degree:
+            feat = require_in_edges(graph, feat, "dgl.nn.GraphConv")
+        weight = own_or_given(self.weight, weight)
+        if self.norm in ("left", "both"):
+            degs = out_degrees(graph).clamp(min=1).to(feat.dtype)
+            feat = scale_rows(feat, degs.pow(-0.5) if self.norm == "both" else 1.0 / degs)
+        if self.in_feats > self.out_feats:  # DGL's order: multiply first when it shrinks the rows
+            rst = spmm(graph, matmul_opt(feat, weight), "sum", edge_weight)
+        else:
+            rst = matmul_opt(spmm(graph, feat, "sum", edge_weight), weight)
+        if self.norm in ("right", "both"):
+            degs = graph.in_degrees().clamp(min=1).to(feat.dtype)
+            rst = scale_rows(rst, degs.pow(-0.5) if self.norm == "both" else 1.0 / degs)
+        if self.bias is not None:
+            rst = rst + self.bias
+        if self._activation is not None:
+            rst = self._activation(rst)
+        return rst
+
+
+# GAT's attention dropout: one counter stream per DGL layer, kept across recompiles (train and
+# eval programs, replaced parameters) so the sequence of masks goes on. DGL's state_dict has no
+# room for it, so a checkpoint does not carry the step; the seed is drawn from torch's RNG when
+# the training program is first compiled: seed torch the same on every worker.
+_STREAMS: weakref.WeakKeyDictionary[nn.Module, RandomStream] = weakref.WeakKeyDictionary()
+
+
+class DGLGATConv(_Shared):
+    """``dgl.nn.GATConv``: output ``[n, heads, out]`` as DGL's. Attention scores
+    ``leaky_relu(attn_l . h[u] + attn_r . h[v])`` are soft-maxed over the in-edges as given
+    (DGL adds no self-loops); the compiler fuses the chain into one attention op.
+    ``attn_drop`` uses sarcompile's counter-based edge dropout (see the module docstring)."""
+
+    def __init__(self, m: GATConv):
+        if hasattr(m, "fc_src"):
+            raise CompileError(
+                "dgl.nn.GATConv built with a pair of input sizes (bipartite) is not supported; give one in_feats"
+            )
+        _refuse_feat_drop("dgl.nn.GATConv", m)
+        super().__init__(m, ("fc", "attn_l", "attn_r", "res_fc", "activation"))
+        self.bias = m.bias if m.has_explicit_bias else None
+        self.heads, self.out_feats = m._num_heads, m._out_feats
+        self.negative_slope = float(m.leaky_relu.negative_slope)
+        self.attn_p = float(m.attn_drop.p)
+        self.allow_zero_in_degree = m._allow_zero_in_degree
+        if m.training and self.attn_p > 0:
+            if m not in _STREAMS:
+                _STREAMS[m] = RandomStream()
+            self.attn_stream = _STREAMS[m]
+            self.attn_stream.training = True
+
+    def forward(self, graph, feat, edge_weight=None, get_attention=False):
+        # The compiled attention keeps no per-edge tensor: nothing to return or to reweight.
+        feat = check_call(feat, "dgl.nn.GATConv", edge_weight=edge_weight, get_attention=get_attention)
+        if not self.allow_zero_in_degree:
+            feat = require_in_edges(graph, feat, "dgl.nn.GATConv")
+        n = feat.size(0)
+        h = self.fc(feat).view(n, self.heads, self.out_feats)
+        a_src = (h * self.attn_l).sum(-1)
+        a_dst = (h * self.attn_r).sum(-1)
+        score = F.leaky_relu(sddmm(graph, a_src, a_dst, "add"), self.negative_slope)
+        weight = edge_softmax(graph, score)
+        if self.training and self.attn_p > 0:
+            weight = edge_dropout(graph, weight, self.attn_p, self.attn_stream())
+        rst = spmm(graph, h, "sum", edge_weight=weight)
+        if self.res_fc is not None:
+            rst = rst + self.res_fc(feat).view(n, self.heads, self.out_feats)  # n may be 0 on a worker
+        if self.bias is not None:
+            rst = rst + self.bias.view(1, self.heads, self.out_feats)
+        if self.activation is not None:
+            rst = self.activation(rst)
+        return rst
+
+
+register_lowering(SAGEConv, DGLSAGEConv)
+register_lowering(GraphConv, DGLGraphConv)
+register_lowering(GATConv, DGLGATConv)
