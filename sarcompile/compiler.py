@@ -46,10 +46,14 @@ class Program:
     stages: list[tuple[str, str]] = field(default_factory=list)
 
 
-def compile_program(model: nn.Module, options: CompileOptions, partitioned: bool) -> Program:
-    """Run the pipeline on ``model``; stop after ``fuse`` for a single machine."""
+def compile_program(
+    model: nn.Module, options: CompileOptions, partitioned: bool, graph_input: int | str | None = None
+) -> Program:
+    """Run the pipeline on ``model``; stop after ``fuse`` for a single machine.
+    ``graph_input`` (position or name of the graph argument) lets DGL-style code that
+    calls methods of the graph (``update_all``) be traced."""
     load_available()  # lowering rules for the layers of libraries in use (PyG)
-    gm = trace(model)
+    gm = trace(model, graph_input)
     stages = [("trace", gm.code)]
     passes = [("lower", lower), ("fuse", fuse)]
     if partitioned:
@@ -60,10 +64,11 @@ def compile_program(model: nn.Module, options: CompileOptions, partitioned: bool
     return Program(gm, stages)
 
 
-def _find_graph(args: tuple, kwargs: dict) -> Graph | ShardGraph:
-    for v in list(args) + list(kwargs.values()):
+def _find_graph(args: tuple, kwargs: dict) -> tuple[Graph | ShardGraph, int | str]:
+    """The graph argument, and its position (or keyword)."""
+    for where, v in list(enumerate(args)) + list(kwargs.items()):
         if isinstance(v, (Graph, ShardGraph)):
-            return v
+            return v, where
     raise CompileError(
         "no graph argument: call the model with a sarcompile Graph (one machine) or a worker's "
         "part.graph, e.g. model(part.graph, part.node_data['x'])"
@@ -111,7 +116,7 @@ class DistributedModule(nn.Module):
     def options(self) -> CompileOptions:
         return self._options
 
-    def program(self, partitioned: bool) -> Program:
+    def program(self, partitioned: bool, graph_input: int | str | None = None) -> Program:
         """The compiled program for the current training flag (compiled on first use).
 
         A program refers to the parameter and buffer objects it was traced with, so it is
@@ -119,10 +124,10 @@ class DistributedModule(nn.Module):
         assigning a new buffer, ``.to()``).
         """
         state = tuple(self._orig.parameters()) + tuple(self._orig.buffers())
-        key = (partitioned, self.training)
+        key = (partitioned, self.training, graph_input)
         cached = self._programs.get(key)
         if cached is None or len(cached[0]) != len(state) or any(a is not b for a, b in zip(cached[0], state)):
-            self._programs[key] = (state, compile_program(self._orig, self._options, partitioned))
+            self._programs[key] = (state, compile_program(self._orig, self._options, partitioned, graph_input))
         return self._programs[key][1]
 
     def plan(
@@ -168,8 +173,8 @@ class DistributedModule(nn.Module):
                     v.copy_(buffers[k])
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        graph = _find_graph(args, kwargs)
-        return self.program(isinstance(graph, ShardGraph)).module(*args, **kwargs)
+        graph, where = _find_graph(args, kwargs)
+        return self.program(isinstance(graph, ShardGraph), where).module(*args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
         try:

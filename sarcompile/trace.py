@@ -8,6 +8,7 @@ become single ``call_function`` nodes by themselves (see :func:`sarcompile.ops.i
 from __future__ import annotations
 
 import os
+import sys
 import traceback
 from pathlib import Path
 
@@ -21,6 +22,40 @@ __all__ = ["SarTracer", "trace"]
 
 
 class SarTracer(fx.Tracer):
+    """fx's tracer, with sarcompile's layers as leaves. With ``graph_input`` (the position
+    after ``self``, or the name, of the graph argument) and DGL imported, the graph is
+    traced as a :class:`~sarcompile.frontends.dgl_graph.GraphProxy`, so code calling
+    ``g.update_all`` becomes IR ops."""
+
+    def __init__(self, graph_input: int | str | None = None):
+        super().__init__()
+        self.graph_input = graph_input
+        self.helpers: list[str] = []  # modules added to the root while tracing, see add_helper_module
+
+    def add_helper_module(self, module: nn.Module) -> nn.Module:
+        """Attach ``module`` (e.g. a DGL builtin message function) to the root, so an IR op
+        can take it as an argument; :func:`trace` detaches it from the user's model again."""
+        name = f"_sc_helper_{len(self.helpers)}"
+        self.root.add_module(name, module)
+        self.helpers.append(name)
+        if getattr(self, "submodule_paths", None) is not None:  # fx's cache of module paths
+            self.submodule_paths[module] = name
+        return module
+
+    def create_args_for_root(self, root_fn, is_module, concrete_args=None):
+        fn, args = super().create_args_for_root(root_fn, is_module, concrete_args)
+        if self.graph_input is None or "dgl" not in sys.modules:
+            return fn, args
+        from .frontends.dgl_graph import GraphProxy
+
+        args = list(args)
+        first = 1 if is_module else 0
+        for i in range(first, len(args)):
+            a = args[i]
+            if isinstance(a, fx.Proxy) and self.graph_input in (i - first, a.node.target):
+                args[i] = GraphProxy(a.node, self)
+        return fn, args
+
     def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
         from .nn import NodeDropout, RandomStream
 
@@ -55,20 +90,24 @@ def _with_own_forward(model: nn.Module) -> nn.Module:
     return view
 
 
-def trace(model: nn.Module) -> fx.GraphModule:
+def trace(model: nn.Module, graph_input: int | str | None = None) -> fx.GraphModule:
     """Symbolically trace ``model``; failures become a :class:`CompileError` that says why,
-    naming the layer being traced and the user's line that failed."""
-    tracer = SarTracer()
+    naming the layer being traced and the user's line that failed. ``graph_input``: see
+    :class:`SarTracer`."""
+    tracer = SarTracer(graph_input)
     root = lowering_for(model)  # a model that is one layer: trace what it lowers to
     try:
         graph = tracer.trace(_with_own_forward(model if root is None else root))
+        return fx.GraphModule(tracer.root, graph, type(model).__name__)
     except fx.proxy.TraceError as e:
         raise CompileError(
             f"cannot trace {type(model).__name__}{_where(tracer, e)}: {e}. sarcompile traces forward() "
             "once with symbolic tensors, so Python control flow may not depend on tensor values; "
             "move such logic into a submodule that stays a leaf or make it static."
         ) from None
-    return fx.GraphModule(tracer.root, graph, type(model).__name__)
+    finally:  # the GraphModule holds the helper modules now; the user's model must not
+        for name in tracer.helpers:
+            delattr(tracer.root, name)
 
 
 def _where(tracer: fx.Tracer, error: BaseException) -> str:

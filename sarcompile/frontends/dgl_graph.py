@@ -1,0 +1,248 @@
+"""A stand-in for a ``DGLGraph`` while a model is traced, so user code that calls
+``g.update_all`` / ``g.apply_edges`` becomes IR ops.
+
+DGL user code stores tensors in the graph's frames and runs message passing on them::
+
+    with g.local_scope():
+        g.ndata["h"] = x
+        g.edata["w"] = w
+        g.update_all(fn.u_mul_e("h", "w", "m"), fn.sum("m", "h"))
+        return g.ndata["h"]
+
+When the compiled model is traced, the graph argument is a :class:`GraphProxy`: an fx
+proxy of the graph input (so IR ops and lowered DGL layers receive the graph) with the
+frames as plain dicts of traced values. ``update_all`` lowers to
+
+* ``spmm`` for ``copy_u`` with ``sum``/``mean``/``max``;
+* ``message_passing`` (per-block messages, recomputed in backward) for every other
+  builtin message (``u_mul_e``, ``u_add_v``, ``copy_e``, ...) and for a user message
+  function ``def message(edges): return {"m": ...}`` reading ``edges.src`` /
+  ``edges.dst`` (one node field) and ``edges.data`` (at most one edge field).
+
+``apply_edges`` with a builtin ``u_*_v`` lowers to ``sddmm``. Reduce functions must be
+DGL's builtins ``sum``, ``mean`` or ``max``: a mailbox function (``nodes.mailbox``, which
+DGL buckets by degree) is refused with a :class:`~sarcompile.CompileError`, as is what is
+not listed here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import operator
+from typing import Any, Callable
+
+import torch.fx as fx
+from torch import nn
+
+from ..errors import CompileError
+from ..ops import message_passing, sddmm, spmm
+
+__all__ = ["GraphProxy"]
+
+_SRC, _DST, _EDGE = 0, 1, 2  # dgl.function.TargetCode
+_REDUCES = {"sum": "sum", "mean": "mean", "max": "max"}
+_BINARY = {"add": operator.add, "sub": operator.sub, "mul": operator.mul, "div": operator.truediv}
+
+
+class _BuiltinMessage(nn.Module):
+    """A DGL builtin message ``lhs op rhs`` as ``fn(x_j, x_i, e)``."""
+
+    def __init__(self, op: str, lhs: int, rhs: int | None):
+        super().__init__()
+        self.op, self.lhs, self.rhs = op, lhs, rhs
+
+    def forward(self, x_j, x_i, e):
+        side = {_SRC: x_j, _DST: x_i, _EDGE: e}
+        if self.rhs is None:  # copy
+            return side[self.lhs]
+        a, b = side[self.lhs], side[self.rhs]
+        if self.op == "dot":
+            return (a * b).sum(-1, keepdim=True)
+        return _BINARY[self.op](a, b)
+
+
+class _Edges:
+    """What a DGL message function receives: ``src``, ``dst`` and ``data`` by field."""
+
+    def __init__(self, src: dict, dst: dict, data: dict):
+        self.src, self.dst, self.data = src, dst, data
+
+
+class _UserMessage(nn.Module):
+    """A user's DGL message function as ``fn(x_j, x_i, e)``: one node field, one edge field."""
+
+    def __init__(self, func: Callable, node_field: str | None, edge_field: str | None, out_field: str):
+        super().__init__()
+        self.func, self.node_field, self.edge_field, self.out_field = func, node_field, edge_field, out_field
+
+    def forward(self, x_j, x_i, e):
+        src = {} if self.node_field is None else {self.node_field: x_j}
+        dst = {} if self.node_field is None else {self.node_field: x_i}
+        data = {} if self.edge_field is None else {self.edge_field: e}
+        return self.func(_Edges(src, dst, data))[self.out_field]
+
+
+class _Reads(dict):
+    """A frame that remembers which fields were read."""
+
+    def __init__(self, values: dict, read: set):
+        super().__init__(values)
+        self.read = read
+
+    def __getitem__(self, key):
+        self.read.add(key)
+        return super().__getitem__(key)
+
+
+class GraphProxy(fx.Proxy):
+    """The graph input of a traced DGL-style model: an fx proxy with DGL's frames."""
+
+    def __init__(self, node: fx.Node, tracer: fx.Tracer):
+        super().__init__(node, tracer)
+        self._frames: list[tuple[dict, dict]] = [({}, {})]
+
+    # -- frames (a homogeneous graph: every node is a source and a destination) ----------
+    @property
+    def ndata(self) -> dict:
+        return self._frames[-1][0]
+
+    srcdata = dstdata = ndata
+
+    @property
+    def edata(self) -> dict:
+        return self._frames[-1][1]
+
+    @contextlib.contextmanager
+    def local_scope(self):
+        """Writes inside the block are dropped at its end, as in DGL."""
+        self._frames.append((dict(self.ndata), dict(self.edata)))
+        try:
+            yield self
+        finally:
+            self._frames.pop()
+
+    # -- message passing -------------------------------------------------------------------
+    def update_all(self, message_func, reduce_func, apply_node_func=None) -> None:
+        msg_field, reduce = _reduce_of(reduce_func)
+        if getattr(message_func, "target", None) == _SRC and type(message_func).__name__ == "CopyMessageFunction":
+            out = spmm(self, self._node(message_func.in_field), reduce)
+            _check_field(message_func.out_field, msg_field)
+        else:
+            fn, x, e = self._message(message_func, msg_field)
+            out = message_passing(self, fn, x, e, reduce)
+        if apply_node_func is not None:
+            raise CompileError("update_all(..., apply_node_func) is not supported yet; apply it to g.ndata after")
+        self.ndata[reduce_func.out_field] = out
+
+    def apply_edges(self, func) -> None:
+        """``u_<op>_v`` builtins: a value per edge from its two end nodes."""
+        op = getattr(func, "binary_op", None)
+        if type(func).__name__ != "BinaryMessageFunction" or (func.lhs, func.rhs) != (_SRC, _DST):
+            raise CompileError(
+                f"apply_edges({_describe(func)}) is not supported yet; use a builtin u_add_v / u_sub_v / u_mul_v / "
+                "u_dot_v"
+            )
+        ops = {"add": "add", "sub": "sub", "mul": "mul", "dot": "dot"}
+        if op not in ops:
+            raise CompileError(f"apply_edges with u_{op}_v is not supported yet; use add, sub, mul or dot")
+        value = sddmm(self, self._node(func.lhs_field), self._node(func.rhs_field), ops[op])
+        self.edata[func.out_field] = value.unsqueeze(-1) if op == "dot" else value
+
+    # -- helpers ---------------------------------------------------------------------------
+    def _node(self, field: str):
+        if field not in self.ndata:
+            raise CompileError(f"g.ndata has no field {field!r} here (it has {sorted(self.ndata)})")
+        return self.ndata[field]
+
+    def _edge(self, field: str):
+        if field not in self.edata:
+            raise CompileError(f"g.edata has no field {field!r} here (it has {sorted(self.edata)})")
+        return self.edata[field]
+
+    def _message(self, func, msg_field: str) -> tuple[nn.Module, Any, Any]:
+        """(message module, node tensor, edge tensor or None) for ``message_passing``."""
+        kind = type(func).__name__
+        if kind == "CopyMessageFunction":  # copy_e (copy_u took the spmm path)
+            _check_field(func.out_field, msg_field)
+            if func.target != _EDGE:
+                raise CompileError(f"{_describe(func)} is not supported yet; use copy_u or copy_e")
+            fn = _BuiltinMessage("copy", _EDGE, None)
+            return self._register(fn), self._any_node(), self._edge(func.in_field)
+        if kind == "BinaryMessageFunction":
+            _check_field(func.out_field, msg_field)
+            fields = {side: f for side, f in ((func.lhs, func.lhs_field), (func.rhs, func.rhs_field))}
+            nodes = {f for side, f in fields.items() if side in (_SRC, _DST)}
+            if len(nodes) > 1 or func.binary_op not in (*_BINARY, "dot"):
+                raise CompileError(
+                    f"{_describe(func)} is not supported yet: sarcompile lowers builtin messages that read one node "
+                    "field (u and/or v) and at most one edge field"
+                )
+            x = self._node(nodes.pop()) if nodes else self._any_node()
+            e = self._edge(fields[_EDGE]) if _EDGE in fields else None
+            return self._register(_BuiltinMessage(func.binary_op, func.lhs, func.rhs)), x, e
+        if callable(func) and not hasattr(func, "out_field"):
+            return self._user_message(func, msg_field)
+        raise CompileError(f"message function {_describe(func)} is not supported yet")
+
+    def _user_message(self, func: Callable, msg_field: str) -> tuple[nn.Module, Any, Any]:
+        """Find which fields a user message function reads by running it once on the whole
+        frames (the nodes it adds to the traced graph are removed again)."""
+        node_reads, edge_reads = set(), set()
+        graph = self.tracer.graph
+        before = set(graph.nodes)
+        edges = _Edges(_Reads(self.ndata, node_reads), _Reads(self.ndata, node_reads), _Reads(self.edata, edge_reads))
+        try:
+            out = func(edges)
+        except CompileError:
+            raise
+        except Exception as e:
+            raise CompileError(
+                f"the message function {getattr(func, '__name__', func)!r} failed when traced ({type(e).__name__}: "
+                f"{e}); sarcompile supports message functions that compute with edges.src / edges.dst / "
+                "edges.data tensors"
+            ) from None
+        for node in reversed([n for n in graph.nodes if n not in before]):
+            graph.erase_node(node)
+        if not isinstance(out, dict) or msg_field not in out:
+            raise CompileError(f"the message function must return a dict with the field {msg_field!r} the reduce reads")
+        if len(node_reads) > 1 or len(edge_reads) > 1:
+            raise CompileError(
+                f"the message function reads node fields {sorted(node_reads)} and edge fields {sorted(edge_reads)}; "
+                "sarcompile supports one of each yet: put what it needs in one node tensor (torch.cat)"
+            )
+        node_field = next(iter(node_reads), None)
+        edge_field = next(iter(edge_reads), None)
+        fn = self._register(_UserMessage(func, node_field, edge_field, msg_field))
+        x = self._node(node_field) if node_field else self._any_node()
+        return fn, x, (self._edge(edge_field) if edge_field else None)
+
+    def _any_node(self):
+        """Some node tensor for a message that reads none (message_passing needs rows)."""
+        if not self.ndata:
+            raise CompileError("a message that reads no node field needs some g.ndata field set")
+        return next(iter(self.ndata.values()))
+
+    def _register(self, module: nn.Module) -> nn.Module:
+        """Make ``module`` reachable from the traced root, where IR ops find it by path."""
+        return self.tracer.add_helper_module(module)
+
+
+def _reduce_of(reduce_func) -> tuple[str, str]:
+    name = getattr(reduce_func, "_name", None)
+    if type(reduce_func).__name__ != "SimpleReduceFunction" or name not in _REDUCES:
+        raise CompileError(
+            f"reduce function {_describe(reduce_func)} is not supported yet: use dgl.function.sum, mean or max "
+            "(a function on nodes.mailbox cannot be split into blocks)"
+        )
+    return reduce_func.msg_field, _REDUCES[name]
+
+
+def _check_field(message_out: str, reduce_in: str) -> None:
+    if message_out != reduce_in:
+        raise CompileError(f"the message writes {message_out!r} but the reduce reads {reduce_in!r}")
+
+
+def _describe(func) -> str:
+    if hasattr(func, "name"):
+        return f"dgl.function.{func.name}"
+    return getattr(func, "__name__", type(func).__name__)
