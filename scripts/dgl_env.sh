@@ -27,7 +27,7 @@ REQUIREMENTS=(
 PYTHON=${PYTHON:-python3}
 hash=$(printf '%s\n' "${REQUIREMENTS[@]}" "$("$PYTHON" -c 'import sys; print(sys.version_info[:2])')" \
     | sha256sum | cut -c1-12)
-ENV=${SARCOMPILE_DGL_ENV:-${XDG_CACHE_HOME:-$HOME/.cache}/sarcompile/dgl-env-$hash}
+ENV=${SARCOMPILE_DGL_ENV:-${XDG_CACHE_HOME:-${HOME:-/tmp}/.cache}/sarcompile/dgl-env-$hash}
 
 fail() {
     echo "scripts/dgl_env.sh: FAILED: $1" >&2
@@ -41,8 +41,11 @@ fail() {
 # The env is complete only once the marker is written: a half-built one (killed run, full
 # disk) is removed and rebuilt rather than reused.
 marker="$ENV/.sarcompile-dgl-env-complete"
+mkdir -p "$(dirname "$ENV")" || fail "cannot create $(dirname "$ENV")"
+# One creator at a time: a second clone (or CI run) on this machine waits, then reuses it.
+exec 9>"$ENV.lock"
+flock 9 || fail "cannot lock $ENV.lock"
 if [ ! -f "$marker" ]; then
-    mkdir -p "$(dirname "$ENV")" || fail "cannot create $(dirname "$ENV")"
     rm -rf "$ENV"
     echo "scripts/dgl_env.sh: creating the DGL env in $ENV (once per machine; several GB, a few minutes)" >&2
     log="$(dirname "$ENV")/dgl-env-$hash.create.log"
