@@ -57,8 +57,13 @@ MANIFEST = "manifest.json"
 
 
 # -- node assignment -------------------------------------------------------------------------
-def assign(g: Graph, num_parts: int, method: str = "metis", seed: int = 0) -> torch.Tensor:
+def assign(g: Graph, num_parts: int, method: str | torch.Tensor = "metis", seed: int = 0) -> torch.Tensor:
     """The part of every node: a LongTensor of ``g.num_nodes`` values in ``[0, num_parts)``.
+
+    ``method`` is one of :data:`METHODS` or an integer tensor that *is* the assignment
+    (one part id per node; e.g. another partitioner's, see
+    :func:`sarcompile.frontends.dgl_partition.convert_dgl_partition`), which is checked
+    and returned as a LongTensor; ``seed`` is then unused.
 
     * ``"metis"`` -- METIS k-way on the undirected simple graph behind ``g`` (edge
       directions dropped, self-loops and duplicates removed), seeded with ``seed``.
@@ -71,6 +76,8 @@ def assign(g: Graph, num_parts: int, method: str = "metis", seed: int = 0) -> to
     """
     _check_graph(g)
     _check_num_parts(num_parts)
+    if isinstance(method, torch.Tensor):
+        return _given_assignment(method, g.num_nodes, num_parts)
     if method not in METHODS:
         raise PartitionError(f"unknown partition method {method!r}; choose one of {', '.join(METHODS)}")
     n = g.num_nodes
@@ -82,6 +89,22 @@ def assign(g: Graph, num_parts: int, method: str = "metis", seed: int = 0) -> to
     if method == "metis":
         return _metis(g, num_parts, seed)
     return _contiguous(n, num_parts)
+
+
+def _given_assignment(parts: torch.Tensor, num_nodes: int, num_parts: int) -> torch.Tensor:
+    """A caller's assignment, checked: one integer part id in ``[0, num_parts)`` per node."""
+    if parts.is_floating_point() or parts.is_complex() or parts.dtype == torch.bool:
+        raise PartitionError(f"an assignment must hold integer part ids, got dtype {parts.dtype}")
+    if parts.shape != (num_nodes,):
+        raise PartitionError(
+            f"an assignment must hold one part id per node ({num_nodes}), got shape {tuple(parts.shape)}"
+        )
+    parts = parts.detach().cpu().long()
+    if num_nodes and (int(parts.min()) < 0 or int(parts.max()) >= num_parts):
+        raise PartitionError(
+            f"assignment part ids must lie in [0, {num_parts}), got [{int(parts.min())}, {int(parts.max())}]"
+        )
+    return parts
 
 
 def _contiguous(num_nodes: int, num_parts: int) -> torch.Tensor:
@@ -198,14 +221,15 @@ def partition(
     num_parts: int,
     out_dir: str | os.PathLike,
     node_data: dict[str, torch.Tensor] | None = None,
-    method: str = "metis",
+    method: str | torch.Tensor = "metis",
     seed: int = 0,
     name: str = "graph",
 ) -> Manifest:
     """Split ``g`` (and the node tensors in ``node_data``) into ``num_parts`` files under ``out_dir``.
 
     Worker ``r`` later reads its piece with :func:`load_partition`. Returns the manifest
-    that is also written to ``out_dir/manifest.json``.
+    that is also written to ``out_dir/manifest.json``. ``method`` is as in :func:`assign`:
+    a method name, or a tensor of part ids per node, recorded as method ``"given"``.
     """
     _check_graph(g)
     _check_num_parts(num_parts)
@@ -226,7 +250,7 @@ def partition(
         num_parts=num_parts,
         num_nodes=g.num_nodes,
         num_edges=g.num_edges,
-        method=method,
+        method="given" if isinstance(method, torch.Tensor) else method,
         seed=seed,
         name=name,
         parts=infos,

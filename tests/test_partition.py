@@ -39,7 +39,9 @@ def node_tensors(n: int) -> dict[str, torch.Tensor]:
     }
 
 
-def check_roundtrip(g: Graph, node_data: dict[str, torch.Tensor], num_parts: int, method: str, out: Path) -> None:
+def check_roundtrip(
+    g: Graph, node_data: dict[str, torch.Tensor], num_parts: int, method: str | torch.Tensor, out: Path
+) -> None:
     """Write, load every rank, and compare with the original graph."""
     manifest = partition(g, num_parts, out, node_data=node_data, method=method, seed=3)
     parts = [load_partition(out, rank=r, world_size=num_parts) for r in range(num_parts)]
@@ -160,6 +162,34 @@ def test_assign_is_reproducible_and_in_range():
         assert torch.equal(a, assign(g, 4, method, seed=7))
     assert not torch.equal(assign(g, 4, "random", seed=1), assign(g, 4, "random", seed=2))
     assert assign(g, 5, "contiguous").tolist() == [v * 5 // 50 for v in range(50)]
+
+
+@pytest.mark.parametrize("num_parts", [1, 3])
+def test_given_assignment_roundtrip(num_parts, tmp_path):
+    """A tensor of part ids as ``method`` is used as is (e.g. another partitioner's);
+    the manifest records method "given"."""
+    g = messy_graph(40, 120, seed=5)
+    given_parts = torch.randint(num_parts, (40,), generator=torch.Generator().manual_seed(1), dtype=torch.int32)
+    check_roundtrip(g, node_tensors(40), num_parts, given_parts, tmp_path)
+    assert read_manifest(tmp_path).method == "given"
+    assert torch.equal(assign(g, num_parts, given_parts), given_parts.long())
+
+
+@pytest.mark.parametrize(
+    "parts, match",
+    [
+        (torch.zeros(40), "integer part ids"),
+        (torch.zeros(39, dtype=torch.long), "one part id per node"),
+        (torch.zeros(40, 1, dtype=torch.long), "one part id per node"),
+        (torch.full((40,), 3), r"\[0, 3\)"),
+        (torch.full((40,), -1), r"\[0, 3\)"),
+    ],
+)
+def test_given_assignment_is_checked(parts, match, tmp_path):
+    g = messy_graph(40, 120, seed=5)
+    with pytest.raises(PartitionError, match=match):
+        partition(g, 3, tmp_path, method=parts)
+    assert not (tmp_path / "manifest.json").exists()
 
 
 def test_symmetric_csr_drops_loops_and_duplicates():
