@@ -160,7 +160,9 @@ class DistributedModule(nn.Module):
 
     def plan_for_workers(self, workers: list[WorkerStats], x: torch.Tensor, optimizer: Any = None) -> Plan:
         """The plan for workers of the given shard sizes (real, or from a partition model)."""
-        program = self.program(partitioned=True)
+        # The graph argument's position as the last call gave it (DGL-style code needs it
+        # to be traced); before any call, the first argument, as in forward(g, x).
+        program = self.program(partitioned=True, graph_input=self.__dict__.get("_graph_input", 0))
         # The probe run must not advance dropout counters or other buffers of the model.
         buffers = {k: v.clone() for k, v in self._orig.named_buffers()}
         try:
@@ -174,6 +176,7 @@ class DistributedModule(nn.Module):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         graph, where = _find_graph(args, kwargs)
+        self.__dict__["_graph_input"] = where
         return self.program(isinstance(graph, ShardGraph), where).module(*args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:

@@ -159,3 +159,25 @@ def test_unsupported_update_all_is_refused_clearly(model, words):
         sc.distribute(model())(g, torch.randn(2, 3))
     for word in words:
         assert word in str(info.value), str(info.value)
+
+
+class _NodeOnly(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(5, 4)
+
+    def forward(self, g, x):
+        with g.local_scope():
+            g.ndata["h"] = self.lin(x)
+            g.update_all(fn.copy_u("h", "m"), fn.max("m", "a"))
+            g.update_all(lambda edges: {"m": edges.src["h"] - edges.dst["h"]}, fn.mean("m", "b"))
+            g.apply_edges(fn.u_dot_v("h", "h", "s"))
+            g.update_all(fn.copy_e("s", "m"), fn.sum("m", "c"))
+            return g.ndata["a"] + g.ndata["b"] + g.ndata["c"]
+
+
+def test_plan_of_update_all_code():
+    """plan() traces DGL-style code too, before the model was ever called."""
+    g = sc.Graph.from_edges(torch.arange(30), (torch.arange(30) * 7 + 1) % 30, 30)
+    plan = sc.distribute(_NodeOnly()).plan(g, 2, x=torch.zeros(1, 5), method="contiguous")
+    assert [op.op for op in plan.ops] == ["spmm(max)", "message_passing(mean)", "sddmm(dot)", "message_passing(sum)"]
