@@ -2,7 +2,9 @@
 
 ``sarcompile partition --edges FILE --parts N --out DIR`` cuts a graph into N parts for
 N workers; ``--dataset ogbn-arxiv --root DIR`` in place of ``--edges`` reads an OGB dataset
-instead. ``sarcompile partition --help`` lists the edge file formats.
+instead, and ``--dgl-partition CONFIG.json --out DIR`` converts a partition made by DGL's
+``partition_graph`` (keeping its assignment). ``sarcompile partition --help`` lists the
+edge file formats.
 ``sarcompile plan MODULE:FACTORY --parts DIR`` prints what a model will do on them.
 """
 
@@ -26,7 +28,7 @@ from rich.console import Console
 from rich.text import Text
 
 from .datasets import SUPPORTED, load_ogb
-from .errors import DatasetError, GraphError, SarcompileError
+from .errors import DatasetError, GraphError, PartitionError, SarcompileError
 from .graph import Graph
 from .partitioning import METHODS, partition, summary
 
@@ -39,6 +41,13 @@ graph sources (exactly one):
                                as OGB's zip extracts; never downloaded. Node data: x, y
                                (-1 = unlabelled), train_mask, val_mask, test_mask.
                                NAME: {datasets}
+  --dgl-partition CONFIG.json  a partition written by dgl.distributed.partition_graph
+                               (homogeneous graphs; needs dgl): converted with DGL's
+                               node-to-part assignment and node features. Node ids are
+                               DGL's reshuffled ids, or the original ids with
+                               --dgl-mapping FILE (a torch.save'd orig_nids tensor, or the
+                               (orig_nids, orig_eids) pair return_mapping=True returns).
+                               --parts is then optional (DGL's number of parts).
 
 edge file formats:
   .pt   torch.save'd dict with 'src' and 'dst' (node ids of each edge u->v), optional
@@ -77,6 +86,14 @@ def _parser() -> argparse.ArgumentParser:
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--edges", metavar="FILE", help="edge list (.pt, .npz or .csv; see below)")
     source.add_argument("--dataset", metavar="NAME", help="an OGB dataset under --root (see below)")
+    source.add_argument(
+        "--dgl-partition", metavar="CONFIG.json", help="convert a DGL partition_graph output (see below)"
+    )
+    p.add_argument(
+        "--dgl-mapping",
+        metavar="FILE",
+        help="with --dgl-partition: the original ids partition_graph(return_mapping=True) returned, torch.save'd",
+    )
     p.add_argument("--root", metavar="DIR", help="directory holding the OGB dataset folders (needed by --dataset)")
     p.add_argument(
         "--symmetrize",
@@ -84,12 +101,14 @@ def _parser() -> argparse.ArgumentParser:
         help="with --dataset: add the reverse of every edge, each pair once (default: for the datasets "
         "OGB stores directed, arxiv and papers100M, as OGB's examples do)",
     )
-    p.add_argument("--parts", required=True, type=_positive_int, metavar="N", help="number of parts (= workers)")
+    p.add_argument(
+        "--parts", type=_positive_int, metavar="N", help="number of parts (= workers); needed by --edges, --dataset"
+    )
     p.add_argument("--out", required=True, metavar="DIR", help="directory to write the parts and manifest.json to")
     p.add_argument(
-        "--method", choices=METHODS, default="metis", help="how nodes are assigned to parts (default: metis)"
+        "--method", choices=METHODS, help="how nodes are assigned to parts (default: metis)"
     )
-    p.add_argument("--seed", type=int, default=0, help="seed of the metis and random methods (default: 0)")
+    p.add_argument("--seed", type=int, help="seed of the metis and random methods (default: 0)")
     p.add_argument("--name", help="name recorded in the manifest (default: the edge file's or dataset's name)")
     p.set_defaults(run=_partition)
 
@@ -169,6 +188,14 @@ def _positive_int(text: str) -> int:
 
 def _partition(args: argparse.Namespace) -> int:
     """Load, partition, write; a spinner per phase on stderr, the summary and timings on stdout."""
+    if args.dgl_partition is not None:
+        return _convert_dgl(args)
+    if args.parts is None:
+        raise PartitionError("--parts N is needed with --edges or --dataset")
+    if args.dgl_mapping is not None:
+        raise PartitionError("--dgl-mapping applies only to --dgl-partition")
+    args.method = args.method or "metis"
+    args.seed = 0 if args.seed is None else args.seed
     start = time.perf_counter()
     # Only a terminal shows the (transient) spinner, so logs and pipes see stderr only on error.
     console = Console(stderr=True, highlight=False)
@@ -185,6 +212,45 @@ def _partition(args: argparse.Namespace) -> int:
     print("time: " + ", ".join(f"{phase} {seconds:.2f} s" for phase, seconds in times.items()))
     print(f"wrote {args.parts} parts to {args.out} in {time.perf_counter() - start:.2f} s")
     return 0
+
+
+def _convert_dgl(args: argparse.Namespace) -> int:
+    """Convert a DGL partition, keeping its assignment; print the summary and which ids it uses."""
+    from .frontends.dgl_partition import convert_dgl_partition
+
+    given = [f"--{k}" for k in ("root", "symmetrize", "method", "seed") if getattr(args, k) is not None]
+    if given:
+        raise PartitionError(
+            f"{', '.join(given)} apply only to --edges/--dataset: a DGL partition keeps DGL's assignment"
+        )
+    start = time.perf_counter()
+    orig_nids, orig_eids = _read_dgl_mapping(args.dgl_mapping) if args.dgl_mapping else (None, None)
+    console = Console(stderr=True, highlight=False)
+    times: dict[str, float] = {}
+    with _phase(console, times, "convert + write", f"converting {args.dgl_partition} to {args.out}"):
+        manifest = convert_dgl_partition(
+            args.dgl_partition, args.out, orig_nids, orig_eids, name=args.name, num_parts=args.parts
+        )
+    print(summary(manifest))
+    ids = "original node ids" if manifest.name.endswith("original ids)") else "DGL's reshuffled node ids"
+    print(f"node ids: {ids}; DGL's node-to-part assignment kept")
+    print(f"converted {manifest.num_parts} parts to {args.out} in {time.perf_counter() - start:.2f} s")
+    return 0
+
+
+def _read_dgl_mapping(path: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``orig_nids`` (and ``orig_eids`` if present) from a torch.save'd tensor, pair or dict."""
+    data = _read_any(Path(path), lambda: torch.load(path, map_location="cpu", weights_only=True))
+    if isinstance(data, dict):
+        data = (data.get("orig_nids"), data.get("orig_eids"))
+    if isinstance(data, torch.Tensor):
+        return data, None
+    pair = isinstance(data, (tuple, list)) and len(data) == 2 and isinstance(data[0], torch.Tensor)
+    if pair and (data[1] is None or isinstance(data[1], torch.Tensor)):
+        return data[0], data[1]
+    raise PartitionError(
+        f"'{path}' holds no id mapping: save orig_nids, or the (orig_nids, orig_eids) pair, with torch.save"
+    )
 
 
 @contextlib.contextmanager
@@ -242,16 +308,22 @@ def _load_npz(path: Path) -> dict[str, np.ndarray]:
 
 
 def _read(path: Path, load: Callable[[], Any]) -> dict:
+    data = _read_any(path, load)
+    if not isinstance(data, dict):
+        raise GraphError(f"'{path}' holds a {type(data).__name__}; expected a dict with 'src' and 'dst'")
+    return data
+
+
+def _read_any(path: Path, load: Callable[[], Any]) -> Any:
+    if not path.is_file():
+        raise GraphError(f"file '{path}' not found")
     try:
-        data = load()
+        return load()
     except Exception as e:  # noqa: BLE001 -- torch.load and np.load raise many types for a bad file
         reason = " ".join(str(e).split())
         if len(reason) > 200:  # torch's unpickling errors run to a paragraph
             reason = reason[:200] + "..."
         raise GraphError(f"cannot read '{path}' ({type(e).__name__}: {reason})") from None
-    if not isinstance(data, dict):
-        raise GraphError(f"'{path}' holds a {type(data).__name__}; expected a dict with 'src' and 'dst'")
-    return data
 
 
 def _graph_from_dict(arrays: dict, path: Path) -> tuple[Graph, dict[str, torch.Tensor]]:

@@ -214,3 +214,23 @@ def test_exactly_one_graph_source(tmp_path, source):
     with pytest.raises(SystemExit) as exit:
         main(["partition", *source, "--parts", "2", "--out", str(tmp_path)])
     assert exit.value.code == 2
+
+
+def test_dgl_partition_without_dgl_says_so(tmp_path, capsys):
+    """Reading DGL's files needs DGL; without it the error says what to install."""
+    import importlib.util
+    import json
+
+    if importlib.util.find_spec("dgl") is not None:
+        pytest.skip("DGL is installed here (tests/frontends/test_dgl_partition.py covers conversion)")
+    config = tmp_path / "toy.json"
+    config.write_text(json.dumps({"num_parts": 1, "num_nodes": 2, "num_edges": 1, "ntypes": {"_N": 0},
+                                  "etypes": {"_N:_E:_N": 0}, "part-0": {"part_graph": "part0/graph.dgl"}}))
+    assert main(["partition", "--dgl-partition", str(config), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("sarcompile partition: error: ") and "needs DGL" in err
+
+
+def test_parts_needed_without_dgl_partition(tmp_path, capsys):
+    assert main(["partition", "--edges", "g.pt", "--out", str(tmp_path)]) == 2
+    assert "--parts N is needed" in capsys.readouterr().err
