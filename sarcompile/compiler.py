@@ -14,6 +14,8 @@ A single machine runs the program after ``fuse``; a worker runs the one after
 
 from __future__ import annotations
 
+import inspect
+
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,14 +48,35 @@ class Program:
     stages: list[tuple[str, str]] = field(default_factory=list)
 
 
-def compile_program(
-    model: nn.Module, options: CompileOptions, partitioned: bool, graph_input: int | str | None = None
-) -> Program:
-    """Run the pipeline on ``model``; stop after ``fuse`` for a single machine.
-    ``graph_input`` (position or name of the graph argument) lets DGL-style code that
-    calls methods of the graph (``update_all``) be traced."""
+@dataclass(frozen=True)
+class CallShape:
+    """What a traced program depends on in how the model is called: where the graph
+    argument is (DGL-style code calling ``g.update_all`` needs it traced as a graph), and
+    which optional inputs are None -- traced as constants, so branches such as ``if
+    edge_weight is not None`` are decided when compiling (PyG's ready-made models need it).
+    A program is compiled per shape."""
+
+    graph_input: int | str | None = None
+    none_inputs: frozenset[str] = frozenset()
+
+    @classmethod
+    def of_call(cls, forward, args: tuple, kwargs: dict, graph_input: int | str) -> "CallShape":
+        params = inspect.signature(forward).parameters
+        given = dict(zip(params, args)) | kwargs
+        optional = [n for n, p in params.items() if p.default is None and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+        return cls(graph_input, frozenset(n for n in optional if given.get(n) is None))
+
+    @classmethod
+    def default(cls, forward, graph_input: int | str = 0) -> "CallShape":
+        """A call with the graph and the features only: every optional input None."""
+        return cls.of_call(forward, (), {}, graph_input)
+
+
+def compile_program(model: nn.Module, options: CompileOptions, partitioned: bool, call: CallShape = CallShape()) -> Program:
+    """Run the pipeline on ``model`` as called with ``call``; stop after ``fuse`` for a
+    single machine."""
     load_available()  # lowering rules for the layers of libraries in use (PyG)
-    gm = trace(model, graph_input)
+    gm = trace(model, call.graph_input, call.none_inputs)
     stages = [("trace", gm.code)]
     passes = [("lower", lower), ("fuse", fuse)]
     if partitioned:
@@ -116,7 +139,7 @@ class DistributedModule(nn.Module):
     def options(self) -> CompileOptions:
         return self._options
 
-    def program(self, partitioned: bool, graph_input: int | str | None = None) -> Program:
+    def program(self, partitioned: bool, call: CallShape | None = None) -> Program:
         """The compiled program for the current training flag (compiled on first use).
 
         A program refers to the parameter and buffer objects it was traced with, so it is
@@ -124,10 +147,11 @@ class DistributedModule(nn.Module):
         assigning a new buffer, ``.to()``).
         """
         state = tuple(self._orig.parameters()) + tuple(self._orig.buffers())
-        key = (partitioned, self.training, graph_input)
+        call = call or CallShape.default(self._orig.forward)
+        key = (partitioned, self.training, call)
         cached = self._programs.get(key)
         if cached is None or len(cached[0]) != len(state) or any(a is not b for a, b in zip(cached[0], state)):
-            self._programs[key] = (state, compile_program(self._orig, self._options, partitioned, graph_input))
+            self._programs[key] = (state, compile_program(self._orig, self._options, partitioned, call))
         return self._programs[key][1]
 
     def plan(
@@ -160,9 +184,9 @@ class DistributedModule(nn.Module):
 
     def plan_for_workers(self, workers: list[WorkerStats], x: torch.Tensor, optimizer: Any = None) -> Plan:
         """The plan for workers of the given shard sizes (real, or from a partition model)."""
-        # The graph argument's position as the last call gave it (DGL-style code needs it
-        # to be traced); before any call, the first argument, as in forward(g, x).
-        program = self.program(partitioned=True, graph_input=self.__dict__.get("_graph_input", 0))
+        # Traced as the last call was made (where the graph is, which inputs are None);
+        # before any call, as forward(g, x) with every optional input None.
+        program = self.program(partitioned=True, call=self.__dict__.get("_last_call"))
         # The probe run must not advance dropout counters or other buffers of the model.
         buffers = {k: v.clone() for k, v in self._orig.named_buffers()}
         try:
@@ -176,8 +200,9 @@ class DistributedModule(nn.Module):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         graph, where = _find_graph(args, kwargs)
-        self.__dict__["_graph_input"] = where
-        return self.program(isinstance(graph, ShardGraph), where).module(*args, **kwargs)
+        call = CallShape.of_call(self._orig.forward, args, kwargs, where)
+        self.__dict__["_last_call"] = call
+        return self.program(isinstance(graph, ShardGraph), call).module(*args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
         try:

@@ -7,6 +7,7 @@ become single ``call_function`` nodes by themselves (see :func:`sarcompile.ops.i
 
 from __future__ import annotations
 
+import inspect
 import os
 import sys
 import traceback
@@ -90,14 +91,20 @@ def _with_own_forward(model: nn.Module) -> nn.Module:
     return view
 
 
-def trace(model: nn.Module, graph_input: int | str | None = None) -> fx.GraphModule:
+def trace(
+    model: nn.Module, graph_input: int | str | None = None, none_inputs: frozenset[str] = frozenset()
+) -> fx.GraphModule:
     """Symbolically trace ``model``; failures become a :class:`CompileError` that says why,
     naming the layer being traced and the user's line that failed. ``graph_input``: see
-    :class:`SarTracer`."""
+    :class:`SarTracer`; ``none_inputs``: forward's optional inputs that are None, traced
+    as constants."""
     tracer = SarTracer(graph_input)
     root = lowering_for(model)  # a model that is one layer: trace what it lowers to
+    root = _with_own_forward(model if root is None else root)
+    names = inspect.signature(root.forward).parameters
+    constants = {name: None for name in none_inputs if name in names}
     try:
-        graph = tracer.trace(_with_own_forward(model if root is None else root))
+        graph = tracer.trace(root, concrete_args=constants or None)
         return fx.GraphModule(tracer.root, graph, type(model).__name__)
     except fx.proxy.TraceError as e:
         raise CompileError(

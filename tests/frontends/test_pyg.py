@@ -381,3 +381,30 @@ def test_plan_of_a_pyg_model():
         ("edge", "message_passing(max)", "remat"),
     ]
     assert all(e.peak_bytes > 0 for e in plan.memory_estimate())
+
+
+@pytest.mark.parametrize("name", ["GraphSAGE", "GCN", "GAT", "GIN"])
+def test_pyg_ready_made_models(name):
+    """torch_geometric.nn.models: their forward branches on optional inputs being None,
+    which are traced as constants when they are not given."""
+    from torch_geometric.nn import models
+
+    gen = torch.Generator().manual_seed(1)
+    n = 30
+    src, dst = torch.randint(0, n, (100,), generator=gen), torch.randint(0, n, (100,), generator=gen)
+    torch.manual_seed(1)
+    eager = getattr(models, name)(6, 8, num_layers=3, out_channels=3, norm="batch_norm").to(DT)
+    compiled_model = copy.deepcopy(eager)
+    x = torch.randn(n, 6, generator=gen, dtype=DT)
+    weight = torch.randn(n, 3, generator=gen, dtype=DT)
+    results = []
+    for model, graph in ((eager, torch.stack([src, dst])), (sc.distribute(compiled_model), sc.Graph.from_edges(src, dst, n))):
+        xi = x.clone().requires_grad_(True)
+        out = model(xi, graph)
+        (out * weight).sum().backward()
+        results.append((out.detach(), xi.grad))
+    assert_close(results[1][0], results[0][0], "output")
+    assert_close(results[1][1], results[0][1], "x grad")
+    grads = dict(compiled_model.named_parameters())
+    for k, p in eager.named_parameters():
+        assert_close(grads[k].grad, p.grad, f"grad of {k}")
