@@ -43,11 +43,11 @@ def _dgl_graph(seed: int = 0):
     return g
 
 
-def _dgl_partition(tmp_path, num_parts: int, method: str, mapping: bool):
+def _dgl_partition(tmp_path, num_parts: int, method: str, mapping: bool, hops: int = 1):
     g = _dgl_graph()
     dgl.random.seed(0)
     out = dgl.distributed.partition_graph(
-        g, "toy", num_parts, str(tmp_path / "dgl"), part_method=method, return_mapping=mapping
+        g, "toy", num_parts, str(tmp_path / "dgl"), num_hops=hops, part_method=method, return_mapping=mapping
     )
     return g, tmp_path / "dgl" / "toy.json", out
 
@@ -59,12 +59,13 @@ def _dgl_inner_nodes(config, p: int) -> torch.Tensor:
     return pg.ndata[dgl.NID][pg.ndata["inner_node"].bool()]
 
 
-CASES = [(2, "metis", True), (3, "metis", False), (2, "random", False), (3, "random", True), (1, "metis", False)]
+CASES = [(2, "metis", True, 1), (3, "metis", False, 1), (2, "random", False, 1), (3, "random", True, 1),
+         (1, "metis", False, 1), (3, "metis", True, 2), (2, "random", False, 2)]  # hops: halo depth DGL stores
 
 
-@pytest.mark.parametrize("num_parts, method, mapping", CASES)
-def test_converted_partition_is_dgls(tmp_path, num_parts, method, mapping):
-    g, config, returned = _dgl_partition(tmp_path, num_parts, method, mapping)
+@pytest.mark.parametrize("num_parts, method, mapping, hops", CASES)
+def test_converted_partition_is_dgls(tmp_path, num_parts, method, mapping, hops):
+    g, config, returned = _dgl_partition(tmp_path, num_parts, method, mapping, hops)
     orig_nids, orig_eids = returned if mapping else (None, None)
     out = tmp_path / "ours"
     manifest = convert_dgl_partition(config, out, orig_nids, orig_eids)
