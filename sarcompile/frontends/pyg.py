@@ -88,15 +88,17 @@ def _refuse(m: nn.Module, option: str, value, what_to_do: str) -> CompileError:
 
 
 def _check_common(m: nn.Module, base: type, aggrs: tuple[str, ...] | None = None) -> None:
-    """Refuse what no rule covers: subclasses that change the computation, hooks that would
-    not run, lazily initialised parameters, other flows and aggregations."""
+    """Refuse what no rule covers: subclasses that change the computation (only non-
+    MessagePassing ones reach here, see :func:`_unless_overridden`), hooks that would not
+    run, lazily initialised parameters, other flows and aggregations."""
     if type(m) is not base:
         changed = [k for k in _DEFINING if getattr(type(m), k, None) is not getattr(base, k, None)]
         if changed:
             raise CompileError(
                 f"{_name(m)} subclasses torch_geometric.nn.{base.__name__} but overrides {', '.join(changed)}, "
-                "so the rule for the base class does not apply; lowering arbitrary MessagePassing code is not "
-                "supported yet: write the layer with sarcompile's IR ops (sc.spmm, sc.sddmm, sc.edge_softmax)"
+                "so the rule for the base class does not apply (MessagePassing subclasses get the general "
+                "lowering; this one is not a MessagePassing layer): use the base class, or write the layer with "
+                "sarcompile's ops (e.g. sc.nn.BatchNorm)"
             )
     hooks = [k for k, v in vars(m).items() if k.endswith("hooks") and ("forward" in k or "backward" in k) and v]
     if hooks:
