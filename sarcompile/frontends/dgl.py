@@ -102,7 +102,7 @@ def require_in_edges(graph: Graph | ShardGraph, feat: torch.Tensor, layer: str) 
     """``feat`` unchanged if every node has an in-edge; else the error DGL raises for
     ``allow_zero_in_degree=False``. All workers decide together (one all-reduce of a count),
     so they fail together instead of leaving their peers waiting."""
-    if comm._offline:  # the planner's probe runs on a made-up graph; only real graphs are checked
+    if comm.is_offline():  # the planner's probe runs on a made-up graph; only real graphs are checked
         return feat
     zero = int(comm.global_sum((graph.in_degrees() == 0).sum().reshape(1))[0])
     if zero:

@@ -233,6 +233,11 @@ def global_sum(t: torch.Tensor, phase: str | None = None) -> torch.Tensor:
 _offline = False
 
 
+def is_offline() -> bool:
+    """Inside :func:`offline`: code that would check something across workers skips it."""
+    return _offline
+
+
 @contextmanager
 def offline():
     """Within this block :func:`global_sum` is the identity on every worker: for running a
