@@ -25,6 +25,7 @@ import dgl.function as fn
 import dgl.nn as dglnn
 import torch
 import torch.nn.functional as F
+from common import num_classes, train_step
 from torch import nn
 
 import sarcompile as sc
@@ -60,17 +61,6 @@ class Net(nn.Module):
         return self.conv2(g, h).mean(1)
 
 
-def train_step(model, opt, g, x, y, mask, total, sync: bool = True) -> torch.Tensor:
-    """One full-batch step; returns this worker's share of the global mean loss."""
-    opt.zero_grad()
-    out = model(g, x)
-    loss = F.cross_entropy(out[mask], y[mask], reduction="sum") / total
-    loss.backward()
-    if sync:  # sum the workers' gradients: each holds its nodes' share of the global loss
-        sc.sync_gradients(model)
-    opt.step()
-    return loss.detach()
-
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -88,15 +78,15 @@ def main() -> None:
     part = sc.load_partition(args.parts)
     # .bool(): a partition converted from DGL's files holds masks as uint8
     x, y, mask = part.node_data["x"], part.node_data["y"], part.node_data["train_mask"].bool()
-    num_classes = int(_global_max(y)) + 1
+    classes = num_classes(y)
     total = sc.global_sum(mask.sum())
 
     torch.manual_seed(args.seed)  # identical initial weights on every worker
-    net = Net(x.shape[1], args.hidden, num_classes, args.heads)
+    net = Net(x.shape[1], args.hidden, classes, args.heads)
     ref = None
     if args.reference and rank == 0:  # the eager DGL model, same initial weights, whole graph
         g_all, data = sc.load_whole_graph(args.parts)
-        ref_net = Net(x.shape[1], args.hidden, num_classes, args.heads)
+        ref_net = Net(x.shape[1], args.hidden, classes, args.heads)
         ref_net.load_state_dict(net.state_dict())
         dgl_graph = dgl.graph((g_all.src, g_all.dst), num_nodes=g_all.num_nodes)
         ref = (ref_net, torch.optim.Adam(ref_net.parameters(), lr=args.lr), dgl_graph, data)
@@ -111,7 +101,7 @@ def main() -> None:
         print(header + f" {'time':>7}")
     for epoch in range(1, args.epochs + 1):
         t0 = time.perf_counter()
-        local_loss = train_step(model, opt, part.graph, x, y, mask, total)
+        local_loss = train_step(model, opt, (part.graph, x), y, mask, total)
         loss = float(sc.global_sum(local_loss))
         took = time.perf_counter() - t0
         if rank == 0:
@@ -119,18 +109,11 @@ def main() -> None:
             if ref:
                 m, o, dgl_graph, d = ref
                 m_mask = d["train_mask"].bool()
-                ref_loss = float(train_step(m, o, dgl_graph, d["x"], d["y"], m_mask, m_mask.sum(), sync=False))
+                ref_loss = float(train_step(m, o, (dgl_graph, d["x"]), d["y"], m_mask, m_mask.sum(), sync=False))
                 line += f" {ref_loss:>18.6f} {abs(loss - ref_loss):>9.1e}"
             print(line + f" {took:>6.2f}s", flush=True)
     sc.shutdown()
 
-
-def _global_max(t: torch.Tensor) -> torch.Tensor:
-    import torch.distributed as dist
-
-    m = t.max().reshape(1) if t.numel() else torch.full((1,), -1, dtype=t.dtype)
-    dist.all_reduce(m, op=dist.ReduceOp.MAX)
-    return m[0]
 
 
 if __name__ == "__main__":

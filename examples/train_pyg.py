@@ -20,6 +20,7 @@ import time
 import torch
 import torch.nn.functional as F
 import torch_geometric.nn as gnn
+from common import num_classes, train_step
 from torch import nn
 
 import sarcompile as sc
@@ -38,17 +39,6 @@ class Net(nn.Module):
         h = F.relu(self.norm1(self.conv1(x, edge_index)))
         return self.conv2(h, edge_index)
 
-
-def train_step(model, opt, x, edge_index, y, mask, total, sync: bool = True) -> torch.Tensor:
-    """One full-batch step; returns this worker's share of the global mean loss."""
-    opt.zero_grad()
-    out = model(x, edge_index)
-    loss = F.cross_entropy(out[mask], y[mask], reduction="sum") / total
-    loss.backward()
-    if sync:  # sum the workers' gradients: each holds its nodes' share of the global loss
-        sc.sync_gradients(model)
-    opt.step()
-    return loss.detach()
 
 
 def main() -> None:
@@ -69,15 +59,15 @@ def main() -> None:
     rank, world_size = sc.init()
     part = sc.load_partition(args.parts)
     x, y, mask = part.node_data["x"], part.node_data["y"], part.node_data["train_mask"]
-    num_classes = int(_global_max(y)) + 1
+    classes = num_classes(y)
     total = sc.global_sum(mask.sum())
 
     torch.manual_seed(args.seed)  # identical initial weights (and attention-dropout seeds) on every worker
-    net = Net(x.shape[1], args.hidden, num_classes, args.heads, args.attn_dropout)
+    net = Net(x.shape[1], args.hidden, classes, args.heads, args.attn_dropout)
     ref = None
     if args.reference and rank == 0:  # the eager PyG model, same initial weights, whole graph
         g_all, data = sc.load_whole_graph(args.parts)
-        ref_net = Net(x.shape[1], args.hidden, num_classes, args.heads, args.attn_dropout)
+        ref_net = Net(x.shape[1], args.hidden, classes, args.heads, args.attn_dropout)
         ref_net.load_state_dict(net.state_dict())
         edge_index = torch.stack([g_all.src, g_all.dst])
         ref = (ref_net, torch.optim.Adam(ref_net.parameters(), lr=args.lr), edge_index, data)
@@ -95,7 +85,7 @@ def main() -> None:
         print(header + f" {'time':>7}")
     for epoch in range(1, args.epochs + 1):
         t0 = time.perf_counter()
-        local_loss = train_step(model, opt, x, part.graph, y, mask, total)
+        local_loss = train_step(model, opt, (x, part.graph), y, mask, total)
         loss = float(sc.global_sum(local_loss))
         took = time.perf_counter() - t0
         if rank == 0:
@@ -103,18 +93,11 @@ def main() -> None:
             if ref:
                 m, o, edge_index, d = ref
                 m_mask = d["train_mask"]
-                ref_loss = float(train_step(m, o, d["x"], edge_index, d["y"], m_mask, m_mask.sum(), sync=False))
+                ref_loss = float(train_step(m, o, (d["x"], edge_index), d["y"], m_mask, m_mask.sum(), sync=False))
                 line += f" {ref_loss:>18.6f} {abs(loss - ref_loss):>9.1e}"
             print(line + f" {took:>6.2f}s", flush=True)
     sc.shutdown()
 
-
-def _global_max(t: torch.Tensor) -> torch.Tensor:
-    import torch.distributed as dist
-
-    m = t.max().reshape(1) if t.numel() else torch.full((1,), -1, dtype=t.dtype)
-    dist.all_reduce(m, op=dist.ReduceOp.MAX)
-    return m[0]
 
 
 if __name__ == "__main__":

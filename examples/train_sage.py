@@ -15,7 +15,7 @@ import argparse
 import time
 
 import torch
-import torch.nn.functional as F
+from common import num_classes, train_step
 from torch import nn
 
 import sarcompile as sc
@@ -33,17 +33,6 @@ class SAGE(nn.Module):
         return self.conv2(g, self.drop(g, torch.relu(self.conv1(g, x))))
 
 
-def train_step(model, opt, g, x, y, mask, total, sync: bool = True) -> torch.Tensor:
-    """One full-batch step; returns this worker's share of the global mean loss."""
-    opt.zero_grad()
-    out = model(g, x)
-    loss = F.cross_entropy(out[mask], y[mask], reduction="sum") / total
-    loss.backward()
-    if sync:  # sum the workers' gradients: each holds its nodes' share of the global loss
-        sc.sync_gradients(model)
-    opt.step()
-    return loss.detach()
-
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -60,18 +49,18 @@ def main() -> None:
     rank, world_size = sc.init()
     part = sc.load_partition(args.parts)
     x, y, mask = part.node_data["x"], part.node_data["y"], part.node_data["train_mask"]
-    num_classes = int(_global_max(y)) + 1
+    classes = num_classes(y)
     total = sc.global_sum(mask.sum())
 
     torch.manual_seed(args.seed)  # identical initial weights and dropout seeds on every worker
-    model = sc.distribute(SAGE(x.shape[1], args.hidden, num_classes, args.dropout), mode=args.mode)
+    model = sc.distribute(SAGE(x.shape[1], args.hidden, classes, args.dropout), mode=args.mode)
     opt = torch.optim.Adam(model.parameters(), lr=args.lr)
 
     ref = None
     if args.reference and rank == 0:
         g_all, data = sc.load_whole_graph(args.parts)
         torch.manual_seed(args.seed)
-        ref_model = sc.distribute(SAGE(x.shape[1], args.hidden, num_classes, args.dropout))
+        ref_model = sc.distribute(SAGE(x.shape[1], args.hidden, classes, args.dropout))
         ref = (ref_model, torch.optim.Adam(ref_model.parameters(), lr=args.lr), g_all, data)
 
     if rank == 0:
@@ -81,14 +70,14 @@ def main() -> None:
     for epoch in range(1, args.epochs + 1):
         t0 = time.perf_counter()
         with probe:
-            local_loss = train_step(model, opt, part.graph, x, y, mask, total)
+            local_loss = train_step(model, opt, (part.graph, x), y, mask, total)
         loss = float(sc.global_sum(local_loss))
         took = time.perf_counter() - t0
         if rank == 0:
             line = f"{epoch:>5} {loss:>18.6f}"
             if ref:
                 m, o, g_all, d = ref
-                ref_loss = float(train_step(m, o, g_all, d["x"], d["y"], d["train_mask"], d["train_mask"].sum(), sync=False))
+                ref_loss = float(train_step(m, o, (g_all, d["x"]), d["y"], d["train_mask"], d["train_mask"].sum(), sync=False))
                 line += f" {ref_loss:>18.6f} {abs(loss - ref_loss):>9.1e}"
             print(line + f" {took:>6.2f}s", flush=True)
     # Peak memory of the last step on every worker (see sarcompile/runtime/memory.py).
@@ -100,13 +89,6 @@ def main() -> None:
             print(f"worker {r}: peak resident {mem[r, 0]:.0f} MiB, +{mem[r, 1]:.0f} MiB during the last step")
     sc.shutdown()
 
-
-def _global_max(t: torch.Tensor) -> torch.Tensor:
-    import torch.distributed as dist
-
-    m = t.max().reshape(1) if t.numel() else torch.full((1,), -1, dtype=t.dtype)
-    dist.all_reduce(m, op=dist.ReduceOp.MAX)
-    return m[0]
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ from .graph import Graph
 from .ops import edge_softmax, sddmm, spmm
 from .partitioning import Manifest, Partition, load_partition, load_whole_graph, partition
 from .plan import MemoryEstimate, OpPlan, Plan
-from .runtime.comm import global_sum, init, shutdown, sync_gradients
+from .runtime.comm import global_max, global_sum, init, shutdown, sync_gradients
 
 __version__ = "0.1.0"
 
@@ -47,6 +47,7 @@ __all__ = [
     "shutdown",
     "sync_gradients",
     "global_sum",
+    "global_max",
     "SarcompileError",
     "GraphError",
     "PartitionError",

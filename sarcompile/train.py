@@ -55,7 +55,7 @@ from .checkpoint import CHECKPOINT_NAME, load_checkpoint, save_checkpoint
 from .compiler import distribute
 from .errors import CheckpointError, PartitionError, SarcompileError
 from .partitioning import _atomic_write, load_partition, read_manifest
-from .runtime.comm import global_sum, init, shutdown, sync_gradients
+from .runtime.comm import global_max, global_sum, init, shutdown, sync_gradients
 from .runtime.memory import MemoryProbe
 
 __all__ = ["GNN", "TrainConfig", "build_model", "evaluate", "load_trained", "main", "parse_args", "train"]
@@ -301,13 +301,6 @@ def _broadcast(obj: Any) -> Any:
     return box[0]
 
 
-def _global_max(t: torch.Tensor) -> int:
-    m = t.max().reshape(1) if t.numel() else torch.full((1,), -1, dtype=t.dtype)
-    if _distributed():
-        dist.all_reduce(m, op=dist.ReduceOp.MAX)
-    return int(m[0])
-
-
 def _agree(error: str | None, what: str) -> None:
     """Raise on every rank if any rank failed (so no rank waits for the others forever)."""
     failed = float(global_sum(torch.tensor([1.0 if error else 0.0], dtype=torch.float64)))
@@ -413,7 +406,7 @@ def train(config: TrainConfig | Mapping[str, Any] | argparse.Namespace | Sequenc
 
     part = load_partition(cfg.parts)
     x, y, masks = _node_tensors(part.node_data, where=f"partition '{cfg.parts}'")
-    num_classes = _global_max(y) + 1
+    num_classes = int(global_max(y.max().reshape(1) if y.numel() else y.new_full((1,), -1))) + 1
     num_train = int(global_sum(masks["train_mask"].sum()))
     if num_classes < 1 or num_train == 0:
         raise PartitionError(f"partition '{cfg.parts}' has no labelled training nodes (train_mask & y >= 0)")

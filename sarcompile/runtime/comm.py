@@ -26,7 +26,7 @@ import torch.distributed as dist
 
 from ..errors import CommError
 
-__all__ = ["init", "shutdown", "timeout", "run_rounds", "stats", "live", "sync_gradients", "global_sum"]
+__all__ = ["init", "shutdown", "timeout", "run_rounds", "stats", "live", "sync_gradients", "global_sum", "global_max"]
 
 TAG_FEATURES, TAG_GRADS = 11, 12
 _DEFAULT_TIMEOUT_S = 300.0
@@ -248,6 +248,14 @@ def offline():
         yield
     finally:
         _offline = before
+
+
+def global_max(t: torch.Tensor) -> torch.Tensor:
+    """Elementwise maximum of ``t`` across workers (all-reduce MAX); returns a new tensor."""
+    out = t.detach().clone()
+    if dist.is_initialized() and dist.get_world_size() > 1 and not _offline:
+        _wait([dist.all_reduce(out, op=dist.ReduceOp.MAX, async_op=True)], "global_max")
+    return out
 
 
 def sync_gradients(model: torch.nn.Module) -> None:
