@@ -135,7 +135,8 @@ MODEL_SPEC = """\
 naming a model:
   MODULE:FACTORY   FACTORY is a function or class in MODULE that returns the torch.nn.Module,
                    called with the keyword arguments of --args; MODULE is an importable
-                   module (my_package.models) or a path to a Python file (models/gat.py)
+                   module (my_package.models) or a path to a Python file (models/gat.py),
+                   whose folder is then importable, as when the file is run
 example:
   sarcompile plan examples/train_sage.py:SAGE --parts parts \\
       --args '{"in_dim": 32, "hidden": 64, "num_classes": 8, "dropout": 0.5}'
@@ -152,6 +153,10 @@ def _load_factory(spec: str) -> Callable[..., Any]:
             if location is None or not Path(module_name).is_file():
                 raise ImportError(f"no file {module_name}")
             module = importlib.util.module_from_spec(location)
+            # As `python file.py` does: the file's folder is importable, for its sibling modules.
+            folder = str(Path(module_name).resolve().parent)
+            if folder not in sys.path:
+                sys.path.insert(0, folder)
             location.loader.exec_module(module)
         else:
             module = importlib.import_module(module_name)
