@@ -1,5 +1,8 @@
-import pytest
+import sys
+from pathlib import Path
 
+import pytest
+from commands import run
 from workers import WorkerPool
 
 
@@ -16,3 +19,11 @@ def pool():
     yield get
     for p in pools.values():
         p.close()
+
+
+@pytest.fixture(scope="module")
+def graph_file(tmp_path_factory) -> Path:
+    """A small learnable graph written by examples/make_graph.py (1500 nodes, 8 features)."""
+    path = tmp_path_factory.mktemp("data") / "graph.pt"
+    run([sys.executable, "examples/make_graph.py", "--out", str(path), "--nodes", "1500", "--features", "8"])
+    return path

@@ -2,36 +2,18 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _run(args: list[str], timeout: float = 240) -> str:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "SARCOMPILE_TIMEOUT": "60"}
-    done = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
-    assert done.returncode == 0, f"{' '.join(args)} failed:\n{done.stdout}\n{done.stderr}"
-    return done.stdout
-
-
-@pytest.fixture(scope="module")
-def graph_file(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("data") / "graph.pt"
-    _run([sys.executable, "examples/make_graph.py", "--out", str(path), "--nodes", "1500", "--features", "8"])
-    return path
+from commands import run
 
 
 @pytest.mark.parametrize("workers", [2, 4])
 def test_train_sage_matches_single_machine_every_epoch(graph_file, tmp_path, workers):
     parts = tmp_path / "parts"
-    _run([sys.executable, "-m", "sarcompile", "partition", "--edges", str(graph_file),
+    run([sys.executable, "-m", "sarcompile", "partition", "--edges", str(graph_file),
           "--parts", str(workers), "--out", str(parts)])
-    out = _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(workers),
+    out = run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(workers),
                 "examples/train_sage.py", "--parts", str(parts), "--epochs", "4", "--hidden", "16", "--reference"])
     rows = [line.split() for line in out.splitlines() if line.strip()[:1].isdigit() and "workers" not in line]
     assert [int(r[0]) for r in rows] == [1, 2, 3, 4], out
@@ -44,9 +26,9 @@ def test_train_pyg_matches_eager_pyg_every_epoch(graph_file, tmp_path):
     """A plain PyG model (SAGEConv + BatchNorm + GATConv) on 2 workers logs the losses the
     eager PyG model logs on the whole graph."""
     parts = tmp_path / "parts"
-    _run([sys.executable, "-m", "sarcompile", "partition", "--edges", str(graph_file),
+    run([sys.executable, "-m", "sarcompile", "partition", "--edges", str(graph_file),
           "--parts", "2", "--out", str(parts)])
-    out = _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+    out = run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                 "examples/train_pyg.py", "--parts", str(parts), "--epochs", "4", "--hidden", "16", "--heads", "2",
                 "--reference"])
     rows = [line.split() for line in out.splitlines() if line.strip()[:1].isdigit() and "workers" not in line]

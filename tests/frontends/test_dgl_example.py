@@ -7,8 +7,6 @@ Runs only where DGL is installed (``scripts/test.sh`` runs it in the DGL environ
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -17,23 +15,15 @@ import pytest
 dgl = pytest.importorskip("dgl")
 
 import torch
+from commands import run
 
-ROOT = Path(__file__).resolve().parents[2]
 EPOCHS = 3
 
 
-def _run(args: list[str], timeout: float = 240) -> str:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "SARCOMPILE_TIMEOUT": "60", "DGLBACKEND": "pytorch"}
-    done = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout, check=False)
-    assert done.returncode == 0, f"{' '.join(args)} failed:\n{done.stdout}\n{done.stderr}"
-    return done.stdout
+def _run(args: list[str]) -> str:
+    return run(args, DGLBACKEND="pytorch")
 
 
-@pytest.fixture(scope="module")
-def graph_file(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("data") / "graph.pt"
-    _run([sys.executable, "examples/make_graph.py", "--out", str(path), "--nodes", "1500", "--features", "8"])
-    return path
 
 
 def _train_and_check(parts: Path) -> None:
