@@ -39,3 +39,10 @@ class CheckpointError(SarcompileError):
 
 
 __all__.append("CheckpointError")
+
+
+class KernelError(SarcompileError, RuntimeError):
+    """A generated kernel cannot be built or launched (Triton missing, unsupported input)."""
+
+
+__all__.append("KernelError")

@@ -397,14 +397,18 @@ def three_blocks(big: float):
         blocks.append(Block(indptr, col, num_src, torch.arange(offset, offset + num_src)))
         offset += num_src
     h = [torch.randn(b.num_src, H, C, generator=gen, dtype=DT) for b in blocks]
-    # activated scores per block: block 0 tiny, block 1 around 0, block 2 holds the max
-    scores = [
-        -3.0 - torch.rand(blocks[0].num_edges, H, generator=gen, dtype=DT),
-        torch.randn(blocks[1].num_edges, H, generator=gen, dtype=DT),
-        big - torch.rand(blocks[2].num_edges, H, generator=gen, dtype=DT),
+    # source scores per block: block 0 tiny, block 1 around 0, block 2 holds the max
+    a_src = [
+        -3.0 - torch.rand(blocks[0].num_src, H, generator=gen, dtype=DT),
+        torch.randn(blocks[1].num_src, H, generator=gen, dtype=DT),
+        big - torch.rand(blocks[2].num_src, H, generator=gen, dtype=DT),
     ]
-    scores[2][0] = big  # the largest score arrives last
-    return blocks, h, scores
+    a_src[2][1] = big  # the largest score arrives last
+    return blocks, h, a_src
+
+
+def edge_scores(blocks, a_src, a_dst, slope):
+    return [F.leaky_relu(s[b.col] + a_dst[b.row], slope) for b, s in zip(blocks, a_src)]
 
 
 def dense_attention(blocks, h, scores, keep):
@@ -429,11 +433,13 @@ def random_keep(blocks, seed):
 @pytest.mark.parametrize("big", [2.5, 800.0])
 @pytest.mark.parametrize("dropout", [False, True])
 def test_attention_state_rescales_across_blocks(big, dropout):
-    blocks, h, scores = three_blocks(big)
+    blocks, h, a_src = three_blocks(big)
+    a_dst = torch.zeros(3, H, dtype=DT)
+    scores = edge_scores(blocks, a_src, a_dst, 0.2)
     keep = random_keep(blocks, 1) if dropout else None
     state = AttentionState(3, H, C, DT)
     for q, b in enumerate(blocks):
-        state.update(b, h[q], scores[q], None if keep is None else keep[q])
+        state.update(b, h[q], a_src[q], a_dst, 0.2, None if keep is None else keep[q])
     out, lse = state.result()
     expected = dense_attention(blocks, h, scores, keep)
     torch.testing.assert_close(out, expected)
@@ -447,12 +453,12 @@ def test_attention_state_rescales_across_blocks(big, dropout):
         # the first block matters: leaving it out changes row 0
         state2 = AttentionState(3, H, C, DT)
         for q in (1, 2):
-            state2.update(blocks[q], h[q], scores[q], None if keep is None else keep[q])
+            state2.update(blocks[q], h[q], a_src[q], a_dst, 0.2, None if keep is None else keep[q])
         assert not torch.allclose(state2.result()[0][0], out[0])
     # any block order gives the same result
     state3 = AttentionState(3, H, C, DT)
     for q in (2, 0, 1):
-        state3.update(blocks[q], h[q], scores[q], None if keep is None else keep[q])
+        state3.update(blocks[q], h[q], a_src[q], a_dst, 0.2, None if keep is None else keep[q])
     torch.testing.assert_close(state3.result()[0], out)
 
 
@@ -475,25 +481,20 @@ def test_attention_grads_over_blocks_equal_autograd(slope, dropout):
     hs = [t.clone().requires_grad_() for t in h]
     ss = [t.clone().requires_grad_() for t in a_src]
     ad = a_dst.clone().requires_grad_()
-    scores = [F.leaky_relu(s[b.col] + ad[b.row], slope) for b, s in zip(blocks, ss)]
-    dense = dense_attention(blocks, hs, scores, keep)
+    dense = dense_attention(blocks, hs, edge_scores(blocks, ss, ad, slope), keep)
     exp_grads = torch.autograd.grad(dense, [*hs, *ss, ad], d_out)
 
     # forward with the online state, then backward block by block
     state = AttentionState(3, H, C, DT)
-    pres, acts = [], []
     for q, b in enumerate(blocks):
-        pre = a_src[q][b.col] + a_dst[b.row]
-        pres.append(pre)
-        acts.append(F.leaky_relu(pre, slope))
-        state.update(b, h[q], acts[q], None if keep is None else keep[q])
+        state.update(b, h[q], a_src[q], a_dst, slope, None if keep is None else keep[q])
     out, lse = state.result()
     torch.testing.assert_close(out, dense.detach())
     delta = (d_out * out).sum(-1)
     d_a_dst = torch.zeros_like(a_dst)
     for q, b in enumerate(blocks):
         d_h, d_src, d_dst = attention_grads(
-            b, h[q], pres[q], acts[q], None if keep is None else keep[q], lse, d_out, delta, slope
+            b, h[q], a_src[q], a_dst, slope, None if keep is None else keep[q], lse, d_out, delta
         )
         torch.testing.assert_close(d_h, exp_grads[q], msg=lambda m, q=q: f"d_h of block {q}: {m}")
         torch.testing.assert_close(d_src, exp_grads[3 + q], msg=lambda m, q=q: f"d_a_src of block {q}: {m}")

@@ -16,15 +16,15 @@ import torch
 from ..graph import Block
 
 __all__ = [
-    "spmm",
-    "spmm_t",
-    "edge_dot",
+    "AttentionState",
     "MaxState",
+    "attention_grads",
+    "edge_dot",
     "max_grad",
     "sddmm",
     "sddmm_grads",
-    "AttentionState",
-    "attention_grads",
+    "spmm",
+    "spmm_t",
 ]
 
 # Larger than any node id: marks "no candidate" in the arg-min tie-break of the max.
@@ -105,19 +105,24 @@ class MaxState:
         """Fold in one block whose source rows sit at ``offset..`` of the concatenated halos."""
         if block.num_edges == 0:
             return
-        msg = _flat(x)[block.col]
-        idx = block.row.unsqueeze(1).expand_as(msg)
-        bmax = torch.full_like(self.value, float("-inf")).scatter_reduce(0, idx, msg, "amax")
-        # Source rows of a block are sorted by global id, so the smallest row among the
-        # tied edges is the smallest global id.
-        cand = torch.where(msg == bmax[block.row], block.col.unsqueeze(1).expand_as(msg), _NO_ROW)
-        brow = torch.full_like(self.pos, _NO_ROW).scatter_reduce(0, idx, cand, "amin")
+        bmax, brow = self.block_max(block, x)
         has = brow != _NO_ROW
         bgid = torch.where(has, block.src_gids[brow.clamp(max=max(block.num_src - 1, 0))], _NO_ROW)
         better = has & ((bmax > self.value) | ((bmax == self.value) & (bgid < self.gid)))
         self.value = torch.where(better, bmax, self.value)
         self.gid = torch.where(better, bgid, self.gid)
         self.pos = torch.where(better, brow + offset, self.pos)
+
+    def block_max(self, block: Block, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per destination row and feature of one block: the max over its in-edges and the
+        smallest source row reaching it (``_NO_ROW`` where there is no in-edge)."""
+        msg = _flat(x)[block.col]
+        idx = block.row.unsqueeze(1).expand_as(msg)
+        bmax = torch.full_like(self.value, float("-inf")).scatter_reduce(0, idx, msg, "amax")
+        # Source rows of a block are sorted by global id, so the smallest row among the
+        # tied edges is the smallest global id.
+        cand = torch.where(msg == bmax[block.row], block.col.unsqueeze(1).expand_as(msg), _NO_ROW)
+        return bmax, torch.full_like(self.pos, _NO_ROW).scatter_reduce(0, idx, cand, "amin")
 
     def result(self) -> torch.Tensor:
         out = torch.where(self.pos >= 0, self.value, torch.zeros_like(self.value))
@@ -186,11 +191,22 @@ class AttentionState:
         self.l = torch.zeros((num_dst, heads), dtype=dtype)
         self.acc = torch.zeros((num_dst, heads, channels), dtype=dtype)
 
-    def update(self, block: Block, h: torch.Tensor, score: torch.Tensor, keep: torch.Tensor | None) -> None:
-        """Fold in one block: source features ``h [num_src, H, C]``, activated edge scores
-        ``score [E_b, H]`` and the dropout multiplier ``keep [E_b, H]`` (or None)."""
+    def update(
+        self,
+        block: Block,
+        h: torch.Tensor,
+        a_src: torch.Tensor,
+        a_dst: torch.Tensor,
+        negative_slope: float,
+        keep: torch.Tensor | None,
+    ) -> None:
+        """Fold in one block: source features ``h [num_src, H, C]`` and scores ``a_src
+        [num_src, H]``, destination scores ``a_dst [num_dst, H]`` (edge score:
+        ``leaky_relu(a_src[u] + a_dst[v])``) and the dropout multiplier ``keep [E_b, H]``
+        (or None)."""
         if block.num_edges == 0:
             return
+        score = torch.nn.functional.leaky_relu(a_src[block.col] + a_dst[block.row], negative_slope)
         idx = block.row.unsqueeze(1).expand_as(score)
         block_max = torch.full_like(self.m, float("-inf")).scatter_reduce(0, idx, score, "amax")
         m_new = torch.maximum(self.m, block_max)
@@ -213,21 +229,23 @@ class AttentionState:
 def attention_grads(
     block: Block,
     h: torch.Tensor,
-    pre: torch.Tensor,
-    score: torch.Tensor,
+    a_src: torch.Tensor,
+    a_dst: torch.Tensor,
+    negative_slope: float,
     keep: torch.Tensor | None,
     lse: torch.Tensor,
     d_out: torch.Tensor,
     delta: torch.Tensor,
-    negative_slope: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Gradients for one block from recomputed probabilities ``P = exp(score - lse[v])``.
+    """Gradients for one block (inputs as for :meth:`AttentionState.update`) from the
+    recomputed probabilities ``P = exp(score - lse[v])``.
 
-    ``pre`` is the score before the leaky ReLU, ``delta[v] = sum_c dOut[v] * Out[v]``
-    (FlashAttention's D: the softmax backward's row term, without storing P).
-    Returns (grad of the block's source features, of its source scores, of the local
-    destination scores).
+    ``delta[v] = sum_c dOut[v] * Out[v]`` is FlashAttention's D: the softmax backward's
+    row term, without storing P. Returns (grad of the block's source features, of its
+    source scores, of the local destination scores).
     """
+    pre = a_src[block.col] + a_dst[block.row]
+    score = torch.nn.functional.leaky_relu(pre, negative_slope)
     p = torch.exp(score - lse[block.row])
     w = p if keep is None else p * keep
     d_h = spmm_t(block, d_out, w)

@@ -18,7 +18,6 @@ that were not kept fetches them again, so ``direct`` on such an op behaves as ``
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from ..codegen import torch_kernels as K
 from ..rng import uniform
@@ -197,8 +196,7 @@ class _SarAttention(torch.autograd.Function):
                 kept[q] = block_payload
             block = shard.blocks[q]
             hb, ab = _split_payload(block_payload, heads, channels)
-            score = F.leaky_relu(ab[block.col] + a_dst[block.row], negative_slope)
-            state.update(block, hb, score, _keep(shard, q, heads, p, salt, h.dtype))
+            state.update(block, hb, ab, a_dst, negative_slope, _keep(shard, q, heads, p, salt, h.dtype))
 
         run_rounds(shard, visit, fetch=payload, lookahead=_lookahead(shard, strategy), what="attention")
         out, lse = state.result()
@@ -220,10 +218,8 @@ class _SarAttention(torch.autograd.Function):
             block_payload = payload if q == shard.rank else kept.get(q, block_payload)
             block = shard.blocks[q]
             hb, ab = _split_payload(block_payload, heads, channels)
-            pre = ab[block.col] + a_dst[block.row]
-            score = F.leaky_relu(pre, ctx.negative_slope)
             keep = _keep(shard, q, heads, ctx.p, salt, payload.dtype)
-            d_h, d_src, d_dst = K.attention_grads(block, hb, pre, score, keep, lse, d_out, delta, ctx.negative_slope)
+            d_h, d_src, d_dst = K.attention_grads(block, hb, ab, a_dst, ctx.negative_slope, keep, lse, d_out, delta)
             d_a_dst.add_(d_dst)
             return torch.cat([d_h.reshape(block.num_src, heads * channels), d_src], 1)
 
