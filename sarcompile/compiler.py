@@ -7,9 +7,10 @@ The pipeline, in order (each pass is a plain ``(GraphModule, options) -> GraphMo
     fuse       attention chains -> one fused attention op           (passes/fuse.py)
     partition  ops that read remote rows -> sequential aggregation  (passes/partition.py)
     strategy   direct / remat / stash / oneshot per op              (passes/strategy.py)
+    kernels    executor per op: generated Triton or torch kernels   (passes/kernels.py)
 
-A single machine runs the program after ``fuse``; a worker runs the one after
-``strategy``. Every stage's code is kept in :attr:`Program.stages` for inspection.
+A single machine runs the program after ``fuse`` and ``kernels``; a worker runs the one
+after ``strategy`` and ``kernels``. Every stage's code is kept in :attr:`Program.stages` for inspection.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from .graph import Graph
 from .partitioning import read_manifest
 from .passes.context import CompileOptions
 from .passes.fuse import fuse
+from .passes.kernels import kernels
 from .passes.lower import lower
 from .passes.partition import partition
 from .passes.strategy import strategy
@@ -73,14 +75,15 @@ class CallShape:
 
 
 def compile_program(model: nn.Module, options: CompileOptions, partitioned: bool, call: CallShape = CallShape()) -> Program:
-    """Run the pipeline on ``model`` as called with ``call``; stop after ``fuse`` for a
-    single machine."""
+    """Run the pipeline on ``model`` as called with ``call``; a single machine skips
+    ``partition`` and ``strategy``."""
     load_available()  # lowering rules for the layers of libraries in use (PyG)
     gm = trace(model, call.graph_input, call.none_inputs)
     stages = [("trace", gm.code)]
     passes = [("lower", lower), ("fuse", fuse)]
     if partitioned:
         passes += [("partition", partition), ("strategy", strategy)]
+    passes.append(("kernels", kernels))
     for name, run in passes:
         gm = run(gm, options)
         stages.append((name, gm.code))

@@ -103,7 +103,8 @@ def ir_op(
 
     An op that ``communicates`` takes a keyword ``strategy`` (see
     :mod:`sarcompile.runtime.ops`), which the partition and strategy passes set; it only
-    matters on a worker's shard. A ``collective`` op communicates by all-reduce rather
+    matters on a worker's shard. An op that runs generated kernels takes a keyword
+    ``executor``, which the kernels pass sets. A ``collective`` op communicates by all-reduce rather
     than by halo exchange; its strategy is always ``"allreduce"``."""
 
     def register(fn: Callable) -> Callable:
@@ -113,7 +114,7 @@ def ir_op(
         def op(*args, **kwargs):
             bound = sig.bind(*args, **kwargs)
             bound.apply_defaults()
-            check(**{k: v for k, v in bound.arguments.items() if k != "strategy"})
+            check(**{k: v for k, v in bound.arguments.items() if k not in ("strategy", "executor")})
             proxy = _has_proxy(list(args) + list(kwargs.values()))
             if proxy is not None:
                 return proxy.tracer.create_proxy("call_function", op, args, kwargs)
@@ -166,15 +167,21 @@ def _from_csr_order(g: Graph, t: torch.Tensor) -> torch.Tensor:
 
 @ir_op(communicates=True, reads_remote_in_backward=lambda a: a["edge_weight"] is not None, check=_check_spmm)
 def spmm(
-    g, x: torch.Tensor, reduce: str = "sum", edge_weight: torch.Tensor | None = None, *, strategy: str = "direct"
+    g,
+    x: torch.Tensor,
+    reduce: str = "sum",
+    edge_weight: torch.Tensor | None = None,
+    *,
+    strategy: str = "direct",
+    executor: str = "auto",
 ) -> torch.Tensor:
     """Aggregate ``x`` over in-edges: ``out[v] = reduce_{u->v} w_uv * x[u]``."""
     _check_rows(g, x, "x", g.num_nodes)
     if edge_weight is not None:
         _check_rows(g, edge_weight, "edge_weight", g.num_edges)
     if isinstance(g, Graph):
-        return runtime_ops.sar_spmm(g.shard(), x, reduce, _to_csr_order(g, edge_weight))
-    return runtime_ops.sar_spmm(g, x, reduce, edge_weight, strategy=strategy)
+        return runtime_ops.sar_spmm(g.shard(), x, reduce, _to_csr_order(g, edge_weight), executor=executor)
+    return runtime_ops.sar_spmm(g, x, reduce, edge_weight, strategy=strategy, executor=executor)
 
 
 @ir_op(communicates=True, reads_remote_in_backward=lambda a: a["op"] in ("mul", "dot"), check=_check_sddmm)
@@ -243,6 +250,7 @@ def attention(
     salt: torch.Tensor | None = None,
     *,
     strategy: str = "remat",
+    executor: str = "auto",
 ) -> torch.Tensor:
     """``spmm(g, h, "sum", edge_dropout(edge_softmax(leaky_relu(sddmm(g, a_src, a_dst, "add")))))``
     in one op that never keeps a per-edge tensor (see :mod:`sarcompile.runtime.ops`)."""
@@ -254,12 +262,14 @@ def attention(
         weight = edge_softmax(g, score)
         if dropout:
             weight = edge_dropout(g, weight, dropout, salt)
-        return spmm(g, h, "sum", edge_weight=weight, strategy=strategy)
+        return spmm(g, h, "sum", edge_weight=weight, strategy=strategy, executor=executor)
     single = a_src.dim() == 1
     if single:
         h, a_src, a_dst = h.unsqueeze(1), a_src.unsqueeze(1), a_dst.unsqueeze(1)
     shard = g.shard() if isinstance(g, Graph) else g
-    out = runtime_ops.sar_attention(shard, h, a_src, a_dst, negative_slope, dropout, salt, strategy=strategy)
+    out = runtime_ops.sar_attention(
+        shard, h, a_src, a_dst, negative_slope, dropout, salt, strategy=strategy, executor=executor
+    )
     return out.squeeze(1) if single else out
 
 

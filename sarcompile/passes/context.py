@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass, field
 
 from ..errors import CompileError
@@ -33,8 +34,8 @@ class CompileOptions:
             raise CompileError(f"mode must be one of {MODES}, got {self.mode!r}")
         if self.executor not in EXECUTORS:
             raise CompileError(f"executor must be one of {EXECUTORS}, got {self.executor!r}")
-        if self.executor == "triton":
-            raise CompileError("the Triton executor is not available yet; use executor='auto' or 'torch'")
+        if self.executor == "triton" and importlib.util.find_spec("triton") is None:
+            raise CompileError("executor='triton' needs the triton package: pip install 'sarcompile[triton]'")
         if self.staleness != 1 or self.compress is not None:
             raise CompileError(
                 "stale (staleness > 1) and compressed communication are not available yet; "

@@ -44,6 +44,7 @@ def partition(gm: fx.GraphModule, ctx: CompileOptions) -> fx.GraphModule:
             continue
         args = op.bind(node.args, node.kwargs)
         args.pop("strategy")
+        args.pop("executor", None)  # set by the kernels pass
         node.args = tuple(args.values())
         node.kwargs = {"strategy": "allreduce" if op.collective else "direct"}
         node.meta["ir_op"] = op

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from ..codegen import torch_kernels as K
+from ..codegen import kernels_for, torch_kernels
 from ..rng import uniform
 from .comm import global_sum, run_rounds
 from .shard import ShardGraph
@@ -51,16 +51,17 @@ def _edge_slice(t: torch.Tensor | None, shard: ShardGraph, q: int) -> torch.Tens
 
 
 def _bcast(deg: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    return deg.clamp(min=1).to(like.dtype).reshape(-1, *([1] * (like.dim() - 1)))
+    return deg.clamp(min=1).to(like.device, like.dtype).reshape(-1, *([1] * (like.dim() - 1)))
 
 
 class _SarSpmm(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, shard: ShardGraph, reduce: str, strategy: str):
+    def forward(ctx, x, weight, shard: ShardGraph, reduce: str, strategy: str, executor: str):
+        K = ctx.K = kernels_for(executor, x.device)
         tail = tuple(x.shape[1:])
         kept: dict[int, torch.Tensor] = {}
         out = x.new_zeros((shard.num_nodes, *tail))
-        state = K.MaxState(shard.num_nodes, tail, x.dtype) if reduce == "max" else None
+        state = K.MaxState(shard.num_nodes, tail, x.dtype, x.device) if reduce == "max" else None
         offsets = _offsets(shard)
 
         def visit(q: int, xb: torch.Tensor) -> None:
@@ -84,7 +85,7 @@ class _SarSpmm(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g):
-        shard, reduce, strategy = ctx.shard, ctx.reduce, ctx.strategy
+        shard, reduce, strategy, K = ctx.shard, ctx.reduce, ctx.strategy, ctx.K
         x, weight, *pos = ctx.saved_tensors
         want_x, want_w = ctx.needs_input_grad[0], weight is not None and ctx.needs_input_grad[1]
         gx = torch.zeros_like(x) if want_x else None
@@ -117,7 +118,7 @@ class _SarSpmm(torch.autograd.Function):
                 what=f"spmm({reduce}) backward",
             )
         ctx.kept = None
-        return gx, gw, None, None, None
+        return gx, gw, None, None, None, None
 
 
 class _SarSddmm(torch.autograd.Function):
@@ -129,7 +130,7 @@ class _SarSddmm(torch.autograd.Function):
         def visit(q: int, ab: torch.Tensor) -> None:
             if _keeps_blocks(strategy):
                 kept[q] = ab
-            pieces[q] = K.sddmm(shard.blocks[q], ab, b, op)
+            pieces[q] = torch_kernels.sddmm(shard.blocks[q], ab, b, op)
 
         run_rounds(shard, visit, fetch=a, lookahead=_lookahead(shard, strategy), what=f"sddmm({op})")
         ctx.save_for_backward(a, b)
@@ -148,7 +149,7 @@ class _SarSddmm(torch.autograd.Function):
 
         def visit(q: int, ab: torch.Tensor | None):
             ab = a if q == shard.rank else kept.get(q, ab)
-            ga_q, gb_q = K.sddmm_grads(shard.blocks[q], _edge_slice(g, shard, q), ab, b, op, want_a, want_b)
+            ga_q, gb_q = torch_kernels.sddmm_grads(shard.blocks[q], _edge_slice(g, shard, q), ab, b, op, want_a, want_b)
             if gb_q is not None:
                 gb.add_(gb_q)
             return ga_q
@@ -185,10 +186,11 @@ class _SarAttention(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, h, a_src, a_dst, shard: ShardGraph, negative_slope: float, p: float, salt, strategy: str):
+    def forward(ctx, h, a_src, a_dst, shard: ShardGraph, negative_slope: float, p: float, salt, strategy: str, executor: str):
+        K = ctx.K = kernels_for(executor, h.device)
         n, heads, channels = h.shape
         payload = torch.cat([h.reshape(n, heads * channels), a_src], 1)
-        state = K.AttentionState(shard.num_nodes, heads, channels, h.dtype)
+        state = K.AttentionState(shard.num_nodes, heads, channels, h.dtype, h.device)
         kept: dict[int, torch.Tensor] = {}
 
         def visit(q: int, block_payload: torch.Tensor) -> None:
@@ -196,7 +198,7 @@ class _SarAttention(torch.autograd.Function):
                 kept[q] = block_payload
             block = shard.blocks[q]
             hb, ab = _split_payload(block_payload, heads, channels)
-            state.update(block, hb, ab, a_dst, negative_slope, _keep(shard, q, heads, p, salt, h.dtype))
+            state.update(block, hb, ab, a_dst, negative_slope, _keep(shard, q, heads, p, salt, h.dtype, h.device))
 
         run_rounds(shard, visit, fetch=payload, lookahead=_lookahead(shard, strategy), what="attention")
         out, lse = state.result()
@@ -208,7 +210,7 @@ class _SarAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, d_out):
         payload, a_dst, out, lse, salt = ctx.saved_tensors
-        shard, heads, channels = ctx.shard, ctx.heads, ctx.channels
+        shard, heads, channels, K = ctx.shard, ctx.heads, ctx.channels, ctx.K
         delta = (d_out * out).sum(-1)
         d_payload = torch.zeros_like(payload)
         d_a_dst = torch.zeros_like(a_dst)
@@ -218,7 +220,7 @@ class _SarAttention(torch.autograd.Function):
             block_payload = payload if q == shard.rank else kept.get(q, block_payload)
             block = shard.blocks[q]
             hb, ab = _split_payload(block_payload, heads, channels)
-            keep = _keep(shard, q, heads, ctx.p, salt, payload.dtype)
+            keep = _keep(shard, q, heads, ctx.p, salt, payload.dtype, payload.device)
             d_h, d_src, d_dst = K.attention_grads(block, hb, ab, a_dst, ctx.negative_slope, keep, lse, d_out, delta)
             d_a_dst.add_(d_dst)
             return torch.cat([d_h.reshape(block.num_src, heads * channels), d_src], 1)
@@ -233,7 +235,7 @@ class _SarAttention(torch.autograd.Function):
         )
         ctx.kept = None
         d_h, d_a_src = _split_payload(d_payload, heads, channels)
-        return d_h, d_a_src, d_a_dst, None, None, None, None, None
+        return d_h, d_a_src, d_a_dst, None, None, None, None, None, None
 
 
 def _split_payload(payload: torch.Tensor, heads: int, channels: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -241,10 +243,10 @@ def _split_payload(payload: torch.Tensor, heads: int, channels: int) -> tuple[to
     return payload[:, :width].reshape(payload.shape[0], heads, channels), payload[:, width:]
 
 
-def _keep(shard: ShardGraph, q: int, heads: int, p: float, salt, dtype: torch.dtype) -> torch.Tensor | None:
+def _keep(shard: ShardGraph, q: int, heads: int, p: float, salt, dtype: torch.dtype, device: torch.device) -> torch.Tensor | None:
     if p == 0.0:
         return None
-    return edge_keep(_edge_slice(shard.edge_ids, shard, q), heads, p, salt, dtype)
+    return edge_keep(_edge_slice(shard.edge_ids, shard, q), heads, p, salt, dtype).to(device)
 
 
 def sar_attention(
@@ -257,16 +259,23 @@ def sar_attention(
     salt: torch.Tensor,
     *,
     strategy: str = "remat",
+    executor: str = "auto",
 ) -> torch.Tensor:
     """Partitioned fused attention; ``h [n, H, C]``, ``a_src``/``a_dst`` ``[n, H]``."""
-    return _SarAttention.apply(h, a_src, a_dst, shard, float(negative_slope), float(dropout), salt, strategy)
+    return _SarAttention.apply(h, a_src, a_dst, shard, float(negative_slope), float(dropout), salt, strategy, executor)
 
 
 def sar_spmm(
-    shard: ShardGraph, x: torch.Tensor, reduce: str, edge_weight: torch.Tensor | None = None, *, strategy: str = "direct"
+    shard: ShardGraph,
+    x: torch.Tensor,
+    reduce: str,
+    edge_weight: torch.Tensor | None = None,
+    *,
+    strategy: str = "direct",
+    executor: str = "auto",
 ) -> torch.Tensor:
     """Partitioned :func:`sarcompile.ops.spmm`; edge weights in shard order."""
-    return _SarSpmm.apply(x, edge_weight, shard, reduce, strategy)
+    return _SarSpmm.apply(x, edge_weight, shard, reduce, strategy, executor)
 
 
 def sar_sddmm(shard: ShardGraph, a: torch.Tensor, b: torch.Tensor, op: str, *, strategy: str = "direct") -> torch.Tensor:
