@@ -10,21 +10,28 @@ trailing shape (``[n, F]`` or ``[n, heads, F]``); kernels flatten it to 2-D.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
 from ..graph import Block
 
 __all__ = [
+    "QUANT_BITS",
     "AttentionState",
     "MaxState",
+    "Packed",
     "attention_grads",
     "edge_dot",
     "max_grad",
+    "pack",
+    "pack_prepare",
+    "packed_row_bytes",
     "sddmm",
     "sddmm_grads",
     "spmm",
     "spmm_t",
+    "unpack",
 ]
 
 # Larger than any node id: marks "no candidate" in the arg-min tie-break of the max.
@@ -92,14 +99,12 @@ class MaxState:
     same however the nodes are split across workers. Empty neighbourhoods give 0.
     """
 
-    def __init__(self, num_dst: int, tail: tuple[int, ...], dtype: torch.dtype):
+    def __init__(self, num_dst: int, tail: tuple[int, ...], dtype: torch.dtype, device: torch.device | None = None):
         self.tail = tail
-        width = 1
-        for d in tail:
-            width *= d
-        self.value = torch.full((num_dst, width), float("-inf"), dtype=dtype)
-        self.gid = torch.full((num_dst, width), _NO_ROW, dtype=torch.long)
-        self.pos = torch.full((num_dst, width), -1, dtype=torch.long)
+        width = math.prod(tail)
+        self.value = torch.full((num_dst, width), float("-inf"), dtype=dtype, device=device)
+        self.gid = torch.full((num_dst, width), _NO_ROW, dtype=torch.long, device=device)
+        self.pos = torch.full((num_dst, width), -1, dtype=torch.long, device=device)
 
     def update(self, block: Block, x: torch.Tensor, offset: int) -> None:
         """Fold in one block whose source rows sit at ``offset..`` of the concatenated halos."""
@@ -107,7 +112,8 @@ class MaxState:
             return
         bmax, brow = self.block_max(block, x)
         has = brow != _NO_ROW
-        bgid = torch.where(has, block.src_gids[brow.clamp(max=max(block.num_src - 1, 0))], _NO_ROW)
+        gids = block.src_gids.to(brow.device)
+        bgid = torch.where(has, gids[brow.clamp(max=max(block.num_src - 1, 0))], _NO_ROW)
         better = has & ((bmax > self.value) | ((bmax == self.value) & (bgid < self.gid)))
         self.value = torch.where(better, bmax, self.value)
         self.gid = torch.where(better, bgid, self.gid)
@@ -186,10 +192,10 @@ class AttentionState:
     per-edge tensor outlives the block it belongs to.
     """
 
-    def __init__(self, num_dst: int, heads: int, channels: int, dtype: torch.dtype):
-        self.m = torch.full((num_dst, heads), float("-inf"), dtype=dtype)
-        self.l = torch.zeros((num_dst, heads), dtype=dtype)
-        self.acc = torch.zeros((num_dst, heads, channels), dtype=dtype)
+    def __init__(self, num_dst: int, heads: int, channels: int, dtype: torch.dtype, device: torch.device | None = None):
+        self.m = torch.full((num_dst, heads), float("-inf"), dtype=dtype, device=device)
+        self.l = torch.zeros((num_dst, heads), dtype=dtype, device=device)
+        self.acc = torch.zeros((num_dst, heads, channels), dtype=dtype, device=device)
 
     def update(
         self,
@@ -256,3 +262,98 @@ def attention_grads(
     d_src = torch.zeros((block.num_src, pre.shape[1]), dtype=pre.dtype).index_add_(0, block.col, d_pre)
     d_dst = torch.zeros((block.num_dst, pre.shape[1]), dtype=pre.dtype).index_add_(0, block.row, d_pre)
     return d_h, d_src, d_dst
+
+
+# -- Compressed communication ------------------------------------------------------------
+#
+# Rows crossing workers are quantized to `bits` per value and packed into bytes (the layout
+# is the contract the Triton kernels of codegen/quantize_gen.py follow bit for bit):
+#
+# * per row r: lo[r] = min, scale[r] = (max - min) / (2**bits - 1), both float32; a
+#   constant row has scale 0 and every q = 0;
+# * q = clamp(floor((x - lo) / scale + 0.5), 0, 2**bits - 1) in float32 (round half up), or
+#   + noise instead of + 0.5 for stochastic rounding (noise: float32 uniforms in [0, 1));
+# * value j of a row goes to byte j // (8 // bits) at bit (j % (8 // bits)) * bits, lowest
+#   bits first; padding bits are 0;
+# * x_hat = lo + q * scale, evaluated in float64 (the product is exact there, so the value
+#   does not depend on whether a compiler fuses the multiply-add), rounded to float32 and
+#   then to the requested dtype (float64 keeps the float64 value).
+#
+# Inputs must be finite and their row range must fit float32 (max - min not overflowing).
+
+QUANT_BITS = (1, 2, 4, 8)
+
+
+@dataclass
+class Packed:
+    """Quantized rows as they cross the wire: ``data`` uint8 ``[n, ceil(width * bits / 8)]``,
+    ``lo`` and ``scale`` float32 ``[n]``."""
+
+    data: torch.Tensor
+    lo: torch.Tensor
+    scale: torch.Tensor
+    bits: int
+    width: int  # values per row (F), needed to drop the padding on unpack
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes on the wire: the packed values plus 4 bytes each of ``lo`` and ``scale`` per row."""
+        return self.data.numel() * self.data.element_size() + 4 * (self.lo.numel() + self.scale.numel())
+
+
+def packed_row_bytes(width: int, bits: int) -> int:
+    return -(-width * bits // 8)
+
+
+def pack_prepare(
+    x: torch.Tensor, bits: int, noise: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor]:
+    """Validate :func:`pack`'s arguments; returns ``x`` as ``[n, F]`` (its own dtype),
+    ``noise`` as float32 ``[n, F]`` (or None), and the rows' ``lo`` and ``scale``. Shared by
+    the Triton pack, so that both compute ``lo``/``scale`` with the same torch code."""
+    if bits not in QUANT_BITS or isinstance(bits, bool):
+        raise ValueError(f"bits must be one of {QUANT_BITS}, got {bits!r}")
+    if not x.is_floating_point():
+        raise ValueError(f"pack takes floating point rows, got {x.dtype}")
+    x2 = _flat(x)
+    n, width = x2.shape
+    if noise is not None:
+        if noise.numel() != n * width:
+            raise ValueError(f"noise must have one value per element of x ({n} x {width}), got shape {tuple(noise.shape)}")
+        noise = noise.reshape(n, width).to(torch.float32)
+    if width == 0:  # aminmax refuses an empty dimension
+        lo = torch.zeros(n, dtype=torch.float32, device=x.device)
+        return x2, noise, lo, lo.clone()
+    lo, hi = torch.aminmax(x2.to(torch.float32), dim=1)
+    return x2, noise, lo, (hi - lo) / (2**bits - 1)
+
+
+def pack(x: torch.Tensor, bits: int, noise: torch.Tensor | None = None) -> Packed:
+    """Quantize the rows of ``x`` (``[n, F]``, or ``[n, ...]`` seen as ``[n, prod(...)]``) to
+    ``bits`` per value and pack them (layout above). ``noise``: uniforms in [0, 1) of
+    ``x``'s size for stochastic rounding; None rounds half up."""
+    x2, noise, lo, scale = pack_prepare(x, bits, noise)
+    n, width = x2.shape
+    per = 8 // bits
+    nb = packed_row_bytes(width, bits)
+    has_range = scale > 0
+    # Divide by 1 where the row is constant (q is forced to 0 there) to keep inf/nan out.
+    t = (x2.to(torch.float32) - lo[:, None]) / torch.where(has_range, scale, 1.0)[:, None]
+    t = t + (0.5 if noise is None else noise)
+    q = torch.floor(t).clamp_(0, 2**bits - 1)
+    q = torch.where(has_range[:, None], q, 0.0).to(torch.int32)
+    q = torch.nn.functional.pad(q, (0, nb * per - width))  # padding values are 0
+    shifts = torch.arange(per, device=x.device, dtype=torch.int32) * bits
+    data = (q.reshape(n, nb, per) << shifts).sum(dim=2).to(torch.uint8)
+    return Packed(data, lo, scale, bits, width)
+
+
+def unpack(p: Packed, dtype: torch.dtype) -> torch.Tensor:
+    """The rows of ``p`` as ``[n, width]`` of ``dtype``: ``lo + q * scale`` (rounding as above)."""
+    n, nb = p.data.shape
+    per = 8 // p.bits
+    shifts = torch.arange(per, device=p.data.device, dtype=torch.int32) * p.bits
+    q = (p.data.to(torch.int32)[:, :, None] >> shifts) & (2**p.bits - 1)
+    q = q.reshape(n, nb * per)[:, : p.width]
+    x_hat = p.lo.double()[:, None] + q.double() * p.scale.double()[:, None]
+    return x_hat.to(dtype) if dtype == torch.float64 else x_hat.float().to(dtype)
