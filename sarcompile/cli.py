@@ -126,6 +126,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--mode", choices=("sar", "stash", "oneshot"), default="sar", help="execution mode (default: sar)")
     p.add_argument("--optimizer", choices=("adam", "sgd"), help="count this optimizer's state in the estimate")
     p.add_argument("--stage", metavar="PASS", help="also print the program after this pass (e.g. fuse, strategy)")
+    p.add_argument(
+        "--show-kernels",
+        action="store_true",
+        help="also print the source of every Triton kernel generated for the plan (as generated for CUDA)",
+    )
     p.add_argument("--dot", metavar="FILE", help="also write the plan as Graphviz source to FILE")
     p.set_defaults(run=_plan)
     return parser
@@ -179,6 +184,8 @@ def _plan(args: argparse.Namespace) -> int:
     print(plan)
     if args.stage:
         print(f"\nprogram after {args.stage}:\n{plan.stage(args.stage)}")
+    if args.show_kernels:
+        print(f"\n{plan.kernel_sources()}")
     if args.dot:
         Path(args.dot).write_text(plan.to_dot())
     return 0

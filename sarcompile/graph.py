@@ -54,7 +54,7 @@ class Block:
     def row(self) -> torch.Tensor:
         """Destination row of every edge (CSR expanded)."""
         counts = self.indptr[1:] - self.indptr[:-1]
-        return torch.repeat_interleave(torch.arange(self.num_dst), counts)
+        return torch.repeat_interleave(torch.arange(self.num_dst, device=counts.device), counts)
 
     @cached_property
     def transpose_perm(self) -> torch.Tensor:
@@ -64,17 +64,27 @@ class Block:
     @cached_property
     def transpose_indptr(self) -> torch.Tensor:
         counts = torch.bincount(self.col, minlength=self.num_src)
-        return torch.cat([torch.zeros(1, dtype=torch.long), torch.cumsum(counts, 0)])
+        return torch.cat([counts.new_zeros(1), torch.cumsum(counts, 0)])
+
+    def on(self, device: torch.device) -> "Block":
+        """This block with its index tensors on ``device`` (itself when they are there);
+        made once per device, so the transfer happens once per graph, not per call."""
+        if self.indptr.device == device:
+            return self
+        key = ("on", str(device))
+        if key not in self._cache:
+            self._cache[key] = Block(self.indptr.to(device), self.col.to(device), self.num_src, self.src_gids.to(device))
+        return self._cache[key]
 
     def sparse(self, weight: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
         """This block as a ``[num_dst, num_src]`` sparse CSR matrix (unit weights if None)."""
-        values = torch.ones(self.num_edges, dtype=dtype) if weight is None else weight.to(dtype)
+        values = torch.ones(self.num_edges, dtype=dtype, device=self.col.device) if weight is None else weight.to(dtype)
         return _csr(self.indptr, self.col, values, (self.num_dst, self.num_src))
 
     def sparse_t(self, weight: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
         """The transposed block, ``[num_src, num_dst]`` sparse CSR."""
         perm = self.transpose_perm
-        values = torch.ones(self.num_edges, dtype=dtype) if weight is None else weight[perm].to(dtype)
+        values = torch.ones(self.num_edges, dtype=dtype, device=self.col.device) if weight is None else weight[perm].to(dtype)
         return _csr(self.transpose_indptr, self.row[perm], values, (self.num_src, self.num_dst))
 
 

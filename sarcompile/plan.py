@@ -27,10 +27,11 @@ import torch
 import torch.fx as fx
 
 from .graph import Graph
+from .codegen import kernel_specs
 from .ops import OpDef
 from .runtime.comm import offline
 
-__all__ = ["OpPlan", "Plan", "MemoryEstimate", "WorkerStats", "worker_stats", "build_plan"]
+__all__ = ["OpPlan", "Plan", "Kernel", "MemoryEstimate", "WorkerStats", "worker_stats", "build_plan"]
 
 
 @dataclass
@@ -47,6 +48,17 @@ class OpPlan:
     backward_bytes: list[int] = field(default_factory=list)
     round_bytes: list[int] = field(default_factory=list)  # largest block a worker receives in one round
     saved: str = ""  # what the op keeps for backward
+
+
+@dataclass
+class Kernel:
+    """A generated Triton kernel the plan runs on CUDA (``executor="auto"`` or
+    ``"triton"``): which op uses it and for what, and its source as generated for CUDA."""
+
+    op: str  # the fx node
+    role: str  # "forward", "backward x", "backward edge_weight", ...
+    name: str
+    source: str
 
 
 @dataclass
@@ -86,6 +98,7 @@ class Plan:
     ops: list[OpPlan]
     stages: list[tuple[str, str]]  # (pass, code after it): every stage as readable Python
     estimates: list[MemoryEstimate] = field(default_factory=list)
+    kernels: list[Kernel] = field(default_factory=list)  # generated kernels, per op and role
 
     def memory_estimate(self) -> list[MemoryEstimate]:
         """Per worker: ``peak_bytes`` and a ``breakdown`` into parameters, gradients,
@@ -135,9 +148,22 @@ class Plan:
             ("worker", "peak", *keys),
             [(str(e.rank), _size(e.peak_bytes), *(_size(e.breakdown[k]) for k in keys)) for e in self.estimates],
         )
+        kernels = [f"  {k.op} {k.role}: {k.name}" for k in self.kernels] or ["  none (torch code only)"]
         return "\n".join(
             [head, *_table(header, rows), "why:", *why, "received per step:", *per_worker,
-             "estimated memory per worker:", *("  " + line for line in memory)]
+             "estimated memory per worker:", *("  " + line for line in memory),
+             "generated kernels on CUDA (sources: plan.kernels, sarcompile plan --show-kernels):", *kernels]
+        )
+
+    def kernel_sources(self) -> str:
+        """Every generated kernel once, with the ops that use it, then its source."""
+        users: dict[str, list[str]] = {}
+        sources: dict[str, str] = {}
+        for k in self.kernels:
+            users.setdefault(k.name, []).append(f"{k.op} ({k.role})")
+            sources[k.name] = k.source
+        return "\n".join(
+            f"# ===== {name}: used by {', '.join(users[name])}\n{sources[name]}" for name in sources
         )
 
     def to_dot(self) -> str:
@@ -207,7 +233,8 @@ class _Probe(fx.Interpreter):
         result = super().run_node(n)
         if "ir_op" in n.meta:
             args, kwargs = self.fetch_args_kwargs_from_env(n)
-            self.seen[n.name] = {**n.meta["ir_op"].bind(args, kwargs), "result": result}
+            op = n.meta["ir_op"]
+            self.seen[n.name] = {**op.bind(args, kwargs), "result": result, "ir_op": op.name}
         return result
 
     def run_and_record(self, *args: Any) -> None:
@@ -380,7 +407,12 @@ def build_plan(
             "workspace": _workspace(w, comm, r),
         }
         estimates.append(MemoryEstimate(r, sum(breakdown.values()), breakdown))
-    return Plan(model_name, mode, n, workers, ops, list(stages), estimates)
+    kernels = [
+        Kernel(name, role, spec.name, spec.render("cuda"))
+        for name, args in probe.seen.items()
+        for role, spec in kernel_specs(args["ir_op"], args)
+    ]
+    return Plan(model_name, mode, n, workers, ops, list(stages), estimates, kernels)
 
 
 def _probe_inputs(gm: fx.GraphModule, shard, x: torch.Tensor) -> list[Any]:

@@ -192,6 +192,7 @@ class Case:
     loss_weight: torch.Tensor
     mode: str = "sar"
     train: bool = True
+    executor: str = "auto"
 
 
 @dataclass
@@ -206,7 +207,7 @@ class Result:
 def single_machine(case: Case) -> Result:
     """The oracle: the compiled model on one machine, the whole graph."""
     model = make_model(case.model, case.seed)
-    dm = sc.distribute(model)
+    dm = sc.distribute(model, executor=case.executor)
     dm.train(case.train)
     x = case.x.clone().requires_grad_(True)
     out = dm(case.graph, x)
@@ -219,7 +220,7 @@ def payloads(case: Case, world_size: int) -> list[dict[str, Any]]:
     parts = split_graph(case.graph, case.assignment, world_size, {"x": case.x, "w": case.loss_weight})
     return [
         {"part": p, "model": case.model, "seed": case.seed, "mode": case.mode, "train": case.train,
-         "num_nodes": case.graph.num_nodes, "num_edges": case.graph.num_edges}
+         "executor": case.executor, "num_nodes": case.graph.num_nodes, "num_edges": case.graph.num_edges}
         for p in parts
     ]
 
@@ -228,7 +229,7 @@ def run_worker(rank: int, world_size: int, payload: dict[str, Any]) -> Result:
     part: PartData = payload["part"]
     shard = ShardGraph.from_part(part, rank, world_size, payload["num_nodes"], payload["num_edges"])
     model = make_model(payload["model"], payload["seed"])
-    dm = sc.distribute(model, mode=payload["mode"])
+    dm = sc.distribute(model, mode=payload["mode"], executor=payload.get("executor", "auto"))
     dm.train(payload["train"])
     x = part.node_data["x"].clone().requires_grad_(True)
     comm.stats.reset()

@@ -139,9 +139,10 @@ def test_plan_command_prints_the_plan(tmp_path, capsys):
     spec = str(Path(__file__).resolve().parents[1] / "examples" / "train_sage.py") + ":SAGE"
     args = '{"in_dim": 32, "hidden": 16, "num_classes": 4, "dropout": 0.5}'
     assert main(["plan", spec, "--parts", str(tmp_path / "parts"), "--args", args, "--stage", "fuse",
-                 "--dot", str(tmp_path / "plan.dot")]) == 0
+                 "--dot", str(tmp_path / "plan.dot"), "--show-kernels"]) == 0
     out = capsys.readouterr().out
     assert "plan of SAGE: mode=sar, 2 workers" in out and "spmm(mean)" in out
+    assert "# ===== spmm_sum_width32" in out and "@triton.jit" in out  # --show-kernels
     assert "estimated memory per worker" in out and "program after fuse" in out
     assert (tmp_path / "plan.dot").read_text().startswith("digraph plan {")
 

@@ -97,3 +97,22 @@ def test_plan_errors_say_what_is_missing(tmp_path):
     sc.partition(_graph(), 2, tmp_path)
     with pytest.raises(sc.CompileError, match="node_data\\['x'\\]"):
         model.plan(tmp_path)
+
+
+def test_plan_lists_each_generated_kernel_with_its_source():
+    plan = sc.distribute(Small()).plan(_graph(), 2, x=torch.zeros(1, 8, requires_grad=True), method="contiguous")
+    by_role = {(k.op.split("_")[0], k.role): k for k in plan.kernels}
+    assert set(by_role) == {
+        ("sage", "forward"), ("sage", "backward x"),  # max and its gradient
+        ("attention", "forward"), ("attention", "backward"),  # fused attention
+        ("gcn", "forward"), ("gcn", "backward x"),  # sum, then its transpose
+    }
+    assert by_role[("sage", "forward")].name.startswith("spmm_max_width8")
+    assert "heads2_channels4_dropout" in by_role[("attention", "forward")].name
+    for k in plan.kernels:
+        compile(k.source, k.name, "exec")  # plain Python
+        assert "@triton.jit" in k.source and "@triton.autotune" in k.source  # CUDA: autotuned
+    assert "generated kernels on CUDA" in str(plan) and by_role[("gcn", "forward")].name in str(plan)
+    # one source per kernel, with the ops that use it
+    text = plan.kernel_sources()
+    assert text.count("# =====") == len({k.name for k in plan.kernels})

@@ -73,7 +73,8 @@ def kernel_specs(op: str, args: dict[str, Any]) -> list[tuple[str, KernelSpec]]:
         x, w = args["x"], args["edge_weight"]
         width, dtype = x[0].numel() if x.dim() > 1 else 1, dtype_name(x)
         if args["reduce"] == "max":
-            return [("forward", MaxSpec(width, dtype)), ("backward x", MaxGradSpec(width, dtype))]
+            grad = [("backward x", MaxGradSpec(width, dtype))] if x.requires_grad else []
+            return [("forward", MaxSpec(width, dtype)), *grad]
         cols = weight_cols(tuple(x.shape), None if w is None else tuple(w.shape))
         if cols is None:
             return []

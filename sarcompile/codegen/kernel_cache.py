@@ -50,12 +50,14 @@ class KernelSpec:
 
     @property
     def name(self) -> str:
-        """A readable name: the family and the field values, e.g. ``spmm_sum_f64_h1_float32_w``."""
+        """A readable name: the family and the field values, e.g. ``spmm_sum_width64_weight_cols1_float32``."""
         parts = [self.family]
         for key, value in asdict(self).items():
             if isinstance(value, bool):
                 if value:
                     parts.append(key)
+            elif isinstance(value, str):
+                parts.append(value)
             else:
                 parts.append(f"{key}{value}")
         return "_".join(str(p) for p in parts)
@@ -127,7 +129,10 @@ def cache_dir() -> Path:
 def kernel_path(spec: KernelSpec, target: str | None = None) -> Path:
     """Where ``spec``'s kernel for ``target`` lives in the cache."""
     target = target or current_target()
-    source = spec.render(target)
+    return _path(spec, target, spec.render(target))
+
+
+def _path(spec: KernelSpec, target: str, source: str) -> Path:
     key = hashlib.sha256(
         "\n".join([repr(spec), target, triton_version(), str(GENERATOR_VERSION), source]).encode()
     ).hexdigest()[:16]
@@ -146,13 +151,26 @@ def load(spec: KernelSpec, target: str | None = None) -> ModuleType:
     loaded = _LOADED.get((spec, target))
     if loaded is not None:
         return loaded
-    path = kernel_path(spec, target)
+    source = spec.render(target)
+    path = _path(spec, target, source)
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".py")
-        with os.fdopen(fd, "w") as f:
-            f.write(spec.render(target))
+        with os.fdopen(fd, "wb") as f:  # bytes: read back and compared exactly below
+            f.write(source.encode())
         os.replace(tmp, path)  # atomic: another process sees no file or the whole file
+    else:
+        # A file cut short (a full disk, a copied cache) can still be valid Python and
+        # compute something else: only load exactly what this spec generates.
+        try:
+            same = path.read_bytes() == source.encode()
+        except OSError as e:
+            raise KernelError(f"generated kernel {path} cannot be read: {e}. Delete it and retry") from e
+        if not same:
+            raise KernelError(
+                f"generated kernel {path} is corrupt: it is not what {spec!r} generates for target "
+                f"{target!r}. Delete it and retry; report it if it persists"
+            )
     module_name = f"sarcompile_kernels.{path.stem}"
     loader_spec = importlib.util.spec_from_file_location(module_name, path)
     module = importlib.util.module_from_spec(loader_spec)

@@ -52,6 +52,7 @@ def _per_head(weight: torch.Tensor | None, x: torch.Tensor) -> bool:
 
 def spmm(block: Block, x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
     """``out[v] = sum over edges u->v of w_e * x[u]`` for the block's destination rows."""
+    block = block.on(x.device)
     if _scalar_weight(weight):
         out = block.sparse(weight, x.dtype) @ _flat(x)
         return out.reshape(block.num_dst, *x.shape[1:])
@@ -64,6 +65,7 @@ def spmm(block: Block, x: torch.Tensor, weight: torch.Tensor | None) -> torch.Te
 
 def spmm_t(block: Block, g: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
     """Transpose of :func:`spmm`: gradient rows for the block's source rows."""
+    block = block.on(g.device)
     if _scalar_weight(weight):
         out = block.sparse_t(weight, g.dtype) @ _flat(g)
         return out.reshape(block.num_src, *g.shape[1:])
@@ -82,6 +84,7 @@ def edge_dot(block: Block, g: torch.Tensor, x: torch.Tensor, weight_shape: torch
     """Gradient of the edge weights of :func:`spmm`: ``<g[v], x[u]>`` per edge u->v,
     summed over the dims the weight broadcast over. Works through the edges in chunks so
     the per-edge products never exceed :data:`EDGE_CHUNK_ELEMENTS`."""
+    block = block.on(g.device)
     rest = math.prod(g.shape[1:]) // math.prod(weight_shape[1:])
     out = g.new_empty((block.num_edges, *weight_shape[1:]))
     step = max(1, EDGE_CHUNK_ELEMENTS // max(math.prod(g.shape[1:]), 1))
@@ -110,10 +113,10 @@ class MaxState:
         """Fold in one block whose source rows sit at ``offset..`` of the concatenated halos."""
         if block.num_edges == 0:
             return
+        block = block.on(x.device)
         bmax, brow = self.block_max(block, x)
         has = brow != _NO_ROW
-        gids = block.src_gids.to(brow.device)
-        bgid = torch.where(has, gids[brow.clamp(max=max(block.num_src - 1, 0))], _NO_ROW)
+        bgid = torch.where(has, block.src_gids[brow.clamp(max=max(block.num_src - 1, 0))], _NO_ROW)
         better = has & ((bmax > self.value) | ((bmax == self.value) & (bgid < self.gid)))
         self.value = torch.where(better, bmax, self.value)
         self.gid = torch.where(better, bgid, self.gid)
@@ -140,7 +143,7 @@ def max_grad(pos: torch.Tensor, g: torch.Tensor, offset: int, num_src: int) -> t
     g2 = _flat(g)
     width = g2.shape[1]
     hit = (pos >= offset) & (pos < offset + num_src)
-    feat = torch.arange(width).expand_as(pos)
+    feat = torch.arange(width, device=pos.device).expand_as(pos)
     flat_index = (pos[hit] - offset) * width + feat[hit]
     out = g2.new_zeros(num_src * width).index_add_(0, flat_index, g2[hit])
     return out.reshape(num_src, *g.shape[1:])
@@ -148,6 +151,7 @@ def max_grad(pos: torch.Tensor, g: torch.Tensor, offset: int, num_src: int) -> t
 
 def sddmm(block: Block, a: torch.Tensor, b: torch.Tensor, op: str) -> torch.Tensor:
     """Per-edge value from ``a`` at the source and ``b`` at the destination, in CSR order."""
+    block = block.on(b.device)
     au, bv = a[block.col], b[block.row]
     if op == "add":
         return au + bv
@@ -166,6 +170,7 @@ def sddmm_grads(
     ``a`` (the source rows) is only read for ``mul``/``dot`` when ``want_b``; callers may
     pass None otherwise -- that is what lets add/sub skip the re-fetch.
     """
+    block = block.on(b.device)
     if op == "dot":
         g = g.unsqueeze(-1)
     ga = gb = None
@@ -212,6 +217,7 @@ class AttentionState:
         (or None)."""
         if block.num_edges == 0:
             return
+        block = block.on(h.device)
         score = torch.nn.functional.leaky_relu(a_src[block.col] + a_dst[block.row], negative_slope)
         idx = block.row.unsqueeze(1).expand_as(score)
         block_max = torch.full_like(self.m, float("-inf")).scatter_reduce(0, idx, score, "amax")
@@ -250,6 +256,7 @@ def attention_grads(
     row term, without storing P. Returns (grad of the block's source features, of its
     source scores, of the local destination scores).
     """
+    block = block.on(h.device)
     pre = a_src[block.col] + a_dst[block.row]
     score = torch.nn.functional.leaky_relu(pre, negative_slope)
     p = torch.exp(score - lse[block.row])
@@ -259,8 +266,8 @@ def attention_grads(
     d_p = d_w if keep is None else d_w * keep
     d_score = p * (d_p - delta[block.row])
     d_pre = torch.where(pre > 0, d_score, d_score * negative_slope)
-    d_src = torch.zeros((block.num_src, pre.shape[1]), dtype=pre.dtype).index_add_(0, block.col, d_pre)
-    d_dst = torch.zeros((block.num_dst, pre.shape[1]), dtype=pre.dtype).index_add_(0, block.row, d_pre)
+    d_src = pre.new_zeros((block.num_src, pre.shape[1])).index_add_(0, block.col, d_pre)
+    d_dst = pre.new_zeros((block.num_dst, pre.shape[1])).index_add_(0, block.row, d_pre)
     return d_h, d_src, d_dst
 
 
