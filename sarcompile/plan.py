@@ -26,8 +26,8 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from .graph import Graph
 from .codegen import kernel_specs
+from .graph import Graph
 from .ops import OpDef
 from .runtime.comm import offline
 

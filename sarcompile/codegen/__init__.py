@@ -18,7 +18,7 @@ from ..errors import KernelError
 from . import torch_kernels
 from .kernel_cache import KernelSpec, current_target
 
-__all__ = ["EXECUTORS", "kernels_for", "kernel_specs", "triton_available"]
+__all__ = ["EXECUTORS", "kernel_specs", "kernels_for", "triton_available"]
 
 EXECUTORS = ("auto", "torch", "triton")
 

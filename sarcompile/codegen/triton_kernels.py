@@ -16,10 +16,21 @@ import torch
 
 from ..graph import Block
 from . import torch_kernels as T
+from .attention_gen import AttentionBackwardSpec, AttentionForwardSpec
 from .kernel_cache import current_target, load
 from .spmm_gen import EdgeDotSpec, MaxGradSpec, MaxSpec, SpmmSpec
 
-__all__ = ["MaxState", "dtype_name", "edge_dot", "max_grad", "spmm", "spmm_t", "weight_cols"]
+__all__ = [
+    "AttentionState",
+    "MaxState",
+    "attention_grads",
+    "dtype_name",
+    "edge_dot",
+    "max_grad",
+    "spmm",
+    "spmm_t",
+    "weight_cols",
+]
 
 # Everything that is not a graph kernel is shared with the torch module.
 sddmm, sddmm_grads = T.sddmm, T.sddmm_grads
@@ -65,14 +76,16 @@ def indices(block: Block, device: torch.device) -> _Indices:
     return cached
 
 
-def launch(module, grid, *args) -> None:
-    """Run ``module.kernel``; the interpreter gets the module's fixed configuration, CUDA
-    its autotuner's choice."""
+def launch(module, grid, *args, kernel: str = "kernel") -> None:
+    """Run ``module.kernel`` (or another kernel of the module, e.g. ``kernel_dst``, whose
+    configurations are then ``CONFIGS_DST``); the interpreter gets the module's fixed
+    configuration, CUDA its autotuner's choice."""
+    fn = getattr(module, kernel)
     if current_target() == "interpreter":
-        meta = module.CONFIGS[0]
-        module.kernel[grid(meta)](*args, **meta)
+        meta = getattr(module, "CONFIGS" + kernel.removeprefix("kernel").upper())[0]
+        fn[grid(meta)](*args, **meta)
     else:
-        module.kernel[grid](*args)
+        fn[grid](*args)
 
 
 def _flat(t: torch.Tensor) -> torch.Tensor:
@@ -147,3 +160,67 @@ def max_grad(pos: torch.Tensor, g: torch.Tensor, offset: int, num_src: int) -> t
         grid = lambda m: (rows, _cdiv(width, m["BLOCK_F"]))
         launch(load(MaxGradSpec(width, dtype_name(g2))), grid, pos.contiguous(), g2, out, offset, num_src, rows)
     return out.to(g.dtype).reshape(num_src, *g.shape[1:])
+
+
+class AttentionState(T.AttentionState):
+    """:class:`torch_kernels.AttentionState` whose blocks are folded in by a generated
+    kernel updating the same state (``m``, ``l``, ``acc``) in place, one program per
+    destination row; :meth:`result` is the torch one."""
+
+    def update(
+        self,
+        block: Block,
+        h: torch.Tensor,
+        a_src: torch.Tensor,
+        a_dst: torch.Tensor,
+        negative_slope: float,
+        keep: torch.Tensor | None,
+    ) -> None:
+        if block.num_edges == 0 or block.num_dst == 0:
+            return
+        # The kernel writes the state in place: it must be contiguous and on h's device
+        # (the torch class creates it on the default device).
+        self.m, self.l, self.acc = (t.to(h.device).contiguous() for t in (self.m, self.l, self.acc))
+        heads, channels = h.shape[1], h.shape[2]
+        h, a_src, a_dst = h.contiguous(), a_src.contiguous(), a_dst.contiguous()
+        keep_arg = h if keep is None else keep.contiguous()  # any pointer when there is no dropout
+        ix = indices(block, h.device)
+        spec = AttentionForwardSpec(heads, channels, keep is not None, dtype_name(h))
+        args = (ix.indptr, ix.col, keep_arg, h, a_src, a_dst, self.m, self.l, self.acc, float(negative_slope), block.num_dst)
+        launch(load(spec), lambda meta: (block.num_dst,), *args)
+
+
+def attention_grads(
+    block: Block,
+    h: torch.Tensor,
+    a_src: torch.Tensor,
+    a_dst: torch.Tensor,
+    negative_slope: float,
+    keep: torch.Tensor | None,
+    lse: torch.Tensor,
+    d_out: torch.Tensor,
+    delta: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`torch_kernels.attention_grads` by two generated passes: over the CSR for the
+    destination scores, over the CSC view for the source features and scores (each output
+    row owned by one program: no atomics)."""
+    heads, channels = h.shape[1], h.shape[2]
+    score_dtype = torch.promote_types(a_src.dtype, a_dst.dtype)
+    d_h = d_out.new_zeros((block.num_src, heads, channels))
+    d_src = torch.zeros((block.num_src, heads), dtype=score_dtype, device=h.device)
+    d_dst = torch.zeros((block.num_dst, heads), dtype=score_dtype, device=h.device)
+    if block.num_edges == 0:
+        return d_h, d_src, d_dst
+    h, a_src, a_dst = h.contiguous(), a_src.contiguous(), a_dst.contiguous()
+    lse, d_out, delta = lse.contiguous(), d_out.contiguous(), delta.contiguous()
+    keep_arg = h if keep is None else keep.contiguous()  # any pointer when there is no dropout
+    ix = indices(block, h.device)
+    module = load(AttentionBackwardSpec(heads, channels, keep is not None, dtype_name(h)))
+    slope = float(negative_slope)
+    data = (keep_arg, h, a_src, a_dst, lse, d_out, delta)
+    launch(module, lambda meta: (block.num_dst,), ix.indptr, ix.col, *data, d_dst, slope, block.num_dst, kernel="kernel_dst")
+    launch(
+        module, lambda meta: (block.num_src,), ix.t_indptr, ix.t_row, ix.t_perm, *data, d_h, d_src, slope, block.num_src,
+        kernel="kernel_src",
+    )
+    return d_h, d_src, d_dst

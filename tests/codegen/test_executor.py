@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from cases import Case, gather_rows, payloads, run_worker, single_machine
 
 import sarcompile as sc
-from cases import Case, gather_rows, payloads, run_worker, single_machine
 from sarcompile.codegen import kernels_for, torch_kernels
 from sarcompile.codegen.kernel_cache import current_target
 from sarcompile.errors import KernelError

@@ -1,0 +1,26 @@
+"""Shared setup of the generated-kernel tests.
+
+Without a GPU the generated Triton kernels run in Triton's interpreter on CPU tensors;
+``TRITON_INTERPRET`` must be set before any kernel is decorated, so it is set here, when
+pytest loads this file and before any test module of this folder is imported. Every test
+gets a kernel cache of its own session: nothing is read from or written to ~/.cache.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def kernel_cache_dir(tmp_path_factory):
+    """The session's kernel cache (``SARCOMPILE_KERNEL_CACHE``): a temporary folder."""
+    path = tmp_path_factory.mktemp("kernel_cache")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SARCOMPILE_KERNEL_CACHE", str(path))
+        yield path
