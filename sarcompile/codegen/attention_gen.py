@@ -33,7 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import KernelError
-from .kernel_cache import KernelSpec, autotune, header
+from .kernel_cache import KernelSpec, autotune, configs_line, header
 from .spmm_gen import acc_type, pow2
 
 __all__ = ["AttentionBackwardSpec", "AttentionForwardSpec"]
@@ -105,7 +105,8 @@ class AttentionForwardSpec(KernelSpec):
         doc = f"Attention forward (online softmax over blocks), H={H}, C={C}, {'dropout' if self.dropout else 'no dropout'}, {self.dtype}."
         return (
             header(self, target, doc)
-            + f"CONFIGS = {[c for c, _ in configs]!r}\n\n\n"
+            + configs_line(configs)
+            + "\n\n"
             + autotune(target, configs, ["num_rows"], restore_value=("m", "l", "acc"))
             + f'''@triton.jit
 def kernel(indptr, col, keep, h, a_src, a_dst, m, l, acc, negative_slope: {_slope_type(self.dtype)}, num_rows, BLOCK_E: tl.constexpr):
@@ -271,8 +272,9 @@ def kernel_src(t_indptr, t_row, t_perm, keep, h, a_src, a_dst, lse, d_out, delta
 '''
         return (
             header(self, target, doc)
-            + f"CONFIGS_DST = {[c for c, _ in configs]!r}\n"
-            + f"CONFIGS_SRC = {[c for c, _ in configs]!r}\n\n\n"
+            + configs_line(configs, "CONFIGS_DST")
+            + configs_line(configs, "CONFIGS_SRC")
+            + "\n\n"
             + autotune(target, configs, ["num_rows"])
             + dst
             + "\n\n"

@@ -32,7 +32,17 @@ from typing import ClassVar
 
 from ..errors import KernelError
 
-__all__ = ["KernelSpec", "autotune", "cache_dir", "current_target", "header", "kernel_path", "load", "triton_version"]
+__all__ = [
+    "KernelSpec",
+    "autotune",
+    "cache_dir",
+    "configs_line",
+    "current_target",
+    "header",
+    "kernel_path",
+    "load",
+    "triton_version",
+]
 
 # Bumped when the rendering changes in a way the spec does not show, so that old files
 # are not reused. (The rendered source is also hashed, so this is belt and braces.)
@@ -86,6 +96,17 @@ def autotune(
         f"  {name}={list(values)!r},\n" for name, values in (("reset_to_zero", reset_to_zero), ("restore_value", restore_value)) if values
     )
     return f"@triton.autotune(\n  configs=[\n{items},\n  ],\n  key={key!r},\n{extra})\n"
+
+
+def configs_line(configs: list[tuple[dict[str, int], int]], name: str = "CONFIGS") -> str:
+    """``CONFIGS = [...]``: the distinct meta-parameter dicts of ``configs`` in order (the
+    configs may differ in warps only, which this list does not show). The first one is the
+    interpreter's fixed choice."""
+    metas: list[dict[str, int]] = []
+    for meta, _ in configs:
+        if meta not in metas:
+            metas.append(meta)
+    return f"{name} = {metas!r}\n"
 
 
 def header(spec: KernelSpec, target: str, doc: str) -> str:

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .kernel_cache import KernelSpec, autotune, header
+from .kernel_cache import KernelSpec, autotune, configs_line, header
 from .spmm_gen import pow2
 
 __all__ = ["PACK_DTYPES", "PackSpec", "UnpackSpec"]
@@ -93,7 +93,8 @@ class PackSpec(KernelSpec):
                 f"Quantize to {bits} bits and pack {per} value(s) per byte, F={width} -> {nb} bytes per row, "
                 f"{self.dtype}, {'stochastic rounding' if self.stochastic else 'round half up'}.",
             )
-            + f"CONFIGS = {[c for c, _ in configs]!r}\n\n\n"
+            + configs_line(configs)
+            + "\n\n"
             + autotune(target, configs, ["num_rows"])
             + f'''@triton.jit
 def kernel(x, noise, lo, scale, out, num_rows, BLOCK_B: tl.constexpr):
@@ -152,7 +153,8 @@ class UnpackSpec(KernelSpec):
                 target,
                 f"Unpack {per} {bits}-bit value(s) per byte and dequantize, {nb} bytes -> F={width} per row, {self.dtype}.",
             )
-            + f"CONFIGS = {[c for c, _ in configs]!r}\n\n\n"
+            + configs_line(configs)
+            + "\n\n"
             + autotune(target, configs, ["num_rows"])
             + f'''@triton.jit
 def kernel(data, lo, scale, out, num_rows, BLOCK_B: tl.constexpr):

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .kernel_cache import KernelSpec, autotune, header
+from .kernel_cache import KernelSpec, autotune, configs_line, header
 
 __all__ = ["EdgeDotSpec", "MaxGradSpec", "MaxSpec", "SpmmSpec", "acc_type", "pow2"]
 
@@ -69,7 +69,8 @@ class SpmmSpec(KernelSpec):
         configs = _feature_configs(f, [16, 32])
         return (
             header(self, target, f"Sum aggregation over a CSR, F={f}, {'W=' + str(w) if w else 'unweighted'}, {self.dtype}.")
-            + f"CONFIGS = {[c for c, _ in configs]!r}\n\n\n"
+            + configs_line(configs)
+            + "\n\n"
             + autotune(target, configs, ["num_rows"])
             + f'''@triton.jit
 def kernel(indptr, col, perm, weight, x, out, num_rows, BLOCK_E: tl.constexpr, BLOCK_F: tl.constexpr):
@@ -94,7 +95,7 @@ def kernel(indptr, col, perm, weight, x, out, num_rows, BLOCK_E: tl.constexpr, B
 @dataclass(frozen=True)
 class MaxSpec(KernelSpec):
     """Per destination row and feature of one block: the max over in-edges and the
-    smallest source row reaching it (``NO_ROW`` for a row without in-edges); the runtime
+    smallest source row reaching it (int64 max for a row without in-edges); the runtime
     merges blocks by global id."""
 
     family = "spmm_max"
@@ -106,8 +107,8 @@ class MaxSpec(KernelSpec):
         configs = _feature_configs(f, [16, 32])
         return (
             header(self, target, f"Max aggregation with the winning source row, F={f}, {self.dtype}.")
-            + "NO_ROW = 9223372036854775807  # no candidate: larger than any row\n"
-            + f"CONFIGS = {[c for c, _ in configs]!r}\n\n\n"
+            + configs_line(configs)
+            + "\n\n"
             + autotune(target, configs, ["num_rows"])
             + f'''@triton.jit
 def kernel(indptr, col, x, best_out, row_out, num_rows, BLOCK_E: tl.constexpr, BLOCK_F: tl.constexpr):
@@ -117,7 +118,7 @@ def kernel(indptr, col, x, best_out, row_out, num_rows, BLOCK_E: tl.constexpr, B
     start = tl.load(indptr + v)
     end = tl.load(indptr + v + 1)
     best = tl.full([BLOCK_F], float("-inf"), {acc_type(self.dtype)})
-    arg = tl.full([BLOCK_F], 9223372036854775807, tl.int64)
+    arg = tl.full([BLOCK_F], 9223372036854775807, tl.int64)  # no candidate (int64 max): larger than any row
     for e0 in range(start, end, BLOCK_E):
         e = e0 + tl.arange(0, BLOCK_E)
         e_ok = e < end
@@ -152,7 +153,8 @@ class MaxGradSpec(KernelSpec):
         configs = [({"BLOCK_F": b}, w) for b in sorted({min(64, pow2(f)), min(128, pow2(f))}) for w in (4, 2)]
         return (
             header(self, target, f"Gradient of the max aggregation, F={f}, {self.dtype}, accumulated in fp32.")
-            + f"CONFIGS = {[c for c, _ in configs]!r}\n\n\n"
+            + configs_line(configs)
+            + "\n\n"
             + autotune(target, configs, ["num_rows"], reset_to_zero=("out",))
             + f'''@triton.jit
 def kernel(pos, g, out, offset, num_src, num_rows, BLOCK_F: tl.constexpr):
@@ -184,7 +186,8 @@ class EdgeDotSpec(KernelSpec):
         configs = [({"BLOCK_E": e, "BLOCK_C": b}, 4) for b in sorted({min(32, pow2(c)), min(64, pow2(c))}) for e in (32, 64)]
         return (
             header(self, target, f"Per-edge dot products for edge-weight gradients, F={f}, W={w}, {self.dtype}.")
-            + f"CONFIGS = {[cf for cf, _ in configs]!r}\n\n\n"
+            + configs_line(configs)
+            + "\n\n"
             + autotune(target, configs, ["num_edges"])
             + f'''@triton.jit
 def kernel(row, col, g, x, out, num_edges, BLOCK_E: tl.constexpr, BLOCK_C: tl.constexpr):

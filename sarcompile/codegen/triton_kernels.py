@@ -68,10 +68,11 @@ def indices(block: Block, device: torch.device) -> _Indices:
     key = ("indices", str(device))
     cached = block._cache.get(key)
     if cached is None:
-        perm = block.transpose_perm
-        cached = _Indices(
-            *(t.to(device) for t in (block.indptr, block.col, block.row, block.transpose_indptr, block.row[perm], perm))
-        )
+        # The CSR expansion and the CSC view are computed on the device, from the block's
+        # copy there (Block.on), rather than on the CPU and copied.
+        b = block.on(device)
+        perm = b.transpose_perm
+        cached = _Indices(b.indptr, b.col, b.row, b.transpose_indptr, b.row[perm], perm)
         block._cache[key] = cached
     return cached
 
@@ -158,7 +159,7 @@ def max_grad(pos: torch.Tensor, g: torch.Tensor, offset: int, num_src: int) -> t
     out = torch.zeros((num_src, width), dtype=torch.float64 if g.dtype == torch.float64 else torch.float32, device=g.device)
     if rows and width and num_src:
         grid = lambda m: (rows, _cdiv(width, m["BLOCK_F"]))
-        launch(load(MaxGradSpec(width, dtype_name(g2))), grid, pos.contiguous(), g2, out, offset, num_src, rows)
+        launch(load(MaxGradSpec(width, dtype_name(g2))), grid, pos.to(g.device).contiguous(), g2, out, offset, num_src, rows)
     return out.to(g.dtype).reshape(num_src, *g.shape[1:])
 
 

@@ -36,7 +36,7 @@ def pack(x: torch.Tensor, bits: int, noise: torch.Tensor | None = None) -> T.Pac
     if n and width:
         x2 = x2.contiguous()
         spec = PackSpec(bits, width, dtype_name(x2), stochastic=noise is not None)
-        noise_arg = x2 if noise is None else noise.contiguous()  # any pointer when unused
+        noise_arg = x2 if noise is None else noise.to(x2.device).contiguous()  # any pointer when unused
         launch(load(spec), lambda m: (n, _cdiv(nb, m["BLOCK_B"])), x2, noise_arg, lo, scale, out, n)
     return T.Packed(out, lo, scale, bits, width)
 
@@ -51,5 +51,6 @@ def unpack(p: T.Packed, dtype: torch.dtype) -> torch.Tensor:
     if n and p.width:
         spec = UnpackSpec(p.bits, p.width, name)
         data = p.data.contiguous()
-        launch(load(spec), lambda m: (n, _cdiv(nb, m["BLOCK_B"])), data, p.lo.contiguous(), p.scale.contiguous(), out, n)
+        lo, scale = (t.to(data.device).contiguous() for t in (p.lo, p.scale))
+        launch(load(spec), lambda m: (n, _cdiv(nb, m["BLOCK_B"])), data, lo, scale, out, n)
     return out

@@ -2,7 +2,8 @@
 
 Without a GPU the generated Triton kernels run in Triton's interpreter on CPU tensors;
 ``TRITON_INTERPRET`` must be set before any kernel is decorated, so it is set here, when
-pytest loads this file and before any test module of this folder is imported. Every test
+pytest loads this file and before any test module of this folder is imported. Compiled
+kernels (a GPU, no ``TRITON_INTERPRET``) get CUDA tensors instead (:mod:`devices`). Every test
 gets a kernel cache of its own session: nothing is read from or written to ~/.cache.
 """
 
@@ -15,6 +16,9 @@ import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+# The tests' device (``devices.DEVICE``) follows the target, so it is computed only now.
+import devices  # noqa: F401
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -4,7 +4,8 @@ sources, heads and channels that are not powers of two, dropout, and several blo
 folded in sequence with the max jumping from ~-50 to ~+50 between them.
 
 Without a GPU the kernels run in Triton's interpreter on CPU tensors (``TRITON_INTERPRET=1``,
-set before triton is imported).
+set before triton is imported); compiled (on a GPU) they get CUDA tensors
+(``devices.DEVICE``), and the torch kernels keep the CPU ones.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 pytest.importorskip("triton")
 
+from devices import DEVICE, to_dev
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -29,7 +31,6 @@ from sarcompile.graph import Block
 
 pytestmark = pytest.mark.interpreter
 
-DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 LONG_ROW = 300  # edges into one row: many BLOCK_E chunks, each possibly raising the max
 RTOL = {torch.float32: 1e-5, torch.float64: 1e-10}
 
@@ -92,15 +93,15 @@ def assert_close(actual: torch.Tensor, expected: torch.Tensor, rtol: float, what
     torch.testing.assert_close(actual, expected, rtol=rtol, atol=rtol * scale, msg=lambda m: f"{what}: {m}")
 
 
-def on(t: torch.Tensor | None) -> torch.Tensor | None:
-    return None if t is None else t.to(DEVICE)
+on = to_dev
 
 
 def run_both(blocks, a_dst, slope, dtype, heads, channels, seed, rtol):
     """Fold the blocks with both implementations, then take every block's gradients;
     compare everything."""
     num_dst = a_dst.shape[0]
-    ref, gen = T.AttentionState(num_dst, heads, channels, dtype), K.AttentionState(num_dst, heads, channels, dtype)
+    ref = T.AttentionState(num_dst, heads, channels, dtype)
+    gen = K.AttentionState(num_dst, heads, channels, dtype, device=DEVICE)
     for block, h, a_src, keep in blocks:
         ref.update(block, h, a_src, a_dst, slope, keep)
         gen.update(block, on(h), on(a_src), on(a_dst), slope, on(keep))
@@ -154,7 +155,7 @@ def test_max_jumps_between_blocks(dtype, heads, channels, dropout):
 
 def test_empty_block_changes_nothing():
     heads, channels, num_dst = 3, 7, 4
-    state = K.AttentionState(num_dst, heads, channels, torch.float32)
+    state = K.AttentionState(num_dst, heads, channels, torch.float32, device=DEVICE)
     block = make_block([], num_dst, 2)
     h, a_src, a_dst = torch.randn(2, heads, channels), torch.randn(2, heads), torch.randn(num_dst, heads)
     state.update(block, on(h), on(a_src), on(a_dst), 0.2, None)
@@ -186,7 +187,7 @@ def test_bfloat16_against_float64():
     delta = (d_out.double() * out).sum(-1)
     expected = T.attention_grads(block, h.double(), a_src.double(), a_dst.double(), 0.2, keep.double(), lse, d_out.double(), delta)
 
-    state = K.AttentionState(num_dst, heads, channels, torch.bfloat16)
+    state = K.AttentionState(num_dst, heads, channels, torch.bfloat16, device=DEVICE)
     state.update(block, on(h), on(a_src), on(a_dst), 0.2, on(keep))
     out_k, lse_k = state.result()
     assert_close(out_k.double(), out, 3e-2, "out")

@@ -8,13 +8,15 @@ feature widths that are not a multiple of the kernels' block sizes, features ``[
 and ``[n, H, C]`` and edge weights ``None`` / ``[E]`` / ``[E, H]``.
 
 Without a GPU the kernels run in Triton's interpreter (``TRITON_INTERPRET=1``, set by
-this folder's conftest), so the graphs are kept small.
+this folder's conftest), so the graphs are kept small. Compiled (on a GPU) they get CUDA
+tensors (``devices.DEVICE``); the torch kernels always run on the CPU tensors.
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
+from devices import DEVICE, back, to_dev
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -124,7 +126,7 @@ def test_spmm(data, block, tail, dtype):
     gen = torch.Generator().manual_seed(data.draw(st.integers(0, 2**31 - 1)))
     x = randn((block.num_src, *tail), dtype, gen)
     w = make_weight(kind, block, tail, dtype, gen)
-    out = K.spmm(block, x, w)
+    out = back(K.spmm(block, to_dev(x), to_dev(w)))
     assert_sum_close(out, T.spmm(block, x, w), T.spmm(block, x.abs().double(), abs_or_none(w)), *EXACT[dtype])
 
 
@@ -136,7 +138,7 @@ def test_spmm_t(data, block, tail, dtype):
     gen = torch.Generator().manual_seed(data.draw(st.integers(0, 2**31 - 1)))
     g = randn((block.num_dst, *tail), dtype, gen)
     w = make_weight(kind, block, tail, dtype, gen)
-    out = K.spmm_t(block, g, w)
+    out = back(K.spmm_t(block, to_dev(g), to_dev(w)))
     assert_sum_close(out, T.spmm_t(block, g, w), T.spmm_t(block, g.abs().double(), abs_or_none(w)), *EXACT[dtype])
 
 
@@ -148,7 +150,7 @@ def test_edge_dot(data, block, tail, dtype):
     g = randn((block.num_dst, *tail), dtype, gen)
     x = randn((block.num_src, *tail), dtype, gen)
     shape = weight_shape(kind, block, tail)
-    out = K.edge_dot(block, g, x, shape)
+    out = back(K.edge_dot(block, to_dev(g), to_dev(x), shape))
     expected = T.edge_dot(block, g, x, shape)
     assert_sum_close(out, expected, T.edge_dot(block, g.abs().double(), x.abs().double(), shape), *EXACT[dtype])
 
@@ -169,9 +171,10 @@ def test_spmm_is_the_gradient_pair():
     out = torch.einsum("vuh,uhc->vhc", dense, x)
     g = torch.randn_like(out)
     gx, gw = torch.autograd.grad(out, (x, w), g)
-    torch.testing.assert_close(K.spmm(block, x.detach(), w.detach()), out.detach())
-    torch.testing.assert_close(K.spmm_t(block, g, w.detach()), gx)
-    torch.testing.assert_close(K.edge_dot(block, g, x.detach(), w.shape), gw)
+    xd, wd = to_dev(x.detach()), to_dev(w.detach())
+    torch.testing.assert_close(back(K.spmm(block, xd, wd)), out.detach())
+    torch.testing.assert_close(back(K.spmm_t(block, to_dev(g), wd)), gx)
+    torch.testing.assert_close(back(K.edge_dot(block, to_dev(g), xd, w.shape)), gw)
 
 
 @st.composite
@@ -192,10 +195,13 @@ def max_folds(draw, max_blocks: int = 3):
 
 
 def fold(module, nd: int, parts: list[Block], xs: list[torch.Tensor], tail, dtype):
-    state = module.MaxState(nd, tail, dtype)
+    """MaxState folded over the blocks: the Triton one (``module`` K) on DEVICE, its state
+    (``value``, ``gid``, ``pos``) left there; the torch one on the CPU."""
+    device = DEVICE if module is K else torch.device("cpu")
+    state = module.MaxState(nd, tail, dtype, device=device)
     offset = 0
     for b, x in zip(parts, xs):
-        state.update(b, x, offset)
+        state.update(b, x.to(device), offset)
         offset += b.num_src
     return state
 
@@ -209,14 +215,14 @@ def test_max_fold_and_grad(fold_case, tail, dtype):
     gen = torch.Generator().manual_seed(seed)
     xs = [torch.randint(-2, 3, (b.num_src, *tail), generator=gen).to(dtype) for b in parts]
     got, want = fold(K, nd, parts, xs, tail, dtype), fold(T, nd, parts, xs, tail, dtype)
-    assert torch.equal(got.pos, want.pos), (got.pos, want.pos)
-    assert torch.equal(got.gid, want.gid)
-    assert torch.equal(got.value, want.value)
-    assert torch.equal(got.result(), want.result())
+    assert torch.equal(got.pos.cpu(), want.pos), (got.pos, want.pos)
+    assert torch.equal(got.gid.cpu(), want.gid)
+    assert torch.equal(got.value.cpu(), want.value)
+    assert torch.equal(got.result().cpu(), want.result())
     g = randn((nd, *tail), dtype, gen)
     offset = 0
     for b in parts:
-        out = K.max_grad(got.pos, g, offset, b.num_src)
+        out = back(K.max_grad(got.pos, to_dev(g), offset, b.num_src))
         magnitude = T.max_grad(want.pos, g.abs(), offset, b.num_src)
         assert_sum_close(out, T.max_grad(want.pos, g, offset, b.num_src), magnitude, *EXACT[dtype])
         offset += b.num_src
@@ -233,12 +239,12 @@ def test_max_ties_across_and_within_blocks():
     state = fold(K, 3, [a, b], [xa, xb], (2,), torch.float32)
     # Row 0: A offers rows 0, 1 (ids 5, 8) -> 1.0 at id 5, 3.0 at id 5; B offers row 1 (id 9).
     # Row 1: A offers row 1 (id 8); B offers rows 0, 1 (ids 2, 9): 1.0 -> id 2, 3.0 -> id 2.
-    assert state.gid.tolist() == [[5, 5], [2, 2], [T._NO_ROW, T._NO_ROW]]
-    assert state.pos.tolist() == [[0, 0], [2, 2], [-1, -1]]
-    assert state.result().tolist() == [[1.0, 3.0], [1.0, 3.0], [0.0, 0.0]]
-    g = torch.tensor([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]])
-    assert K.max_grad(state.pos, g, 0, 2).tolist() == [[1.0, 2.0], [0.0, 0.0]]
-    assert K.max_grad(state.pos, g, 2, 2).tolist() == [[3.0, 4.0], [0.0, 0.0]]
+    assert state.gid.cpu().tolist() == [[5, 5], [2, 2], [T._NO_ROW, T._NO_ROW]]
+    assert state.pos.cpu().tolist() == [[0, 0], [2, 2], [-1, -1]]
+    assert state.result().cpu().tolist() == [[1.0, 3.0], [1.0, 3.0], [0.0, 0.0]]
+    g = torch.tensor([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]], device=DEVICE)
+    assert K.max_grad(state.pos, g, 0, 2).cpu().tolist() == [[1.0, 2.0], [0.0, 0.0]]
+    assert K.max_grad(state.pos, g, 2, 2).cpu().tolist() == [[3.0, 4.0], [0.0, 0.0]]
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bfloat16", "float16"])
@@ -256,25 +262,26 @@ def test_half_types(dtype, data, block, tail):
     w = make_weight(kind, block, tail, dtype, gen)
     wf = None if w is None else w.to(f32)
 
-    out = K.spmm(block, x, w)
+    xd, gd, wd = to_dev(x), to_dev(g), to_dev(w)
+    out = back(K.spmm(block, xd, wd))
     assert out.dtype == dtype
     magnitude = T.spmm(block, x.abs().double(), abs_or_none(w))
     assert_sum_close(out.to(f32), T.spmm(block, x.to(f32), wf), magnitude, ulp, 1e-5)
 
-    out = K.spmm_t(block, g, w)
+    out = back(K.spmm_t(block, gd, wd))
     magnitude = T.spmm_t(block, g.abs().double(), abs_or_none(w))
     assert_sum_close(out.to(f32), T.spmm_t(block, g.to(f32), wf), magnitude, ulp, 1e-5)
 
     shape = weight_shape("edge" if kind == "none" else kind, block, tail)
-    out = K.edge_dot(block, g, x, shape)
+    out = back(K.edge_dot(block, gd, xd, shape))
     magnitude = T.edge_dot(block, g.abs().double(), x.abs().double(), shape)
     assert_sum_close(out.to(f32), T.edge_dot(block, g.to(f32), x.to(f32), shape), magnitude, ulp, 1e-5)
 
     xi = torch.randint(-2, 3, (block.num_src, *tail), generator=gen)
     got, want = fold(K, block.num_dst, [block], [xi.to(dtype)], tail, dtype), fold(T, block.num_dst, [block], [xi.to(f32)], tail, f32)
-    assert torch.equal(got.pos, want.pos)
-    assert torch.equal(got.value.to(f32), want.value)
-    out = K.max_grad(got.pos, g, 0, block.num_src)
+    assert torch.equal(got.pos.cpu(), want.pos)
+    assert torch.equal(got.value.cpu().to(f32), want.value)
+    out = back(K.max_grad(got.pos, gd, 0, block.num_src))
     assert out.dtype == dtype
     magnitude = T.max_grad(want.pos, g.abs().double(), 0, block.num_src)
     assert_sum_close(out.to(f32), T.max_grad(want.pos, g.to(f32), 0, block.num_src), magnitude, ulp, 1e-5)
