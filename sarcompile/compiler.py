@@ -7,6 +7,7 @@ The pipeline, in order (each pass is a plain ``(GraphModule, options) -> GraphMo
     fuse       attention chains -> one fused attention op           (passes/fuse.py)
     partition  ops that read remote rows -> sequential aggregation  (passes/partition.py)
     strategy   direct / remat / stash / oneshot per op              (passes/strategy.py)
+    communication  opt-in stale / compressed exchange per op        (passes/communication.py)
     kernels    executor per op: generated Triton or torch kernels   (passes/kernels.py)
 
 A single machine runs the program after ``fuse`` and ``kernels``; a worker runs the one
@@ -30,6 +31,7 @@ from .frontends import load_available
 from .graph import Graph
 from .partitioning import read_manifest
 from .passes.context import CompileOptions
+from .passes.communication import communication
 from .passes.fuse import fuse
 from .passes.kernels import kernels
 from .passes.lower import lower
@@ -82,7 +84,7 @@ def compile_program(model: nn.Module, options: CompileOptions, partitioned: bool
     stages = [("trace", gm.code)]
     passes = [("lower", lower), ("fuse", fuse)]
     if partitioned:
-        passes += [("partition", partition), ("strategy", strategy)]
+        passes += [("partition", partition), ("strategy", strategy), ("communication", communication)]
     passes.append(("kernels", kernels))
     for name, run in passes:
         gm = run(gm, options)
@@ -225,16 +227,31 @@ def distribute(
     staleness: int = 1,
     compress: str | None = None,
     strategies: dict[str, str] | None = None,
+    bounded_staleness: int | None = None,
+    error_feedback: bool = True,
+    compress_layers: list[str] | None = None,
 ):
     """Compile a model for exact distributed full-batch training.
 
     ``sc.distribute(model)`` wraps an instance; ``@sc.distribute`` (with or without
     options) decorates a class so that constructing it returns the wrapped instance.
+
+    Opt-in, approximate: ``staleness=K`` (DIGEST: remote rows refreshed every K training
+    iterations), ``bounded_staleness=S`` (pipelined: exchange overlapped with the next
+    iteration, exact every S), ``compress="1bit" | "2bit" | "int4" | "int8"`` (rows that
+    cross workers quantized per row; with ``error_feedback``, the default, the
+    quantization error is carried to the next send), applied to the layers in
+    ``compress_layers`` (all when None). See :mod:`sarcompile.runtime.link`.
     """
-    options = CompileOptions(mode, executor, staleness, compress, dict(strategies or {}))
+    options = CompileOptions(
+        mode, executor, staleness, compress, dict(strategies or {}), bounded_staleness, error_feedback,
+        # a str stays a str, so that the options refuse it rather than split it into letters
+        compress_layers if compress_layers is None or isinstance(compress_layers, str) else tuple(compress_layers),
+    )
     if model is None:
-        return lambda m: distribute(m, mode=mode, executor=executor, staleness=staleness,
-                                    compress=compress, strategies=strategies)
+        return lambda m: distribute(m, mode=mode, executor=executor, staleness=staleness, compress=compress,
+                                    strategies=strategies, bounded_staleness=bounded_staleness,
+                                    error_feedback=error_feedback, compress_layers=compress_layers)
     if isinstance(model, type):
         if not issubclass(model, nn.Module):
             raise CompileError(f"@distribute decorates torch.nn.Module classes, not {model.__name__}")

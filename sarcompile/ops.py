@@ -103,8 +103,9 @@ def ir_op(
 
     An op that ``communicates`` takes a keyword ``strategy`` (see
     :mod:`sarcompile.runtime.ops`), which the partition and strategy passes set; it only
-    matters on a worker's shard. An op that runs generated kernels takes a keyword
-    ``executor``, which the kernels pass sets. A ``collective`` op communicates by all-reduce rather
+    matters on a worker's shard, as does ``comm`` (stale or compressed exchange, see
+    :mod:`sarcompile.runtime.link`), which the communication pass sets. An op that runs
+    generated kernels takes a keyword ``executor``, which the kernels pass sets. A ``collective`` op communicates by all-reduce rather
     than by halo exchange; its strategy is always ``"allreduce"``."""
 
     def register(fn: Callable) -> Callable:
@@ -114,7 +115,7 @@ def ir_op(
         def op(*args, **kwargs):
             bound = sig.bind(*args, **kwargs)
             bound.apply_defaults()
-            check(**{k: v for k, v in bound.arguments.items() if k not in ("strategy", "executor")})
+            check(**{k: v for k, v in bound.arguments.items() if k not in ("strategy", "executor", "comm")})
             proxy = _has_proxy(list(args) + list(kwargs.values()))
             if proxy is not None:
                 return proxy.tracer.create_proxy("call_function", op, args, kwargs)
@@ -174,6 +175,7 @@ def spmm(
     *,
     strategy: str = "direct",
     executor: str = "auto",
+    comm: str = "",
 ) -> torch.Tensor:
     """Aggregate ``x`` over in-edges: ``out[v] = reduce_{u->v} w_uv * x[u]``."""
     _check_rows(g, x, "x", g.num_nodes)
@@ -181,17 +183,19 @@ def spmm(
         _check_rows(g, edge_weight, "edge_weight", g.num_edges)
     if isinstance(g, Graph):
         return runtime_ops.sar_spmm(g.shard(), x, reduce, _to_csr_order(g, edge_weight), executor=executor)
-    return runtime_ops.sar_spmm(g, x, reduce, edge_weight, strategy=strategy, executor=executor)
+    return runtime_ops.sar_spmm(g, x, reduce, edge_weight, strategy=strategy, executor=executor, comm=comm)
 
 
 @ir_op(communicates=True, reads_remote_in_backward=lambda a: a["op"] in ("mul", "dot"), check=_check_sddmm)
-def sddmm(g, a: torch.Tensor, b: torch.Tensor, op: str = "add", *, strategy: str = "direct") -> torch.Tensor:
+def sddmm(
+    g, a: torch.Tensor, b: torch.Tensor, op: str = "add", *, strategy: str = "direct", comm: str = ""
+) -> torch.Tensor:
     """One value per edge u->v from ``a[u]`` and ``b[v]``."""
     _check_rows(g, a, "a", g.num_nodes)
     _check_rows(g, b, "b", g.num_nodes)
     if isinstance(g, Graph):
         return _from_csr_order(g, runtime_ops.sar_sddmm(g.shard(), a, b, op))
-    return runtime_ops.sar_sddmm(g, a, b, op, strategy=strategy)
+    return runtime_ops.sar_sddmm(g, a, b, op, strategy=strategy, comm=comm)
 
 
 @ir_op(communicates=False, reads_remote_in_backward=lambda a: False, check=_check_softmax)
@@ -251,6 +255,7 @@ def attention(
     *,
     strategy: str = "remat",
     executor: str = "auto",
+    comm: str = "",
 ) -> torch.Tensor:
     """``spmm(g, h, "sum", edge_dropout(edge_softmax(leaky_relu(sddmm(g, a_src, a_dst, "add")))))``
     in one op that never keeps a per-edge tensor (see :mod:`sarcompile.runtime.ops`)."""
@@ -258,19 +263,30 @@ def attention(
         _check_rows(g, t, name, g.num_nodes)
     salt = torch.zeros((), dtype=torch.long) if salt is None else salt
     if not _fusable_shapes(h, a_src, a_dst):  # e.g. one score per edge shared by all heads
-        score = torch.nn.functional.leaky_relu(sddmm(g, a_src, a_dst, "add"), negative_slope)
+        score = torch.nn.functional.leaky_relu(sddmm(g, a_src, a_dst, "add", comm=comm), negative_slope)
         weight = edge_softmax(g, score)
         if dropout:
             weight = edge_dropout(g, weight, dropout, salt)
-        return spmm(g, h, "sum", edge_weight=weight, strategy=strategy, executor=executor)
+        return spmm(g, h, "sum", edge_weight=weight, strategy=strategy, executor=executor, comm=_next_site(comm))
     single = a_src.dim() == 1
     if single:
         h, a_src, a_dst = h.unsqueeze(1), a_src.unsqueeze(1), a_dst.unsqueeze(1)
     shard = g.shard() if isinstance(g, Graph) else g
     out = runtime_ops.sar_attention(
-        shard, h, a_src, a_dst, negative_slope, dropout, salt, strategy=strategy, executor=executor
+        shard, h, a_src, a_dst, negative_slope, dropout, salt, strategy=strategy, executor=executor, comm=comm
     )
     return out.squeeze(1) if single else out
+
+
+def _next_site(comm: str) -> str:
+    """The link of the second exchange an unfused attention makes (its spmm after the sddmm):
+    a site of its own, so the two keep separate caches."""
+    if not comm:
+        return comm
+    from .runtime.link import LinkPolicy
+
+    p = LinkPolicy.parse(comm)
+    return LinkPolicy(p.site + 100_000, p.name + ".spmm", p.staleness, p.bounded, p.bits, p.error_feedback).spec()
 
 
 def _check_batch_norm(x, weight, bias, running_mean, running_var, num_batches_tracked, training, momentum, eps) -> None:
@@ -340,6 +356,7 @@ def message_passing(
     reduce: str = "sum",
     *,
     strategy: str = "remat",
+    comm: str = "",
 ) -> torch.Tensor:
     """General message passing: ``out[v] = reduce_{u->v} fn(x[u], x[v], edge_attr[e])``.
 
@@ -354,4 +371,4 @@ def message_passing(
         _check_rows(g, edge_attr, "edge_attr", g.num_edges)
     if isinstance(g, Graph):
         return runtime_ops.sar_message(g.shard(), fn, x, _to_csr_order(g, edge_attr), reduce)
-    return runtime_ops.sar_message(g, fn, x, edge_attr, reduce, strategy=strategy)
+    return runtime_ops.sar_message(g, fn, x, edge_attr, reduce, strategy=strategy, comm=comm)

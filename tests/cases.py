@@ -271,3 +271,39 @@ def gather_rows(case: Case, world_size: int, results: list[Result], attr: str) -
     for p, r in zip(parts, results):
         full[p.global_ids] = getattr(r, attr)
     return full
+
+
+class OneSage(nn.Module):
+    """One SAGE (sum) layer on a linear input map: remote rows matter directly."""
+
+    def __init__(self, f_in: int = 6):
+        super().__init__()
+        self.c = sc.nn.SAGEConv(f_in, 4, "sum")
+
+    def forward(self, g, x):
+        return self.c(g, x)
+
+
+MODELS["one_sage"] = OneSage
+
+
+def run_iterations(rank: int, world_size: int, payload: dict[str, Any]) -> dict[str, Any]:
+    """``payload["steps"]`` training forwards + backwards with fixed parameters and input
+    ``x * (t + 1)`` at step t, under ``payload["options"]`` for distribute(); per step:
+    outputs, input gradients and bytes by phase; and every site's link record."""
+    part: PartData = payload["part"]
+    shard = ShardGraph.from_part(part, rank, world_size, payload["num_nodes"], payload["num_edges"])
+    model = make_model(payload["model"], payload["seed"])
+    dm = sc.distribute(model, **payload["options"])
+    steps = []
+    for t in range(payload["steps"]):
+        comm.stats.reset()
+        x = (part.node_data["x"] * (t + 1)).requires_grad_(True)
+        out = dm(shard, x)
+        (out * part.node_data["w"]).sum().backward()
+        steps.append({"out": out.detach(), "x_grad": x.grad, "bytes": comm.stats.as_dict()})
+    links = {}
+    for s in [shard, *shard._derived.values()]:
+        for site, state in s.links.items():
+            links[site] = {"ages": list(state.ages), "exchanges": list(state.exchanges), "name": state.policy.name}
+    return {"steps": steps, "links": links}

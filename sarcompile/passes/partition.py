@@ -45,6 +45,7 @@ def partition(gm: fx.GraphModule, ctx: CompileOptions) -> fx.GraphModule:
         args = op.bind(node.args, node.kwargs)
         args.pop("strategy")
         args.pop("executor", None)  # set by the kernels pass
+        args.pop("comm", None)  # set by the communication pass
         node.args = tuple(args.values())
         node.kwargs = {"strategy": "allreduce" if op.collective else "direct"}
         node.meta["ir_op"] = op

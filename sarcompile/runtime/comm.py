@@ -104,6 +104,15 @@ class LiveBlocks:
         weakref.finalize(buf, self._free, nbytes)
         return buf
 
+    def track(self, buf: torch.Tensor) -> torch.Tensor:
+        """Count an already allocated block (a decoded one) as :meth:`alloc` counts its own."""
+        nbytes = buf.numel() * buf.element_size()
+        self.count += 1
+        self.bytes += nbytes
+        self.peak, self.peak_bytes = max(self.peak, self.count), max(self.peak_bytes, self.bytes)
+        weakref.finalize(buf, self._free, nbytes)
+        return buf
+
     def _free(self, nbytes: int) -> None:
         self.count -= 1
         self.bytes -= nbytes
@@ -131,6 +140,8 @@ def _wait(works: list, what: str) -> None:
 # -- the rounds -----------------------------------------------------------------------------
 Visit = Callable[[int, "torch.Tensor | None"], "torch.Tensor | None"]
 
+TAG_PIPELINE = 1000  # + 2 * site (+1 for gradients): pipelined exchanges of one site
+
 
 def run_rounds(
     shard,
@@ -141,6 +152,8 @@ def run_rounds(
     lookahead: int = 1,
     phase: str = "forward",
     what: str = "exchange",
+    link=None,
+    iteration: int = 0,
 ) -> None:
     """Visit every source partition once, local first, then ``q = r-1, r-2, ...``.
 
@@ -149,20 +162,59 @@ def run_rounds(
     rounds posted ahead (1 for SAR; N-1 fetches everything at once, as domain parallel).
     ``push_into``: if given, what ``visit`` returns for ``q`` (gradient rows for ``q``'s
     halo) is sent back to ``q``, and what peers return for our rows is summed into it.
+
+    ``link`` (a :class:`~sarcompile.runtime.link.LinkState`, None for exact SAR) makes the
+    rounds of training ``iteration`` compressed, stale or pipelined (see that module).
     """
+    kind = "sync" if link is None else link.policy.kind(iteration)
+    cached = link is not None and bool(link.policy.staleness > 1 or link.policy.bounded)
+    if kind == "sync" or (kind == "pipelined" and push_into is None and link.pending["forward"] is None):
+        if cached and push_into is None:
+            link.cache.clear()
+        blocks = _sync_rounds(shard, visit, fetch, push_into, lookahead, phase, what, link, iteration,
+                              keep=cached and push_into is None,
+                              reuse=link.cache if cached and push_into is not None else None)
+        if cached and push_into is None:  # a forward: keep the blocks for stale iterations
+            link.cache, link.cache_iteration = blocks, iteration
+            link.ages.append(0)
+            link.exchanges.append(iteration)
+        if link is not None and link.policy.bounded and push_into is not None:
+            _drain(link, "backward", what)  # last iteration's late gradients: superseded
+    else:
+        _local_rounds(shard, visit, fetch, push_into, link, iteration, phase, what, kind)
+    if link is not None and link.policy.bounded and link.policy.kind(iteration + 1) != "sync":
+        if push_into is None and fetch is not None:
+            _post_pipelined(shard, link, fetch, iteration, phase, what)
+
+
+def _sync_rounds(shard, visit, fetch, push_into, lookahead, phase, what, link, iteration, keep, reuse) -> dict:
+    """The exact exchange (optionally compressed). ``keep``: return the remote blocks
+    received (else each is freed after its visit). ``reuse``: blocks already held (a
+    stale-capable forward's), visited instead of fetching them again."""
     n, r = shard.world_size, shard.rank
     tail = lambda t: tuple(t.shape[1:])  # noqa: E731
+    wire = None if link is None else link.wire
+    if reuse is not None and fetch is not None:
+        fetch_remote = None  # backward re-reads the blocks forward kept
+    else:
+        fetch_remote = fetch
+    received: dict[int, torch.Tensor] = {}
 
     def post_fetch(k: int):
         p, q = (r + k) % n, (r - k) % n
         works, buf = [], None
         rows = shard.send_index[p]
         if rows.numel():
-            send = fetch[rows].contiguous()
+            send = fetch_remote[rows] if wire is None else wire.encode(fetch_remote[rows], phase, p, iteration)
+            send = send.contiguous()
             works.append(dist.isend(send, p, tag=TAG_FEATURES))
             stats.sent[phase] += send.numel() * send.element_size()
         if shard.blocks[q].num_src:
-            buf = live.alloc((shard.blocks[q].num_src, *tail(fetch)), fetch.dtype)
+            rows_q = shard.blocks[q].num_src
+            if wire is None or not wire.policy.bits:
+                buf = live.alloc((rows_q, *tail(fetch_remote)), fetch_remote.dtype)
+            else:
+                buf = wire.empty(rows_q, tail(fetch_remote), fetch_remote.dtype)
             works.append(dist.irecv(buf, q, tag=TAG_FEATURES))
             stats.received[phase] += buf.numel() * buf.element_size()
         return p, q, buf, works
@@ -171,11 +223,16 @@ def run_rounds(
         p, q = (r + k) % n, (r - k) % n
         works, buf = [], None
         if shard.blocks[q].num_src:
-            send = grad_rows.contiguous()
+            send = grad_rows if wire is None else wire.encode(grad_rows, phase, q, iteration)
+            send = send.contiguous()
             works.append(dist.isend(send, q, tag=TAG_GRADS))
             stats.sent[phase] += send.numel() * send.element_size()
         if shard.send_index[p].numel():
-            buf = torch.empty((shard.send_index[p].numel(), *tail(push_into)), dtype=push_into.dtype)
+            rows_p = shard.send_index[p].numel()
+            if wire is None:
+                buf = torch.empty((rows_p, *tail(push_into)), dtype=push_into.dtype)
+            else:
+                buf = wire.empty(rows_p, tail(push_into), push_into.dtype)
             works.append(dist.irecv(buf, p, tag=TAG_GRADS))
             stats.received[phase] += buf.numel() * buf.element_size()
         return p, q, buf, works
@@ -184,28 +241,38 @@ def run_rounds(
         p, q, buf, works = posted
         _wait(works, f"{what}: gradients to worker {q} / from worker {p}")
         if buf is not None:
+            rows_p = shard.send_index[p].numel()
+            if wire is not None:
+                buf = wire.decode(buf, rows_p, tail(push_into), push_into.dtype)
             push_into.index_add_(0, shard.send_index[p], buf)
 
     pending = deque()
-    if fetch is not None:
+    if fetch_remote is not None:
         pending.extend(post_fetch(k) for k in range(1, min(lookahead, n - 1) + 1))
     local = visit(r, fetch)
     if push_into is not None and local is not None:
         push_into += local
     in_flight = None
     for k in range(1, n):
-        if fetch is not None:
+        if fetch_remote is not None:
             p, q, buf, works = pending.popleft()
             _wait(works, f"{what}: features to worker {p} / from worker {q}")
             del works
             if buf is None:  # nothing to receive from q: an empty block keeps kernels uniform
                 buf = fetch.new_empty((0, *tail(fetch)))
+            elif wire is not None and wire.policy.bits:
+                buf = live.track(wire.decode(buf, shard.blocks[q].num_src, tail(fetch), fetch.dtype))
             if k + lookahead < n:
                 pending.append(post_fetch(k + lookahead))
+            if keep:
+                received[q] = buf
+        elif reuse is not None and fetch is not None:
+            q = (r - k) % n
+            buf = reuse.get(q, fetch.new_empty((0, *tail(fetch))))
         else:
             q, buf = (r - k) % n, None
         out = visit(q, buf)
-        del buf  # the block is freed here unless visit kept it (stash)
+        del buf  # the block is freed here unless visit (stash) or the link's cache kept it
         if push_into is not None:
             posted = post_push(k, out)
             del out
@@ -214,6 +281,90 @@ def run_rounds(
             in_flight = posted
     if in_flight is not None:
         finish_push(in_flight)
+    return received
+
+
+def _local_rounds(shard, visit, fetch, push_into, link, iteration, phase, what, kind) -> None:
+    """A stale or pipelined iteration: visit the blocks held, exchange nothing now."""
+    from .link import Pending
+
+    n, r = shard.world_size, shard.rank
+    tail = lambda t: tuple(t.shape[1:])  # noqa: E731
+    if push_into is None and kind == "pipelined":  # features the peers sent last iteration
+        got = link.pending["forward"]
+        link.pending["forward"] = None
+        _wait(got.works, f"{what}: pipelined features")
+        link.cache = {q: live.track(link.wire.decode(buf, rows, tail(fetch), fetch.dtype)) for q, (buf, rows) in got.bufs.items()}
+        link.cache_iteration = got.iteration
+    if push_into is None:
+        link.ages.append(iteration - link.cache_iteration)
+    local = visit(r, fetch)
+    if push_into is not None and local is not None:
+        push_into += local
+    late: dict[int, torch.Tensor] = {}
+    for k in range(1, n):
+        q = (r - k) % n
+        block = None if fetch is None else link.cache.get(q, fetch.new_empty((0, *tail(fetch))))
+        out = visit(q, block)
+        if push_into is not None and out is not None and shard.blocks[q].num_src:
+            late[q] = out
+    if push_into is None or kind != "pipelined":
+        return  # stale: remote gradients are dropped until the next refresh
+    # Pipelined backward: add what peers sent during the last backward, send ours for the next.
+    _drain(link, "backward", what, into=(shard, push_into))
+    if link.policy.kind(iteration + 1) == "sync":
+        return  # the next iteration is exact: late gradients would be superseded
+    works, bufs = [], {}
+    tag = TAG_PIPELINE + 2 * link.policy.site + 1
+    for q, rows in late.items():
+        send = link.wire.encode(rows, phase, q, iteration).contiguous()
+        works.append(dist.isend(send, q, tag=tag))
+        stats.sent[phase] += send.numel() * send.element_size()
+    for p in range(n):
+        count = shard.send_index[p].numel() if p != r else 0
+        if count:
+            buf = link.wire.empty(count, tail(push_into), push_into.dtype)
+            works.append(dist.irecv(buf, p, tag=tag))
+            stats.received[phase] += buf.numel() * buf.element_size()
+            bufs[p] = (buf, count)
+    link.pending["backward"] = Pending(iteration, works, bufs)
+
+
+def _drain(link, direction: str, what: str, into=None) -> None:
+    """Complete the exchange posted last iteration; add gradients ``into`` (shard, tensor)."""
+    got = link.pending[direction]
+    link.pending[direction] = None
+    if got is None:
+        return
+    _wait(got.works, f"{what}: pipelined gradients")
+    if into is None:
+        return
+    shard, push_into = into
+    for p, (buf, rows) in got.bufs.items():
+        push_into.index_add_(0, shard.send_index[p], link.wire.decode(buf, rows, tuple(push_into.shape[1:]), push_into.dtype))
+
+
+def _post_pipelined(shard, link, fetch: torch.Tensor, iteration: int, phase: str, what: str) -> None:
+    """Send this iteration's feature rows for the peers' next iteration, and post the receives."""
+    from .link import Pending
+
+    n, r = shard.world_size, shard.rank
+    tag = TAG_PIPELINE + 2 * link.policy.site
+    works, bufs = [], {}
+    src = fetch.detach()
+    for k in range(1, n):
+        p, q = (r + k) % n, (r - k) % n
+        rows = shard.send_index[p]
+        if rows.numel():
+            send = link.wire.encode(src[rows], phase, p, iteration).contiguous()
+            works.append(dist.isend(send, p, tag=tag))
+            stats.sent[phase] += send.numel() * send.element_size()
+        if shard.blocks[q].num_src:
+            buf = link.wire.empty(shard.blocks[q].num_src, tuple(fetch.shape[1:]), fetch.dtype)
+            works.append(dist.irecv(buf, q, tag=tag))
+            stats.received[phase] += buf.numel() * buf.element_size()
+            bufs[q] = (buf, shard.blocks[q].num_src)
+    link.pending["forward"] = Pending(iteration, works, bufs)
 
 
 # -- collectives users call -------------------------------------------------------------------

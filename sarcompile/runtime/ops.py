@@ -22,6 +22,7 @@ import torch
 from ..codegen import kernels_for, torch_kernels
 from ..rng import uniform
 from .comm import global_sum, run_rounds
+from .link import LinkPolicy, LinkState, Wire
 from .shard import ShardGraph
 
 __all__ = ["STRATEGIES", "sar_spmm", "sar_sddmm", "sar_attention", "sar_message", "edge_keep", "global_batch_norm"]
@@ -56,8 +57,9 @@ def _bcast(deg: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 
 class _SarSpmm(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, shard: ShardGraph, reduce: str, strategy: str, executor: str):
+    def forward(ctx, x, weight, shard: ShardGraph, reduce: str, strategy: str, executor: str, link, iteration: int):
         K = ctx.K = kernels_for(executor, x.device)
+        ctx.link, ctx.iteration = link, iteration
         tail = tuple(x.shape[1:])
         kept: dict[int, torch.Tensor] = {}
         out = x.new_zeros((shard.num_nodes, *tail))
@@ -72,7 +74,8 @@ class _SarSpmm(torch.autograd.Function):
             else:
                 out.add_(K.spmm(shard.blocks[q], xb, _edge_slice(weight, shard, q)))
 
-        run_rounds(shard, visit, fetch=x, lookahead=_lookahead(shard, strategy), what=f"spmm({reduce})")
+        run_rounds(shard, visit, fetch=x, lookahead=_lookahead(shard, strategy), what=f"spmm({reduce})",
+                   link=link, iteration=iteration)
         if state is not None:
             out = state.result()
             ctx.save_for_backward(x, weight, state.pos)
@@ -116,14 +119,17 @@ class _SarSpmm(torch.autograd.Function):
                 push_into=gx,
                 phase="backward",
                 what=f"spmm({reduce}) backward",
+                link=ctx.link,
+                iteration=ctx.iteration,
             )
         ctx.kept = None
-        return gx, gw, None, None, None, None
+        return gx, gw, None, None, None, None, None, None
 
 
 class _SarSddmm(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, a, b, shard: ShardGraph, op: str, strategy: str):
+    def forward(ctx, a, b, shard: ShardGraph, op: str, strategy: str, link, iteration: int):
+        ctx.link, ctx.iteration = link, iteration
         kept: dict[int, torch.Tensor] = {}
         pieces: dict[int, torch.Tensor] = {}
 
@@ -132,7 +138,8 @@ class _SarSddmm(torch.autograd.Function):
                 kept[q] = ab
             pieces[q] = torch_kernels.sddmm(shard.blocks[q], ab, b, op)
 
-        run_rounds(shard, visit, fetch=a, lookahead=_lookahead(shard, strategy), what=f"sddmm({op})")
+        run_rounds(shard, visit, fetch=a, lookahead=_lookahead(shard, strategy), what=f"sddmm({op})",
+                   link=link, iteration=iteration)
         ctx.save_for_backward(a, b)
         ctx.shard, ctx.op, ctx.strategy, ctx.kept = shard, op, strategy, kept
         return torch.cat([pieces[q] for q in range(shard.world_size)])
@@ -163,9 +170,26 @@ class _SarSddmm(torch.autograd.Function):
                 push_into=ga,
                 phase="backward",
                 what=f"sddmm({op}) backward",
+                link=ctx.link,
+                iteration=ctx.iteration,
             )
         ctx.kept = None
-        return ga, gb, None, None, None
+        return ga, gb, None, None, None, None, None
+
+
+def _link(shard: ShardGraph, comm: str) -> tuple[LinkState | None, int]:
+    """The site's state and this training iteration's number, or (None, 0) for exact
+    SAR: no reduction asked for, one worker, or not training (autograd off)."""
+    if not comm or shard.world_size == 1 or not torch.is_grad_enabled():
+        return None, 0
+    policy = LinkPolicy.parse(comm)
+    if policy.exact:
+        return None, 0
+    state = shard.links.get(policy.site)
+    if state is None or state.policy != policy:
+        state = shard.links[policy.site] = LinkState(policy, Wire(policy, shard.rank))
+    state.iteration += 1
+    return state, state.iteration
 
 
 def edge_keep(edge_ids: torch.Tensor, heads: int, p: float, salt: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -186,8 +210,12 @@ class _SarAttention(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, h, a_src, a_dst, shard: ShardGraph, negative_slope: float, p: float, salt, strategy: str, executor: str):
+    def forward(
+        ctx, h, a_src, a_dst, shard: ShardGraph, negative_slope: float, p: float, salt, strategy: str, executor: str,
+        link, iteration: int,
+    ):
         K = ctx.K = kernels_for(executor, h.device)
+        ctx.link, ctx.iteration = link, iteration
         n, heads, channels = h.shape
         payload = torch.cat([h.reshape(n, heads * channels), a_src], 1)
         state = K.AttentionState(shard.num_nodes, heads, channels, h.dtype, h.device)
@@ -200,7 +228,8 @@ class _SarAttention(torch.autograd.Function):
             hb, ab = _split_payload(block_payload, heads, channels)
             state.update(block, hb, ab, a_dst, negative_slope, _keep(shard, q, heads, p, salt, h.dtype, h.device))
 
-        run_rounds(shard, visit, fetch=payload, lookahead=_lookahead(shard, strategy), what="attention")
+        run_rounds(shard, visit, fetch=payload, lookahead=_lookahead(shard, strategy), what="attention",
+                   link=link, iteration=iteration)
         out, lse = state.result()
         ctx.save_for_backward(payload, a_dst, out, lse, salt)
         ctx.shard, ctx.negative_slope, ctx.p, ctx.strategy, ctx.kept = shard, negative_slope, p, strategy, kept
@@ -232,10 +261,12 @@ class _SarAttention(torch.autograd.Function):
             push_into=d_payload,
             phase="backward",
             what="attention backward",
+            link=ctx.link,
+            iteration=ctx.iteration,
         )
         ctx.kept = None
         d_h, d_a_src = _split_payload(d_payload, heads, channels)
-        return d_h, d_a_src, d_a_dst, None, None, None, None, None, None
+        return d_h, d_a_src, d_a_dst, None, None, None, None, None, None, None, None
 
 
 def _split_payload(payload: torch.Tensor, heads: int, channels: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -260,9 +291,13 @@ def sar_attention(
     *,
     strategy: str = "remat",
     executor: str = "auto",
+    comm: str = "",
 ) -> torch.Tensor:
     """Partitioned fused attention; ``h [n, H, C]``, ``a_src``/``a_dst`` ``[n, H]``."""
-    return _SarAttention.apply(h, a_src, a_dst, shard, float(negative_slope), float(dropout), salt, strategy, executor)
+    link, iteration = _link(shard, comm)
+    return _SarAttention.apply(
+        h, a_src, a_dst, shard, float(negative_slope), float(dropout), salt, strategy, executor, link, iteration
+    )
 
 
 def sar_spmm(
@@ -273,14 +308,19 @@ def sar_spmm(
     *,
     strategy: str = "direct",
     executor: str = "auto",
+    comm: str = "",
 ) -> torch.Tensor:
     """Partitioned :func:`sarcompile.ops.spmm`; edge weights in shard order."""
-    return _SarSpmm.apply(x, edge_weight, shard, reduce, strategy, executor)
+    link, iteration = _link(shard, comm)
+    return _SarSpmm.apply(x, edge_weight, shard, reduce, strategy, executor, link, iteration)
 
 
-def sar_sddmm(shard: ShardGraph, a: torch.Tensor, b: torch.Tensor, op: str, *, strategy: str = "direct") -> torch.Tensor:
+def sar_sddmm(
+    shard: ShardGraph, a: torch.Tensor, b: torch.Tensor, op: str, *, strategy: str = "direct", comm: str = ""
+) -> torch.Tensor:
     """Partitioned :func:`sarcompile.ops.sddmm`; the result is in shard edge order."""
-    return _SarSddmm.apply(a, b, shard, op, strategy)
+    link, iteration = _link(shard, comm)
+    return _SarSddmm.apply(a, b, shard, op, strategy, link, iteration)
 
 
 _NO_EDGE = torch.iinfo(torch.int64).max
@@ -325,7 +365,8 @@ class _SarMessage(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, x, edge_attr, shard: ShardGraph, fn, reduce: str, strategy: str, *params):
+    def forward(ctx, x, edge_attr, shard: ShardGraph, fn, reduce: str, strategy: str, link, iteration: int, *params):
+        ctx.link, ctx.iteration = link, iteration
         kept: dict[int, torch.Tensor] = {}
         acc: dict[str, torch.Tensor] = {}
         state = _MaxMessages() if reduce == "max" else None
@@ -343,7 +384,8 @@ class _SarMessage(torch.autograd.Function):
             else:
                 acc["out"].index_add_(0, block.row, msg)
 
-        run_rounds(shard, visit, fetch=x, lookahead=_lookahead(shard, strategy), what=f"message_passing({reduce})")
+        run_rounds(shard, visit, fetch=x, lookahead=_lookahead(shard, strategy), what=f"message_passing({reduce})",
+                   link=link, iteration=iteration)
         if state is not None:
             out = state.result()
             ctx.save_for_backward(x, edge_attr, state.edge)
@@ -409,9 +451,11 @@ class _SarMessage(torch.autograd.Function):
             push_into=gx,
             phase="backward",
             what=f"message_passing({reduce}) backward",
+            link=ctx.link,
+            iteration=ctx.iteration,
         )
         ctx.kept = None
-        return (gx, ge, None, None, None, None, *gp)
+        return (gx, ge, None, None, None, None, None, None, *gp)
 
 
 def sar_message(
@@ -422,10 +466,12 @@ def sar_message(
     reduce: str,
     *,
     strategy: str = "remat",
+    comm: str = "",
 ) -> torch.Tensor:
     """Partitioned :func:`sarcompile.ops.message_passing`; edge features in shard order."""
     params = [p for p in fn.parameters() if p.requires_grad]
-    return _SarMessage.apply(x, edge_attr, shard, fn, reduce, strategy, *params)
+    link, iteration = _link(shard, comm)
+    return _SarMessage.apply(x, edge_attr, shard, fn, reduce, strategy, link, iteration, *params)
 
 
 class _GlobalBatchNorm(torch.autograd.Function):

@@ -19,6 +19,7 @@ import torch
 
 from ..errors import PartitionError
 from ..graph import Block, Graph
+from .link import LinkState
 
 __all__ = ["PartData", "ShardGraph", "split_graph"]
 
@@ -126,6 +127,7 @@ class ShardGraph:
         self.edge_id_space = edge_id_space
         self.edge_ptr = torch.cumsum(torch.tensor([0] + [b.num_edges for b in blocks]), 0).tolist()
         self._derived: dict[str, ShardGraph] = {}
+        self.links: dict[int, LinkState] = {}  # per site: stale caches, residuals (runtime/link.py)
 
     @classmethod
     def single(cls, g: Graph) -> "ShardGraph":

@@ -1,0 +1,182 @@
+"""Opt-in communication reduction for one partitioned op (a *site*): what its exchange
+rounds send, and when.
+
+Exact SAR (the default) fetches every remote block every step. A :class:`LinkPolicy`
+changes that for one site, in three independent ways:
+
+* **stale halos** (DIGEST, ``staleness=K``): remote blocks are fetched on iterations 0, K,
+  2K, ... and cached; in between, the op reads the cached blocks, fetches nothing and
+  sends no gradient for remote rows (those contributions are dropped, as in DIGEST).
+* **pipelined, bounded staleness** (PipeGCN-style, ``bounded_staleness=S``): iterations
+  0, S, 2S, ... are exact and synchronous. In the others the op uses remote features the
+  peers sent during the previous iteration (so the exchange overlaps a whole iteration of
+  compute) and adds the remote gradients sent during the previous backward. Data used is
+  never more than one iteration old, and never more than S: :attr:`LinkState.ages`
+  records it.
+* **compression** (Sylvie, ``compress="1bit"|"2bit"|"int4"|"int8"``): every row that
+  crosses workers -- forward features and backward feature-gradients, never parameters
+  and never local tensors -- is quantized per row (:func:`~sarcompile.codegen.torch_kernels.pack`)
+  and dequantized on receipt. With **error feedback** (the default) the sender keeps, per
+  destination, what quantization lost and adds it to the next transmission, so errors
+  do not accumulate: over repeated sends the receiver's average converges to the truth.
+  ``error_feedback=False`` is the published method instead: stochastic rounding, no
+  residual. On the wire, ``lo`` and ``scale`` travel as bfloat16 (2 bytes each per row).
+
+Only training forwards (autograd on) advance a site's iteration; evaluation under
+``torch.no_grad()`` always runs exact, synchronous and uncompressed.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+
+import torch
+
+from ..codegen import torch_kernels
+
+__all__ = ["COMPRESS_BITS", "LinkPolicy", "LinkState", "Wire"]
+
+COMPRESS_BITS = {"1bit": 1, "2bit": 2, "int4": 4, "int8": 8}
+WIRE_SCALE = torch.bfloat16  # dtype of each row's lo and scale on the wire
+
+
+@dataclass(frozen=True)
+class LinkPolicy:
+    """How one site communicates. ``spec()`` is the string the compiled program carries
+    (``comm='site=2 name=conv1_spmm stale=5 bits=1 ef=1'``); ``parse`` reads it back."""
+
+    site: int
+    name: str
+    staleness: int = 1
+    bounded: int = 0  # bounded_staleness S; 0 = not pipelined
+    bits: int = 0  # 0 = uncompressed
+    error_feedback: bool = True
+
+    @property
+    def exact(self) -> bool:
+        return self.staleness == 1 and not self.bounded and not self.bits
+
+    def spec(self) -> str:
+        return (
+            f"site={self.site} name={self.name} stale={self.staleness} pipe={self.bounded} "
+            f"bits={self.bits} ef={int(self.error_feedback)}"
+        )
+
+    @staticmethod
+    @functools.lru_cache(maxsize=None)
+    def parse(spec: str) -> "LinkPolicy":
+        kv = dict(item.split("=", 1) for item in spec.split())
+        return LinkPolicy(
+            int(kv["site"]), kv["name"], int(kv["stale"]), int(kv["pipe"]), int(kv["bits"]), kv["ef"] == "1"
+        )
+
+    def kind(self, iteration: int) -> str:
+        """``sync`` (exchange now), ``stale`` (cached blocks, no exchange) or ``pipelined``
+        (last iteration's exchange) for a training iteration."""
+        if self.bounded:
+            return "sync" if iteration % self.bounded == 0 else "pipelined"
+        if self.staleness > 1:
+            return "sync" if iteration % self.staleness == 0 else "stale"
+        return "sync"
+
+
+class Wire:
+    """Encodes rows for one peer and decodes what arrives, per the policy's compression."""
+
+    def __init__(self, policy: LinkPolicy, rank: int):
+        self.policy = policy
+        self.rank = rank
+        self.residual: dict[tuple[str, int], torch.Tensor] = {}  # error feedback, per (phase, peer)
+
+    def wire_bytes(self, rows: int, width: int, dtype: torch.dtype) -> int:
+        if not self.policy.bits:
+            return rows * width * torch.empty((), dtype=dtype).element_size()
+        return rows * (torch_kernels.packed_row_bytes(width, self.policy.bits) + 2 * WIRE_SCALE.itemsize)
+
+    def encode(self, rows: torch.Tensor, phase: str, peer: int, iteration: int) -> torch.Tensor:
+        """What to send ``peer``: the rows themselves, or their packed bytes."""
+        if not self.policy.bits:
+            return rows.contiguous()
+        flat = rows.reshape(rows.shape[0], -1)
+        key = (phase, peer)
+        if self.policy.error_feedback:
+            res = self.residual.get(key)
+            if res is not None and res.shape == flat.shape:
+                flat = flat + res
+            noise = None
+        else:  # the published method: unbiased stochastic rounding, nothing carried over
+            gen = torch.Generator().manual_seed(hash((self.policy.site, phase, self.rank, peer, iteration)) % 2**63)
+            noise = torch.rand(flat.shape, generator=gen).to(flat.device)
+        packed = _codec(flat).pack(flat, self.policy.bits, noise)
+        packed.lo, packed.scale = packed.lo.to(WIRE_SCALE), packed.scale.to(WIRE_SCALE)
+        if self.policy.error_feedback:
+            self.residual[key] = flat - self._unpack(packed, flat.dtype)
+        # lo and scale first: views of the buffer as bfloat16 need an even offset
+        return torch.cat([packed.lo.view(torch.uint8), packed.scale.view(torch.uint8), packed.data.reshape(-1)])
+
+    def empty(self, rows: int, tail: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        """A receive buffer for ``rows`` rows of shape ``tail``."""
+        if not self.policy.bits:
+            return torch.empty((rows, *tail), dtype=dtype)
+        width = 1
+        for d in tail:
+            width *= d
+        return torch.empty(self.wire_bytes(rows, width, dtype), dtype=torch.uint8)
+
+    def decode(self, buf: torch.Tensor, rows: int, tail: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        if not self.policy.bits:
+            return buf
+        width = 1
+        for d in tail:
+            width *= d
+        nb = torch_kernels.packed_row_bytes(width, self.policy.bits)
+        s = WIRE_SCALE.itemsize
+        lo = buf[: rows * s].view(WIRE_SCALE)
+        scale = buf[rows * s : 2 * rows * s].view(WIRE_SCALE)
+        data = buf[2 * rows * s :].reshape(rows, nb)
+        packed = torch_kernels.Packed(data, lo, scale, self.policy.bits, width)
+        return self._unpack(packed, dtype).reshape(rows, *tail)
+
+    @staticmethod
+    def _unpack(packed: torch_kernels.Packed, dtype: torch.dtype) -> torch.Tensor:
+        packed = torch_kernels.Packed(packed.data, packed.lo.float(), packed.scale.float(), packed.bits, packed.width)
+        return _codec(packed.data).unpack(packed, dtype)
+
+
+def _codec(t: torch.Tensor):
+    """Generated kernels on CUDA, torch code elsewhere (bit-identical either way)."""
+    if t.is_cuda:
+        from ..codegen import triton_available
+
+        if triton_available():
+            from ..codegen import triton_quantize
+
+            return triton_quantize
+    return torch_kernels
+
+
+@dataclass
+class Pending:
+    """An exchange posted during one iteration and completed during the next."""
+
+    iteration: int
+    works: list
+    bufs: dict[int, tuple[torch.Tensor, int]]  # peer -> (receive buffer, rows)
+
+
+@dataclass
+class LinkState:
+    """What one site remembers across iterations on one worker."""
+
+    policy: LinkPolicy
+    wire: Wire
+    iteration: int = -1  # of the current (or last) training forward
+    cache: dict[int, torch.Tensor] = field(default_factory=dict)  # remote blocks, by source part
+    cache_iteration: int = -1  # when the cached features were produced
+    pending: dict[str, Pending | None] = field(default_factory=lambda: {"forward": None, "backward": None})
+    ages: list[int] = field(default_factory=list)  # per training forward: age of the remote data used
+    exchanges: list[int] = field(default_factory=list)  # iterations whose forward fetched synchronously
+
+    def cache_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.cache.values())
