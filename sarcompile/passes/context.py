@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from ..errors import CompileError
 
-__all__ = ["CompileOptions", "MODES"]
+__all__ = ["MODES", "CompileOptions"]
 
 MODES = ("sar", "stash", "oneshot")
 EXECUTORS = ("auto", "torch", "triton")

@@ -15,18 +15,18 @@ from __future__ import annotations
 import atexit
 import os
 import weakref
-from contextlib import contextmanager
 from collections import defaultdict, deque
+from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Callable
 
 import torch
 import torch.distributed as dist
 
 from ..errors import CommError
 
-__all__ = ["init", "shutdown", "timeout", "run_rounds", "stats", "live", "sync_gradients", "global_sum", "global_max"]
+__all__ = ["global_max", "global_sum", "init", "live", "run_rounds", "shutdown", "stats", "sync_gradients", "timeout"]
 
 TAG_FEATURES, TAG_GRADS = 11, 12
 _DEFAULT_TIMEOUT_S = 300.0
@@ -182,9 +182,9 @@ def run_rounds(
             _drain(link, "backward", what)  # last iteration's late gradients: superseded
     else:
         _local_rounds(shard, visit, fetch, push_into, link, iteration, phase, what, kind)
-    if link is not None and link.policy.bounded and link.policy.kind(iteration + 1) != "sync":
-        if push_into is None and fetch is not None:
-            _post_pipelined(shard, link, fetch, iteration, phase, what)
+    pipelined_next = link is not None and link.policy.bounded and link.policy.kind(iteration + 1) != "sync"
+    if pipelined_next and push_into is None and fetch is not None:  # a forward: send for the next iteration
+        _post_pipelined(shard, link, fetch, iteration, phase, what)
 
 
 def _sync_rounds(shard, visit, fetch, push_into, lookahead, phase, what, link, iteration, keep, reuse) -> dict:
@@ -192,7 +192,7 @@ def _sync_rounds(shard, visit, fetch, push_into, lookahead, phase, what, link, i
     received (else each is freed after its visit). ``reuse``: blocks already held (a
     stale-capable forward's), visited instead of fetching them again."""
     n, r = shard.world_size, shard.rank
-    tail = lambda t: tuple(t.shape[1:])  # noqa: E731
+    tail = lambda t: tuple(t.shape[1:])
     wire = None if link is None else link.wire
     if reuse is not None and fetch is not None:
         fetch_remote = None  # backward re-reads the blocks forward kept
@@ -289,7 +289,7 @@ def _local_rounds(shard, visit, fetch, push_into, link, iteration, phase, what, 
     from .link import Pending
 
     n, r = shard.world_size, shard.rank
-    tail = lambda t: tuple(t.shape[1:])  # noqa: E731
+    tail = lambda t: tuple(t.shape[1:])
     if push_into is None and kind == "pipelined":  # features the peers sent last iteration
         got = link.pending["forward"]
         link.pending["forward"] = None

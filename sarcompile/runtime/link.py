@@ -64,8 +64,8 @@ class LinkPolicy:
         )
 
     @staticmethod
-    @functools.lru_cache(maxsize=None)
-    def parse(spec: str) -> "LinkPolicy":
+    @functools.cache
+    def parse(spec: str) -> LinkPolicy:
         kv = dict(item.split("=", 1) for item in spec.split())
         return LinkPolicy(
             int(kv["site"]), kv["name"], int(kv["stale"]), int(kv["pipe"]), int(kv["bits"]), kv["ef"] == "1"

@@ -8,9 +8,9 @@ import warnings
 
 import pytest
 import torch
+from cases import MODELS, Case, gather_rows, make_model, payloads, run_iterations
 
 import sarcompile as sc
-from cases import Case, MODELS, gather_rows, make_model, payloads, run_iterations
 from sarcompile.runtime.link import LinkPolicy, Wire
 
 TOL = 1e-9
