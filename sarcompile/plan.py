@@ -29,6 +29,7 @@ import torch.fx as fx
 from .codegen import kernel_specs
 from .graph import Graph
 from .ops import OpDef
+from .runtime.link import LinkPolicy, Wire
 from .runtime.comm import offline
 
 __all__ = ["OpPlan", "Plan", "Kernel", "MemoryEstimate", "WorkerStats", "worker_stats", "build_plan"]
@@ -48,6 +49,7 @@ class OpPlan:
     backward_bytes: list[int] = field(default_factory=list)
     round_bytes: list[int] = field(default_factory=list)  # largest block a worker receives in one round
     saved: str = ""  # what the op keeps for backward
+    comm: str = ""  # opt-in reduction (compression, staleness), "" for exact
 
 
 @dataclass
@@ -99,12 +101,15 @@ class Plan:
     stages: list[tuple[str, str]]  # (pass, code after it): every stage as readable Python
     estimates: list[MemoryEstimate] = field(default_factory=list)
     kernels: list[Kernel] = field(default_factory=list)  # generated kernels, per op and role
+    warnings: list[str] = field(default_factory=list)  # e.g. stale or compressed attention
 
     def memory_estimate(self) -> list[MemoryEstimate]:
         """Per worker: ``peak_bytes`` and a ``breakdown`` into parameters, gradients,
         optimizer (if the plan was given one), saved_activations (what autograd keeps for
-        backward, exact), remote_blocks (the most remote rows alive at once, exact) and
-        workspace (kernel temporaries and gradient buffers: an approximation)."""
+        backward, exact), remote_blocks (the most remote rows alive at once, exact),
+        workspace (kernel temporaries and gradient buffers: an approximation) and, with
+        ``staleness`` or ``bounded_staleness``, link_cache (the remote blocks each such op
+        keeps between iterations). With ``compress``, traffic is counted as sent (packed)."""
         return list(self.estimates)
 
     def forward_bytes(self, rank: int) -> int:
@@ -130,7 +135,7 @@ class Plan:
                 str(i),
                 op.layer or "-",
                 op.op,
-                op.strategy,
+                f"{op.strategy} ({op.comm})" if op.comm else op.strategy,
                 _size(max(op.round_bytes, default=0)),
                 _size(max(op.forward_bytes, default=0)),
                 _size(max(op.backward_bytes, default=0)),
@@ -149,8 +154,9 @@ class Plan:
             [(str(e.rank), _size(e.peak_bytes), *(_size(e.breakdown[k]) for k in keys)) for e in self.estimates],
         )
         kernels = [f"  {k.op} {k.role}: {k.name}" for k in self.kernels] or ["  none (torch code only)"]
+        warned = ["warnings:", *(f"  {w}" for w in self.warnings)] if self.warnings else []
         return "\n".join(
-            [head, *_table(header, rows), "why:", *why, "received per step:", *per_worker,
+            [head, *_table(header, rows), *warned, "why:", *why, "received per step:", *per_worker,
              "estimated memory per worker:", *("  " + line for line in memory),
              "generated kernels on CUDA (sources: plan.kernels, sarcompile plan --show-kernels):", *kernels]
         )
@@ -310,6 +316,27 @@ def _traffic(op: OpDef, args: dict[str, Any], strategy: str) -> tuple[int, bool,
     return row, backward, backward and not kept, f"out + log-sum-exp per node; {keeps}"
 
 
+def _element_size(op: OpDef, args: dict[str, Any]) -> int:
+    return (args["h"] if op.name == "attention" else args["x" if "x" in args else "a"]).element_size()
+
+
+def _dtype(op: OpDef, args: dict[str, Any]) -> torch.dtype:
+    return (args["h"] if op.name == "attention" else args["x" if "x" in args else "a"]).dtype
+
+
+def _describe(policy: LinkPolicy) -> str:
+    """e.g. ``1bit+ef``, ``stale K=5``, ``pipelined S=2, int8``."""
+    parts = []
+    if policy.staleness > 1:
+        parts.append(f"stale K={policy.staleness}")
+    if policy.bounded:
+        parts.append(f"pipelined S={policy.bounded}")
+    if policy.bits:
+        name = {1: "1bit", 2: "2bit", 4: "int4", 8: "int8"}[policy.bits]
+        parts.append(name + ("+ef" if policy.error_feedback else " stochastic"))
+    return ", ".join(parts)
+
+
 def _optimizer_factor(optimizer: Any) -> int:
     """Tensors of state per parameter element that ``optimizer`` keeps."""
     if optimizer is None:
@@ -363,6 +390,7 @@ def build_plan(
         probe.run_and_record(*_probe_inputs(gm, shard, x_probe))
     n = len(workers)
     ops, comm = [], []
+    link_cache = [0] * n  # stale or pipelined sites keep their remote blocks across iterations
     for node in gm.graph.nodes:
         if node.op != "call_function":
             continue
@@ -382,8 +410,18 @@ def build_plan(
                               0, [fwd] * n, [bwd if args["x"].requires_grad else 0] * n, [0] * n, "input (reference)"))
             continue
         row, pushes, refetch, saved = _traffic(op, args, strategy)
-        recv = [sum(w.halo) * row for w in workers]
-        sent = [sum(workers[p].halo[r] for p in range(n)) * row for r in range(n)]
+        wire_row, cached, comm_label = row, False, ""
+        policy = node.meta.get("comm")
+        if policy is not None:  # bytes of a step that exchanges; stale caches stay for backward
+            width = row // _element_size(op, args)
+            wire_row = Wire(policy, 0).wire_bytes(1, width, _dtype(op, args)) if policy.bits else row
+            cached = bool(policy.staleness > 1 or policy.bounded)
+            refetch = refetch and not cached
+            comm_label = _describe(policy)
+            for r, w in enumerate(workers):
+                link_cache[r] += sum(w.halo) * row if cached else 0
+        recv = [sum(w.halo) * wire_row for w in workers]
+        sent = [sum(workers[p].halo[r] for p in range(n)) * wire_row for r in range(n)]
         backward = [(sent[r] if pushes else 0) + (recv[r] if refetch else 0) for r in range(n)]
         # Blocks a worker receives, in round order (q = r-1, r-2, ...).
         blocks = [[workers[r].halo[(r - k) % n] * row for k in range(1, n)] for r in range(n)]
@@ -392,7 +430,7 @@ def build_plan(
             f"sddmm({args['op']})" if op.name == "sddmm" else op.name
         )
         ops.append(OpPlan(node.name, layer, label, strategy, node.meta.get("strategy_reason", ""),
-                          row, recv, backward, [max(b, default=0) for b in blocks], saved))
+                          wire_row, recv, backward, [max(b, default=0) for b in blocks], saved, comm_label))
 
     params = sum(p.numel() * p.element_size() for p in gm.parameters())
     estimates = []
@@ -406,13 +444,16 @@ def build_plan(
             "remote_blocks": remote,
             "workspace": _workspace(w, comm, r),
         }
+        if any(link_cache):
+            breakdown["link_cache"] = link_cache[r]
         estimates.append(MemoryEstimate(r, sum(breakdown.values()), breakdown))
     kernels = [
         Kernel(name, role, spec.name, spec.render("cuda"))
         for name, args in probe.seen.items()
         for role, spec in kernel_specs(args["ir_op"], args)
     ]
-    return Plan(model_name, mode, n, workers, ops, list(stages), estimates, kernels)
+    warned = [node.meta["comm_warning"] for node in gm.graph.nodes if "comm_warning" in node.meta]
+    return Plan(model_name, mode, n, workers, ops, list(stages), estimates, kernels, warned)
 
 
 def _probe_inputs(gm: fx.GraphModule, shard, x: torch.Tensor) -> list[Any]:

@@ -177,14 +177,15 @@ def test_attention_with_reduced_communication_warns_unless_excluded():
     g = _case().graph
     x = torch.zeros(1, 6, dtype=torch.float64)
     with pytest.warns(UserWarning, match="compress_layers"):
-        sc.distribute(make_model("gat3", 0), compress="1bit").plan(g, 2, x=x, method="contiguous")
+        plan = sc.distribute(make_model("gat3", 0), compress="1bit").plan(g, 2, x=x, method="contiguous")
+    assert len(plan.warnings) == 3 and "warnings:" in str(plan)  # the three GAT layers
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         plan = sc.distribute(make_model("gat3", 0), compress="1bit", compress_layers=["sage"]).plan(
             g, 2, x=x, method="contiguous"
         )
     code = plan.stage("communication")
-    assert code.count("comm = 'site=") == 1 and "sage" in code
+    assert code.count("comm = 'site=") == 1 and "sage" in code and not plan.warnings
 
 
 def test_bad_options_are_refused_early():
@@ -198,3 +199,17 @@ def test_bad_options_are_refused_early():
     ]:
         with pytest.raises(sc.CompileError, match=match):
             sc.distribute(net, **kwargs)
+
+
+def test_plan_counts_packed_bytes_and_the_stale_cache():
+    g, x = _case().graph, torch.zeros(1, 6, dtype=torch.float64)
+    exact = sc.distribute(make_model("one_sage", 0)).plan(g, 2, x=x, method="contiguous")
+    packed = sc.distribute(make_model("one_sage", 0), compress="1bit").plan(g, 2, x=x, method="contiguous")
+    stale = sc.distribute(make_model("one_sage", 0), staleness=4).plan(g, 2, x=x, method="contiguous")
+    (e,), (p,), (s,) = exact.ops, packed.ops, stale.ops
+    assert e.row_bytes == 6 * 8 and p.row_bytes == 1 + 4 and p.comm == "1bit+ef"  # 6 bits, bf16 lo + scale
+    assert p.forward_bytes == [b // 48 * 5 for b in e.forward_bytes]
+    assert s.comm == "stale K=4" and s.forward_bytes == e.forward_bytes
+    for est, w in zip(stale.memory_estimate(), stale.workers):
+        assert est.breakdown["link_cache"] == sum(w.halo) * 6 * 8
+    assert "link_cache" not in exact.memory_estimate()[0].breakdown
