@@ -17,11 +17,31 @@ Rank 0 shows a progress bar (stderr), prints one line per epoch (stdout) and app
 JSON line per epoch to the log (``OUT/log.jsonl``)::
 
     {"epoch": 3, "loss": 1.27, "train_acc": 0.61, "val_acc": 0.58, "test_acc": 0.59,
-     "epoch_s": 0.41, "world_size": 4}
+     "epoch_s": 0.41, "train_s": 0.33, "world_size": 4,
+     "comm": {"sent": {"forward": [81920, 79872, ...], "backward": [...], "allreduce": [...]},
+              "received": {"forward": [...], "backward": [...], "allreduce": [...]}}}
+
+``epoch_s`` is the whole epoch, ``train_s`` the training step alone (forward, backward,
+gradient all-reduce, optimizer step). ``comm`` is the bytes each worker (list index =
+rank) sent and received during that training step, per phase: ``forward`` (remote
+feature rows), ``backward`` (remote feature-gradient rows), ``allreduce`` (parameter
+gradients; an all-reduce is counted as receiving what it sends) and, with
+``--batch-norm``, ``batch_norm`` (its statistics). Evaluation traffic is not counted: it
+is not a cost of training. All zero on one worker.
+
+Communication reduction (opt-in, approximate; exact SAR is the default), passed to
+:func:`sarcompile.distribute` (see :mod:`sarcompile.runtime.link`): ``--staleness K``
+(remote rows refreshed every K training iterations), ``--bounded-staleness S``
+(pipelined, exact every S), ``--compress 1bit|2bit|int4|int8`` (rows crossing workers
+quantized, with error feedback unless ``--no-error-feedback``), restricted to the layers
+``--compress-layers`` lists (e.g. ``convs.0``; default all).
 
 A checkpoint (``OUT/checkpoint.pt``, see :mod:`sarcompile.checkpoint`) is written every
 ``--checkpoint-every`` epochs and at the end; ``--resume`` continues from it to the same
-numbers an uninterrupted run gives. :func:`build_model` rebuilds the eager single-machine
+numbers an uninterrupted run gives -- except with the communication reduction options:
+their stale caches and error-feedback residuals are not checkpointed, so a resumed run
+starts its links afresh (its first iteration refreshes every remote row) and differs
+from an uninterrupted one. :func:`build_model` rebuilds the eager single-machine
 model from a checkpoint's config, and :func:`load_trained` does both steps::
 
     model, config = load_trained("runs/x/checkpoint.pt")   # eval mode, one machine
@@ -55,7 +75,8 @@ from .checkpoint import CHECKPOINT_NAME, load_checkpoint, save_checkpoint
 from .compiler import distribute
 from .errors import CheckpointError, PartitionError, SarcompileError
 from .partitioning import _atomic_write, load_partition, read_manifest
-from .runtime.comm import global_max, global_sum, init, shutdown, sync_gradients
+from .runtime.comm import global_max, global_sum, init, shutdown, stats, sync_gradients
+from .runtime.link import COMPRESS_BITS
 from .runtime.memory import MemoryProbe
 
 __all__ = ["GNN", "TrainConfig", "build_model", "evaluate", "load_trained", "main", "parse_args", "train"]
@@ -68,8 +89,17 @@ MASKS = ("train_mask", "val_mask", "test_mask")
 MODEL_KEYS = ("model", "in_dim", "num_classes", "layers", "hidden", "heads", "dropout", "batch_norm", "residual")
 # Options that change the numbers: a checkpoint resumes only with the same values.
 # (--mode, --epochs, --parts, --out, --log, --checkpoint-every may change between runs.)
-RESUME_KEYS = MODEL_KEYS + ("lr", "weight_decay", "seed")
+# The communication reduction options are among them; checkpoints older than these
+# options lack them and count as written with the defaults (exact).
+COMM_KEYS = ("staleness", "bounded_staleness", "compress", "error_feedback", "compress_layers")
+RESUME_KEYS = MODEL_KEYS + ("lr", "weight_decay", "seed") + COMM_KEYS
+COMPRESS = tuple(COMPRESS_BITS)
+# Phases of sarcompile.runtime.comm.stats gathered per epoch, in this order; the first
+# three are always logged, the others only when some worker sent or received something.
+PHASES = ("forward", "backward", "allreduce", "batch_norm")
+ALWAYS_LOGGED = PHASES[:3]
 FORMAT = 1
+NEGATED = ("error_feedback", "progress")  # options set by a --no-... flag
 
 
 @dataclass
@@ -95,6 +125,17 @@ class TrainConfig:
     resume: bool = False
     stop_after: int | None = None
     progress: bool = True
+    staleness: int = 1
+    bounded_staleness: int | None = None
+    compress: str | None = None
+    error_feedback: bool = True
+    compress_layers: list[str] | None = None
+
+    def __post_init__(self) -> None:
+        # A list, whatever sequence was given: the resume check compares it with the
+        # checkpoint's list. (A str is left alone for validate to refuse.)
+        if isinstance(self.compress_layers, tuple):
+            self.compress_layers = list(self.compress_layers)
 
     def validate(self) -> None:
         """Raise a :class:`ValueError` naming the first option out of range."""
@@ -114,6 +155,23 @@ class TrainConfig:
                 f"--hidden {self.hidden} is not a multiple of --heads {self.heads}: GAT's hidden layers "
                 "concatenate the heads, each hidden/heads wide"
             )
+        self._validate_comm()
+
+    def _validate_comm(self) -> None:
+        """The communication reduction options, named by their flags (sc.distribute's own
+        checks would name its keyword arguments)."""
+        if self.staleness < 1:
+            raise ValueError(f"--staleness must be >= 1 (1: exact, every iteration refreshes), got {self.staleness}")
+        if self.bounded_staleness is not None and self.bounded_staleness < 1:
+            raise ValueError(f"--bounded-staleness must be >= 1, got {self.bounded_staleness}")
+        if self.bounded_staleness is not None and self.staleness != 1:
+            raise ValueError("--staleness and --bounded-staleness are two ways to use stale rows; pick one")
+        if self.compress is not None and self.compress not in COMPRESS:
+            raise ValueError(f"--compress must be one of {', '.join(COMPRESS)}, got {self.compress!r}")
+        if self.compress_layers is not None and (
+            isinstance(self.compress_layers, str) or not all(isinstance(c, str) for c in self.compress_layers)
+        ):
+            raise ValueError(f"--compress-layers takes layer paths such as convs.0, got {self.compress_layers!r}")
 
 
 # -- the model ---------------------------------------------------------------------------------
@@ -337,7 +395,8 @@ def _read_checkpoint(path: Path) -> dict[str, Any]:
 
 def _check_resumable(state: dict[str, Any], run: dict[str, Any], graph: dict[str, int], path: Path) -> None:
     """Refuse a checkpoint made with other numbers-changing options or of another graph."""
-    saved = state["config"]
+    defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig) if f.name in COMM_KEYS}
+    saved = {**defaults, **state["config"]}  # a checkpoint older than COMM_KEYS: exact
     diff = [k for k in RESUME_KEYS if saved.get(k) != run[k]]
     if diff:
         flags = " ".join(_flag(k, saved.get(k)) for k in diff if k not in ("in_dim", "num_classes"))
@@ -355,9 +414,16 @@ def _check_resumable(state: dict[str, Any], run: dict[str, Any], graph: dict[str
 
 
 def _flag(key: str, value: Any) -> str:
+    """The command-line flag that sets option ``key`` to ``value``."""
     flag = "--" + key.replace("_", "-")
+    if key in NEGATED:  # a default-on option whose flag turns it off
+        return f"(no --no-{flag[2:]})" if value else f"--no-{flag[2:]}"
     if isinstance(value, bool):
         return flag if value else f"(no {flag})"
+    if value is None:
+        return f"(no {flag})"
+    if isinstance(value, (list, tuple)):
+        return " ".join([flag, *map(str, value)])
     return f"{flag} {value}"
 
 
@@ -425,7 +491,11 @@ def train(config: TrainConfig | Mapping[str, Any] | argparse.Namespace | Sequenc
         opt.load_state_dict(state["optimizer"])
         torch.set_rng_state(state["rng"]["torch"])
         start = int(state["epoch"])
-    model = distribute(net, mode=cfg.mode)
+    _check_layer_paths(net, cfg.compress_layers)
+    model = distribute(
+        net, mode=cfg.mode, staleness=cfg.staleness, bounded_staleness=cfg.bounded_staleness,
+        compress=cfg.compress, error_feedback=cfg.error_feedback, compress_layers=cfg.compress_layers,
+    )
 
     def make_state(epoch: int) -> dict[str, Any]:
         return {
@@ -447,7 +517,7 @@ def train(config: TrainConfig | Mapping[str, Any] | argparse.Namespace | Sequenc
         where = f"resuming from epoch {start}" if start else "starting"
         print(
             f"{world_size} worker{'s' if world_size > 1 else ''}, {num_train} training nodes, "
-            f"{cfg.model} x {cfg.layers} layers, mode={cfg.mode}; {where}; writing {out}",
+            f"{cfg.model} x {cfg.layers} layers, mode={cfg.mode}{_comm_summary(cfg)}; {where}; writing {out}",
             flush=True,
         )
     records: list[dict[str, Any]] = []
@@ -462,11 +532,17 @@ def train(config: TrainConfig | Mapping[str, Any] | argparse.Namespace | Sequenc
         stack.enter_context(probe)
         for epoch in range(start + 1, cfg.epochs + 1):
             t0 = time.perf_counter()
+            stats.reset()
             loss = _train_step(model, opt, part.graph, x, y, masks["train_mask"], num_train)
+            train_s = time.perf_counter() - t0
+            traffic = _comm_row(rank, world_size)  # read before evaluating: its traffic is not training's
             counts = _counts(model, part.graph, x, y, masks)
-            summed = global_sum(torch.cat([loss.to(torch.float64).reshape(1), counts]))
-            rec = {"epoch": epoch, "loss": float(summed[0]), **_accuracies(summed[1:])}
-            rec.update(epoch_s=round(time.perf_counter() - t0, 4), world_size=world_size)
+            # One all-reduce per epoch: the loss, the accuracy counts and every rank's traffic.
+            summed = global_sum(torch.cat([loss.to(torch.float64).reshape(1), counts, traffic.reshape(-1)]))
+            n = 1 + counts.numel()
+            rec = {"epoch": epoch, "loss": float(summed[0]), **_accuracies(summed[1:n])}
+            rec.update(epoch_s=round(time.perf_counter() - t0, 4), train_s=round(train_s, 4), world_size=world_size)
+            rec["comm"] = _comm_record(summed[n:].reshape(traffic.shape))
             records.append(rec)
             if log is not None:
                 log.write(json.dumps(rec) + "\n")
@@ -501,6 +577,58 @@ def _train_step(model, opt, graph, x, y, mask, num_train: int) -> torch.Tensor:
     return loss.detach()
 
 
+def _check_layer_paths(net: nn.Module, paths: list[str] | None) -> None:
+    """Refuse a --compress-layers path that names no layer of the model: the compiler would
+    silently leave everything exact."""
+    if paths is None:
+        return
+    known = {name for name, _ in net.named_modules() if name}
+    unknown = [p for p in paths if p not in known]
+    if unknown:
+        layers = " ".join(f"convs.{i}" for i in range(len(net.convs)))  # the ones that communicate
+        raise ValueError(f"--compress-layers {' '.join(unknown)}: no such layer in this model (its layers: {layers})")
+
+
+def _comm_summary(cfg: TrainConfig) -> str:
+    """The communication reduction options for the start line ('' when exact)."""
+    parts = []
+    if cfg.staleness != 1:
+        parts.append(f"staleness={cfg.staleness}")
+    if cfg.bounded_staleness is not None:
+        parts.append(f"bounded_staleness={cfg.bounded_staleness}")
+    if cfg.compress is not None:
+        parts.append(f"compress={cfg.compress}" + ("" if cfg.error_feedback else " (stochastic rounding)"))
+    if parts and cfg.compress_layers is not None:
+        parts.append(f"layers {' '.join(cfg.compress_layers)}")
+    return "".join(", " + p for p in parts)
+
+
+def _comm_row(rank: int, world_size: int) -> torch.Tensor:
+    """This worker's bytes since ``stats.reset()`` in row ``rank`` of a zero
+    ``[world_size, 2 * len(PHASES)]`` float64 tensor (sent per phase, then received), so
+    that summing the tensors of all workers gathers everyone's row."""
+    sent = [stats.sent.get(p, 0) for p in PHASES]
+    received = [stats.received.get(p, 0) for p in PHASES]
+    # sync_gradients counts only what it sends; an all-reduce receives as much.
+    received[PHASES.index("allreduce")] = sent[PHASES.index("allreduce")]
+    table = torch.zeros(world_size, 2 * len(PHASES), dtype=torch.float64)
+    table[rank] = torch.tensor(sent + received, dtype=torch.float64)
+    return table
+
+
+def _comm_record(table: torch.Tensor) -> dict[str, dict[str, list[int]]]:
+    """The log's ``comm`` field from the gathered ``[world_size, 2 * len(PHASES)]`` table:
+    bytes per rank, by direction and phase; idle optional phases left out."""
+    out: dict[str, dict[str, list[int]]] = {}
+    for d, direction in enumerate(("sent", "received")):
+        out[direction] = {}
+        for i, phase in enumerate(PHASES):
+            column = [int(v) for v in table[:, d * len(PHASES) + i]]
+            if phase in ALWAYS_LOGGED or any(column):
+                out[direction][phase] = column
+    return out
+
+
 def _fmt(acc: float | None) -> str:
     return "   -  " if acc is None else f"{acc:.4f}"
 
@@ -531,6 +659,31 @@ def _report(records: list[dict[str, Any]], probe: MemoryProbe, rank: int, world_
         return
     for r in range(world_size):
         print(f"worker {r}: peak resident {mem[r, 0]:.0f} MiB, +{mem[r, 1]:.0f} MiB during training", flush=True)
+    if world_size > 1:  # one worker communicates nothing
+        for r in range(world_size):
+            print(f"worker {r}: per epoch {_traffic_line(records, r)}", flush=True)
+
+
+def _traffic_line(records: list[dict[str, Any]], rank: int) -> str:
+    """Mean bytes per epoch that ``rank`` sent and received, by phase, from the records."""
+    short = {"forward": "fwd", "backward": "bwd", "allreduce": "allreduce"}
+    halves = []
+    for direction in ("sent", "received"):
+        sizes = [
+            f"{short[p]} {_size(sum(rec['comm'][direction][p][rank] for rec in records) / len(records))}"
+            for p in ALWAYS_LOGGED
+        ]
+        halves.append(f"{direction} " + ", ".join(sizes))
+    return "; ".join(halves)
+
+
+def _size(nbytes: float) -> str:
+    """``nbytes`` in a fixed-width binary unit: '  1.2 MiB', '512.0 B  '."""
+    for unit in ("B  ", "KiB", "MiB"):
+        if nbytes < 1024:
+            return f"{nbytes:5.1f} {unit}"
+        nbytes /= 1024
+    return f"{nbytes:5.1f} GiB"
 
 
 def _out_dir(cfg: TrainConfig) -> str:
@@ -570,6 +723,21 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--stop-after", type=int, metavar="E",
                     help="stop right after epoch E's checkpoint, as if killed (for testing --resume)")
     ap.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    comm = ap.add_argument_group(
+        "communication reduction", "opt-in and approximate (exact SAR is the default); see sarcompile.runtime.link"
+    )
+    comm.add_argument("--staleness", type=int, default=d.staleness, metavar="K",
+                      help="refresh remote rows every K training iterations, reuse them in between "
+                      f"(DIGEST; default {d.staleness}: exact)")
+    comm.add_argument("--bounded-staleness", type=int, default=d.bounded_staleness, metavar="S",
+                      help="pipelined: use the rows exchanged during the previous iteration, exact every S")
+    comm.add_argument("--compress", choices=COMPRESS, default=d.compress,
+                      help="quantize every row that crosses workers, per row (Sylvie)")
+    comm.add_argument("--no-error-feedback", dest="error_feedback", action="store_false",
+                      help="with --compress: stochastic rounding (the published method) instead of carrying "
+                      "the quantization error to the next send")
+    comm.add_argument("--compress-layers", nargs="+", metavar="PATH", default=d.compress_layers,
+                      help="apply the options above only to these layers (e.g. convs.0; default: all)")
     return ap
 
 

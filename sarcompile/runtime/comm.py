@@ -205,7 +205,7 @@ def _sync_rounds(shard, visit, fetch, push_into, lookahead, phase, what, link, i
         works, buf = [], None
         rows = shard.send_index[p]
         if rows.numel():
-            send = fetch_remote[rows] if wire is None else wire.encode(fetch_remote[rows], phase, p, iteration)
+            send = fetch_remote[rows] if wire is None else wire.encode(fetch_remote[rows], f"{phase} features", p, iteration)
             send = send.contiguous()
             works.append(dist.isend(send, p, tag=TAG_FEATURES))
             stats.sent[phase] += send.numel() * send.element_size()
@@ -223,7 +223,7 @@ def _sync_rounds(shard, visit, fetch, push_into, lookahead, phase, what, link, i
         p, q = (r + k) % n, (r - k) % n
         works, buf = [], None
         if shard.blocks[q].num_src:
-            send = grad_rows if wire is None else wire.encode(grad_rows, phase, q, iteration)
+            send = grad_rows if wire is None else wire.encode(grad_rows, f"{phase} gradients", q, iteration)
             send = send.contiguous()
             works.append(dist.isend(send, q, tag=TAG_GRADS))
             stats.sent[phase] += send.numel() * send.element_size()
@@ -317,7 +317,7 @@ def _local_rounds(shard, visit, fetch, push_into, link, iteration, phase, what, 
     works, bufs = [], {}
     tag = TAG_PIPELINE + 2 * link.policy.site + 1
     for q, rows in late.items():
-        send = link.wire.encode(rows, phase, q, iteration).contiguous()
+        send = link.wire.encode(rows, f"{phase} gradients", q, iteration).contiguous()
         works.append(dist.isend(send, q, tag=tag))
         stats.sent[phase] += send.numel() * send.element_size()
     for p in range(n):
@@ -356,7 +356,7 @@ def _post_pipelined(shard, link, fetch: torch.Tensor, iteration: int, phase: str
         p, q = (r + k) % n, (r - k) % n
         rows = shard.send_index[p]
         if rows.numel():
-            send = link.wire.encode(src[rows], phase, p, iteration).contiguous()
+            send = link.wire.encode(src[rows], f"{phase} features", p, iteration).contiguous()
             works.append(dist.isend(send, p, tag=tag))
             stats.sent[phase] += send.numel() * send.element_size()
         if shard.blocks[q].num_src:

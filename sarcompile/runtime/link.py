@@ -29,6 +29,7 @@ Only training forwards (autograd on) advance a site's iteration; evaluation unde
 from __future__ import annotations
 
 import functools
+import zlib
 from dataclasses import dataclass, field
 
 import torch
@@ -87,26 +88,29 @@ class Wire:
     def __init__(self, policy: LinkPolicy, rank: int):
         self.policy = policy
         self.rank = rank
-        self.residual: dict[tuple[str, int], torch.Tensor] = {}  # error feedback, per (phase, peer)
+        self.residual: dict[tuple[str, int], torch.Tensor] = {}  # error feedback, per (stream, peer)
 
     def wire_bytes(self, rows: int, width: int, dtype: torch.dtype) -> int:
         if not self.policy.bits:
             return rows * width * torch.empty((), dtype=dtype).element_size()
         return rows * (torch_kernels.packed_row_bytes(width, self.policy.bits) + 2 * WIRE_SCALE.itemsize)
 
-    def encode(self, rows: torch.Tensor, phase: str, peer: int, iteration: int) -> torch.Tensor:
-        """What to send ``peer``: the rows themselves, or their packed bytes."""
+    def encode(self, rows: torch.Tensor, stream: str, peer: int, iteration: int) -> torch.Tensor:
+        """What to send ``peer``: the rows themselves, or their packed bytes. ``stream``
+        names what the rows are (e.g. "forward features", "backward gradients"): each
+        stream and peer has its own error-feedback residual."""
         if not self.policy.bits:
             return rows.contiguous()
         flat = rows.reshape(rows.shape[0], -1)
-        key = (phase, peer)
+        key = (stream, peer)
         if self.policy.error_feedback:
             res = self.residual.get(key)
             if res is not None and res.shape == flat.shape:
                 flat = flat + res
             noise = None
         else:  # the published method: unbiased stochastic rounding, nothing carried over
-            gen = torch.Generator().manual_seed(hash((self.policy.site, phase, self.rank, peer, iteration)) % 2**63)
+            seed = zlib.crc32(f"{self.policy.site} {stream} {self.rank} {peer} {iteration}".encode())
+            gen = torch.Generator().manual_seed(seed)  # reproducible, unlike hash() of a str
             noise = torch.rand(flat.shape, generator=gen).to(flat.device)
         packed = _codec(flat).pack(flat, self.policy.bits, noise)
         packed.lo, packed.scale = packed.lo.to(WIRE_SCALE), packed.scale.to(WIRE_SCALE)
