@@ -1,9 +1,14 @@
+import os
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 from commands import run
 from workers import WorkerPool
+
+# Generated kernels go to a throwaway cache, in this process and in the workers it starts.
+os.environ.setdefault("SARCOMPILE_KERNEL_CACHE", tempfile.mkdtemp(prefix="sarcompile-kernels-"))
 
 
 @pytest.fixture(scope="session")

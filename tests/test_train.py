@@ -1,6 +1,7 @@
 """``sarcompile.train``: identical curves on 1, 2 and 4 workers, exact kill-and-resume,
 checkpoints that refuse damage and survive failed writes, serving a checkpoint on one
-machine, learnability, and one end-to-end run under torchrun."""
+machine, learnability, communication statistics under stale and compressed exchange,
+and one end-to-end run under torchrun."""
 
 from __future__ import annotations
 
@@ -17,7 +18,9 @@ import torch
 
 import sarcompile as sc
 from sarcompile.checkpoint import load_checkpoint, save_checkpoint
+from sarcompile.codegen.torch_kernels import packed_row_bytes
 from sarcompile.errors import CheckpointError, SarcompileError
+from sarcompile.runtime.link import WIRE_SCALE
 from sarcompile.train import build_model, evaluate, load_trained, parse_args
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -53,7 +56,7 @@ def _train_job(rank: int, world_size: int, argv: list[str]):
 
     try:
         return train(argv)
-    except SarcompileError as e:
+    except (SarcompileError, ValueError) as e:
         return f"{type(e).__name__}: {e}"
 
 
@@ -144,6 +147,11 @@ def test_resume_refuses_other_options_and_damaged_checkpoints(pool, parts, full_
     _run(pool, 2, _args(parts[2], out, *extra, "--stop-after", 2))
     msg = _run(pool, 2, _args(parts[2], out, *extra, "--resume", "--lr", 0.1))
     assert msg.startswith("CheckpointError") and "lr: checkpoint 0.01, this run 0.1" in msg and "--lr 0.01" in msg
+    # The communication reduction options change the numbers too.
+    msg = _run(pool, 2, _args(parts[2], out, *extra, "--resume", "--staleness", 2))
+    assert "staleness: checkpoint 1, this run 2" in msg and "--staleness 1" in msg
+    msg = _run(pool, 2, _args(parts[2], out, *extra, "--resume", "--compress", "int8", "--no-error-feedback"))
+    assert "compress: checkpoint None, this run 'int8'" in msg and "(no --no-error-feedback)" in msg
     msg = _run(pool, 2, _args(parts[2], out, *extra))
     assert "already holds a checkpoint: pass --resume" in msg
     msg = _run(pool, 2, _args(parts[2], tmp_path / "nothing", *extra, "--resume"))
@@ -259,7 +267,89 @@ def test_sage_learns_an_sbm_graph_on_2_workers(pool, tmp_path):
     assert records[-1]["test_acc"] >= 0.9, records[-1]
 
 
-# -- 6. the command line under torchrun --------------------------------------------------------------
+# -- 6. communication statistics, stale and compressed exchange --------------------------------------
+def _comm(records: list[dict], direction: str, phase: str) -> list[list[int]]:
+    """Bytes per epoch (rows) and rank (columns) from the records' ``comm`` field."""
+    return [r["comm"][direction][phase] for r in records]
+
+
+def test_staleness_exchanges_rows_every_k_iterations(pool, parts, tmp_path):
+    records = _run(pool, 2, _args(parts[2], tmp_path, "--epochs", 5, "--staleness", 3))
+    assert [r["epoch"] for r in records] == [1, 2, 3, 4, 5]
+    # Training iterations 0 and 3 (epochs 1 and 4) refresh the remote rows; in between the
+    # cached rows are read and no gradient goes back for them. Evaluation is not counted.
+    for phase in ("forward", "backward"):
+        for direction in ("sent", "received"):
+            per_epoch = _comm(records, direction, phase)
+            assert [all(b > 0 for b in ranks) for ranks in per_epoch] == [True, False, False, True, False], per_epoch
+            assert [any(b > 0 for b in ranks) for ranks in per_epoch] == [True, False, False, True, False], per_epoch
+    assert all(b > 0 for ranks in _comm(records, "sent", "allreduce") for b in ranks)
+    assert _comm(records, "received", "allreduce") == _comm(records, "sent", "allreduce")
+    assert all(math.isfinite(r["loss"]) for r in records)
+    assert all(r["train_s"] <= r["epoch_s"] for r in records)
+
+
+@pytest.fixture(scope="module")
+def wide_parts(tmp_path_factory) -> str:
+    """The graph of ``parts`` with 32 features, in 2 parts: with --hidden 32 every row that
+    crosses workers (features, then their gradients) is 32 float32 wide."""
+    return _partition(_sbm(1200, 4, 4, 0.8, 32, 0), [2], tmp_path_factory.mktemp("wide"))[2]
+
+
+def test_1bit_compression_cuts_halo_traffic_to_the_packed_row_size(pool, wide_parts, tmp_path):
+    def run(name, *extra):
+        argv = ["--parts", wide_parts, "--out", str(tmp_path / name), "--hidden", "32", "--epochs", "3",
+                "--no-progress", *map(str, extra)]
+        return _run(pool, 2, argv)
+
+    exact = run("exact")
+    packed = run("1bit", "--compress", "1bit")
+    # A 1-bit row of 32 values: 4 bytes of bits + lo and scale as bfloat16, against 32 float32.
+    ratio = (packed_row_bytes(32, 1) + 2 * WIRE_SCALE.itemsize) / (32 * 4)
+    assert ratio == 1 / 16
+    for direction in ("sent", "received"):
+        for phase in ("forward", "backward"):
+            full, small = _comm(exact, direction, phase), _comm(packed, direction, phase)
+            assert all(b > 0 for ranks in full for b in ranks)
+            assert all(s < f / 10 for fr, sr in zip(full, small) for f, s in zip(fr, sr))
+            assert small == [[int(f * ratio) for f in ranks] for ranks in full], (phase, full, small)
+        assert _comm(packed, direction, "allreduce") == _comm(exact, direction, "allreduce")  # parameters: exact
+    assert all(math.isfinite(r["loss"]) for r in packed)
+    assert packed[-1]["test_acc"] is not None and packed[-1]["test_acc"] > 0.8, packed[-1]
+
+    # Only the second layer compressed, by stochastic rounding: the first layer's rows (half
+    # the forward bytes: both layers send the same boundary rows, 32 wide) stay full, and
+    # the gradients (only the second layer sends any: the features need none) are packed.
+    mixed = run("mixed", "--compress", "1bit", "--no-error-feedback", "--compress-layers", "convs.1")
+    for ranks_full, ranks_mixed in zip(_comm(exact, "sent", "forward"), _comm(mixed, "sent", "forward")):
+        assert ranks_mixed == [f // 2 + int(f // 2 * ratio) for f in ranks_full]
+    assert _comm(mixed, "sent", "backward") == _comm(packed, "sent", "backward")
+    assert all(math.isfinite(r["loss"]) for r in mixed)
+    msg = run("typo", "--compress", "1bit", "--compress-layers", "conv.1")
+    assert "--compress-layers conv.1: no such layer" in msg and "convs.0 convs.1" in msg
+
+
+def test_communication_options_refuse_bad_values(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        parse_args(["--parts", "p", "--compress", "3bit"])
+    assert exit_info.value.code == 2
+    assert "argument --compress: invalid choice: '3bit'" in capsys.readouterr().err
+    with pytest.raises(ValueError, match=r"--staleness must be >= 1 \(1: exact"):
+        parse_args(["--parts", "p", "--staleness", "0"]).validate()
+    with pytest.raises(ValueError, match="--bounded-staleness must be >= 1"):
+        parse_args(["--parts", "p", "--bounded-staleness", "0"]).validate()
+    with pytest.raises(ValueError, match="pick one"):
+        parse_args(["--parts", "p", "--staleness", "2", "--bounded-staleness", "2"]).validate()
+    # On the command line: exit status 1 and one line naming the flag, before any work.
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-m", "sarcompile.train", "--parts", "nowhere", "--staleness", "0"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 1
+    message = "error: --staleness must be >= 1 (1: exact, every iteration refreshes), got 0"
+    assert done.stderr.strip().splitlines() == [message]
+
+
+# -- 7. the command line under torchrun --------------------------------------------------------------
 def test_cli_under_torchrun(parts, tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "SARCOMPILE_TIMEOUT": "60"}
     out = tmp_path / "run"
@@ -274,12 +364,17 @@ def test_cli_under_torchrun(parts, tmp_path):
     assert [int(line.split()[1]) for line in epochs] == [1, 2, 3, 4]
     log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
     assert [r["epoch"] for r in log] == [1, 2, 3, 4]
-    assert set(log[0]) == {"epoch", "loss", "train_acc", "val_acc", "test_acc", "epoch_s", "world_size"}
+    assert set(log[0]) == {"epoch", "loss", "train_acc", "val_acc", "test_acc", "epoch_s", "train_s", "world_size",
+                           "comm"}
     assert all(r["world_size"] == 2 for r in log)
+    assert all(set(r["comm"]["sent"]) >= {"forward", "backward", "allreduce"} for r in log)
+    assert all(len(r["comm"]["sent"]["forward"]) == 2 and min(r["comm"]["sent"]["forward"]) > 0 for r in log)
     assert f"loss {log[-1]['loss']:.6f}" in epochs[-1]
     final = next(line for line in lines if line.startswith("final (epoch 4):"))
     assert f"test_acc {log[-1]['test_acc']:.4f}" in final
     assert sum(line.startswith(("worker 0: peak resident", "worker 1: peak resident")) for line in lines) == 2
+    traffic = [line for line in lines if line.startswith(("worker 0: per epoch sent fwd", "worker 1: per epoch sent fwd"))]
+    assert len(traffic) == 2 and all("; received fwd" in line and "allreduce" in line for line in traffic)
     assert "epoch" in done.stderr  # the progress bar
     assert load_checkpoint(out / "checkpoint.pt")["epoch"] == 4
 
