@@ -37,6 +37,7 @@ import torch.fx
 from .errors import GraphError
 from .graph import Graph
 from .runtime import ops as runtime_ops
+from .runtime.link import LinkPolicy
 from .runtime.shard import ShardGraph
 
 __all__ = [
@@ -267,7 +268,7 @@ def attention(
         weight = edge_softmax(g, score)
         if dropout:
             weight = edge_dropout(g, weight, dropout, salt)
-        return spmm(g, h, "sum", edge_weight=weight, strategy=strategy, executor=executor, comm=_next_site(comm))
+        return spmm(g, h, "sum", edge_weight=weight, strategy=strategy, executor=executor, comm=LinkPolicy.second(comm))
     single = a_src.dim() == 1
     if single:
         h, a_src, a_dst = h.unsqueeze(1), a_src.unsqueeze(1), a_dst.unsqueeze(1)
@@ -276,17 +277,6 @@ def attention(
         shard, h, a_src, a_dst, negative_slope, dropout, salt, strategy=strategy, executor=executor, comm=comm
     )
     return out.squeeze(1) if single else out
-
-
-def _next_site(comm: str) -> str:
-    """The link of the second exchange an unfused attention makes (its spmm after the sddmm):
-    a site of its own, so the two keep separate caches."""
-    if not comm:
-        return comm
-    from .runtime.link import LinkPolicy
-
-    p = LinkPolicy.parse(comm)
-    return LinkPolicy(p.site + 100_000, p.name + ".spmm", p.staleness, p.bounded, p.bits, p.error_feedback).spec()
 
 
 def _check_batch_norm(x, weight, bias, running_mean, running_var, num_batches_tracked, training, momentum, eps) -> None:

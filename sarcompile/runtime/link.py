@@ -28,6 +28,7 @@ Only training forwards (autograd on) advance a site's iteration; evaluation unde
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import zlib
 from dataclasses import dataclass, field
@@ -40,6 +41,7 @@ __all__ = ["COMPRESS_BITS", "LinkPolicy", "LinkState", "Wire"]
 
 COMPRESS_BITS = {"1bit": 1, "2bit": 2, "int4": 4, "int8": 8}
 WIRE_SCALE = torch.bfloat16  # dtype of each row's lo and scale on the wire
+SECOND_SITE = 100_000  # site numbers of second exchanges start here (see LinkPolicy.second)
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,15 @@ class LinkPolicy:
         return LinkPolicy(
             int(kv["site"]), kv["name"], int(kv["stale"]), int(kv["pipe"]), int(kv["bits"]), kv["ef"] == "1"
         )
+
+    @staticmethod
+    def second(spec: str) -> str:
+        """The link of an op's second exchange (an unfused attention's spmm after its
+        sddmm): a site of its own, so that the two keep separate caches and residuals."""
+        if not spec:
+            return spec
+        p = LinkPolicy.parse(spec)
+        return dataclasses.replace(p, site=p.site + SECOND_SITE, name=p.name + ".spmm").spec()
 
     def kind(self, iteration: int) -> str:
         """``sync`` (exchange now), ``stale`` (cached blocks, no exchange) or ``pipelined``
