@@ -609,8 +609,6 @@ def _comm_row(rank: int, world_size: int) -> torch.Tensor:
     that summing the tensors of all workers gathers everyone's row."""
     sent = [stats.sent.get(p, 0) for p in PHASES]
     received = [stats.received.get(p, 0) for p in PHASES]
-    # sync_gradients counts only what it sends; an all-reduce receives as much.
-    received[PHASES.index("allreduce")] = sent[PHASES.index("allreduce")]
     table = torch.zeros(world_size, 2 * len(PHASES), dtype=torch.float64)
     table[rank] = torch.tensor(sent + received, dtype=torch.float64)
     return table

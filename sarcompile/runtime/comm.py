@@ -424,7 +424,9 @@ def sync_gradients(model: torch.nn.Module) -> None:
     if not params:
         return
     flat = torch.cat([p.grad.reshape(-1) for p in params])
+    # counted as the reduced tensor, sent and received once (whatever the algorithm moves)
     stats.sent["allreduce"] += flat.numel() * flat.element_size()
+    stats.received["allreduce"] += flat.numel() * flat.element_size()
     _wait([dist.all_reduce(flat, async_op=True)], "sync_gradients")
     offset = 0
     for p in params:
