@@ -313,11 +313,13 @@ def packed_row_bytes(width: int, bits: int) -> int:
 
 
 def pack_prepare(
-    x: torch.Tensor, bits: int, noise: torch.Tensor | None = None
+    x: torch.Tensor, bits: int, noise: torch.Tensor | None = None, lo_scale: tuple[torch.Tensor, torch.Tensor] | None = None
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor]:
     """Validate :func:`pack`'s arguments; returns ``x`` as ``[n, F]`` (its own dtype),
     ``noise`` as float32 ``[n, F]`` (or None), and the rows' ``lo`` and ``scale``. Shared by
-    the Triton pack, so that both compute ``lo``/``scale`` with the same torch code."""
+    the Triton pack, so that both compute ``lo``/``scale`` with the same torch code.
+    ``lo_scale``: each row's ``lo`` and ``scale`` (float32 ``[n]``) to use instead of its
+    min and max (values outside are clamped)."""
     if bits not in QUANT_BITS or isinstance(bits, bool):
         raise ValueError(f"bits must be one of {QUANT_BITS}, got {bits!r}")
     if not x.is_floating_point():
@@ -331,15 +333,21 @@ def pack_prepare(
     if width == 0:  # aminmax refuses an empty dimension
         lo = torch.zeros(n, dtype=torch.float32, device=x.device)
         return x2, noise, lo, lo.clone()
+    if lo_scale is not None:
+        lo, scale = (t.to(torch.float32).reshape(n) for t in lo_scale)
+        return x2, noise, lo, scale
     lo, hi = torch.aminmax(x2.to(torch.float32), dim=1)
     return x2, noise, lo, (hi - lo) / (2**bits - 1)
 
 
-def pack(x: torch.Tensor, bits: int, noise: torch.Tensor | None = None) -> Packed:
+def pack(
+    x: torch.Tensor, bits: int, noise: torch.Tensor | None = None, lo_scale: tuple[torch.Tensor, torch.Tensor] | None = None
+) -> Packed:
     """Quantize the rows of ``x`` (``[n, F]``, or ``[n, ...]`` seen as ``[n, prod(...)]``) to
     ``bits`` per value and pack them (layout above). ``noise``: uniforms in [0, 1) of
-    ``x``'s size for stochastic rounding; None rounds half up."""
-    x2, noise, lo, scale = pack_prepare(x, bits, noise)
+    ``x``'s size for stochastic rounding; None rounds half up. ``lo_scale``: see
+    :func:`pack_prepare`."""
+    x2, noise, lo, scale = pack_prepare(x, bits, noise, lo_scale)
     n, width = x2.shape
     per = 8 // bits
     nb = packed_row_bytes(width, bits)

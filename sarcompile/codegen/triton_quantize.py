@@ -21,15 +21,18 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def pack(x: torch.Tensor, bits: int, noise: torch.Tensor | None = None) -> T.Packed:
+def pack(
+    x: torch.Tensor, bits: int, noise: torch.Tensor | None = None, lo_scale: tuple[torch.Tensor, torch.Tensor] | None = None
+) -> T.Packed:
     """Quantize and pack the rows of ``x`` (``[n, F]``, or ``[n, ...]`` flattened) to ``bits``
-    per value; ``noise`` (uniforms in [0, 1) of ``x``'s size) rounds stochastically."""
+    per value; ``noise`` (uniforms in [0, 1) of ``x``'s size) rounds stochastically;
+    ``lo_scale`` as for the torch pack."""
     # lo/scale come from torch.aminmax, a single bandwidth-bound pass: computing them in the
     # kernel would need a whole row per program before any byte is written (or a second
     # kernel), and sharing torch's code makes them bit-identical to the torch pack.
-    x2, noise, lo, scale = T.pack_prepare(x, bits, noise)
+    x2, noise, lo, scale = T.pack_prepare(x, bits, noise, lo_scale)
     if dtype_name(x2) not in PACK_DTYPES:
-        return T.pack(x, bits, noise)
+        return T.pack(x, bits, noise, lo_scale)
     n, width = x2.shape
     nb = T.packed_row_bytes(width, bits)
     out = torch.empty((n, nb), dtype=torch.uint8, device=x.device)

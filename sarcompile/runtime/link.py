@@ -113,6 +113,7 @@ class Wire:
         if not self.policy.bits:
             return rows.contiguous()
         flat = rows.reshape(rows.shape[0], -1)
+        lo_scale = _wire_levels(flat, self.policy.bits)  # from the rows alone (see below)
         key = (stream, peer)
         if self.policy.error_feedback:
             res = self.residual.get(key)
@@ -123,8 +124,12 @@ class Wire:
             seed = zlib.crc32(f"{self.policy.site} {stream} {self.rank} {peer} {iteration}".encode())
             gen = torch.Generator().manual_seed(seed)  # reproducible, unlike hash() of a str
             noise = torch.rand(flat.shape, generator=gen).to(flat.device)
-        packed = _codec(flat).pack(flat, self.policy.bits, noise)
-        packed.lo, packed.scale = packed.lo.to(WIRE_SCALE), packed.scale.to(WIRE_SCALE)
+        # Levels from the rows alone, not rows + residual: values pushed outside by the
+        # residual are clamped and the rest carried on, so the residual stays within the
+        # rows' range. (Levels that widened with the residual let it grow to many times
+        # the values: each send's error did too, and 1-bit SAGE training collapsed.)
+        packed = _codec(flat).pack(flat, self.policy.bits, noise, lo_scale)
+        packed.lo, packed.scale = packed.lo.to(WIRE_SCALE), packed.scale.to(WIRE_SCALE)  # exact: see _wire_levels
         if self.policy.error_feedback:
             self.residual[key] = flat - self._unpack(packed, flat.dtype)
         # lo and scale first: views of the buffer as bfloat16 need an even offset
@@ -157,6 +162,29 @@ class Wire:
     def _unpack(packed: torch_kernels.Packed, dtype: torch.dtype) -> torch.Tensor:
         packed = torch_kernels.Packed(packed.data, packed.lo.float(), packed.scale.float(), packed.bits, packed.width)
         return _codec(packed.data).unpack(packed, dtype)
+
+
+def _wire_levels(rows: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row ``lo`` and ``scale`` as the receiver will see them (bfloat16 values, held in
+    float32), with ``lo <= min`` and ``lo + scale * (2**bits - 1) >= max``: every value of
+    the row is representable, so error feedback can always pay its residual back. (Rounding
+    lo or scale to nearest could leave the row's extremes out of reach forever, and their
+    residual would grow without bound.)"""
+    if rows.shape[1] == 0:  # aminmax refuses an empty row
+        zeros = torch.zeros(rows.shape[0], device=rows.device)
+        return zeros, zeros
+    lo, hi = torch.aminmax(rows.to(torch.float32), dim=1)
+    lo_w = _round(lo, down=True)
+    scale_w = _round((hi - lo_w) / (2**bits - 1), down=False)
+    return lo_w, scale_w
+
+
+def _round(t: torch.Tensor, down: bool) -> torch.Tensor:
+    """``t`` rounded to bfloat16 towards -inf (``down``) or +inf, as float32."""
+    r = t.to(WIRE_SCALE)
+    beyond = torch.full_like(r, float("-inf") if down else float("inf"))
+    wrong_side = (r.float() > t) if down else (r.float() < t)
+    return torch.where(wrong_side, torch.nextafter(r, beyond), r).float()
 
 
 def _codec(t: torch.Tensor):

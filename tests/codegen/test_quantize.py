@@ -8,7 +8,7 @@ import os
 
 import pytest
 import torch
-from devices import DEVICE
+from devices import DEVICE, back, to_dev
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -208,3 +208,17 @@ def test_triton_edge_cases():
         p = Q.pack(torch.empty(n, width, device=DEVICE), 4)
         assert_same_packed(p, T.pack(torch.empty(n, width), 4))
         assert Q.unpack(p, torch.float32).shape == (n, width)
+
+
+@pytest.mark.interpreter
+def test_given_lo_and_scale_clamp_outside_values_the_same_in_torch_and_triton():
+    """Error feedback packs rows + residual on the rows' own levels: values outside them clamp."""
+    from sarcompile.codegen import triton_quantize
+
+    x = torch.tensor([[-3.0, 0.0, 0.4, 1.0, 5.0], [0.2, 0.2, 0.3, 0.9, 1.0]])
+    lo, scale = torch.tensor([0.0, 0.2]), torch.tensor([1.0 / 3, 0.8 / 3])
+    want = T.pack(x, 2, lo_scale=(lo, scale))
+    assert T.unpack(want, torch.float32)[0].tolist() == pytest.approx([0.0, 0.0, 1 / 3, 1.0, 1.0])
+    got = triton_quantize.pack(to_dev(x), 2, lo_scale=(to_dev(lo), to_dev(scale)))
+    assert torch.equal(back(got.data), want.data)
+    assert torch.equal(back(got.lo), lo) and torch.equal(back(got.scale), scale)
