@@ -273,16 +273,25 @@ def _comm(records: list[dict], direction: str, phase: str) -> list[list[int]]:
     return [r["comm"][direction][phase] for r in records]
 
 
-def test_staleness_exchanges_rows_every_k_iterations(pool, parts, tmp_path):
-    records = _run(pool, 2, _args(parts[2], tmp_path, "--epochs", 5, "--staleness", 3))
+@pytest.mark.parametrize(
+    "flags, sends",
+    [
+        # Training iterations 0 and 3 (epochs 1 and 4) refresh the remote rows; in between
+        # the cached rows are read and no gradient goes back for them.
+        (("--staleness", 3), [True, False, False, True, False]),
+        # Pipelined, exact every 3rd iteration: an iteration sends the rows (and late
+        # gradients) the next one uses, unless the next one is synchronous (iteration 2).
+        (("--bounded-staleness", 3), [True, True, False, True, True]),
+    ],
+)
+def test_stale_options_exchange_rows_only_when_due(pool, parts, tmp_path, flags, sends):
+    records = _run(pool, 2, _args(parts[2], tmp_path, "--epochs", 5, *flags))
     assert [r["epoch"] for r in records] == [1, 2, 3, 4, 5]
-    # Training iterations 0 and 3 (epochs 1 and 4) refresh the remote rows; in between the
-    # cached rows are read and no gradient goes back for them. Evaluation is not counted.
-    for phase in ("forward", "backward"):
+    for phase in ("forward", "backward"):  # evaluation is not counted
         for direction in ("sent", "received"):
             per_epoch = _comm(records, direction, phase)
-            assert [all(b > 0 for b in ranks) for ranks in per_epoch] == [True, False, False, True, False], per_epoch
-            assert [any(b > 0 for b in ranks) for ranks in per_epoch] == [True, False, False, True, False], per_epoch
+            assert [all(b > 0 for b in ranks) for ranks in per_epoch] == sends, per_epoch
+            assert [any(b > 0 for b in ranks) for ranks in per_epoch] == sends, per_epoch
     assert all(b > 0 for ranks in _comm(records, "sent", "allreduce") for b in ranks)
     assert _comm(records, "received", "allreduce") == _comm(records, "sent", "allreduce")
     assert all(math.isfinite(r["loss"]) for r in records)
