@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import zlib
 from dataclasses import dataclass, field
 
@@ -139,17 +140,12 @@ class Wire:
         """A receive buffer for ``rows`` rows of shape ``tail``."""
         if not self.policy.bits:
             return torch.empty((rows, *tail), dtype=dtype)
-        width = 1
-        for d in tail:
-            width *= d
-        return torch.empty(self.wire_bytes(rows, width, dtype), dtype=torch.uint8)
+        return torch.empty(self.wire_bytes(rows, math.prod(tail), dtype), dtype=torch.uint8)
 
     def decode(self, buf: torch.Tensor, rows: int, tail: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         if not self.policy.bits:
             return buf
-        width = 1
-        for d in tail:
-            width *= d
+        width = math.prod(tail)
         nb = torch_kernels.packed_row_bytes(width, self.policy.bits)
         s = WIRE_SCALE.itemsize
         lo = buf[: rows * s].view(WIRE_SCALE)
