@@ -24,6 +24,8 @@ def mix32(h: torch.Tensor) -> torch.Tensor:
 
 
 def uniform(keys: torch.Tensor, salt: torch.Tensor) -> torch.Tensor:
-    """A float64 in [0, 1) for every non-negative int64 key, a pure function of (key, salt)."""
+    """A float64 in [0, 1) for every non-negative int64 key, a pure function of (key, salt),
+    on the salt's device (a model's buffer: where the model is), wherever the keys are."""
+    keys = keys.to(salt.device)
     salted = mix32((keys >> 32) ^ mix32(salt & _MASK32))
     return mix32((keys & _MASK32) ^ salted).to(torch.float64) / 2.0**32
