@@ -204,9 +204,9 @@ def edge_softmax(g, e: torch.Tensor) -> torch.Tensor:
     """Softmax of edge scores over the in-edges of each node. All in-edges of a node live
     on its worker, so this never communicates."""
     _check_rows(g, e, "e", g.num_edges)
-    dst = g.dst_index
+    dst = g.dst_index.to(e.device)
     idx = dst.reshape(-1, *([1] * (e.dim() - 1))).expand_as(e)
-    peak = torch.full((g.num_dst, *e.shape[1:]), float("-inf"), dtype=e.dtype)
+    peak = torch.full((g.num_dst, *e.shape[1:]), float("-inf"), dtype=e.dtype, device=e.device)
     peak = peak.scatter_reduce(0, idx, e.detach(), "amax")
     z = torch.exp(e - peak[dst])
     total = torch.zeros_like(peak).index_add_(0, dst, z)
