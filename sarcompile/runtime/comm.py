@@ -143,6 +143,18 @@ Visit = Callable[[int, "torch.Tensor | None"], "torch.Tensor | None"]
 TAG_PIPELINE = 1000  # + 2 * site (+1 for gradients): pipelined exchanges of one site
 
 
+def _isend(t: torch.Tensor, peer: int, tag: int, phase: str):
+    """Post a send, counting its bytes under ``phase``."""
+    stats.sent[phase] += t.numel() * t.element_size()
+    return dist.isend(t, peer, tag=tag)
+
+
+def _irecv(buf: torch.Tensor, peer: int, tag: int, phase: str):
+    """Post a receive into ``buf``, counting its bytes under ``phase``."""
+    stats.received[phase] += buf.numel() * buf.element_size()
+    return dist.irecv(buf, peer, tag=tag)
+
+
 def run_rounds(
     shard,
     visit: Visit,
@@ -207,16 +219,14 @@ def _sync_rounds(shard, visit, fetch, push_into, lookahead, phase, what, link, i
         if rows.numel():
             send = fetch_remote[rows] if wire is None else wire.encode(fetch_remote[rows], f"{phase} features", p, iteration)
             send = send.contiguous()
-            works.append(dist.isend(send, p, tag=TAG_FEATURES))
-            stats.sent[phase] += send.numel() * send.element_size()
+            works.append(_isend(send, p, TAG_FEATURES, phase))
         if shard.blocks[q].num_src:
             rows_q = shard.blocks[q].num_src
             if wire is None or not wire.policy.bits:
                 buf = live.alloc((rows_q, *tail(fetch_remote)), fetch_remote.dtype)
             else:
                 buf = wire.empty(rows_q, tail(fetch_remote), fetch_remote.dtype)
-            works.append(dist.irecv(buf, q, tag=TAG_FEATURES))
-            stats.received[phase] += buf.numel() * buf.element_size()
+            works.append(_irecv(buf, q, TAG_FEATURES, phase))
         return p, q, buf, works
 
     def post_push(k: int, grad_rows: torch.Tensor | None):
@@ -225,16 +235,14 @@ def _sync_rounds(shard, visit, fetch, push_into, lookahead, phase, what, link, i
         if shard.blocks[q].num_src:
             send = grad_rows if wire is None else wire.encode(grad_rows, f"{phase} gradients", q, iteration)
             send = send.contiguous()
-            works.append(dist.isend(send, q, tag=TAG_GRADS))
-            stats.sent[phase] += send.numel() * send.element_size()
+            works.append(_isend(send, q, TAG_GRADS, phase))
         if shard.send_index[p].numel():
             rows_p = shard.send_index[p].numel()
             if wire is None:
                 buf = torch.empty((rows_p, *tail(push_into)), dtype=push_into.dtype)
             else:
                 buf = wire.empty(rows_p, tail(push_into), push_into.dtype)
-            works.append(dist.irecv(buf, p, tag=TAG_GRADS))
-            stats.received[phase] += buf.numel() * buf.element_size()
+            works.append(_irecv(buf, p, TAG_GRADS, phase))
         return p, q, buf, works
 
     def finish_push(posted) -> None:
@@ -318,14 +326,12 @@ def _local_rounds(shard, visit, fetch, push_into, link, iteration, phase, what, 
     tag = TAG_PIPELINE + 2 * link.policy.site + 1
     for q, rows in late.items():
         send = link.wire.encode(rows, f"{phase} gradients", q, iteration).contiguous()
-        works.append(dist.isend(send, q, tag=tag))
-        stats.sent[phase] += send.numel() * send.element_size()
+        works.append(_isend(send, q, tag, phase))
     for p in range(n):
         count = shard.send_index[p].numel() if p != r else 0
         if count:
             buf = link.wire.empty(count, tail(push_into), push_into.dtype)
-            works.append(dist.irecv(buf, p, tag=tag))
-            stats.received[phase] += buf.numel() * buf.element_size()
+            works.append(_irecv(buf, p, tag, phase))
             bufs[p] = (buf, count)
     link.pending["backward"] = Pending(iteration, works, bufs)
 
@@ -357,12 +363,10 @@ def _post_pipelined(shard, link, fetch: torch.Tensor, iteration: int, phase: str
         rows = shard.send_index[p]
         if rows.numel():
             send = link.wire.encode(src[rows], f"{phase} features", p, iteration).contiguous()
-            works.append(dist.isend(send, p, tag=tag))
-            stats.sent[phase] += send.numel() * send.element_size()
+            works.append(_isend(send, p, tag, phase))
         if shard.blocks[q].num_src:
             buf = link.wire.empty(shard.blocks[q].num_src, tuple(fetch.shape[1:]), fetch.dtype)
-            works.append(dist.irecv(buf, q, tag=tag))
-            stats.received[phase] += buf.numel() * buf.element_size()
+            works.append(_irecv(buf, q, tag, phase))
             bufs[q] = (buf, shard.blocks[q].num_src)
     link.pending["forward"] = Pending(iteration, works, bufs)
 
