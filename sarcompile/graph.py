@@ -62,6 +62,11 @@ class Block:
         return torch.sort(self.col, stable=True).indices
 
     @cached_property
+    def transpose_row(self) -> torch.Tensor:
+        """Destination row of every edge in CSC order (the transposed block's column index)."""
+        return self.row[self.transpose_perm]
+
+    @cached_property
     def transpose_indptr(self) -> torch.Tensor:
         counts = torch.bincount(self.col, minlength=self.num_src)
         return torch.cat([counts.new_zeros(1), torch.cumsum(counts, 0)])
@@ -85,7 +90,7 @@ class Block:
         """The transposed block, ``[num_src, num_dst]`` sparse CSR."""
         perm = self.transpose_perm
         values = torch.ones(self.num_edges, dtype=dtype, device=self.col.device) if weight is None else weight[perm].to(dtype)
-        return _csr(self.transpose_indptr, self.row[perm], values, (self.num_src, self.num_dst))
+        return _csr(self.transpose_indptr, self.transpose_row, values, (self.num_src, self.num_dst))
 
 
 def _csr(indptr: torch.Tensor, col: torch.Tensor, values: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:

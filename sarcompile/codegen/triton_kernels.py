@@ -10,7 +10,6 @@ per head) go to the torch kernel; :func:`sarcompile.codegen.kernel_specs` says w
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 
@@ -52,31 +51,6 @@ def weight_cols(x_shape: tuple[int, ...], weight_shape: tuple[int, ...] | None) 
     return math.prod(lead)
 
 
-@dataclass
-class _Indices:
-    """A block's index arrays on the device the features are on (moved once, then cached)."""
-
-    indptr: torch.Tensor
-    col: torch.Tensor
-    row: torch.Tensor
-    t_indptr: torch.Tensor  # CSC view
-    t_row: torch.Tensor  # destination of each edge in CSC order
-    t_perm: torch.Tensor  # CSR position of each edge in CSC order
-
-
-def indices(block: Block, device: torch.device) -> _Indices:
-    key = ("indices", str(device))
-    cached = block._cache.get(key)
-    if cached is None:
-        # The CSR expansion and the CSC view are computed on the device, from the block's
-        # copy there (Block.on), rather than on the CPU and copied.
-        b = block.on(device)
-        perm = b.transpose_perm
-        cached = _Indices(b.indptr, b.col, b.row, b.transpose_indptr, b.row[perm], perm)
-        block._cache[key] = cached
-    return cached
-
-
 def launch(module, grid, *args, kernel: str = "kernel") -> None:
     """Run ``module.kernel`` (or another kernel of the module, e.g. ``kernel_dst``, whose
     configurations are then ``CONFIGS_DST``); the interpreter gets the module's fixed
@@ -93,11 +67,10 @@ def _flat(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(t.shape[0], math.prod(t.shape[1:])).contiguous()
 
 
-def _aggregate(indptr, col, perm, weight, x: torch.Tensor, num_rows: int, permuted: bool) -> torch.Tensor:
+def _aggregate(indptr, col, perm, weight, cols: int, x: torch.Tensor, num_rows: int, permuted: bool) -> torch.Tensor:
     x2 = _flat(x)
     width = x2.shape[1]
     out = x2.new_empty((num_rows, width))
-    cols = 0 if weight is None else weight_cols(x.shape, tuple(weight.shape))
     if num_rows and width:
         spec = SpmmSpec(width, cols, dtype_name(x2), permuted and cols > 0)
         w = x2 if weight is None else weight.contiguous()  # any pointer where there is no weight
@@ -110,18 +83,20 @@ def _cdiv(a: int, b: int) -> int:
 
 
 def spmm(block: Block, x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
-    if weight is not None and weight_cols(x.shape, tuple(weight.shape)) is None:
+    cols = weight_cols(x.shape, None if weight is None else tuple(weight.shape))
+    if cols is None:
         return T.spmm(block, x, weight)
-    ix = indices(block, x.device)
-    return _aggregate(ix.indptr, ix.col, ix.col, weight, x, block.num_dst, permuted=False)
+    b = block.on(x.device)
+    return _aggregate(b.indptr, b.col, b.col, weight, cols, x, block.num_dst, permuted=False)
 
 
 def spmm_t(block: Block, g: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
     """The transpose as the same kernel over the CSC view: race-free, no atomics."""
-    if weight is not None and weight_cols(g.shape, tuple(weight.shape)) is None:
+    cols = weight_cols(g.shape, None if weight is None else tuple(weight.shape))
+    if cols is None:
         return T.spmm_t(block, g, weight)
-    ix = indices(block, g.device)
-    return _aggregate(ix.t_indptr, ix.t_row, ix.t_perm, weight, g, block.num_src, permuted=True)
+    b = block.on(g.device)
+    return _aggregate(b.transpose_indptr, b.transpose_row, b.transpose_perm, weight, cols, g, block.num_src, permuted=True)
 
 
 def edge_dot(block: Block, g: torch.Tensor, x: torch.Tensor, weight_shape: torch.Size) -> torch.Tensor:
@@ -131,10 +106,10 @@ def edge_dot(block: Block, g: torch.Tensor, x: torch.Tensor, weight_shape: torch
     g2, x2 = _flat(g), _flat(x)
     out = g2.new_empty((block.num_edges, cols))
     if block.num_edges:
-        ix = indices(block, g.device)
+        b = block.on(g.device)
         spec = EdgeDotSpec(g2.shape[1], cols, dtype_name(g2))
         grid = lambda m: (_cdiv(block.num_edges, m["BLOCK_E"]), cols)
-        launch(load(spec), grid, ix.row, ix.col, g2, x2, out, block.num_edges)
+        launch(load(spec), grid, b.row, b.col, g2, x2, out, block.num_edges)
     return out.reshape(block.num_edges, *weight_shape[1:])
 
 
@@ -147,9 +122,9 @@ class MaxState(T.MaxState):
         best = x2.new_empty((block.num_dst, width))
         row = torch.empty((block.num_dst, width), dtype=torch.long, device=x.device)
         if block.num_dst and width:
-            ix = indices(block, x.device)
+            b = block.on(x.device)
             grid = lambda m: (block.num_dst, _cdiv(width, m["BLOCK_F"]))
-            launch(load(MaxSpec(width, dtype_name(x2))), grid, ix.indptr, ix.col, x2, best, row, block.num_dst)
+            launch(load(MaxSpec(width, dtype_name(x2))), grid, b.indptr, b.col, x2, best, row, block.num_dst)
         return best, row
 
 
@@ -179,15 +154,12 @@ class AttentionState(T.AttentionState):
     ) -> None:
         if block.num_edges == 0 or block.num_dst == 0:
             return
-        # The kernel writes the state in place: it must be contiguous and on h's device
-        # (the torch class creates it on the default device).
-        self.m, self.l, self.acc = (t.to(h.device).contiguous() for t in (self.m, self.l, self.acc))
         heads, channels = h.shape[1], h.shape[2]
         h, a_src, a_dst = h.contiguous(), a_src.contiguous(), a_dst.contiguous()
         keep_arg = h if keep is None else keep.contiguous()  # any pointer when there is no dropout
-        ix = indices(block, h.device)
+        b = block.on(h.device)
         spec = AttentionForwardSpec(heads, channels, keep is not None, dtype_name(h))
-        args = (ix.indptr, ix.col, keep_arg, h, a_src, a_dst, self.m, self.l, self.acc, float(negative_slope), block.num_dst)
+        args = (b.indptr, b.col, keep_arg, h, a_src, a_dst, self.m, self.l, self.acc, float(negative_slope), block.num_dst)
         launch(load(spec), lambda meta: (block.num_dst,), *args)
 
 
@@ -215,13 +187,14 @@ def attention_grads(
     h, a_src, a_dst = h.contiguous(), a_src.contiguous(), a_dst.contiguous()
     lse, d_out, delta = lse.contiguous(), d_out.contiguous(), delta.contiguous()
     keep_arg = h if keep is None else keep.contiguous()  # any pointer when there is no dropout
-    ix = indices(block, h.device)
+    b = block.on(h.device)
     module = load(AttentionBackwardSpec(heads, channels, keep is not None, dtype_name(h)))
     slope = float(negative_slope)
     data = (keep_arg, h, a_src, a_dst, lse, d_out, delta)
-    launch(module, lambda meta: (block.num_dst,), ix.indptr, ix.col, *data, d_dst, slope, block.num_dst, kernel="kernel_dst")
+    launch(module, lambda meta: (block.num_dst,), b.indptr, b.col, *data, d_dst, slope, block.num_dst, kernel="kernel_dst")
     launch(
-        module, lambda meta: (block.num_src,), ix.t_indptr, ix.t_row, ix.t_perm, *data, d_h, d_src, slope, block.num_src,
+        module, lambda meta: (block.num_src,), b.transpose_indptr, b.transpose_row, b.transpose_perm, *data, d_h, d_src,
+        slope, block.num_src,
         kernel="kernel_src",
     )
     return d_h, d_src, d_dst
