@@ -64,7 +64,17 @@ def _check(heads: int, channels: int, dtype: str) -> None:
 
 
 @dataclass(frozen=True)
-class AttentionForwardSpec(KernelSpec):
+class _AttentionSpec(KernelSpec):
+    """What both attention kernels are specialised on."""
+
+    heads: int
+    channels: int
+    dropout: bool
+    dtype: str
+
+
+@dataclass(frozen=True)
+class AttentionForwardSpec(_AttentionSpec):
     """Fold one block into the online-softmax state, in place.
 
     Contract of ``kernel(indptr, col, keep, h, a_src, a_dst, m, l, acc, negative_slope,
@@ -84,10 +94,6 @@ class AttentionForwardSpec(KernelSpec):
     """
 
     family = "attention_fwd"
-    heads: int
-    channels: int
-    dropout: bool
-    dtype: str
 
     def render(self, target: str) -> str:
         H, C = self.heads, self.channels
@@ -153,7 +159,7 @@ def kernel(indptr, col, keep, h, a_src, a_dst, m, l, acc, negative_slope: {_slop
 
 
 @dataclass(frozen=True)
-class AttentionBackwardSpec(KernelSpec):
+class AttentionBackwardSpec(_AttentionSpec):
     """Gradients of one block's attention from the saved log-sum-exp: two kernels.
 
     Per edge ``e = u -> v`` and head ``k`` both recompute ``pre = a_src[u] + a_dst[v]``,
@@ -175,10 +181,6 @@ class AttentionBackwardSpec(KernelSpec):
     """
 
     family = "attention_bwd"
-    heads: int
-    channels: int
-    dropout: bool
-    dtype: str
 
     def render(self, target: str) -> str:
         H, C = self.heads, self.channels
