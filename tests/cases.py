@@ -177,6 +177,21 @@ MODELS = {
 }
 
 
+def case_on_edges(src, dst, n: int, model: str, seed: int, gen: torch.Generator, **fields: Any) -> Case:
+    """A case on the graph ``src -> dst`` of ``n`` nodes, alternately on 2 workers unless
+    ``fields`` give an ``assignment``, with float64 inputs (6 features) and per-node loss
+    weights drawn from ``gen``."""
+    fields.setdefault("assignment", torch.arange(n) % 2)
+    return Case(
+        graph=sc.Graph.from_edges(src, dst, n),
+        model=model,
+        seed=seed,
+        x=torch.randn(n, 6, generator=gen, dtype=torch.float64),
+        loss_weight=torch.randn(n, 1, generator=gen, dtype=torch.float64),
+        **fields,
+    )
+
+
 def make_model(name: str, seed: int) -> nn.Module:
     torch.manual_seed(seed)
     return MODELS[name]().double()

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from cases import Case, gather_rows, payloads, run_worker, single_machine
+from cases import Case, case_on_edges, gather_rows, payloads, run_worker, single_machine
 
-import sarcompile as sc
 from sarcompile.codegen import kernels_for, torch_kernels
 from sarcompile.codegen.kernel_cache import current_target
 from sarcompile.errors import KernelError
@@ -30,15 +29,7 @@ def _case(model: str, executor: str, seed: int = 3) -> Case:
     dst = torch.randint(0, n - 1, (120,), generator=gen)
     src = torch.cat([src, torch.tensor([4, 7, 7]), torch.arange(0, 25)])
     dst = torch.cat([dst, torch.tensor([4, 9, 9]), torch.full((25,), 2)])
-    return Case(
-        graph=sc.Graph.from_edges(src, dst, n),
-        assignment=torch.arange(n) % 2,
-        model=model,
-        seed=seed,
-        x=torch.randn(n, 6, generator=gen, dtype=torch.float64),
-        loss_weight=torch.randn(n, 1, generator=gen, dtype=torch.float64),
-        executor=executor,
-    )
+    return case_on_edges(src, dst, n, model, seed, gen, executor=executor)
 
 
 def _assert_same(got, want) -> None:

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import torch
+from cases import Case, case_on_edges, gather_rows, payloads, run_worker, single_machine
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
+from strategies import graphs
 
 import sarcompile as sc
-from cases import Case, gather_rows, payloads, run_worker, single_machine
-from strategies import graphs
 
 TOL = 1e-9  # float64 everywhere: the only differences are summation order
 
@@ -24,17 +24,9 @@ def cases(draw, world_size: int, models=("mix", "edge"), modes=("sar",)):
     else:  # every node on one worker: the others are empty
         assignment = torch.full((n,), draw(st.integers(0, world_size - 1)))
     seed %= 2**16
+    model, mode = draw(st.sampled_from(models)), draw(st.sampled_from(modes))
     gen = torch.Generator().manual_seed(seed)
-    g = sc.Graph.from_edges(src, dst, n)
-    return Case(
-        graph=g,
-        assignment=assignment,
-        model=draw(st.sampled_from(models)),
-        seed=seed,
-        x=torch.randn(n, 6, generator=gen, dtype=torch.float64),
-        loss_weight=torch.randn(n, 1, generator=gen, dtype=torch.float64),
-        mode=draw(st.sampled_from(modes)),
-    )
+    return case_on_edges(src, dst, n, model, seed, gen, assignment=assignment, mode=mode)
 
 
 def check(case: Case, world_size: int, pool) -> list:

@@ -8,7 +8,15 @@ import warnings
 
 import pytest
 import torch
-from cases import MODELS, Case, gather_rows, make_model, payloads, run_iterations
+from cases import (
+    MODELS,
+    Case,
+    case_on_edges,
+    gather_rows,
+    make_model,
+    payloads,
+    run_iterations,
+)
 
 import sarcompile as sc
 from sarcompile.runtime.link import LinkPolicy, Wire
@@ -74,14 +82,7 @@ def _case(model: str = "one_sage", seed: int = 0) -> Case:
     n = 24
     src = torch.randint(0, n, (90,), generator=gen)
     dst = torch.randint(0, n, (90,), generator=gen)
-    return Case(
-        graph=sc.Graph.from_edges(src, dst, n),
-        assignment=torch.arange(n) % 2,
-        model=model,
-        seed=seed,
-        x=torch.randn(n, 6, generator=gen, dtype=torch.float64),
-        loss_weight=torch.randn(n, 1, generator=gen, dtype=torch.float64),
-    )
+    return case_on_edges(src, dst, n, model, seed, gen)
 
 
 def _run(pool, case: Case, steps: int, **options) -> list[dict]:
