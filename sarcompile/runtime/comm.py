@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from ..errors import CommError
+from .link import Pending
 
 __all__ = ["global_max", "global_sum", "init", "live", "run_rounds", "shutdown", "stats", "sync_gradients", "timeout"]
 
@@ -294,8 +295,6 @@ def _sync_rounds(shard, visit, fetch, push_into, lookahead, phase, what, link, i
 
 def _local_rounds(shard, visit, fetch, push_into, link, iteration, phase, what, kind) -> None:
     """A stale or pipelined iteration: visit the blocks held, exchange nothing now."""
-    from .link import Pending
-
     n, r = shard.world_size, shard.rank
     tail = lambda t: tuple(t.shape[1:])
     if push_into is None and kind == "pipelined":  # features the peers sent last iteration
@@ -352,8 +351,6 @@ def _drain(link, direction: str, what: str, into=None) -> None:
 
 def _post_pipelined(shard, link, fetch: torch.Tensor, iteration: int, phase: str, what: str) -> None:
     """Send this iteration's feature rows for the peers' next iteration, and post the receives."""
-    from .link import Pending
-
     n, r = shard.world_size, shard.rank
     tag = TAG_PIPELINE + 2 * link.policy.site
     works, bufs = [], {}

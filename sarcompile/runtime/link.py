@@ -216,6 +216,3 @@ class LinkState:
     pending: dict[str, Pending | None] = field(default_factory=lambda: {"forward": None, "backward": None})
     ages: list[int] = field(default_factory=list)  # per training forward: age of the remote data used
     exchanges: list[int] = field(default_factory=list)  # iterations whose forward fetched synchronously
-
-    def cache_bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.cache.values())
