@@ -316,12 +316,9 @@ def _traffic(op: OpDef, args: dict[str, Any], strategy: str) -> tuple[int, bool,
     return row, backward, backward and not kept, f"out + log-sum-exp per node; {keeps}"
 
 
-def _element_size(op: OpDef, args: dict[str, Any]) -> int:
-    return (args["h"] if op.name == "attention" else args["x" if "x" in args else "a"]).element_size()
-
-
-def _dtype(op: OpDef, args: dict[str, Any]) -> torch.dtype:
-    return (args["h"] if op.name == "attention" else args["x" if "x" in args else "a"]).dtype
+def _sent(op: OpDef, args: dict[str, Any]) -> torch.Tensor:
+    """The node tensor whose rows the op exchanges (attention: ``h``, with ``a_src``)."""
+    return args["h"] if op.name == "attention" else args["x" if "x" in args else "a"]
 
 
 def _describe(policy: LinkPolicy) -> str:
@@ -413,8 +410,8 @@ def build_plan(
         wire_row, cached, comm_label = row, False, ""
         policy = node.meta.get("comm")
         if policy is not None:  # bytes of a step that exchanges; stale caches stay for backward
-            width = row // _element_size(op, args)
-            wire_row = Wire(policy, 0).wire_bytes(1, width, _dtype(op, args)) if policy.bits else row
+            sent = _sent(op, args)
+            wire_row = Wire(policy, 0).wire_bytes(1, row // sent.element_size(), sent.dtype) if policy.bits else row
             cached = bool(policy.staleness > 1 or policy.bounded)
             refetch = refetch and not cached
             comm_label = _describe(policy)
