@@ -35,6 +35,7 @@ import torch
 import torch.fx
 
 from .errors import GraphError
+from .vocab import Residency
 from .graph import Graph
 from .runtime import ops as runtime_ops
 from .runtime.link import LinkPolicy
@@ -69,6 +70,8 @@ class OpDef:
     collective: bool  # reduces over every worker's nodes (strategy "allreduce"), no halo
     reads_remote_in_backward: Callable[[dict[str, Any]], bool]  # from the op's bound arguments
     signature: inspect.Signature
+    output: Residency  # residency of the result
+    inputs: dict[str, Residency]  # residency each row-carrying argument must have
 
     def bind(self, args: tuple, kwargs: dict) -> dict[str, Any]:
         """The op's arguments by name, defaults filled in."""
@@ -97,6 +100,8 @@ def ir_op(
     communicates: bool,
     reads_remote_in_backward: Callable[[dict[str, Any]], bool],
     check: Callable,
+    output: Residency,
+    inputs: dict[str, Residency],
     collective: bool = False,
 ):
     """Register an IR op. ``check(**arguments)`` validates the constant arguments at trace
@@ -122,7 +127,7 @@ def ir_op(
                 return proxy.tracer.create_proxy("call_function", op, args, kwargs)
             return fn(*args, **kwargs)
 
-        _REGISTRY[op] = OpDef(fn.__name__, op, communicates, collective, reads_remote_in_backward, sig)
+        _REGISTRY[op] = OpDef(fn.__name__, op, communicates, collective, reads_remote_in_backward, sig, output, inputs)
         return op
 
     return register
@@ -167,7 +172,8 @@ def _from_csr_order(g: Graph, t: torch.Tensor) -> torch.Tensor:
     return t[g.csr_inverse_perm]
 
 
-@ir_op(communicates=True, reads_remote_in_backward=lambda a: a["edge_weight"] is not None, check=_check_spmm)
+@ir_op(communicates=True, reads_remote_in_backward=lambda a: a["edge_weight"] is not None, check=_check_spmm,
+       output=Residency.NODE, inputs={"x": Residency.NODE, "edge_weight": Residency.EDGE})
 def spmm(
     g,
     x: torch.Tensor,
@@ -187,7 +193,8 @@ def spmm(
     return runtime_ops.sar_spmm(g, x, reduce, edge_weight, strategy=strategy, executor=executor, comm=comm)
 
 
-@ir_op(communicates=True, reads_remote_in_backward=lambda a: a["op"] in ("mul", "dot"), check=_check_sddmm)
+@ir_op(communicates=True, reads_remote_in_backward=lambda a: a["op"] in ("mul", "dot"), check=_check_sddmm,
+       output=Residency.EDGE, inputs={"a": Residency.NODE, "b": Residency.NODE})
 def sddmm(
     g, a: torch.Tensor, b: torch.Tensor, op: str = "add", *, strategy: str = "direct", comm: str = ""
 ) -> torch.Tensor:
@@ -199,7 +206,8 @@ def sddmm(
     return runtime_ops.sar_sddmm(g, a, b, op, strategy=strategy, comm=comm)
 
 
-@ir_op(communicates=False, reads_remote_in_backward=lambda a: False, check=_check_softmax)
+@ir_op(communicates=False, reads_remote_in_backward=lambda a: False, check=_check_softmax,
+       output=Residency.EDGE, inputs={"e": Residency.EDGE})
 def edge_softmax(g, e: torch.Tensor) -> torch.Tensor:
     """Softmax of edge scores over the in-edges of each node. All in-edges of a node live
     on its worker, so this never communicates."""
@@ -219,7 +227,8 @@ def _check_edge_dropout(g, e, p, salt) -> None:
         raise GraphError(f"edge dropout probability must be in [0, 1), got {p}")
 
 
-@ir_op(communicates=False, reads_remote_in_backward=lambda a: False, check=_check_edge_dropout)
+@ir_op(communicates=False, reads_remote_in_backward=lambda a: False, check=_check_edge_dropout,
+       output=Residency.EDGE, inputs={"e": Residency.EDGE})
 def edge_dropout(g, e: torch.Tensor, p: float, salt: torch.Tensor) -> torch.Tensor:
     """Zero each edge value with probability ``p`` (scaling the rest by ``1/(1-p)``), with a
     mask keyed by global edge id, head and ``salt``: the same on any number of workers."""
@@ -244,7 +253,8 @@ def _fusable_shapes(h: torch.Tensor, a_src: torch.Tensor, a_dst: torch.Tensor) -
     return a_src.dim() == 1 or (a_src.dim() == 2 and a_src.shape[1] == h.shape[1])
 
 
-@ir_op(communicates=True, reads_remote_in_backward=lambda a: True, check=_check_attention)
+@ir_op(communicates=True, reads_remote_in_backward=lambda a: True, check=_check_attention,
+       output=Residency.NODE, inputs={"h": Residency.NODE, "a_src": Residency.NODE, "a_dst": Residency.NODE})
 def attention(
     g,
     h: torch.Tensor,
@@ -284,7 +294,8 @@ def _check_batch_norm(x, weight, bias, running_mean, running_var, num_batches_tr
         raise GraphError(f"batch_norm momentum must be in [0, 1] or None, got {momentum}")
 
 
-@ir_op(communicates=True, collective=True, reads_remote_in_backward=lambda a: False, check=_check_batch_norm)
+@ir_op(communicates=True, collective=True, reads_remote_in_backward=lambda a: False, check=_check_batch_norm,
+       output=Residency.NODE, inputs={"x": Residency.NODE})
 def batch_norm(
     x: torch.Tensor,
     weight: torch.Tensor | None,
@@ -337,7 +348,8 @@ def _check_message_passing(g, fn, x, edge_attr, reduce) -> None:
             )
 
 
-@ir_op(communicates=True, reads_remote_in_backward=lambda a: True, check=_check_message_passing)
+@ir_op(communicates=True, reads_remote_in_backward=lambda a: True, check=_check_message_passing,
+       output=Residency.NODE, inputs={"x": Residency.NODE, "edge_attr": Residency.EDGE})
 def message_passing(
     g,
     fn: torch.nn.Module,
