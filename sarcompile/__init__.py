@@ -18,6 +18,7 @@ from .graph import Graph
 from .ops import edge_softmax, sddmm, spmm
 from .partitioning import Manifest, Partition, load_partition, load_whole_graph, partition
 from .plan import MemoryEstimate, OpPlan, Plan
+from .runtime import ops as _shard_implementations  # noqa: F401  registers each IR op's shard implementation
 from .runtime.comm import global_max, global_sum, init, shutdown, sync_gradients
 
 __version__ = "0.1.0"

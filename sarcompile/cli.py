@@ -31,6 +31,7 @@ from .datasets import SUPPORTED, load_ogb
 from .errors import DatasetError, GraphError, PartitionError, SarcompileError
 from .graph import Graph
 from .partitioning import METHODS, partition, summary
+from .vocab import Mode
 
 __all__ = ["load_edge_file", "main"]
 
@@ -123,7 +124,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("model", metavar="MODULE:FACTORY", help="the model to plan (see below)")
     p.add_argument("--parts", required=True, metavar="DIR", help="partition directory (sarcompile partition --out)")
     p.add_argument("--args", default="{}", metavar="JSON", help="keyword arguments for FACTORY, as a JSON object")
-    p.add_argument("--mode", choices=("sar", "stash", "oneshot"), default="sar", help="execution mode (default: sar)")
+    p.add_argument("--mode", choices=Mode.values(), default=str(Mode.SAR), help="execution mode (default: sar)")
     p.add_argument("--optimizer", choices=("adam", "sgd"), help="count this optimizer's state in the estimate")
     p.add_argument("--stage", metavar="PASS", help="also print the program after this pass (e.g. fuse, strategy)")
     p.add_argument(

@@ -38,7 +38,7 @@ from .passes.lower import lower
 from .passes.partition import partition
 from .passes.strategy import strategy
 from .plan import Plan, WorkerStats, build_plan, worker_stats
-from .runtime.shard import ShardGraph
+from .shard import ShardGraph
 from .trace import trace
 
 __all__ = ["Program", "compile_program", "distribute", "DistributedModule"]
@@ -216,7 +216,7 @@ class DistributedModule(nn.Module):
             return getattr(self._orig, name)
 
     def __repr__(self) -> str:
-        return f"distribute({self._orig!r}, mode={self._options.mode!r})"
+        return f"distribute({self._orig!r}, mode={str(self._options.mode)!r})"
 
 
 def distribute(

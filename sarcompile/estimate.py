@@ -23,6 +23,7 @@ import torch
 
 from .graph import Graph
 from .plan import MemoryEstimate, Plan, WorkerStats, _size, _table
+from .vocab import Mode
 
 __all__ = ["Estimate", "EstimateTable", "estimate", "model_workers"]
 
@@ -102,7 +103,7 @@ def estimate(
     model: Any,
     graph: Graph,
     num_parts: list[int] = (1, 2, 4, 8),
-    modes: list[str] = ("sar", "stash", "oneshot"),
+    modes: list[str] = Mode.values(),
     x: torch.Tensor | None = None,
     partitions: dict[int, str | os.PathLike] | None = None,
     optimizer: Any = None,

@@ -7,22 +7,20 @@ Edge tensors passed to the ops are in the order the edges were given.
 Internally every aggregation runs over :class:`Block` objects: the CSR (by destination)
 of the edges from one set of source rows into one set of destination rows. A whole
 single-machine graph is one block; a worker's shard holds one block per source
-partition (see :mod:`sarcompile.runtime.shard`).
+partition (see :mod:`sarcompile.shard`).
 """
 
 from __future__ import annotations
 
+import sys
 import warnings
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from .errors import GraphError
-
-if TYPE_CHECKING:
-    from .runtime.shard import ShardGraph
 
 __all__ = ["Graph", "Block"]
 
@@ -173,10 +171,23 @@ class Graph:
     @classmethod
     def from_dgl(cls, g: Any) -> "Graph":
         """From a homogeneous ``dgl.DGLGraph``: its edges in edge-id order (so DGL edge
-        tensors keep their meaning), its node ids. Heterographs are refused."""
-        from .frontends.dgl import graph_from_dgl  # needs DGL; imported only here
-
-        return graph_from_dgl(g)
+        tensors keep their meaning), ``g.num_nodes()`` nodes. Multi-edges and self-loops
+        are kept, as DGL keeps them; heterographs and sampled blocks are refused."""
+        dgl = sys.modules.get("dgl")  # a DGLGraph exists only once its program imported dgl
+        if dgl is None or not isinstance(g, dgl.DGLGraph):
+            raise GraphError(f"Graph.from_dgl takes a dgl.DGLGraph, got {type(g).__name__}")
+        if g.is_block:
+            raise GraphError(
+                "Graph.from_dgl got a DGLBlock (a sampled bipartite block); sarcompile trains full-batch on "
+                "the whole graph: pass the DGLGraph itself"
+            )
+        if len(g.ntypes) != 1 or len(g.etypes) != 1:
+            raise GraphError(
+                f"Graph.from_dgl takes a homogeneous graph, got a heterograph with node types {g.ntypes} and "
+                f"edge types {g.etypes}; convert it with dgl.to_homogeneous(g) first"
+            )
+        src, dst = g.edges(order="eid")
+        return cls(src.long().cpu(), dst.long().cpu(), g.num_nodes())
 
     # -- queries ------------------------------------------------------------------------
     @property
@@ -246,14 +257,6 @@ class Graph:
         counts = torch.bincount(self.dst, minlength=self.num_nodes)
         indptr = torch.cat([torch.zeros(1, dtype=torch.long), torch.cumsum(counts, 0)])
         return Block(indptr, self.src[self.csr_perm], self.num_nodes, self.global_ids)
-
-    def shard(self) -> "ShardGraph":
-        """This graph as a one-worker shard, so one machine runs the same code as N."""
-        if "_shard" not in self.__dict__:
-            from .runtime.shard import ShardGraph
-
-            self.__dict__["_shard"] = ShardGraph.single(self)
-        return self.__dict__["_shard"]
 
     def __repr__(self) -> str:
         return f"Graph(num_nodes={self.num_nodes}, num_edges={self.num_edges})"

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .ops import batch_norm, edge_dropout, edge_softmax, sddmm, spmm
-from .passes.lower import register_lowering
+from .lowering import register_lowering
 from .rng import mix32, uniform
 
 __all__ = ["SAGEConv", "GCNConv", "GINConv", "GATConv", "BatchNorm", "NodeDropout", "RandomStream"]

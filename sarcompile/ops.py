@@ -2,7 +2,7 @@
 
 =====================================  =========================================================
 ``spmm(g, x, reduce, edge_weight)``      ``out[v] = reduce over u->v of w_uv * x[u]``; reduce
-                                         in sum, mean, max (empty neighbourhood gives 0)
+                                         in sum, mean, max, min (empty neighbourhood gives 0)
 ``sddmm(g, a, b, op)``                   per edge u->v: ``a[u] op b[v]``; op in add, sub, mul,
                                          dot (dot sums the last dim)
 ``edge_softmax(g, e)``                   softmax of per-edge scores over the in-edges of each v
@@ -15,10 +15,11 @@
                                          for any message function ``fn`` (a module)
 =====================================  =========================================================
 
-Each op is registered once with :func:`ir_op`: that makes it a single node when traced
-with ``torch.fx`` (with any tracer, wherever the op was imported from, since the op
-itself notices proxy arguments) and records how it is partitioned and what its backward
-reads, which is all the passes need to know about it.
+Each op is defined once, here, with :func:`~sarcompile.opdef.ir_op`: its checks, its
+residency rule, what it exchanges, what it keeps for backward and its temporaries, its
+label (:class:`~sarcompile.opdef.OpDef`). That also makes it a single node when traced
+with ``torch.fx``. The runtime registers each op's shard implementation onto the
+definition and codegen its generated kernels, so this module imports neither.
 
 Edge tensors are in the graph's edge order: the order edges were given for a
 :class:`~sarcompile.graph.Graph`, shard order for a worker's ``part.graph``.
@@ -26,20 +27,16 @@ Edge tensors are in the graph's edge order: the order edges were given for a
 
 from __future__ import annotations
 
-import functools
-import inspect
-from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
-import torch.fx
 
 from .errors import GraphError
-from .vocab import Residency
 from .graph import Graph
-from .runtime import ops as runtime_ops
-from .runtime.link import LinkPolicy
-from .runtime.shard import ShardGraph
+from .opdef import EDGE_CHUNK_ELEMENTS, AllReduce, Args, Halo, OpDef, Temporaries, ir_op, registry, row_bytes
+from .rng import edge_keep
+from .shard import ShardGraph
+from .vocab import Executor, LinkPolicy, Residency, Strategy
 
 __all__ = [
     "OpDef",
@@ -56,81 +53,11 @@ __all__ = [
     "SDDMM_OPS",
 ]
 
-REDUCES = ("sum", "mean", "max")
+REDUCES = ("sum", "mean", "max", "min")
+MESSAGE_REDUCES = ("sum", "mean", "max")  # message_passing's: it keeps a winner per row for max only
 SDDMM_OPS = ("add", "sub", "mul", "dot")
 
-
-@dataclass(frozen=True)
-class OpDef:
-    """What the compiler knows about one IR op."""
-
-    name: str
-    fn: Callable  # the public op: the target of its fx node
-    communicates: bool  # reads other workers' rows: the partition pass gives it a strategy
-    collective: bool  # reduces over every worker's nodes (strategy "allreduce"), no halo
-    reads_remote_in_backward: Callable[[dict[str, Any]], bool]  # from the op's bound arguments
-    signature: inspect.Signature
-    output: Residency  # residency of the result
-    inputs: dict[str, Residency]  # residency each row-carrying argument must have
-
-    def bind(self, args: tuple, kwargs: dict) -> dict[str, Any]:
-        """The op's arguments by name, defaults filled in."""
-        bound = self.signature.bind(*args, **kwargs)
-        bound.apply_defaults()
-        return dict(bound.arguments)
-
-
-_REGISTRY: dict[Callable, OpDef] = {}
-
-
-def registry() -> dict[Callable, OpDef]:
-    """Every IR op, keyed by the function an fx node calls."""
-    return dict(_REGISTRY)
-
-
-def _has_proxy(values) -> torch.fx.Proxy | None:
-    for v in values:
-        if isinstance(v, torch.fx.Proxy):
-            return v
-    return None
-
-
-def ir_op(
-    *,
-    communicates: bool,
-    reads_remote_in_backward: Callable[[dict[str, Any]], bool],
-    check: Callable,
-    output: Residency,
-    inputs: dict[str, Residency],
-    collective: bool = False,
-):
-    """Register an IR op. ``check(**arguments)`` validates the constant arguments at trace
-    time, so a wrong ``reduce`` fails where the model is written, not on a worker.
-
-    An op that ``communicates`` takes a keyword ``strategy`` (see
-    :mod:`sarcompile.runtime.ops`), which the partition and strategy passes set; it only
-    matters on a worker's shard, as does ``comm`` (stale or compressed exchange, see
-    :mod:`sarcompile.runtime.link`), which the communication pass sets. An op that runs
-    generated kernels takes a keyword ``executor``, which the kernels pass sets. A ``collective`` op communicates by all-reduce rather
-    than by halo exchange; its strategy is always ``"allreduce"``."""
-
-    def register(fn: Callable) -> Callable:
-        sig = inspect.signature(fn)
-
-        @functools.wraps(fn)
-        def op(*args, **kwargs):
-            bound = sig.bind(*args, **kwargs)
-            bound.apply_defaults()
-            check(**{k: v for k, v in bound.arguments.items() if k not in ("strategy", "executor", "comm")})
-            proxy = _has_proxy(list(args) + list(kwargs.values()))
-            if proxy is not None:
-                return proxy.tracer.create_proxy("call_function", op, args, kwargs)
-            return fn(*args, **kwargs)
-
-        _REGISTRY[op] = OpDef(fn.__name__, op, communicates, collective, reads_remote_in_backward, sig, output, inputs)
-        return op
-
-    return register
+NODE, EDGE = Residency.NODE, Residency.EDGE
 
 
 def _graph_kind(g: Any) -> None:
@@ -141,27 +68,16 @@ def _graph_kind(g: Any) -> None:
         )
 
 
-def _check_spmm(g, x, reduce, edge_weight) -> None:
-    _graph_kind(g)
-    if reduce not in REDUCES:
-        raise GraphError(f"spmm reduce must be one of {REDUCES}, got {reduce!r}")
-    if reduce == "max" and edge_weight is not None:
-        raise GraphError("spmm(reduce='max') takes no edge_weight; scale the features before the max instead")
-
-
-def _check_sddmm(g, a, b, op) -> None:
-    _graph_kind(g)
-    if op not in SDDMM_OPS:
-        raise GraphError(f"sddmm op must be one of {SDDMM_OPS}, got {op!r}")
-
-
-def _check_softmax(g, e) -> None:
-    _graph_kind(g)
-
-
 def _check_rows(g, t: torch.Tensor, what: str, rows: int) -> None:
     if t.shape[0] != rows:
         raise GraphError(f"{what} has {t.shape[0]} rows but the graph needs {rows}")
+
+
+def _single(g: Graph) -> ShardGraph:
+    """``g`` as a one-worker shard (made once per graph), so one machine runs the code N do."""
+    if "_shard" not in g.__dict__:
+        g.__dict__["_shard"] = ShardGraph.single(g)
+    return g.__dict__["_shard"]
 
 
 def _to_csr_order(g: Graph, t: torch.Tensor | None) -> torch.Tensor | None:
@@ -172,42 +88,112 @@ def _from_csr_order(g: Graph, t: torch.Tensor) -> torch.Tensor:
     return t[g.csr_inverse_perm]
 
 
-@ir_op(communicates=True, reads_remote_in_backward=lambda a: a["edge_weight"] is not None, check=_check_spmm,
-       output=Residency.NODE, inputs={"x": Residency.NODE, "edge_weight": Residency.EDGE})
+def _heads(a: torch.Tensor) -> int:
+    return a.shape[1] if a.dim() == 2 else 1
+
+
+# ---------------------------------------------------------------------------------- spmm
+def _check_spmm(g, x, reduce, edge_weight) -> None:
+    _graph_kind(g)
+    if reduce not in REDUCES:
+        raise GraphError(f"spmm reduce must be one of {REDUCES}, got {reduce!r}")
+    if reduce in ("max", "min") and edge_weight is not None:
+        raise GraphError(f"spmm(reduce={reduce!r}) takes no edge_weight; scale the features before it instead")
+
+
+def _spmm_temporaries(a: Args, row: int) -> Temporaries:
+    # Calibrated against measurement with benchmarks/scaling.py (20k nodes, SAGE and GAT,
+    # 1 to 4 workers): the gradient arriving, the gradients of the input and of the layer
+    # around it; per edge the sparse CSR values, forward and transposed.
+    x, w = a["x"], a["edge_weight"]
+    chunks = 3 * EDGE_CHUNK_ELEMENTS * x.element_size() if w is not None and w.requires_grad else 0
+    if a["reduce"] in ("max", "min"):  # messages, candidate rows (int64) and their index
+        negated = 2 if a["reduce"] == "min" else 0  # min is -max(-x): -x and the result
+        return Temporaries(5 + negated, row + 2 * 8 * (row // x.element_size()), chunks)
+    return Temporaries(5, 2 * x.element_size(), chunks)
+
+
+@ir_op(
+    check=_check_spmm,
+    output=NODE,
+    inputs={"x": NODE, "edge_weight": EDGE},
+    exchange=Halo(
+        sends=("x",),
+        reads_remote_in_backward=lambda a, wants: "edge_weight" in wants,  # dw_e = <g[v], x[u]>
+        pushes_gradients=lambda a, wants: "x" in wants,
+    ),
+    label=lambda a: f"spmm({a['reduce']})",
+    saved=lambda a: f"arg{a['reduce']} [n, F] int64" if a["reduce"] in ("max", "min") else "inputs (references)",
+    temporaries=_spmm_temporaries,
+)
 def spmm(
     g,
     x: torch.Tensor,
     reduce: str = "sum",
     edge_weight: torch.Tensor | None = None,
     *,
-    strategy: str = "direct",
-    executor: str = "auto",
-    comm: str = "",
+    strategy: Strategy = Strategy.REMAT,
+    executor: Executor = Executor.AUTO,
+    comm: LinkPolicy | None = None,
 ) -> torch.Tensor:
-    """Aggregate ``x`` over in-edges: ``out[v] = reduce_{u->v} w_uv * x[u]``."""
+    """Aggregate ``x`` over in-edges: ``out[v] = reduce_{u->v} w_uv * x[u]``.
+
+    ``min`` is ``-max(-x)``, exactly (negation rounds nothing): the winner, hence the
+    gradient, is the smallest value, ties going to the smallest global id as for max."""
+    if reduce == "min":
+        return -spmm(g, -x, "max", strategy=strategy, executor=executor, comm=comm)
     _check_rows(g, x, "x", g.num_nodes)
     if edge_weight is not None:
         _check_rows(g, edge_weight, "edge_weight", g.num_edges)
     if isinstance(g, Graph):
-        return runtime_ops.sar_spmm(g.shard(), x, reduce, _to_csr_order(g, edge_weight), executor=executor)
-    return runtime_ops.sar_spmm(g, x, reduce, edge_weight, strategy=strategy, executor=executor, comm=comm)
+        return spmm.definition.run(_single(g), x, reduce, _to_csr_order(g, edge_weight), executor=executor)
+    return spmm.definition.run(g, x, reduce, edge_weight, strategy=strategy, executor=executor, comm=comm)
 
 
-@ir_op(communicates=True, reads_remote_in_backward=lambda a: a["op"] in ("mul", "dot"), check=_check_sddmm,
-       output=Residency.EDGE, inputs={"a": Residency.NODE, "b": Residency.NODE})
+# --------------------------------------------------------------------------------- sddmm
+def _check_sddmm(g, a, b, op) -> None:
+    _graph_kind(g)
+    if op not in SDDMM_OPS:
+        raise GraphError(f"sddmm op must be one of {SDDMM_OPS}, got {op!r}")
+
+
+@ir_op(
+    check=_check_sddmm,
+    output=EDGE,
+    inputs={"a": NODE, "b": NODE},
+    exchange=Halo(
+        sends=("a",),
+        # d(a*b)/db reads a[u]; add and sub do not
+        reads_remote_in_backward=lambda a, wants: a["op"] in ("mul", "dot") and "b" in wants,
+        pushes_gradients=lambda a, wants: "a" in wants,
+    ),
+    label=lambda a: f"sddmm({a['op']})",
+    saved=lambda a: "inputs (references)",
+    temporaries=lambda a, row: Temporaries(2, 2 * row),  # the output and its gradient
+)
 def sddmm(
-    g, a: torch.Tensor, b: torch.Tensor, op: str = "add", *, strategy: str = "direct", comm: str = ""
+    g,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    op: str = "add",
+    *,
+    strategy: Strategy = Strategy.REMAT,
+    comm: LinkPolicy | None = None,
 ) -> torch.Tensor:
     """One value per edge u->v from ``a[u]`` and ``b[v]``."""
     _check_rows(g, a, "a", g.num_nodes)
     _check_rows(g, b, "b", g.num_nodes)
     if isinstance(g, Graph):
-        return _from_csr_order(g, runtime_ops.sar_sddmm(g.shard(), a, b, op))
-    return runtime_ops.sar_sddmm(g, a, b, op, strategy=strategy, comm=comm)
+        return _from_csr_order(g, sddmm.definition.run(_single(g), a, b, op))
+    return sddmm.definition.run(g, a, b, op, strategy=strategy, comm=comm)
 
 
-@ir_op(communicates=False, reads_remote_in_backward=lambda a: False, check=_check_softmax,
-       output=Residency.EDGE, inputs={"e": Residency.EDGE})
+# -------------------------------------------------------------------- edge_softmax, dropout
+def _check_softmax(g, e) -> None:
+    _graph_kind(g)
+
+
+@ir_op(check=_check_softmax, output=EDGE, inputs={"e": EDGE})
 def edge_softmax(g, e: torch.Tensor) -> torch.Tensor:
     """Softmax of edge scores over the in-edges of each node. All in-edges of a node live
     on its worker, so this never communicates."""
@@ -227,8 +213,7 @@ def _check_edge_dropout(g, e, p, salt) -> None:
         raise GraphError(f"edge dropout probability must be in [0, 1), got {p}")
 
 
-@ir_op(communicates=False, reads_remote_in_backward=lambda a: False, check=_check_edge_dropout,
-       output=Residency.EDGE, inputs={"e": Residency.EDGE})
+@ir_op(check=_check_edge_dropout, output=EDGE, inputs={"e": EDGE})
 def edge_dropout(g, e: torch.Tensor, p: float, salt: torch.Tensor) -> torch.Tensor:
     """Zero each edge value with probability ``p`` (scaling the rest by ``1/(1-p)``), with a
     mask keyed by global edge id, head and ``salt``: the same on any number of workers."""
@@ -236,10 +221,11 @@ def edge_dropout(g, e: torch.Tensor, p: float, salt: torch.Tensor) -> torch.Tens
     if p == 0.0:
         return e
     heads = e[0].numel() if e.shape[0] else 1
-    keep = runtime_ops.edge_keep(g.edge_ids, heads, p, salt, e.dtype)
+    keep = edge_keep(g.edge_ids, heads, p, salt, e.dtype)
     return e * keep.reshape(e.shape)
 
 
+# ----------------------------------------------------------------------------- attention
 def _check_attention(g, h, a_src, a_dst, negative_slope, dropout, salt) -> None:
     _graph_kind(g)
     if not 0.0 <= dropout < 1.0:
@@ -253,8 +239,35 @@ def _fusable_shapes(h: torch.Tensor, a_src: torch.Tensor, a_dst: torch.Tensor) -
     return a_src.dim() == 1 or (a_src.dim() == 2 and a_src.shape[1] == h.shape[1])
 
 
-@ir_op(communicates=True, reads_remote_in_backward=lambda a: True, check=_check_attention,
-       output=Residency.NODE, inputs={"h": Residency.NODE, "a_src": Residency.NODE, "a_dst": Residency.NODE})
+def _attention_temporaries(a: Args, row: int) -> Temporaries:
+    # Backward of one block holds seven [E, heads] tensors at once: the scores before and
+    # after the leaky ReLU, the probabilities, the gradients of the weights, of the scores
+    # and of the pre-activations, the negative-slope branch -- and the sign mask (bool);
+    # on a node row, the payload gradient.
+    s = a["a_src"].element_size()
+    return Temporaries(1, (7 * s + 1) * _heads(a["a_src"]), 3 * EDGE_CHUNK_ELEMENTS * s)
+
+
+_ANY_INPUT = frozenset(("h", "a_src", "a_dst"))
+
+
+@ir_op(
+    check=_check_attention,
+    output=NODE,
+    inputs={"h": NODE, "a_src": NODE, "a_dst": NODE},
+    # h and a_src travel together; backward recomputes the probabilities from every block
+    exchange=Halo(
+        sends=("h", "a_src"),
+        reads_remote_in_backward=lambda a, wants: bool(wants & _ANY_INPUT),
+        pushes_gradients=lambda a, wants: bool(wants & _ANY_INPUT),
+    ),
+    saved=lambda a: "out + log-sum-exp per node",
+    temporaries=_attention_temporaries,
+    approximate_warning=(
+        "stale or compressed communication on an attention op can collapse accuracy (a 4-layer GAT on Reddit "
+        "fell from 86.6% to 23.8% with stale features)"
+    ),
+)
 def attention(
     g,
     h: torch.Tensor,
@@ -264,9 +277,9 @@ def attention(
     dropout: float = 0.0,
     salt: torch.Tensor | None = None,
     *,
-    strategy: str = "remat",
-    executor: str = "auto",
-    comm: str = "",
+    strategy: Strategy = Strategy.REMAT,
+    executor: Executor = Executor.AUTO,
+    comm: LinkPolicy | None = None,
 ) -> torch.Tensor:
     """``spmm(g, h, "sum", edge_dropout(edge_softmax(leaky_relu(sddmm(g, a_src, a_dst, "add")))))``
     in one op that never keeps a per-edge tensor (see :mod:`sarcompile.runtime.ops`)."""
@@ -278,24 +291,37 @@ def attention(
         weight = edge_softmax(g, score)
         if dropout:
             weight = edge_dropout(g, weight, dropout, salt)
-        return spmm(g, h, "sum", edge_weight=weight, strategy=strategy, executor=executor, comm=LinkPolicy.second(comm))
+        second = None if comm is None else comm.second()
+        return spmm(g, h, "sum", edge_weight=weight, strategy=strategy, executor=executor, comm=second)
     single = a_src.dim() == 1
     if single:
         h, a_src, a_dst = h.unsqueeze(1), a_src.unsqueeze(1), a_dst.unsqueeze(1)
-    shard = g.shard() if isinstance(g, Graph) else g
-    out = runtime_ops.sar_attention(
+    shard = _single(g) if isinstance(g, Graph) else g
+    out = attention.definition.run(
         shard, h, a_src, a_dst, negative_slope, dropout, salt, strategy=strategy, executor=executor, comm=comm
     )
     return out.squeeze(1) if single else out
 
 
+# ---------------------------------------------------------------------------- batch_norm
 def _check_batch_norm(x, weight, bias, running_mean, running_var, num_batches_tracked, training, momentum, eps) -> None:
     if momentum is not None and not 0.0 <= momentum <= 1.0:
         raise GraphError(f"batch_norm momentum must be in [0, 1] or None, got {momentum}")
 
 
-@ir_op(communicates=True, collective=True, reads_remote_in_backward=lambda a: False, check=_check_batch_norm,
-       output=Residency.NODE, inputs={"x": Residency.NODE})
+def _batch_norm_bytes(a: Args) -> tuple[int, int]:
+    """float64 sums: the mean and count, then the variance; in backward two per channel."""
+    c = a["x"].shape[1]
+    return (c + 1 + c) * 8, (2 * c * 8 if a["x"].requires_grad else 0)
+
+
+@ir_op(
+    check=_check_batch_norm,
+    output=NODE,
+    inputs={"x": NODE},
+    exchange=AllReduce(_batch_norm_bytes),
+    saved=lambda a: "input (reference)",
+)
 def batch_norm(
     x: torch.Tensor,
     weight: torch.Tensor | None,
@@ -307,7 +333,7 @@ def batch_norm(
     momentum: float | None,
     eps: float,
     *,
-    strategy: str = "local",
+    strategy: Strategy = Strategy.LOCAL,
 ) -> torch.Tensor:
     """Batch norm of node features over the nodes of the whole graph, as
     ``torch.nn.BatchNorm1d`` computes it on one machine (running statistics included).
@@ -326,15 +352,16 @@ def batch_norm(
         with torch.no_grad():
             num_batches_tracked.add_(1)
         factor = momentum if momentum is not None else 1.0 / float(num_batches_tracked)
-    if strategy == "local":
+    if strategy == Strategy.LOCAL:
         return torch.nn.functional.batch_norm(x, running_mean, running_var, weight, bias, True, factor or 0.0, eps)
-    return runtime_ops.global_batch_norm(x, weight, bias, running_mean, running_var, factor or 0.0, eps)
+    return batch_norm.definition.run(x, weight, bias, running_mean, running_var, factor or 0.0, eps)
 
 
+# ----------------------------------------------------------------------- message_passing
 def _check_message_passing(g, fn, x, edge_attr, reduce) -> None:
     _graph_kind(g)
-    if reduce not in REDUCES:
-        raise GraphError(f"message_passing reduce must be one of {REDUCES}, got {reduce!r}")
+    if reduce not in MESSAGE_REDUCES:
+        raise GraphError(f"message_passing reduce must be one of {MESSAGE_REDUCES}, got {reduce!r}")
     if not isinstance(fn, torch.nn.Module):
         raise GraphError(
             f"message_passing needs the message function as a torch.nn.Module (a submodule of the model), "
@@ -348,8 +375,28 @@ def _check_message_passing(g, fn, x, edge_attr, reduce) -> None:
             )
 
 
-@ir_op(communicates=True, reads_remote_in_backward=lambda a: True, check=_check_message_passing,
-       output=Residency.NODE, inputs={"x": Residency.NODE, "edge_attr": Residency.EDGE})
+def _message_temporaries(a: Args, row: int) -> Temporaries:
+    # Per edge: the gathered source and destination rows and their gradients, the
+    # messages and their gradient -- an approximation: the message function's own
+    # intermediates (an MLP's hidden layer, say) are not counted.
+    return Temporaries(3, 4 * row + 2 * row_bytes(a["result"]))
+
+
+@ir_op(
+    check=_check_message_passing,
+    output=NODE,
+    inputs={"x": NODE, "edge_attr": EDGE},
+    # backward recomputes every block's messages (the message function's parameters
+    # need them even when x needs no gradient)
+    exchange=Halo(
+        sends=("x",),
+        reads_remote_in_backward=lambda a, wants: True,
+        pushes_gradients=lambda a, wants: "x" in wants,
+    ),
+    label=lambda a: f"message_passing({a['reduce']})",
+    saved=lambda a: "inputs (references), winning edge [n, F] int64" if a["reduce"] == "max" else "inputs (references)",
+    temporaries=_message_temporaries,
+)
 def message_passing(
     g,
     fn: torch.nn.Module,
@@ -357,8 +404,8 @@ def message_passing(
     edge_attr: torch.Tensor | None = None,
     reduce: str = "sum",
     *,
-    strategy: str = "remat",
-    comm: str = "",
+    strategy: Strategy = Strategy.REMAT,
+    comm: LinkPolicy | None = None,
 ) -> torch.Tensor:
     """General message passing: ``out[v] = reduce_{u->v} fn(x[u], x[v], edge_attr[e])``.
 
@@ -372,5 +419,5 @@ def message_passing(
     if edge_attr is not None:
         _check_rows(g, edge_attr, "edge_attr", g.num_edges)
     if isinstance(g, Graph):
-        return runtime_ops.sar_message(g.shard(), fn, x, _to_csr_order(g, edge_attr), reduce)
-    return runtime_ops.sar_message(g, fn, x, edge_attr, reduce, strategy=strategy, comm=comm)
+        return message_passing.definition.run(_single(g), fn, x, _to_csr_order(g, edge_attr), reduce)
+    return message_passing.definition.run(g, fn, x, edge_attr, reduce, strategy=strategy, comm=comm)

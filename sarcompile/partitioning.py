@@ -34,7 +34,7 @@ import torch
 
 from .errors import GraphError, PartitionError
 from .graph import Graph
-from .runtime.shard import PartData, ShardGraph, split_graph
+from .shard import PartData, ShardGraph, split_graph
 
 __all__ = [
     "METHODS",

@@ -1,7 +1,7 @@
 """What a compiled model will do on N workers, before it runs: ``model.plan(...)``.
 
-A :class:`Plan` has one row per op that touches the graph: its layer, the op, the
-strategy and why it was chosen, the bytes each worker receives per round and in total in
+A :class:`Plan` has one row per IR op: its layer, the op, the residency of its rows
+(what it reads -> what it gives), the strategy and why it was chosen, the bytes each worker receives per round and in total in
 forward and backward, and what the op keeps for backward. Communication is derived from
 the partition's halo sizes and the width of each op's rows, so it is exact: it equals
 what the runtime's byte counters (:data:`sarcompile.runtime.comm.stats`) record.
@@ -11,7 +11,9 @@ running the compiled program once on a small synthetic graph (a one-worker shard
 widths do not depend on the number of nodes, and every saved tensor is scaled by the
 size it is proportional to (nodes, or edges of the graph variant it belongs to).
 
-:meth:`Plan.memory_estimate` adds these up per worker. Two parts are exact -- saved
+Every figure comes from the ops' definitions (:class:`~sarcompile.opdef.OpDef`: what
+each exchanges, keeps and holds as temporaries): the plan is a walk over them, with no
+rule of its own for any op. :meth:`Plan.memory_estimate` adds these up per worker. Two parts are exact -- saved
 activations and remote blocks alive at once, which tests compare with the runtime's own
 counters; the workspace of the kernels is a documented approximation.
 """
@@ -26,11 +28,13 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from .codegen import kernel_specs
+from .errors import CompileError
 from .graph import Graph
-from .ops import OpDef
-from .runtime.link import LinkPolicy, Wire
+from .opdef import AllReduce, Halo, OpDef, definition
 from .runtime.comm import offline
+from .runtime.link import Wire
+from .shard import ShardGraph, split_graph
+from .vocab import Exchange, Strategy
 
 __all__ = ["OpPlan", "Plan", "Kernel", "MemoryEstimate", "WorkerStats", "worker_stats", "build_plan"]
 
@@ -42,7 +46,7 @@ class OpPlan:
     name: str  # the fx node
     layer: str  # the layer it came from ("" for ops written in the model itself)
     op: str  # e.g. "spmm(mean)", "attention", "edge_softmax"
-    strategy: str  # direct | remat | stash | oneshot | local | allreduce
+    strategy: Strategy  # direct | remat | stash | oneshot | local | allreduce
     reason: str
     row_bytes: int  # bytes of one node's row that crosses workers
     forward_bytes: list[int] = field(default_factory=list)
@@ -50,6 +54,7 @@ class OpPlan:
     round_bytes: list[int] = field(default_factory=list)  # largest block a worker receives in one round
     saved: str = ""  # what the op keeps for backward
     comm: str = ""  # opt-in reduction (compression, staleness), "" for exact
+    rows: str = ""  # residency: of its row inputs -> of its result, e.g. "node -> edge"
 
 
 @dataclass
@@ -129,12 +134,14 @@ class Plan:
 
     def __str__(self) -> str:
         head = f"plan of {self.model}: mode={self.mode}, {self.num_parts} workers"
-        header = ("#", "layer", "op", "strategy", "round (max)", "fwd recv (max)", "bwd recv (max)", "saved for backward")
+        header = ("#", "layer", "op", "rows", "strategy", "round (max)", "fwd recv (max)", "bwd recv (max)",
+                  "saved for backward")
         rows = [
             (
                 str(i),
                 op.layer or "-",
                 op.op,
+                op.rows,
                 f"{op.strategy} ({op.comm})" if op.comm else op.strategy,
                 _size(max(op.round_bytes, default=0)),
                 _size(max(op.forward_bytes, default=0)),
@@ -203,9 +210,7 @@ def worker_stats(
 ) -> list[WorkerStats]:
     """Shard sizes from a partition directory, or from partitioning a graph in memory with
     ``method`` (a partition method, or an explicit part-per-node tensor)."""
-    from .errors import CompileError
     from .partitioning import assign, read_manifest, read_part
-    from .runtime.shard import split_graph
 
     if isinstance(source, Graph):
         if num_parts is None:
@@ -237,10 +242,10 @@ class _Probe(fx.Interpreter):
 
     def run_node(self, n: fx.Node) -> Any:
         result = super().run_node(n)
-        if "ir_op" in n.meta:
+        op = definition(n)
+        if op is not None:
             args, kwargs = self.fetch_args_kwargs_from_env(n)
-            op = n.meta["ir_op"]
-            self.seen[n.name] = {**op.bind(args, kwargs), "result": result, "ir_op": op.name}
+            self.seen[n.name] = {**op.bind(args, kwargs), "result": result}
         return result
 
     def run_and_record(self, *args: Any) -> None:
@@ -286,52 +291,15 @@ def _scale_saved(saved: dict[int, tuple[int, tuple[int, ...]]], w: WorkerStats) 
     return total
 
 
-def _row_bytes(t: torch.Tensor) -> int:
-    return math.prod(t.shape[1:]) * t.element_size()
+def _wants(op: OpDef, args: dict[str, Any]) -> frozenset[str]:
+    """The op's row arguments that need a gradient in the probe run."""
+    return frozenset(name for name in op.inputs if isinstance(args.get(name), torch.Tensor) and args[name].requires_grad)
 
 
-def _traffic(op: OpDef, args: dict[str, Any], strategy: str) -> tuple[int, bool, bool, str]:
-    """(row bytes, pushes gradients back, fetches again in backward, saved) for one op,
-    following what :mod:`sarcompile.runtime.ops` does."""
-    kept = strategy in ("stash", "oneshot")
-    keeps = "remote blocks kept" if kept else "no remote rows"
-    if op.name == "spmm":
-        x, w = args["x"], args["edge_weight"]
-        want_w = w is not None and w.requires_grad
-        saved = "argmax [n, F] int64" if args["reduce"] == "max" else "inputs (references)"
-        return _row_bytes(x), x.requires_grad, want_w and not kept, f"{saved}; {keeps}"
-    if op.name == "sddmm":
-        a, b = args["a"], args["b"]
-        reads = args["op"] in ("mul", "dot") and b.requires_grad
-        return _row_bytes(a), a.requires_grad, reads and not kept, f"inputs (references); {keeps}"
-    if op.name == "message_passing":  # backward recomputes every block's messages
-        x = args["x"]
-        saved = "inputs (references), winning edge [n, F] int64" if args["reduce"] == "max" else "inputs (references)"
-        return _row_bytes(x), x.requires_grad, not kept, f"{saved}; {keeps}"
-    # attention: h and a_src travel together; backward re-fetches every block unless kept
-    h, a_src = args["h"], args["a_src"]
-    heads = a_src.shape[1] if a_src.dim() == 2 else 1
-    row = _row_bytes(h) + heads * a_src.element_size()
-    backward = any(t.requires_grad for t in (h, a_src, args["a_dst"]))
-    return row, backward, backward and not kept, f"out + log-sum-exp per node; {keeps}"
-
-
-def _sent(op: OpDef, args: dict[str, Any]) -> torch.Tensor:
-    """The node tensor whose rows the op exchanges (attention: ``h``, with ``a_src``)."""
-    return args["h"] if op.name == "attention" else args["x" if "x" in args else "a"]
-
-
-def _describe(policy: LinkPolicy) -> str:
-    """e.g. ``1bit+ef``, ``stale K=5``, ``pipelined S=2, int8``."""
-    parts = []
-    if policy.staleness > 1:
-        parts.append(f"stale K={policy.staleness}")
-    if policy.bounded:
-        parts.append(f"pipelined S={policy.bounded}")
-    if policy.bits:
-        name = {1: "1bit", 2: "2bit", 4: "int4", 8: "int8"}[policy.bits]
-        parts.append(name + ("+ef" if policy.error_feedback else " stochastic"))
-    return ", ".join(parts)
+def _rows(op: OpDef, args: dict[str, Any]) -> str:
+    """``node -> edge``: the residency of the op's row arguments given, and of its result."""
+    given = sorted({str(r) for name, r in op.inputs.items() if args.get(name) is not None})
+    return f"{'+'.join(given)} -> {op.output}"
 
 
 def _optimizer_factor(optimizer: Any) -> int:
@@ -378,8 +346,6 @@ def build_plan(
     optimizer: Any = None,
 ) -> Plan:
     """The plan of the partitioned program ``gm`` for workers of the given sizes."""
-    from .runtime.shard import ShardGraph
-
     probe = _Probe(gm)
     shard = ShardGraph.single(_probe_graph())
     x_probe = x.new_zeros((shard.num_nodes, *x.shape[1:])).requires_grad_(x.requires_grad)
@@ -389,45 +355,19 @@ def build_plan(
     ops, comm = [], []
     link_cache = [0] * n  # stale or pipelined sites keep their remote blocks across iterations
     for node in gm.graph.nodes:
-        if node.op != "call_function":
+        op = definition(node)
+        if op is None:
             continue
-        layer = _layer(node)
-        if "ir_op" not in node.meta:
-            name = getattr(node.target, "__name__", "")
-            if name in ("edge_softmax", "edge_dropout"):
-                ops.append(OpPlan(node.name, layer, name, "local", "", 0, [0] * n, [0] * n, [0] * n, "no remote rows"))
-            continue
-        op: OpDef = node.meta["ir_op"]
         args = probe.seen[node.name]
-        strategy = node.kwargs["strategy"]
-        if op.collective:  # batch norm: float64 sums all-reduced, no halo
-            c = args["x"].shape[1]
-            fwd, bwd = (c + 1 + c) * 8, 2 * c * 8
-            ops.append(OpPlan(node.name, layer, op.name, strategy, "statistics over all workers' nodes",
-                              0, [fwd] * n, [bwd if args["x"].requires_grad else 0] * n, [0] * n, "input (reference)"))
-            continue
-        row, pushes, refetch, saved = _traffic(op, args, strategy)
-        wire_row, cached, comm_label = row, False, ""
-        policy = node.meta.get("comm")
-        if policy is not None:  # bytes of a step that exchanges; stale caches stay for backward
-            sent = _sent(op, args)
-            wire_row = Wire(policy, 0).wire_bytes(1, row // sent.element_size(), sent.dtype) if policy.bits else row
-            cached = bool(policy.staleness > 1 or policy.bounded)
-            refetch = refetch and not cached
-            comm_label = _describe(policy)
-            for r, w in enumerate(workers):
-                link_cache[r] += sum(w.halo) * row if cached else 0
-        recv = [sum(w.halo) * wire_row for w in workers]
-        sent = [sum(workers[p].halo[r] for p in range(n)) * wire_row for r in range(n)]
-        backward = [(sent[r] if pushes else 0) + (recv[r] if refetch else 0) for r in range(n)]
-        # Blocks a worker receives, in round order (q = r-1, r-2, ...).
-        blocks = [[workers[r].halo[(r - k) % n] * row for k in range(1, n)] for r in range(n)]
-        comm.append((blocks, strategy in ("stash", "oneshot"), refetch, row, _temporaries(op, args, row)))
-        label = f"{op.name}({args['reduce']})" if op.name in ("spmm", "message_passing") else (
-            f"sddmm({args['op']})" if op.name == "sddmm" else op.name
-        )
-        ops.append(OpPlan(node.name, layer, label, strategy, node.meta.get("strategy_reason", ""),
-                          wire_row, recv, backward, [max(b, default=0) for b in blocks], saved, comm_label))
+        strategy = node.kwargs.get("strategy", Strategy.LOCAL)
+        row = OpPlan(node.name, _layer(node), op.describe(args), strategy, node.meta.get("strategy_reason", ""), 0,
+                     [0] * n, [0] * n, [0] * n, op.saved(args) or "no remote rows", rows=_rows(op, args))
+        ops.append(row)
+        if isinstance(op.exchange, AllReduce):  # float64 sums all-reduced, no halo
+            forward, backward = op.exchange.bytes(args)
+            row.forward_bytes, row.backward_bytes, row.reason = [forward] * n, [backward] * n, "statistics over all workers' nodes"
+        elif isinstance(op.exchange, Halo):
+            comm.append(_halo_traffic(row, node, op, args, workers, link_cache))
 
     params = sum(p.numel() * p.element_size() for p in gm.parameters())
     estimates = []
@@ -445,9 +385,10 @@ def build_plan(
             breakdown["link_cache"] = link_cache[r]
         estimates.append(MemoryEstimate(r, sum(breakdown.values()), breakdown))
     kernels = [
-        Kernel(name, role, spec.name, spec.render("cuda"))
-        for name, args in probe.seen.items()
-        for role, spec in kernel_specs(args["ir_op"], args)
+        Kernel(node.name, role, spec.name, spec.render("cuda"))
+        for node in gm.graph.nodes
+        if node.name in probe.seen
+        for role, spec in definition(node).kernels(probe.seen[node.name])
     ]
     warned = [node.meta["comm_warning"] for node in gm.graph.nodes if "comm_warning" in node.meta]
     return Plan(model_name, mode, n, workers, ops, list(stages), estimates, kernels, warned)
@@ -457,8 +398,6 @@ def _probe_inputs(gm: fx.GraphModule, shard, x: torch.Tensor) -> list[Any]:
     """The probe's arguments in the program's order: the graph where the program takes it
     (``forward(g, x)``, or PyG's ``forward(x, edge_index)``), ``x`` for the first other
     input, defaults for optional ones."""
-    from .errors import CompileError
-
     graph = _graph_placeholder(gm)
     inputs, x_given = [], False
     for node in gm.graph.nodes:
@@ -484,7 +423,7 @@ def _graph_placeholder(gm: fx.GraphModule) -> fx.Node | None:
     such as ``with_self_loops()``)."""
     for node in gm.graph.nodes:
         op = node.meta.get("ir_op")
-        if op is None or op.collective:
+        if op is None or op.kind is not Exchange.HALO:
             continue
         g = node.args[0]
         while isinstance(g, fx.Node) and g.op != "placeholder" and g.args:
@@ -503,36 +442,37 @@ def _layer(node: fx.Node) -> str:
     return stack[-1][0] if stack else ""
 
 
-def _temporaries(op: OpDef, args: dict[str, Any], row: int) -> tuple[int, int, int]:
-    """What one op's kernels (:mod:`sarcompile.codegen.torch_kernels`) hold at their worst
-    moment beyond what is saved: (node-row tensors of the op's row width, bytes per edge,
-    bytes of the bounded per-edge chunks of edge-weight gradients).
-
-    Calibrated against measurement with benchmarks/scaling.py (20k nodes, SAGE and GAT,
-    1 to 4 workers): for an aggregation, the gradient arriving, the gradients of its
-    input and of the layer around it; for attention, the payload gradient."""
-    from .codegen.torch_kernels import EDGE_CHUNK_ELEMENTS
-
-    if op.name == "spmm":
-        x, w = args["x"], args["edge_weight"]
-        chunks = 3 * EDGE_CHUNK_ELEMENTS * x.element_size() if w is not None and w.requires_grad else 0
-        if args["reduce"] == "max":  # messages, candidate rows (int64) and their index
-            return 5, row + 2 * 8 * math.prod(x.shape[1:]), chunks
-        return 5, 2 * x.element_size(), chunks  # sparse CSR values, forward and transposed
-    if op.name == "sddmm":
-        return 2, 2 * row, 0  # the output and its gradient
-    if op.name == "message_passing":
-        # Per edge: the gathered source and destination rows and their gradients, the
-        # messages and their gradient -- an approximation: the message function's own
-        # intermediates (an MLP's hidden layer, say) are not counted.
-        out = _row_bytes(args["result"])
-        return 3, 4 * row + 2 * out, 0
-    a = args["a_src"]
-    heads = a.shape[1] if a.dim() == 2 else 1
-    # Backward of one block holds seven [E, heads] tensors at once: the scores before and
-    # after the leaky ReLU, the probabilities, the gradients of the weights, of the scores
-    # and of the pre-activations, the negative-slope branch -- and the sign mask (bool).
-    return 1, (7 * a.element_size() + 1) * heads, 3 * EDGE_CHUNK_ELEMENTS * a.element_size()
+def _halo_traffic(row: OpPlan, node: fx.Node, op: OpDef, args: dict[str, Any], workers: list[WorkerStats],
+                  link_cache: list[int]) -> tuple:
+    """Fill in the traffic of an op that exchanges halo rows, by its definition: which rows
+    it sends, whether backward pushes gradients and reads the remote rows again, as the
+    runtime decides it. Returns what the memory estimate needs: (blocks per worker in round
+    order, keeps them, fetches again, row bytes, temporaries)."""
+    n, strategy = len(workers), row.strategy
+    wants = _wants(op, args)
+    width = op.sent_row_bytes(args)
+    pushes = op.exchange.pushes_gradients(args, wants)
+    refetch = strategy.refetches and op.exchange.reads_remote_in_backward(args, wants)
+    wire_row = width
+    policy = node.meta.get("comm")
+    if policy is not None:  # bytes of a step that exchanges; stale caches stay for backward
+        sent = args[op.exchange.sends[0]]
+        wire_row = Wire(policy, 0).wire_bytes(1, width // sent.element_size(), sent.dtype) if policy.bits else width
+        cached = bool(policy.staleness > 1 or policy.bounded)
+        refetch = refetch and not cached
+        row.comm = policy.describe()
+        for r, w in enumerate(workers):
+            link_cache[r] += sum(w.halo) * width if cached else 0
+    recv = [sum(w.halo) * wire_row for w in workers]
+    sent_rows = [sum(workers[p].halo[r] for p in range(n)) * wire_row for r in range(n)]
+    # Blocks a worker receives, in round order (q = r-1, r-2, ...).
+    blocks = [[workers[r].halo[(r - k) % n] * width for k in range(1, n)] for r in range(n)]
+    row.row_bytes = wire_row
+    row.forward_bytes = recv
+    row.backward_bytes = [(sent_rows[r] if pushes else 0) + (recv[r] if refetch else 0) for r in range(n)]
+    row.round_bytes = [max(b, default=0) for b in blocks]
+    row.saved = f"{row.saved}; {'remote blocks kept' if strategy.keeps_blocks else 'no remote rows'}"
+    return blocks, strategy.keeps_blocks, refetch, width, op.temporaries(args, width)
 
 
 def _workspace(w: WorkerStats, comm: list, r: int) -> int:
@@ -544,6 +484,6 @@ def _workspace(w: WorkerStats, comm: list, r: int) -> int:
     benchmarks/scaling.py they are gone before the node-row buffers peak."""
     edges = w.largest_block(r)
     return max(
-        (node_rows * w.nodes * row + edges * edge_bytes + chunk_bytes for *_, row, (node_rows, edge_bytes, chunk_bytes) in comm),
+        (t.node_rows * w.nodes * row + edges * t.edge_bytes + t.chunk_bytes for *_, row, t in comm),
         default=0,
     )

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["mix32", "uniform"]
+__all__ = ["edge_keep", "mix32", "uniform"]
 
 _MASK32 = 0xFFFFFFFF
 
@@ -29,3 +29,10 @@ def uniform(keys: torch.Tensor, salt: torch.Tensor) -> torch.Tensor:
     keys = keys.to(salt.device)
     salted = mix32((keys >> 32) ^ mix32(salt & _MASK32))
     return mix32((keys & _MASK32) ^ salted).to(torch.float64) / 2.0**32
+
+
+def edge_keep(edge_ids: torch.Tensor, heads: int, p: float, salt: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Dropout multiplier ``[E, heads]`` (0 or 1/(1-p)) keyed by global edge id and head, so
+    every worker draws the same mask for an edge and backward draws it again."""
+    keys = edge_ids.unsqueeze(1) * heads + torch.arange(heads)
+    return (uniform(keys, salt) >= p).to(dtype) / (1.0 - p)

@@ -17,7 +17,8 @@ import torch.fx as fx
 from torch import nn
 
 from .errors import CompileError
-from .passes.lower import lowering_for
+from .lowering import lowering_for
+from .nn import NodeDropout, RandomStream
 
 __all__ = ["SarTracer", "trace"]
 
@@ -58,8 +59,6 @@ class SarTracer(fx.Tracer):
         return fn, args
 
     def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
-        from .nn import NodeDropout, RandomStream
-
         try:
             lowered = lowering_for(m)
         except CompileError as e:  # a rule refused the layer: say which one

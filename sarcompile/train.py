@@ -76,13 +76,13 @@ from .compiler import distribute
 from .errors import CheckpointError, PartitionError, SarcompileError
 from .partitioning import _atomic_write, load_partition, read_manifest
 from .runtime.comm import global_max, global_sum, init, shutdown, stats, sync_gradients
-from .runtime.link import COMPRESS_BITS
 from .runtime.memory import MemoryProbe
+from .vocab import Compression, Mode
 
 __all__ = ["GNN", "TrainConfig", "build_model", "evaluate", "load_trained", "main", "parse_args", "train"]
 
 MODELS = ("sage", "gcn", "gin", "gat")
-MODES = ("sar", "stash", "oneshot")
+MODES = Mode.values()
 NODE_KEYS = ("x", "y", "train_mask", "val_mask", "test_mask")
 MASKS = ("train_mask", "val_mask", "test_mask")
 # What build_model needs: saved in every checkpoint's "config".
@@ -93,7 +93,7 @@ MODEL_KEYS = ("model", "in_dim", "num_classes", "layers", "hidden", "heads", "dr
 # options lack them and count as written with the defaults (exact).
 COMM_KEYS = ("staleness", "bounded_staleness", "compress", "error_feedback", "compress_layers")
 RESUME_KEYS = MODEL_KEYS + ("lr", "weight_decay", "seed") + COMM_KEYS
-COMPRESS = tuple(COMPRESS_BITS)
+COMPRESS = Compression.values()
 # Phases of sarcompile.runtime.comm.stats gathered per epoch, in this order; the first
 # three are always logged, the others only when some worker sent or received something.
 PHASES = ("forward", "backward", "allreduce", "batch_norm")

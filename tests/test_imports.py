@@ -283,21 +283,18 @@ def graph():
     return nodes, edges
 
 
-@pytest.mark.xfail(strict=False, reason="walls being fixed in issue 13")
 def test_no_import_cycle(graph):
     nodes, edges = graph
     report = cycle_report(nodes, edges, CYCLE_SKIP_SOURCES)
     assert not report, "imports inside functions count too\n\n" + "\n\n".join(report)
 
 
-@pytest.mark.xfail(strict=False, reason="walls being fixed in issue 13")
 def test_walls(graph):
     _, edges = graph
     report = wall_report(edges)
     assert not report, f"{len(report)} import(s) cross a wall:\n" + "\n".join(report)
 
 
-@pytest.mark.xfail(strict=False, reason="walls being fixed in issue 13")
 def test_walls_through_other_modules(graph):
     _, edges = graph
     report = indirect_wall_report(edges)

@@ -47,14 +47,15 @@ def gather_rows(M, t):
 
 def ref_spmm(src, dst, n, x, reduce, w=None):
     S, D = incidence(src, dst, n)
-    if reduce == "max":
+    if reduce in ("max", "min"):
         rows = []
         for v in range(n):
             srcs = [int(src[i]) for i in range(src.numel()) if int(dst[i]) == v]
             if not srcs:
                 rows.append(torch.zeros(x.shape[1:], dtype=x.dtype))
             else:
-                rows.append(torch.stack([x[u] for u in srcs]).max(dim=0).values)
+                neighbours = torch.stack([x[u] for u in srcs])
+                rows.append(neighbours.max(dim=0).values if reduce == "max" else neighbours.min(dim=0).values)
         return torch.stack(rows)
     msg = gather_rows(S, x)
     if w is not None:
@@ -131,17 +132,28 @@ def test_spmm_sum_mean(reduce, data):
             check(out, ref_spmm(src, dst, n, x, reduce, w), [x, w], gen)
 
 
+@pytest.mark.parametrize("reduce", ["max", "min"])
 @given(graphs())
 @SETTINGS
-def test_spmm_max(data):
+def test_spmm_max_min(reduce, data):
     src, dst, n, seed = data
     g = sc.Graph.from_edges(src, dst, n)
     gen = torch.Generator().manual_seed(seed)
     for xtail in [(F_,), (H_, F_), ()]:
         x = rand(gen, n, *xtail)
-        out = sc.spmm(g, x, "max")
+        out = sc.spmm(g, x, reduce)
         assert out.shape == x.shape
-        check(out, ref_spmm(src, dst, n, x, "max"), [x], gen)
+        check(out, ref_spmm(src, dst, n, x, reduce), [x], gen)
+
+
+def test_spmm_min_gradient_goes_to_the_smallest_with_ties_to_the_smallest_id():
+    # 0->2, 1->2, 3->2 with x[0] == x[3] the smallest; node 1 larger; node 4 isolated
+    g = sc.Graph.from_edges(torch.tensor([0, 1, 3]), torch.tensor([2, 2, 2]), 5)
+    x = torch.tensor([[-3.0], [5.0], [0.0], [-3.0], [7.0]], dtype=DT, requires_grad=True)
+    out = sc.spmm(g, x, "min")
+    assert out.flatten().tolist() == [0.0, 0.0, -3.0, 0.0, 0.0]
+    (gx,) = torch.autograd.grad(out, x, torch.ones_like(out))
+    assert gx.flatten().tolist() == [1.0, 0.0, 0.0, 0.0, 0.0]
 
 
 @given(graphs())
@@ -203,7 +215,7 @@ def test_spmm_max_tie_between_sources_goes_to_smallest_id():
 
 def test_spmm_keeps_dtype():
     g = sc.Graph.from_edges(torch.tensor([0, 1]), torch.tensor([1, 0]), 2)
-    for reduce in ("sum", "mean", "max"):
+    for reduce in ("sum", "mean", "max", "min"):
         assert sc.spmm(g, torch.randn(2, 3), reduce).dtype == torch.float32
 
 

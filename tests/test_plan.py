@@ -53,8 +53,8 @@ def test_stages_are_readable_python():
     assert "self.gat(" in plan.stage("trace")  # layers are leaves before lowering
     assert "sddmm(" in plan.stage("lower") and "edge_softmax(" in plan.stage("lower")
     assert "attention(" in plan.stage("fuse") and "edge_softmax(" not in plan.stage("fuse")
-    assert "strategy = 'remat'" in plan.stage("strategy")
-    assert "executor = 'auto'" in plan.stage("kernels")
+    assert "strategy = Strategy.REMAT" in plan.stage("strategy")
+    assert "executor = Executor.AUTO" in plan.stage("kernels")
     compile(plan.stage("kernels"), "<plan>", "exec")  # it is Python
     with pytest.raises(KeyError, match="stages are"):
         plan.stage("codegen")

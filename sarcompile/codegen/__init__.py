@@ -1,8 +1,10 @@
 """Kernels: generated Triton code (CUDA, or CPU under ``TRITON_INTERPRET=1``) and torch
 code (CPU), behind one API (:mod:`.torch_kernels` documents it).
 
-:func:`kernels_for` picks the module an op runs with; :func:`kernel_specs` says which
-generated kernels an op needs for given inputs -- what ``plan.kernels`` shows.
+:func:`kernels_for` picks the module an op runs with. The generated kernels an op needs
+for given inputs -- what ``plan.kernels`` shows -- are registered here onto the op's
+definition (:meth:`sarcompile.opdef.OpDef.register_kernels`); ops that run torch code
+only (sddmm, edge_softmax, message_passing, batch_norm) register none.
 """
 
 from __future__ import annotations
@@ -14,13 +16,13 @@ from typing import Any
 
 import torch
 
+from .. import ops
 from ..errors import KernelError
+from ..vocab import Executor
 from . import torch_kernels
 from .kernel_cache import KernelSpec, current_target
 
-__all__ = ["EXECUTORS", "kernel_specs", "kernels_for", "triton_available"]
-
-EXECUTORS = ("auto", "torch", "triton")
+__all__ = ["kernels_for", "triton_available"]
 
 
 def triton_available() -> bool:
@@ -38,12 +40,12 @@ def kernels_for(executor: str, device: torch.device) -> ModuleType:
     ``TRITON_INTERPRET=1`` (to check them without a GPU). ``torch``: torch kernels.
     """
     global _warned_no_triton
-    if executor == "torch" or (executor == "auto" and device.type != "cuda"):
+    if executor not in Executor.values():
+        raise KernelError(f"executor must be one of {Executor.values()}, got {executor!r}")
+    if executor == Executor.TORCH or (executor == Executor.AUTO and device.type != "cuda"):
         return torch_kernels
-    if executor not in EXECUTORS:
-        raise KernelError(f"executor must be one of {EXECUTORS}, got {executor!r}")
     if not triton_available():
-        if executor == "triton":
+        if executor == Executor.TRITON:
             raise KernelError("executor='triton' needs the triton package: pip install 'sarcompile[triton]'")
         if not _warned_no_triton:
             warnings.warn("triton is not installed: CUDA tensors use the torch kernels", stacklevel=2)
@@ -60,38 +62,43 @@ def kernels_for(executor: str, device: torch.device) -> ModuleType:
     return triton_kernels
 
 
-def kernel_specs(op: str, args: dict[str, Any]) -> list[tuple[str, KernelSpec]]:
-    """The generated kernels an IR op runs for the bound arguments ``args`` (as recorded
-    by the plan's probe), as (role, spec) pairs; empty for ops that run torch code only
-    (sddmm, edge_softmax, message_passing, batch_norm) or inputs no kernel is specialised
-    for (those run the torch kernel)."""
-    from .attention_gen import AttentionBackwardSpec, AttentionForwardSpec
+@ops.spmm.definition.register_kernels
+def _spmm_kernels(args: dict[str, Any]) -> list[tuple[str, KernelSpec]]:
+    """The generated kernels spmm runs for its bound arguments (as recorded by the plan's
+    probe), as (role, spec) pairs; none for inputs no kernel is specialised for (those
+    run the torch kernel)."""
     from .spmm_gen import EdgeDotSpec, MaxGradSpec, MaxSpec, SpmmSpec
     from .triton_kernels import dtype_name, weight_cols
 
-    if op == "spmm":
-        x, w = args["x"], args["edge_weight"]
-        width, dtype = x[0].numel() if x.dim() > 1 else 1, dtype_name(x)
-        if args["reduce"] == "max":
-            grad = [("backward x", MaxGradSpec(width, dtype))] if x.requires_grad else []
-            return [("forward", MaxSpec(width, dtype)), *grad]
-        cols = weight_cols(tuple(x.shape), None if w is None else tuple(w.shape))
-        if cols is None:
-            return []
-        specs: list[tuple[str, KernelSpec]] = [("forward", SpmmSpec(width, cols, dtype))]
-        if x.requires_grad:
-            specs.append(("backward x", SpmmSpec(width, cols, dtype, permuted=cols > 0)))
-        if w is not None and w.requires_grad:
-            specs.append(("backward edge_weight", EdgeDotSpec(width, cols, dtype)))
-        return specs
-    if op == "attention":
-        h = args["h"]
-        if h.dim() != args["a_src"].dim() + 1:  # not fused: runs as spmm with weights
-            return []
-        heads, channels = (h.shape[1], h.shape[2]) if h.dim() == 3 else (1, h.shape[1])
-        dropout = bool(args["dropout"])
-        return [
-            ("forward", AttentionForwardSpec(heads, channels, dropout, dtype_name(h))),
-            ("backward", AttentionBackwardSpec(heads, channels, dropout, dtype_name(h))),
-        ]
-    return []
+    x, w = args["x"], args["edge_weight"]
+    width, dtype = x[0].numel() if x.dim() > 1 else 1, dtype_name(x)
+    if args["reduce"] in ("max", "min"):  # min runs the max kernels on -x
+        grad = [("backward x", MaxGradSpec(width, dtype))] if x.requires_grad else []
+        return [("forward", MaxSpec(width, dtype)), *grad]
+    cols = weight_cols(tuple(x.shape), None if w is None else tuple(w.shape))
+    if cols is None:
+        return []
+    specs: list[tuple[str, KernelSpec]] = [("forward", SpmmSpec(width, cols, dtype))]
+    if x.requires_grad:
+        specs.append(("backward x", SpmmSpec(width, cols, dtype, permuted=cols > 0)))
+    if w is not None and w.requires_grad:
+        specs.append(("backward edge_weight", EdgeDotSpec(width, cols, dtype)))
+    return specs
+
+
+@ops.attention.definition.register_kernels
+def _attention_kernels(args: dict[str, Any]) -> list[tuple[str, KernelSpec]]:
+    """The fused attention's forward and backward kernels (none where it is not fused:
+    it then runs as spmm with weights)."""
+    from .attention_gen import AttentionBackwardSpec, AttentionForwardSpec
+    from .triton_kernels import dtype_name
+
+    h = args["h"]
+    if h.dim() != args["a_src"].dim() + 1:
+        return []
+    heads, channels = (h.shape[1], h.shape[2]) if h.dim() == 3 else (1, h.shape[1])
+    dropout = bool(args["dropout"])
+    return [
+        ("forward", AttentionForwardSpec(heads, channels, dropout, dtype_name(h))),
+        ("backward", AttentionBackwardSpec(heads, channels, dropout, dtype_name(h))),
+    ]

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from ..graph import Block
+from ..opdef import EDGE_CHUNK_ELEMENTS
 
 __all__ = [
     "QUANT_BITS",
@@ -75,9 +76,6 @@ def spmm_t(block: Block, g: torch.Tensor, weight: torch.Tensor | None) -> torch.
     return g.new_zeros((block.num_src, *g.shape[1:])).index_add_(0, block.col, msg)
 
 
-# Edges handled at once by kernels that build one row per edge: bounds their temporaries
-# to about this many elements, whatever the graph's size.
-EDGE_CHUNK_ELEMENTS = 1 << 20
 
 
 def edge_dot(block: Block, g: torch.Tensor, x: torch.Tensor, weight_shape: torch.Size) -> torch.Tensor:

@@ -3,10 +3,7 @@
 The compiler imports this module when ``dgl`` is imported (see
 :mod:`sarcompile.compiler`); it needs DGL itself. It gives
 
-* :func:`graph_from_dgl`, behind :meth:`sarcompile.Graph.from_dgl`: a homogeneous
-  ``DGLGraph`` as a sarcompile :class:`~sarcompile.Graph` with the same node ids and its
-  edges in DGL's edge-id order, so DGL edge tensors (``edge_weight=``) keep their meaning;
-* lowering rules (:func:`sarcompile.passes.lower.register_lowering`) for
+* lowering rules (:func:`sarcompile.lowering.register_lowering`) for
   ``dgl.nn.SAGEConv`` (``mean``, ``gcn``, ``pool``), ``dgl.nn.GraphConv`` (every ``norm``)
   and ``dgl.nn.GATConv``: each layer is replaced by a stand-in written with the IR ops
   that computes what the DGL layer computes and *shares* its parameters, so gradients land
@@ -41,31 +38,11 @@ from ..errors import CompileError, GraphError
 from ..graph import Graph
 from ..nn import RandomStream
 from ..ops import edge_dropout, edge_softmax, sddmm, spmm
-from ..passes.lower import register_lowering
+from ..lowering import register_lowering
 from ..runtime import comm
-from ..runtime.shard import ShardGraph
+from ..shard import ShardGraph
 
-__all__ = ["graph_from_dgl", "out_degrees"]
-
-
-def graph_from_dgl(g: Any) -> Graph:
-    """A homogeneous ``DGLGraph`` as a :class:`~sarcompile.Graph`: edges ``src[i] -> dst[i]``
-    in edge-id order (``g.edges(order="eid")``), ``g.num_nodes()`` nodes. Multi-edges and
-    self-loops are kept, as DGL keeps them."""
-    if not isinstance(g, dgl.DGLGraph):
-        raise GraphError(f"Graph.from_dgl takes a dgl.DGLGraph, got {type(g).__name__}")
-    if g.is_block:
-        raise GraphError(
-            "Graph.from_dgl got a DGLBlock (a sampled bipartite block); sarcompile trains full-batch on "
-            "the whole graph: pass the DGLGraph itself"
-        )
-    if len(g.ntypes) != 1 or len(g.etypes) != 1:
-        raise GraphError(
-            f"Graph.from_dgl takes a homogeneous graph, got a heterograph with node types {g.ntypes} and "
-            f"edge types {g.etypes}; convert it with dgl.to_homogeneous(g) first"
-        )
-    src, dst = g.edges(order="eid")
-    return Graph(src.long().cpu(), dst.long().cpu(), g.num_nodes())
+__all__ = ["out_degrees"]
 
 
 # -- runtime helpers the stand-ins call ----------------------------------------------------------

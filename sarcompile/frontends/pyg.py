@@ -13,7 +13,7 @@ parameters (nothing is copied), so gradients land on the user's parameters and t
 ==================  =========================================================================
 PyG layer           lowered to
 ==================  =========================================================================
-``SAGEConv``        ``lin_l(spmm(g, x, aggr)) + lin_r(x)``; aggr mean/sum/max, ``project``,
+``SAGEConv``        ``lin_l(spmm(g, x, aggr)) + lin_r(x)``; aggr mean/sum/max/min, ``project``,
                     ``normalize``, ``root_weight``, ``bias``
 ``GCNConv``         ``spmm`` over ``g.with_self_loops()`` scaled by ``deg^-1/2`` at both ends;
                     ``normalize``, ``add_self_loops``, ``improved``, ``bias``, ``edge_weight``
@@ -62,7 +62,7 @@ from ..errors import CompileError
 from ..trace import user_line
 from ..nn import RandomStream
 from ..ops import batch_norm, edge_dropout, edge_softmax, message_passing, sddmm, spmm
-from ..passes.lower import register_lowering
+from ..lowering import register_lowering
 
 __all__ = ["SUPPORTED"]
 
@@ -165,7 +165,7 @@ class _SAGEConv(_StandIn):
 
 
 def _lower_sage(m: gnn.SAGEConv) -> nn.Module:
-    _check_common(m, gnn.SAGEConv, ("mean", "add", "sum", "max"))
+    _check_common(m, gnn.SAGEConv, ("mean", "add", "sum", "max", "min"))
     return _SAGEConv(m)
 
 
@@ -260,10 +260,10 @@ def _lower_gin(m: gnn.GINConv) -> nn.Module:
 
 # ----------------------------------------------------------------------------- GraphConv
 @torch.fx.wrap
-def _no_weight_for_max(x, edge_weight):
+def _no_weight_for(reduce: str, x, edge_weight):
     if edge_weight is not None:
         raise CompileError(
-            "GraphConv(aggr='max') with edge_weight is not supported yet; use aggr 'add' or 'mean', or scale "
+            f"GraphConv(aggr={reduce!r}) with edge_weight is not supported yet; use aggr 'add' or 'mean', or scale "
             "the features before the layer"
         )
     return x
@@ -274,15 +274,15 @@ class _GraphConv(_StandIn):
         m = self.layer
         x = _plain_call(x, "GraphConv", size=size)
         reduce = _reduce(m.aggr)
-        if reduce == "max":
-            agg = spmm(edge_index, _no_weight_for_max(x, edge_weight), "max")
+        if reduce in ("max", "min"):
+            agg = spmm(edge_index, _no_weight_for(reduce, x, edge_weight), reduce)
         else:
             agg = spmm(edge_index, x, reduce, edge_weight=edge_weight)
         return m.lin_rel(agg) + m.lin_root(x)
 
 
 def _lower_graph_conv(m: gnn.GraphConv) -> nn.Module:
-    _check_common(m, gnn.GraphConv, ("add", "sum", "mean", "max"))
+    _check_common(m, gnn.GraphConv, ("add", "sum", "mean", "max", "min"))
     return _GraphConv(m)
 
 

@@ -4,14 +4,15 @@ Contract. Expects the output of the strategy pass. With exact options (``stalene
 ``bounded_staleness=None``, ``compress=None``: the default) it changes nothing. Otherwise
 it gives every op that exchanges halo rows (not batch norm's all-reduce) and that belongs
 to a layer in ``compress_layers`` (every layer when None) a keyword ``comm``: the
-:class:`~sarcompile.runtime.link.LinkPolicy` of that *site* as a string, numbered in
-program order, and records the policy in ``meta["comm"]``. Values are unchanged on one
+:class:`~sarcompile.vocab.LinkPolicy` of that *site*, a typed value numbered in program
+order, and records the policy in ``meta["comm"]``. Values are unchanged on one
 machine; on workers they become approximate by design (see :mod:`sarcompile.runtime.link`).
 
-Staleness and 1-bit features are known to wreck attention (a 4-layer GAT on Reddit fell
-from 86.6% to 23.8% accuracy with pipelined stale features): an attention op that gets a
-reduced link is reported in ``meta["comm_warning"]`` and with a warning naming
-``compress_layers`` as the way to leave it exact.
+Some ops are known to suffer (staleness and 1-bit features wreck attention: a 4-layer GAT
+on Reddit fell from 86.6% to 23.8% accuracy with pipelined stale features): an op whose
+definition carries an ``approximate_warning`` and gets a reduced link is reported in
+``meta["comm_warning"]`` and with a warning naming ``compress_layers`` as the way to leave
+it exact.
 """
 
 from __future__ import annotations
@@ -20,19 +21,19 @@ import warnings
 
 from torch import fx
 
-from ..runtime.link import COMPRESS_BITS, LinkPolicy
+from ..vocab import Exchange, LinkPolicy
 from .context import CompileOptions
 
 __all__ = ["communication"]
 
 
 def communication(gm: fx.GraphModule, ctx: CompileOptions) -> fx.GraphModule:
-    if ctx.staleness == 1 and ctx.bounded_staleness is None and ctx.compress is None:
+    if ctx.exact:
         return gm
     site = 0
     for node in gm.graph.nodes:
         op = node.meta.get("ir_op")
-        if op is None or op.collective or "comm" not in op.signature.parameters:
+        if op is None or op.kind is not Exchange.HALO:
             continue
         layer = node.meta.get("layer", "")
         if ctx.compress_layers is not None and not any(_within(layer, c) for c in ctx.compress_layers):
@@ -42,17 +43,16 @@ def communication(gm: fx.GraphModule, ctx: CompileOptions) -> fx.GraphModule:
             node.name,
             staleness=ctx.staleness,
             bounded=ctx.bounded_staleness or 0,
-            bits=COMPRESS_BITS[ctx.compress] if ctx.compress else 0,
+            bits=ctx.compress.bits if ctx.compress else 0,
             error_feedback=ctx.error_feedback,
         )
         site += 1
-        node.kwargs = {**node.kwargs, "comm": policy.spec()}
+        node.kwargs = {**node.kwargs, "comm": policy}
         node.meta["comm"] = policy
-        if op.name == "attention":
+        if op.approximate_warning:
             msg = (
-                f"{node.name} (layer {layer or '-'}): stale or compressed communication on an attention op "
-                "can collapse accuracy (a 4-layer GAT on Reddit fell from 86.6% to 23.8% with stale features); "
-                "keep it exact with compress_layers=[...] listing only the other layers"
+                f"{node.name} (layer {layer or '-'}): {op.approximate_warning}; keep it exact with "
+                "compress_layers=[...] listing only the other layers"
             )
             node.meta["comm_warning"] = msg
             warnings.warn(msg, stacklevel=2)

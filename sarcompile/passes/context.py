@@ -6,17 +6,15 @@ import importlib.util
 from dataclasses import dataclass, field
 
 from ..errors import CompileError
+from ..vocab import Compression, Executor, Mode, Strategy
 
-__all__ = ["MODES", "CompileOptions"]
-
-MODES = ("sar", "stash", "oneshot")
-EXECUTORS = ("auto", "torch", "triton")
-COMPRESS = ("1bit", "2bit", "int4", "int8")
+__all__ = ["CompileOptions"]
 
 
 @dataclass(frozen=True)
 class CompileOptions:
-    """Options of :func:`sarcompile.distribute`, validated on construction.
+    """Options of :func:`sarcompile.distribute`, validated on construction; strings are
+    read into the vocabulary's enums (:mod:`sarcompile.vocab`).
 
     ``strategies`` overrides the strategy pass per op: keys are a layer path (e.g.
     ``"conv2"``, every op of that layer) or an fx node name; values are strategies.
@@ -25,23 +23,20 @@ class CompileOptions:
     ``compress_layers`` (None: all).
     """
 
-    mode: str = "sar"
-    executor: str = "auto"
+    mode: Mode = Mode.SAR
+    executor: Executor = Executor.AUTO
     staleness: int = 1
-    compress: str | None = None
-    strategies: dict[str, str] = field(default_factory=dict)
+    compress: Compression | None = None
+    strategies: dict[str, Strategy] = field(default_factory=dict)
     bounded_staleness: int | None = None
     error_feedback: bool = True
     compress_layers: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
-        from ..runtime.ops import STRATEGIES
-
-        if self.mode not in MODES:
-            raise CompileError(f"mode must be one of {MODES}, got {self.mode!r}")
-        if self.executor not in EXECUTORS:
-            raise CompileError(f"executor must be one of {EXECUTORS}, got {self.executor!r}")
-        if self.executor == "triton" and importlib.util.find_spec("triton") is None:
+        set_ = object.__setattr__  # frozen: normalise once, here
+        set_(self, "mode", Mode.parse(self.mode, "mode"))
+        set_(self, "executor", Executor.parse(self.executor, "executor"))
+        if self.executor is Executor.TRITON and importlib.util.find_spec("triton") is None:
             raise CompileError("executor='triton' needs the triton package: pip install 'sarcompile[triton]'")
         if isinstance(self.staleness, bool) or not isinstance(self.staleness, int) or self.staleness < 1:
             raise CompileError(f"staleness must be an integer >= 1 (1 = exact), got {self.staleness!r}")
@@ -54,14 +49,23 @@ class CompileOptions:
                 "staleness=K (refresh every K iterations) and bounded_staleness=S (pipelined) are two ways to "
                 "use stale halos; pick one"
             )
-        if self.compress is not None and self.compress not in COMPRESS:
-            raise CompileError(f"compress must be None or one of {COMPRESS}, got {self.compress!r}")
+        if self.compress is not None:
+            if self.compress not in Compression.values():
+                raise CompileError(f"compress must be None or one of {Compression.values()}, got {self.compress!r}")
+            set_(self, "compress", Compression(self.compress))
         if self.compress_layers is not None and (
             isinstance(self.compress_layers, str) or not all(isinstance(c, str) for c in self.compress_layers)
         ):
             raise CompileError(
                 f"compress_layers must be a list of layer paths (e.g. ['conv1']), got {self.compress_layers!r}"
             )
+        halo = Strategy.halo()
         for key, strategy in self.strategies.items():
-            if strategy not in STRATEGIES:
-                raise CompileError(f"strategies[{key!r}] must be one of {STRATEGIES}, got {strategy!r}")
+            if strategy not in halo:
+                raise CompileError(f"strategies[{key!r}] must be one of {tuple(map(str, halo))}, got {strategy!r}")
+        set_(self, "strategies", {key: Strategy(s) for key, s in self.strategies.items()})
+
+    @property
+    def exact(self) -> bool:
+        """No opt-in approximation: every exchange is exact and synchronous."""
+        return self.staleness == 1 and self.bounded_staleness is None and self.compress is None

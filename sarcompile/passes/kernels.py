@@ -13,16 +13,15 @@ from __future__ import annotations
 
 import torch.fx as fx
 
-from ..ops import registry
+from ..opdef import definition
 from .context import CompileOptions
 
 __all__ = ["kernels"]
 
 
 def kernels(gm: fx.GraphModule, ctx: CompileOptions) -> fx.GraphModule:
-    ir_ops = registry()
     for node in gm.graph.nodes:
-        op = ir_ops.get(node.target) if node.op == "call_function" else None
+        op = definition(node)
         if op is not None and "executor" in op.signature.parameters:
             node.kwargs = {**node.kwargs, "executor": ctx.executor}
     gm.recompile()

@@ -7,43 +7,25 @@ layer's parameters referenced under their original paths (so gradients land on t
 user's parameters). Every inserted node records ``meta["layer"]`` (the layer's path) and
 ``meta["layer_type"]``.
 
-A rule maps a layer to an equivalent module written with IR ops, with the layer's call
-signature, sharing the layer's parameters. ``sarcompile.nn`` layers are written with IR
-ops already, so their rule returns the layer itself; front-ends (PyG, DGL) register rules
-for their layers with :func:`register_lowering`.
+The rules live in :mod:`sarcompile.lowering`.
 """
 
 from __future__ import annotations
 
 import inspect
-from typing import Callable
 
 import torch.fx as fx
 from torch import nn
 
 from ..errors import CompileError
+from ..lowering import lowering_for
+from ..trace import SarTracer
 
-__all__ = ["lower", "register_lowering", "lowering_for"]
-
-_RULES: dict[type, Callable[[nn.Module], nn.Module]] = {}
-
-
-def register_lowering(layer_type: type, rule: Callable[[nn.Module], nn.Module]) -> None:
-    """Lower every ``layer_type`` module ``m`` to ``rule(m)``, a module written with IR ops."""
-    _RULES[layer_type] = rule
-
-
-def lowering_for(m: nn.Module) -> nn.Module | None:
-    for t in type(m).__mro__:
-        if t in _RULES:
-            return _RULES[t](m)
-    return None
+__all__ = ["lower"]
 
 
 def _inline(gm: fx.GraphModule, node: fx.Node, module: nn.Module, lowered: nn.Module) -> None:
     """Replace ``node`` (a call of ``module``) by the traced body of ``lowered``."""
-    from ..trace import SarTracer
-
     prefix = node.target
     if lowered is not module:  # a stand-in module: make its own attributes reachable
         prefix = f"{node.target}_lowered"

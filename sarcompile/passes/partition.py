@@ -1,14 +1,14 @@
 """Pass ``partition``: IR ops on the global graph -> sequential-aggregation ops on a shard.
 
 Contract. Expects a lowered (and fused) GraphModule, IR ops as ``call_function`` nodes.
-Guarantees that every IR op that reads other workers' rows (``spmm``, ``sddmm``,
-``attention``) has its arguments normalised (all by position, defaults filled) and a
-``strategy`` keyword (``"direct"`` until the strategy pass decides); on a worker's shard
-the op then runs as a sequential aggregation over blocks. Collective ops (``batch_norm``)
-get ``strategy="allreduce"``: their statistics are summed over all workers. Ops that need no
-communication (``edge_softmax``, ``edge_dropout``) are left as they are. Each rewritten
-node records ``meta["ir_op"]`` (the :class:`~sarcompile.ops.OpDef`) and ``meta["args"]``
-(its bound arguments). Modules whose result would silently differ on a shard (torch's batch
+Guarantees that every IR op whose definition exchanges halo rows (``spmm``, ``sddmm``,
+``attention``, ``message_passing``) has its arguments normalised (all by position,
+defaults filled) and a ``strategy`` keyword (``remat`` until the strategy pass decides);
+on a worker's shard the op then runs as a sequential aggregation over blocks. Collective
+ops (``batch_norm``) get ``strategy=Strategy.ALLREDUCE``: their statistics are summed over
+all workers. Ops that need no communication (``edge_softmax``, ``edge_dropout``) are left
+as they are. Each rewritten node records ``meta["ir_op"]`` (the
+:class:`~sarcompile.opdef.OpDef`) and ``meta["args"]`` (its bound arguments). Modules whose result would silently differ on a shard (torch's batch
 norm, over the local nodes only) are rejected with a :class:`CompileError`.
 """
 
@@ -18,7 +18,8 @@ import torch.fx as fx
 from torch import nn
 
 from ..errors import CompileError
-from ..ops import registry
+from ..opdef import PASS_KEYWORDS, definition
+from ..vocab import Exchange, Strategy
 from .context import CompileOptions
 
 __all__ = ["partition"]
@@ -28,7 +29,6 @@ _NODE_REDUCING = (nn.modules.batchnorm._BatchNorm, nn.modules.instancenorm._Inst
 
 
 def partition(gm: fx.GraphModule, ctx: CompileOptions) -> fx.GraphModule:
-    ops = registry()
     for node in gm.graph.nodes:
         if node.op == "call_module" and isinstance(gm.get_submodule(node.target), _NODE_REDUCING):
             kind = type(gm.get_submodule(node.target)).__name__
@@ -37,17 +37,14 @@ def partition(gm: fx.GraphModule, ctx: CompileOptions) -> fx.GraphModule:
                 "are only its own, so N workers would not match one machine. Use sc.nn.BatchNorm "
                 "(statistics across all workers, same parameters and state_dict keys) or LayerNorm."
             )
-        if node.op != "call_function" or node.target not in ops:
-            continue
-        op = ops[node.target]
-        if not op.communicates:
+        op = definition(node)
+        if op is None or op.kind is Exchange.NONE:
             continue
         args = op.bind(node.args, node.kwargs)
-        args.pop("strategy")
-        args.pop("executor", None)  # set by the kernels pass
-        args.pop("comm", None)  # set by the communication pass
+        for keyword in PASS_KEYWORDS:  # set by this pass and those after it
+            args.pop(keyword, None)
         node.args = tuple(args.values())
-        node.kwargs = {"strategy": "allreduce" if op.collective else "direct"}
+        node.kwargs = {"strategy": Strategy.ALLREDUCE if op.kind is Exchange.ALLREDUCE else Strategy.REMAT}
         node.meta["ir_op"] = op
         node.meta["args"] = args
     gm.graph.lint()

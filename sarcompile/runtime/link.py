@@ -1,7 +1,8 @@
 """Opt-in communication reduction for one partitioned op (a *site*): what its exchange
 rounds send, and when.
 
-Exact SAR (the default) fetches every remote block every step. A :class:`LinkPolicy`
+Exact SAR (the default) fetches every remote block every step. A
+:class:`~sarcompile.vocab.LinkPolicy`
 changes that for one site, in three independent ways:
 
 * **stale halos** (DIGEST, ``staleness=K``): remote blocks are fetched on iterations 0, K,
@@ -28,8 +29,6 @@ Only training forwards (autograd on) advance a site's iteration; evaluation unde
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 import math
 import zlib
 from dataclasses import dataclass, field
@@ -37,61 +36,11 @@ from dataclasses import dataclass, field
 import torch
 
 from ..codegen import torch_kernels
+from ..vocab import LinkPolicy
 
-__all__ = ["COMPRESS_BITS", "LinkPolicy", "LinkState", "Wire"]
+__all__ = ["LinkState", "Wire"]
 
-COMPRESS_BITS = {"1bit": 1, "2bit": 2, "int4": 4, "int8": 8}
 WIRE_SCALE = torch.bfloat16  # dtype of each row's lo and scale on the wire
-SECOND_SITE = 100_000  # site numbers of second exchanges start here (see LinkPolicy.second)
-
-
-@dataclass(frozen=True)
-class LinkPolicy:
-    """How one site communicates. ``spec()`` is the string the compiled program carries
-    (``comm='site=2 name=conv1_spmm stale=5 bits=1 ef=1'``); ``parse`` reads it back."""
-
-    site: int
-    name: str
-    staleness: int = 1
-    bounded: int = 0  # bounded_staleness S; 0 = not pipelined
-    bits: int = 0  # 0 = uncompressed
-    error_feedback: bool = True
-
-    @property
-    def exact(self) -> bool:
-        return self.staleness == 1 and not self.bounded and not self.bits
-
-    def spec(self) -> str:
-        return (
-            f"site={self.site} name={self.name} stale={self.staleness} pipe={self.bounded} "
-            f"bits={self.bits} ef={int(self.error_feedback)}"
-        )
-
-    @staticmethod
-    @functools.cache
-    def parse(spec: str) -> LinkPolicy:
-        kv = dict(item.split("=", 1) for item in spec.split())
-        return LinkPolicy(
-            int(kv["site"]), kv["name"], int(kv["stale"]), int(kv["pipe"]), int(kv["bits"]), kv["ef"] == "1"
-        )
-
-    @staticmethod
-    def second(spec: str) -> str:
-        """The link of an op's second exchange (an unfused attention's spmm after its
-        sddmm): a site of its own, so that the two keep separate caches and residuals."""
-        if not spec:
-            return spec
-        p = LinkPolicy.parse(spec)
-        return dataclasses.replace(p, site=p.site + SECOND_SITE, name=p.name + ".spmm").spec()
-
-    def kind(self, iteration: int) -> str:
-        """``sync`` (exchange now), ``stale`` (cached blocks, no exchange) or ``pipelined``
-        (last iteration's exchange) for a training iteration."""
-        if self.bounded:
-            return "sync" if iteration % self.bounded == 0 else "pipelined"
-        if self.staleness > 1:
-            return "sync" if iteration % self.staleness == 0 else "stale"
-        return "sync"
 
 
 class Wire:

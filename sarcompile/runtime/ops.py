@@ -1,41 +1,53 @@
 """Partitioned ops: sequential aggregation over a shard's blocks, with explicit saving and
-rematerialization in backward. The IR ops (:mod:`sarcompile.ops`) call these on a shard.
+rematerialization in backward. Each is registered as the shard implementation of its IR
+op (:mod:`sarcompile.ops`), which calls it on a shard.
 
-Strategies (chosen by :mod:`sarcompile.passes.strategy`):
+Strategies (:class:`~sarcompile.vocab.Strategy`, chosen by :mod:`sarcompile.passes.strategy`):
 
 * ``direct``  -- forward frees each remote block after use; backward sends the gradient of
   remote rows straight to their owners without fetching anything (sum/mean, max via the
-  saved winner positions, sddmm add/sub).
+  saved winner positions, sddmm add/sub). Refused where backward reads remote inputs.
 * ``remat``   -- forward frees each remote block; backward fetches the blocks again, one at
-  a time, because its gradient formula reads the remote inputs (edge weights, mul/dot).
-
-Whatever the label, the runtime stays exact: an op whose backward reads remote inputs
-that were not kept fetches them again, so ``direct`` on such an op behaves as ``remat``.
+  a time, where its gradient formula reads the remote inputs (edge weights, mul/dot).
 * ``stash``   -- forward keeps the remote blocks for backward (no re-fetch, more memory).
 * ``oneshot`` -- every halo is fetched at once and kept (classic domain parallelism).
+
+Whether backward reads remote inputs is the op definition's rule
+(:attr:`~sarcompile.opdef.Halo.reads_remote_in_backward`), the same the plan uses to
+count re-fetched bytes: the runtime does what the plan prints.
 """
 
 from __future__ import annotations
 
 import torch
 
+from .. import ops as ir
 from ..codegen import kernels_for, torch_kernels
-from ..rng import uniform
+from ..errors import CompileError
+from ..rng import edge_keep
+from ..shard import ShardGraph
+from ..vocab import LinkPolicy, Strategy
 from .comm import global_sum, run_rounds
-from .link import LinkPolicy, LinkState, Wire
-from .shard import ShardGraph
+from .link import LinkState, Wire
 
-__all__ = ["STRATEGIES", "sar_spmm", "sar_sddmm", "sar_attention", "sar_message", "edge_keep", "global_batch_norm"]
-
-STRATEGIES = ("direct", "remat", "stash", "oneshot")
+__all__ = ["sar_spmm", "sar_sddmm", "sar_attention", "sar_message", "global_batch_norm"]
 
 
-def _lookahead(shard: ShardGraph, strategy: str) -> int:
-    return max(shard.world_size - 1, 1) if strategy == "oneshot" else 1
+def _lookahead(shard: ShardGraph, strategy: Strategy) -> int:
+    return max(shard.world_size - 1, 1) if strategy is Strategy.ONESHOT else 1
 
 
-def _keeps_blocks(strategy: str) -> bool:
-    return strategy in ("stash", "oneshot")
+def _refetch(op, strategy: Strategy, args: dict, needs_grad: dict[str, bool]) -> bool:
+    """Whether backward fetches the remote inputs again: where the op's definition says
+    backward reads them and the strategy did not keep them (``direct`` is refused there)."""
+    wants = frozenset(name for name, wanted in needs_grad.items() if wanted)
+    reads = op.definition.exchange.reads_remote_in_backward(args, wants)
+    if reads and strategy is Strategy.DIRECT:
+        raise CompileError(
+            f"{op.definition.describe(args)} with strategy='direct': its backward reads remote inputs, which "
+            "'direct' never fetches; use 'remat', 'stash' or 'oneshot'"
+        )
+    return reads and strategy.refetches
 
 
 def _offsets(shard: ShardGraph) -> list[int]:
@@ -57,9 +69,11 @@ def _bcast(deg: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 
 class _SarSpmm(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, shard: ShardGraph, reduce: str, strategy: str, executor: str, link, iteration: int):
+    def forward(ctx, x, weight, shard: ShardGraph, reduce: str, strategy: Strategy, executor: str, link, iteration: int):
         K = ctx.K = kernels_for(executor, x.device)
         ctx.link, ctx.iteration = link, iteration
+        wants = {"x": ctx.needs_input_grad[0], "edge_weight": weight is not None and ctx.needs_input_grad[1]}
+        ctx.refetch = _refetch(ir.spmm, strategy, {"reduce": reduce}, wants)
         tail = tuple(x.shape[1:])
         kept: dict[int, torch.Tensor] = {}
         out = x.new_zeros((shard.num_nodes, *tail))
@@ -67,7 +81,7 @@ class _SarSpmm(torch.autograd.Function):
         offsets = _offsets(shard)
 
         def visit(q: int, xb: torch.Tensor) -> None:
-            if _keeps_blocks(strategy):
+            if strategy.keeps_blocks:
                 kept[q] = xb
             if state is not None:
                 state.update(shard.blocks[q], xb, offsets[q])
@@ -83,12 +97,12 @@ class _SarSpmm(torch.autograd.Function):
             if reduce == "mean":
                 out = out / _bcast(shard.in_degrees(), out)
             ctx.save_for_backward(x, weight)
-        ctx.shard, ctx.reduce, ctx.strategy, ctx.kept = shard, reduce, strategy, kept
+        ctx.shard, ctx.reduce, ctx.kept = shard, reduce, kept
         return out
 
     @staticmethod
     def backward(ctx, g):
-        shard, reduce, strategy, K = ctx.shard, ctx.reduce, ctx.strategy, ctx.K
+        shard, reduce, K = ctx.shard, ctx.reduce, ctx.K
         x, weight, *pos = ctx.saved_tensors
         want_x, want_w = ctx.needs_input_grad[0], weight is not None and ctx.needs_input_grad[1]
         gx = torch.zeros_like(x) if want_x else None
@@ -110,12 +124,11 @@ class _SarSpmm(torch.autograd.Function):
                 return K.max_grad(pos[0], g, offsets[q], block.num_src)
             return K.spmm_t(block, g, _edge_slice(weight, shard, q))
 
-        refetch = want_w and not _keeps_blocks(strategy)
         if want_x or want_w:
             run_rounds(
                 shard,
                 visit,
-                fetch=x.detach() if refetch else None,
+                fetch=x.detach() if ctx.refetch else None,
                 push_into=gx,
                 phase="backward",
                 what=f"spmm({reduce}) backward",
@@ -128,20 +141,21 @@ class _SarSpmm(torch.autograd.Function):
 
 class _SarSddmm(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, a, b, shard: ShardGraph, op: str, strategy: str, link, iteration: int):
+    def forward(ctx, a, b, shard: ShardGraph, op: str, strategy: Strategy, link, iteration: int):
         ctx.link, ctx.iteration = link, iteration
+        ctx.refetch = _refetch(ir.sddmm, strategy, {"op": op}, {"a": ctx.needs_input_grad[0], "b": ctx.needs_input_grad[1]})
         kept: dict[int, torch.Tensor] = {}
         pieces: dict[int, torch.Tensor] = {}
 
         def visit(q: int, ab: torch.Tensor) -> None:
-            if _keeps_blocks(strategy):
+            if strategy.keeps_blocks:
                 kept[q] = ab
             pieces[q] = torch_kernels.sddmm(shard.blocks[q], ab, b, op)
 
         run_rounds(shard, visit, fetch=a, lookahead=_lookahead(shard, strategy), what=f"sddmm({op})",
                    link=link, iteration=iteration)
         ctx.save_for_backward(a, b)
-        ctx.shard, ctx.op, ctx.strategy, ctx.kept = shard, op, strategy, kept
+        ctx.shard, ctx.op, ctx.kept = shard, op, kept
         return torch.cat([pieces[q] for q in range(shard.world_size)])
 
     @staticmethod
@@ -151,7 +165,6 @@ class _SarSddmm(torch.autograd.Function):
         want_a, want_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         ga = torch.zeros_like(a) if want_a else None
         gb = torch.zeros_like(b) if want_b else None
-        reads_a = want_b and op in ("mul", "dot")
         kept = ctx.kept
 
         def visit(q: int, ab: torch.Tensor | None):
@@ -161,12 +174,11 @@ class _SarSddmm(torch.autograd.Function):
                 gb.add_(gb_q)
             return ga_q
 
-        refetch = reads_a and not _keeps_blocks(ctx.strategy)
         if want_a or want_b:
             run_rounds(
                 shard,
                 visit,
-                fetch=a.detach() if refetch else None,
+                fetch=a.detach() if ctx.refetch else None,
                 push_into=ga,
                 phase="backward",
                 what=f"sddmm({op}) backward",
@@ -177,26 +189,16 @@ class _SarSddmm(torch.autograd.Function):
         return ga, gb, None, None, None, None, None
 
 
-def _link(shard: ShardGraph, comm: str) -> tuple[LinkState | None, int]:
+def _link(shard: ShardGraph, policy: LinkPolicy | None) -> tuple[LinkState | None, int]:
     """The site's state and this training iteration's number, or (None, 0) for exact
     SAR: no reduction asked for, one worker, or not training (autograd off)."""
-    if not comm or shard.world_size == 1 or not torch.is_grad_enabled():
-        return None, 0
-    policy = LinkPolicy.parse(comm)
-    if policy.exact:
+    if policy is None or policy.exact or shard.world_size == 1 or not torch.is_grad_enabled():
         return None, 0
     state = shard.links.get(policy.site)
     if state is None or state.policy != policy:
         state = shard.links[policy.site] = LinkState(policy, Wire(policy, shard.rank))
     state.iteration += 1
     return state, state.iteration
-
-
-def edge_keep(edge_ids: torch.Tensor, heads: int, p: float, salt: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Dropout multiplier ``[E, heads]`` (0 or 1/(1-p)) keyed by global edge id and head, so
-    every worker draws the same mask for an edge and backward draws it again."""
-    keys = edge_ids.unsqueeze(1) * heads + torch.arange(heads)
-    return (uniform(keys, salt) >= p).to(dtype) / (1.0 - p)
 
 
 class _SarAttention(torch.autograd.Function):
@@ -211,18 +213,19 @@ class _SarAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(
-        ctx, h, a_src, a_dst, shard: ShardGraph, negative_slope: float, p: float, salt, strategy: str, executor: str,
-        link, iteration: int,
+        ctx, h, a_src, a_dst, shard: ShardGraph, negative_slope: float, p: float, salt, strategy: Strategy,
+        executor: str, link, iteration: int,
     ):
         K = ctx.K = kernels_for(executor, h.device)
         ctx.link, ctx.iteration = link, iteration
+        ctx.refetch = _refetch(ir.attention, strategy, {}, dict(zip(("h", "a_src", "a_dst"), ctx.needs_input_grad)))
         n, heads, channels = h.shape
         payload = torch.cat([h.reshape(n, heads * channels), a_src], 1)
         state = K.AttentionState(shard.num_nodes, heads, channels, h.dtype, h.device)
         kept: dict[int, torch.Tensor] = {}
 
         def visit(q: int, block_payload: torch.Tensor) -> None:
-            if _keeps_blocks(strategy):
+            if strategy.keeps_blocks:
                 kept[q] = block_payload
             block = shard.blocks[q]
             hb, ab = _split_payload(block_payload, heads, channels)
@@ -232,7 +235,7 @@ class _SarAttention(torch.autograd.Function):
                    link=link, iteration=iteration)
         out, lse = state.result()
         ctx.save_for_backward(payload, a_dst, out, lse, salt)
-        ctx.shard, ctx.negative_slope, ctx.p, ctx.strategy, ctx.kept = shard, negative_slope, p, strategy, kept
+        ctx.shard, ctx.negative_slope, ctx.p, ctx.kept = shard, negative_slope, p, kept
         ctx.heads, ctx.channels = heads, channels
         return out
 
@@ -257,7 +260,7 @@ class _SarAttention(torch.autograd.Function):
         run_rounds(
             shard,
             visit,
-            fetch=None if _keeps_blocks(ctx.strategy) else payload,
+            fetch=payload if ctx.refetch else None,
             push_into=d_payload,
             phase="backward",
             what="attention backward",
@@ -280,6 +283,7 @@ def _keep(shard: ShardGraph, q: int, heads: int, p: float, salt, dtype: torch.dt
     return edge_keep(_edge_slice(shard.edge_ids, shard, q), heads, p, salt, dtype).to(device)
 
 
+@ir.attention.definition.implement
 def sar_attention(
     shard: ShardGraph,
     h: torch.Tensor,
@@ -289,38 +293,47 @@ def sar_attention(
     dropout: float,
     salt: torch.Tensor,
     *,
-    strategy: str = "remat",
+    strategy: Strategy = Strategy.REMAT,
     executor: str = "auto",
-    comm: str = "",
+    comm: LinkPolicy | None = None,
 ) -> torch.Tensor:
     """Partitioned fused attention; ``h [n, H, C]``, ``a_src``/``a_dst`` ``[n, H]``."""
     link, iteration = _link(shard, comm)
     return _SarAttention.apply(
-        h, a_src, a_dst, shard, float(negative_slope), float(dropout), salt, strategy, executor, link, iteration
+        h, a_src, a_dst, shard, float(negative_slope), float(dropout), salt, Strategy(strategy), executor, link,
+        iteration,
     )
 
 
+@ir.spmm.definition.implement
 def sar_spmm(
     shard: ShardGraph,
     x: torch.Tensor,
     reduce: str,
     edge_weight: torch.Tensor | None = None,
     *,
-    strategy: str = "direct",
+    strategy: Strategy = Strategy.REMAT,
     executor: str = "auto",
-    comm: str = "",
+    comm: LinkPolicy | None = None,
 ) -> torch.Tensor:
     """Partitioned :func:`sarcompile.ops.spmm`; edge weights in shard order."""
     link, iteration = _link(shard, comm)
-    return _SarSpmm.apply(x, edge_weight, shard, reduce, strategy, executor, link, iteration)
+    return _SarSpmm.apply(x, edge_weight, shard, reduce, Strategy(strategy), executor, link, iteration)
 
 
+@ir.sddmm.definition.implement
 def sar_sddmm(
-    shard: ShardGraph, a: torch.Tensor, b: torch.Tensor, op: str, *, strategy: str = "direct", comm: str = ""
+    shard: ShardGraph,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    op: str,
+    *,
+    strategy: Strategy = Strategy.REMAT,
+    comm: LinkPolicy | None = None,
 ) -> torch.Tensor:
     """Partitioned :func:`sarcompile.ops.sddmm`; the result is in shard edge order."""
     link, iteration = _link(shard, comm)
-    return _SarSddmm.apply(a, b, shard, op, strategy, link, iteration)
+    return _SarSddmm.apply(a, b, shard, op, Strategy(strategy), link, iteration)
 
 
 _NO_EDGE = torch.iinfo(torch.int64).max
@@ -365,14 +378,16 @@ class _SarMessage(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, x, edge_attr, shard: ShardGraph, fn, reduce: str, strategy: str, link, iteration: int, *params):
+    def forward(ctx, x, edge_attr, shard: ShardGraph, fn, reduce: str, strategy: Strategy, link, iteration: int, *params):
         ctx.link, ctx.iteration = link, iteration
+        wants = {"x": ctx.needs_input_grad[0], "edge_attr": edge_attr is not None and ctx.needs_input_grad[1]}
+        ctx.refetch = _refetch(ir.message_passing, strategy, {"reduce": reduce}, wants)
         kept: dict[int, torch.Tensor] = {}
         acc: dict[str, torch.Tensor] = {}
         state = _MaxMessages() if reduce == "max" else None
 
         def visit(q: int, xb: torch.Tensor) -> None:
-            if _keeps_blocks(strategy):
+            if strategy.keeps_blocks:
                 kept[q] = xb
             block = shard.blocks[q]
             with torch.no_grad():
@@ -394,7 +409,7 @@ class _SarMessage(torch.autograd.Function):
             if reduce == "mean":
                 out = out / _bcast(shard.in_degrees(), out)
             ctx.save_for_backward(x, edge_attr)
-        ctx.shard, ctx.fn, ctx.reduce, ctx.strategy, ctx.kept = shard, fn, reduce, strategy, kept
+        ctx.shard, ctx.fn, ctx.reduce, ctx.kept = shard, fn, reduce, kept
         ctx.num_params = len(params)
         return out
 
@@ -447,7 +462,7 @@ class _SarMessage(torch.autograd.Function):
         run_rounds(
             shard,
             visit,
-            fetch=None if _keeps_blocks(ctx.strategy) else x.detach(),
+            fetch=x.detach() if ctx.refetch else None,
             push_into=gx,
             phase="backward",
             what=f"message_passing({reduce}) backward",
@@ -458,6 +473,7 @@ class _SarMessage(torch.autograd.Function):
         return (gx, ge, None, None, None, None, None, None, *gp)
 
 
+@ir.message_passing.definition.implement
 def sar_message(
     shard: ShardGraph,
     fn,
@@ -465,13 +481,13 @@ def sar_message(
     edge_attr: torch.Tensor | None,
     reduce: str,
     *,
-    strategy: str = "remat",
-    comm: str = "",
+    strategy: Strategy = Strategy.REMAT,
+    comm: LinkPolicy | None = None,
 ) -> torch.Tensor:
     """Partitioned :func:`sarcompile.ops.message_passing`; edge features in shard order."""
     params = [p for p in fn.parameters() if p.requires_grad]
     link, iteration = _link(shard, comm)
-    return _SarMessage.apply(x, edge_attr, shard, fn, reduce, strategy, link, iteration, *params)
+    return _SarMessage.apply(x, edge_attr, shard, fn, reduce, Strategy(strategy), link, iteration, *params)
 
 
 class _GlobalBatchNorm(torch.autograd.Function):
@@ -523,6 +539,7 @@ class _GlobalBatchNorm(torch.autograd.Function):
         return dx.to(x.dtype), dw, db, None, None, None, None
 
 
+@ir.batch_norm.definition.implement
 def global_batch_norm(
     x: torch.Tensor,
     weight: torch.Tensor | None,

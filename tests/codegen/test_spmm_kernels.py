@@ -71,7 +71,7 @@ def blocks(draw, num_dst: int | None = None, max_nodes: int = 9, max_edges: int 
     src = torch.tensor([p[0] for p in pairs], dtype=torch.long).reshape(-1)
     dst = torch.tensor([p[1] for p in pairs], dtype=torch.long).reshape(-1)
     if square and draw(st.booleans()):
-        return Graph.from_edges(src, dst, nd).shard().blocks[0]
+        return Graph.from_edges(src, dst, nd).block
     order = torch.sort(dst, stable=True).indices
     indptr = torch.cat([torch.zeros(1, dtype=torch.long), torch.cumsum(torch.bincount(dst, minlength=nd), 0)])
     gids = torch.arange(ns) if square else torch.randperm(3 * ns + 1, generator=gen)[:ns].sort().values

@@ -11,12 +11,12 @@ import torch_geometric.nn as gnn
 from torch import nn
 
 import sarcompile as sc
-from sarcompile.runtime.shard import PartData, ShardGraph
+from sarcompile.shard import PartData, ShardGraph
 
 
 def sage_bn_gcn(f_in: int = 6, hidden: int = 8, f_out: int = 3) -> nn.Module:
     """Three layers built with torch_geometric.nn.Sequential: SAGE (mean) + BatchNorm,
-    GCN + BatchNorm (no affine), SAGE (max), PyG's Linear at the end."""
+    GCN + BatchNorm (no affine), SAGE (max), SAGE (min), PyG's Linear at the end."""
     return gnn.Sequential("x, edge_index", [
         (gnn.SAGEConv(f_in, hidden), "x, edge_index -> x"),
         gnn.BatchNorm(hidden),
@@ -25,6 +25,8 @@ def sage_bn_gcn(f_in: int = 6, hidden: int = 8, f_out: int = 3) -> nn.Module:
         gnn.BatchNorm(hidden, affine=False, momentum=None),
         nn.Tanh(),
         (gnn.SAGEConv(hidden, hidden, aggr="max"), "x, edge_index -> x"),
+        nn.Tanh(),
+        (gnn.SAGEConv(hidden, hidden, aggr="min"), "x, edge_index -> x"),
         gnn.Linear(hidden, f_out),
     ])
 

@@ -18,7 +18,7 @@ from torch import nn
 
 import sarcompile as sc
 from pyg_models import EDGE_DIMS, WEIGHTED, EdgeMLPConv, make_model, run_worker
-from sarcompile.runtime.shard import split_graph
+from sarcompile.shard import split_graph
 from strategies import graphs
 
 DT = torch.float64
@@ -100,6 +100,8 @@ LAYERS = [
     ("graphconv-sum-weighted", lambda: gnn.GraphConv(5, 4), True, False),
     ("graphconv-mean-weighted", lambda: gnn.GraphConv(5, 4, aggr="mean", bias=False), True, False),
     ("graphconv-max", lambda: gnn.GraphConv(5, 4, aggr="max"), False, False),
+    ("graphconv-min", lambda: gnn.GraphConv(5, 4, aggr="min"), False, False),
+    ("sage-min", lambda: gnn.SAGEConv(5, 4, aggr="min"), False, False),
     ("batchnorm", lambda: gnn.BatchNorm(5), False, False),
     ("batchnorm-no-affine-cumulative", lambda: gnn.BatchNorm(5, affine=False, momentum=None), False, False),
     ("batchnorm-eval", lambda: gnn.BatchNorm(5), False, True),

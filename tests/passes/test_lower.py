@@ -3,7 +3,8 @@ import torch.fx as fx
 from torch import nn
 
 import sarcompile as sc
-from sarcompile.passes.lower import lower, register_lowering
+from sarcompile.lowering import register_lowering
+from sarcompile.passes.lower import lower
 from sarcompile.trace import trace
 
 

@@ -4,6 +4,7 @@ from torch import nn
 
 import sarcompile as sc
 from sarcompile.passes.context import CompileOptions
+from sarcompile.vocab import Strategy
 from sarcompile.passes.lower import lower
 from sarcompile.passes.partition import partition
 from sarcompile.passes.strategy import strategy
@@ -36,7 +37,8 @@ def test_partition_marks_communicating_ops_only():
     gm = partition(lower(trace(Mixed())), CompileOptions())
     marked = [n.target for n in gm.graph.nodes if "ir_op" in n.meta]
     assert marked == [sc.spmm, sc.sddmm, sc.spmm, sc.sddmm]
-    assert all(n.kwargs == {"strategy": "direct"} for n in gm.graph.nodes if "ir_op" in n.meta)
+    # remat until the strategy pass decides: it never leaves a gradient without its inputs
+    assert all(n.kwargs == {"strategy": Strategy.REMAT} for n in gm.graph.nodes if "ir_op" in n.meta)
     softmax = [n for n in gm.graph.nodes if n.target is sc.edge_softmax]
     assert softmax and "strategy" not in softmax[0].kwargs  # local: a node's in-edges live on its worker
 

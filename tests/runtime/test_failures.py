@@ -17,7 +17,7 @@ def _worker(rank: int, store_path: str, behaviour: str, results) -> None:
     import torch.distributed as dist
 
     import sarcompile as sc
-    from sarcompile.runtime.shard import ShardGraph, split_graph
+    from sarcompile.shard import ShardGraph, split_graph
 
     dist.init_process_group("gloo", store=dist.FileStore(store_path, 2), rank=rank, world_size=2)
     g = sc.Graph.from_edges(torch.tensor([0, 1, 2, 3]), torch.tensor([2, 3, 0, 1]), 4)

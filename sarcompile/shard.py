@@ -14,12 +14,12 @@ each block in CSR order. ``edge_ids`` maps them back to the original edge ids.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
-from ..errors import PartitionError
-from ..graph import Block, Graph
-from .link import LinkState
+from .errors import PartitionError
+from .graph import Block, Graph
 
 __all__ = ["PartData", "ShardGraph", "split_graph"]
 
@@ -127,7 +127,7 @@ class ShardGraph:
         self.edge_id_space = edge_id_space
         self.edge_ptr = torch.cumsum(torch.tensor([0] + [b.num_edges for b in blocks]), 0).tolist()
         self._derived: dict[str, ShardGraph] = {}
-        self.links: dict[int, LinkState] = {}  # per site: stale caches, residuals (runtime/link.py)
+        self.links: dict[int, Any] = {}  # per site: the runtime's stale caches and residuals (runtime/link.py)
 
     @classmethod
     def single(cls, g: Graph) -> "ShardGraph":
