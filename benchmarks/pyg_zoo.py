@@ -1,0 +1,989 @@
+"""The PyG zoo: does every PyG layer compile exactly, or is it refused clearly?
+
+For every class in ``torch_geometric.nn.conv.__all__``, some common option variants, and
+PyG's ready-made models (``torch_geometric.nn.models``), build the model a PyG user writes
+(``forward(x, edge_index[, edge_attr])``), run it eagerly on one machine, and compare it with
+``sc.distribute(model)`` on one machine (``sc.Graph``) and on 1, 2 and 3 gloo workers
+(``sc.partition`` + ``sc.load_partition``). Graph: 320 nodes with isolated nodes, self-loops,
+duplicate edges and a hub; float64; features and edge features require grad.
+
+Each layer ends as exactly one of
+
+* ``exact``: output, every parameter gradient, the input gradient and the edge-feature
+  gradient equal eager PyG within 1e-9 (relative to max(1, |eager|)) everywhere;
+* ``refused``: a ``sarcompile.SarcompileError`` subclass was raised (class, first line);
+* ``n/a``: eager PyG itself fails here, or the layer needs inputs a node-level
+  ``forward(x, edge_index)`` does not have (pos, hetero, signed, graph-level...);
+* ``WRONG``: compiled and ran, but differs (max abs difference per run);
+* ``CRASH``: any other exception from the compiled model (type and message).
+
+Usage::
+
+    python benchmarks/pyg_zoo.py                       # full sweep -> benchmarks/results/pyg_zoo.json
+    python benchmarks/pyg_zoo.py --table               # ... and print the Markdown table
+    python benchmarks/pyg_zoo.py --only GCNConv SAGEConv --table   # a subset (not saved unless --out)
+    python benchmarks/pyg_zoo.py --load --table        # print the table of the saved results
+
+The workers are a small pool of ``torch.multiprocessing`` processes per world size, in one
+gloo group on a FileStore, running many cases each. Every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import io
+import json
+import os
+import queue
+import shlex
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.multiprocessing as mp
+from torch import nn
+
+DT = torch.float64
+TOL = 1e-9
+N_NODES = 320
+F_IN = 8
+EDGE_DIM = 4
+NUM_RELATIONS = 3
+W_COLS = 64  # width of the per-node loss weights; outputs use their first columns
+WORLD_SIZES = (1, 2, 3)
+JOB_TIMEOUT_S = 90.0
+START_TIMEOUT_S = 180.0
+COMM_TIMEOUT_S = "20"  # SARCOMPILE_TIMEOUT in the workers: a peer that died fails fast
+DETAIL_CHARS = 240  # of a detail in the table (the JSON keeps it whole)
+RESULTS = Path(__file__).resolve().parent / "results" / "pyg_zoo.json"
+
+EXACT, REFUSED, NA, WRONG, CRASH = "exact", "refused", "n/a", "WRONG", "CRASH"
+OUTCOMES = (EXACT, REFUSED, NA, WRONG, CRASH)
+
+
+# --- the graph and the inputs --------------------------------------------------------------
+def make_graph() -> tuple[torch.Tensor, torch.Tensor]:
+    """``src, dst`` on 320 nodes: random edges among nodes 0..299, nodes 300..319 isolated,
+    30 self-loops, 40 duplicated edges, and a hub (node 7) with 150 in- and 150 out-edges;
+    in shuffled order."""
+    gen = torch.Generator().manual_seed(2024)
+    m = 300
+    src = torch.randint(0, m, (900,), generator=gen)
+    dst = torch.randint(0, m, (900,), generator=gen)
+    loops = torch.randperm(m, generator=gen)[:30]
+    dup = torch.randint(0, 900, (40,), generator=gen)
+    hub_in = torch.randperm(m, generator=gen)[:150]
+    hub_out = torch.randperm(m, generator=gen)[:150]
+    hub = torch.full((150,), 7)
+    src = torch.cat([src, loops, src[dup], hub_in, hub])
+    dst = torch.cat([dst, loops, dst[dup], hub, hub_out])
+    order = torch.randperm(src.numel(), generator=gen)
+    return src[order], dst[order]
+
+
+@dataclass
+class Inputs:
+    src: torch.Tensor
+    dst: torch.Tensor
+    x: torch.Tensor  # [N, F_IN]
+    w: torch.Tensor  # [N, W_COLS] loss weights
+    edge: dict[str, torch.Tensor]  # per-edge tensors by kind, in the original edge order
+
+
+def make_mesh_graph() -> tuple[torch.Tensor, torch.Tensor]:
+    """MeshCNNConv's input: ``x`` holds one row per mesh edge and ``edge_index`` lists, for
+    each mesh edge i in order, its four neighbours a, b, c, d as ``(i, a), (i, b), ...``."""
+    gen = torch.Generator().manual_seed(4)
+    src = torch.arange(N_NODES).repeat_interleave(4)
+    dst = (src + torch.randint(1, N_NODES, (src.numel(),), generator=gen)) % N_NODES
+    return src, dst
+
+
+GRAPHS = {"zoo": make_graph, "mesh4": make_mesh_graph}
+_INPUTS: dict[str, Inputs] = {}
+
+
+def inputs(kind: str = "zoo") -> Inputs:
+    if kind not in _INPUTS:
+        _INPUTS[kind] = make_inputs(kind)
+    return _INPUTS[kind]
+
+
+def make_inputs(kind: str = "zoo") -> Inputs:
+    src, dst = GRAPHS[kind]()
+    gen = torch.Generator().manual_seed(7)
+    e = src.numel()
+    edge = {
+        # positive, some zero (a node whose in-weights are all zero has degree 0)
+        "weight": torch.rand(e, generator=gen, dtype=DT) * torch.randint(0, 3, (e,), generator=gen),
+        "attr": torch.randn(e, EDGE_DIM, generator=gen, dtype=DT),
+        "pseudo": torch.rand(e, 2, generator=gen, dtype=DT),  # SplineConv's coordinates in [0, 1]
+        "type": torch.randint(0, NUM_RELATIONS, (e,), generator=gen),
+    }
+    return Inputs(src, dst, torch.randn(N_NODES, F_IN, generator=gen, dtype=DT),
+                  torch.randn(N_NODES, W_COLS, generator=gen, dtype=DT), edge)
+
+
+def assignment(world_size: int) -> torch.Tensor:
+    """Random parts (not contiguous), so the hub's neighbours live on every worker."""
+    return torch.randint(0, world_size, (N_NODES,), generator=torch.Generator().manual_seed(world_size))
+
+
+# --- the models a PyG user writes ----------------------------------------------------------
+class Plain(nn.Module):
+    """``forward(x, edge_index)`` around one layer."""
+
+    def __init__(self, layer: nn.Module):
+        super().__init__()
+        self.layer = layer
+
+    def forward(self, x, edge_index):
+        return self.layer(x, edge_index)
+
+
+class WithEdge(nn.Module):
+    """``forward(x, edge_index, edge_attr)`` around one layer (by position, or by keyword)."""
+
+    def __init__(self, layer: nn.Module, keyword: str | None = None):
+        super().__init__()
+        self.layer, self.keyword = layer, keyword
+
+    def forward(self, x, edge_index, edge_attr):
+        if self.keyword:
+            return self.layer(x, edge_index, **{self.keyword: edge_attr})
+        return self.layer(x, edge_index, edge_attr)
+
+
+class WithX0(nn.Module):
+    """GCN2Conv / FAConv: ``layer(x, x_0, edge_index)`` with the input as x_0."""
+
+    def __init__(self, layer: nn.Module):
+        super().__init__()
+        self.layer = layer
+
+    def forward(self, x, edge_index):
+        return self.layer(x, x, edge_index)
+
+
+class FirstOfTuple(nn.Module):
+    """PANConv returns ``(out, M)``: the model uses ``out``."""
+
+    def __init__(self, layer: nn.Module):
+        super().__init__()
+        self.layer = layer
+
+    def forward(self, x, edge_index):
+        return self.layer(x, edge_index)[0]
+
+
+class DNA(nn.Module):
+    """DNAConv attends over a node's earlier layer outputs: ``x [N, layers, C]``."""
+
+    def __init__(self, layer: nn.Module):
+        super().__init__()
+        self.layer = layer
+        self.lin = nn.Linear(F_IN, F_IN)
+
+    def forward(self, x, edge_index):
+        return self.layer(torch.stack([x, torch.tanh(self.lin(x))], dim=1), edge_index)
+
+
+class NoGraph(nn.Module):
+    """Layers that build their own graph from the features (k-NN): ``layer(x)``."""
+
+    def __init__(self, layer: nn.Module):
+        super().__init__()
+        self.layer = layer
+
+    def forward(self, x, edge_index):
+        return self.layer(x)
+
+
+class WithBatch(nn.Module):
+    """Models whose forward takes ``batch``: one graph, all zeros."""
+
+    def __init__(self, layer: nn.Module):
+        super().__init__()
+        self.layer = layer
+
+    def forward(self, x, edge_index):
+        return self.layer(x, edge_index, torch.zeros(x.size(0), dtype=torch.long, device=x.device))
+
+
+class Labels(nn.Module):
+    """LabelPropagation of soft labels ``x``."""
+
+    def __init__(self, layer: nn.Module):
+        super().__init__()
+        self.layer = layer
+
+    def forward(self, x, edge_index):
+        return self.layer(x, edge_index)
+
+
+def mlp(d_in: int, d_out: int, hidden: int = 8) -> nn.Module:
+    return nn.Sequential(nn.Linear(d_in, hidden), nn.ReLU(), nn.Linear(hidden, d_out))
+
+
+PNA_DEG = torch.tensor([20, 60, 90, 70, 40, 20, 10, 5, 3, 2])  # an in-degree histogram
+PNA_AGGRS = ["mean", "min", "max", "std"]
+PNA_SCALERS = ["identity", "amplification", "attenuation"]
+
+
+@dataclass
+class Case:
+    name: str
+    group: str  # "conv", "variant" or "model"
+    build: Callable[[], nn.Module] | None  # the user's model; None: not applicable (na says why)
+    edge: str | None = None  # per-edge argument: "weight", "attr", "pseudo" or "type"
+    eval: bool = False
+    na: str | None = None
+    graph: str = "zoo"  # "mesh4": MeshCNNConv's edge adjacency (four neighbours per row, in order)
+
+
+def _cases() -> list[Case]:
+    import torch_geometric.nn as g
+    from torch_geometric.nn import models as M
+
+    f = F_IN
+    pos = "needs node positions (pos)"
+    hetero = "heterogeneous graph (node/edge types as dicts)"
+    conv = [
+        Case("SimpleConv", "conv", lambda: Plain(g.SimpleConv())),
+        Case("GCNConv", "conv", lambda: Plain(g.GCNConv(f, f))),
+        Case("ChebConv", "conv", lambda: Plain(g.ChebConv(f, f, K=3))),
+        Case("SAGEConv", "conv", lambda: Plain(g.SAGEConv(f, f))),
+        Case("CuGraphSAGEConv", "conv", lambda: Plain(g.CuGraphSAGEConv(f, f))),
+        Case("GraphConv", "conv", lambda: Plain(g.GraphConv(f, f))),
+        Case("GravNetConv", "conv", lambda: NoGraph(g.GravNetConv(f, f, space_dimensions=3,
+                                                                 propagate_dimensions=4, k=4))),
+        Case("GatedGraphConv", "conv", lambda: Plain(g.GatedGraphConv(f, num_layers=2))),
+        Case("ResGatedGraphConv", "conv", lambda: Plain(g.ResGatedGraphConv(f, f))),
+        Case("GATConv", "conv", lambda: Plain(g.GATConv(f, f, heads=2))),
+        Case("CuGraphGATConv", "conv", lambda: Plain(g.CuGraphGATConv(f, f, heads=2))),
+        Case("FusedGATConv", "conv", lambda: Plain(g.FusedGATConv(f, f, heads=2, add_self_loops=False))),
+        Case("GATv2Conv", "conv", lambda: Plain(g.GATv2Conv(f, f, heads=2))),
+        Case("TransformerConv", "conv", lambda: Plain(g.TransformerConv(f, f, heads=2))),
+        Case("AGNNConv", "conv", lambda: Plain(g.AGNNConv())),
+        Case("TAGConv", "conv", lambda: Plain(g.TAGConv(f, f, K=2))),
+        Case("GINConv", "conv", lambda: Plain(g.GINConv(mlp(f, f)))),
+        Case("GINEConv", "conv", lambda: WithEdge(g.GINEConv(mlp(f, f), edge_dim=EDGE_DIM)), edge="attr"),
+        Case("ARMAConv", "conv", lambda: Plain(g.ARMAConv(f, f, num_stacks=2, num_layers=2))),
+        Case("SGConv", "conv", lambda: Plain(g.SGConv(f, f, K=2))),
+        Case("SSGConv", "conv", lambda: Plain(g.SSGConv(f, f, alpha=0.1, K=2))),
+        Case("APPNP", "conv", lambda: Plain(g.APPNP(K=3, alpha=0.1))),
+        Case("MFConv", "conv", lambda: Plain(g.MFConv(f, f, max_degree=5))),
+        Case("RGCNConv", "conv", lambda: WithEdge(g.RGCNConv(f, f, num_relations=NUM_RELATIONS)), edge="type"),
+        Case("FastRGCNConv", "conv", lambda: WithEdge(g.FastRGCNConv(f, f, num_relations=NUM_RELATIONS)),
+             edge="type"),
+        Case("CuGraphRGCNConv", "conv", lambda: WithEdge(g.CuGraphRGCNConv(f, f, num_relations=NUM_RELATIONS)),
+             edge="type"),
+        Case("RGATConv", "conv", lambda: WithEdge(g.RGATConv(f, f, num_relations=NUM_RELATIONS)), edge="type"),
+        Case("SignedConv", "conv", None, na="needs two edge sets (positive and negative edges)"),
+        Case("DNAConv", "conv", lambda: DNA(g.DNAConv(f, heads=2))),
+        Case("PointNetConv", "conv", None, na=pos),
+        Case("GMMConv", "conv", lambda: WithEdge(g.GMMConv(f, f, dim=EDGE_DIM, kernel_size=2)), edge="attr"),
+        Case("SplineConv", "conv", lambda: WithEdge(g.SplineConv(f, f, dim=2, kernel_size=3)), edge="pseudo"),
+        Case("NNConv", "conv", lambda: WithEdge(g.NNConv(f, f, mlp(EDGE_DIM, f * f, 16), aggr="mean")),
+             edge="attr"),
+        Case("CGConv", "conv", lambda: WithEdge(g.CGConv(f, dim=EDGE_DIM)), edge="attr"),
+        Case("EdgeConv", "conv", lambda: Plain(g.EdgeConv(mlp(2 * f, f)))),
+        Case("DynamicEdgeConv", "conv", lambda: NoGraph(g.DynamicEdgeConv(mlp(2 * f, f), k=4))),
+        Case("XConv", "conv", None, na=pos),
+        Case("PPFConv", "conv", None, na=pos + " and normals"),
+        Case("FeaStConv", "conv", lambda: Plain(g.FeaStConv(f, f, heads=2))),
+        Case("PointTransformerConv", "conv", None, na=pos),
+        Case("HypergraphConv", "conv", lambda: Plain(g.HypergraphConv(f, f))),
+        Case("LEConv", "conv", lambda: Plain(g.LEConv(f, f))),
+        Case("PNAConv", "conv", lambda: Plain(g.PNAConv(f, f, PNA_AGGRS, PNA_SCALERS, PNA_DEG))),
+        Case("ClusterGCNConv", "conv", lambda: Plain(g.ClusterGCNConv(f, f))),
+        Case("GENConv", "conv", lambda: Plain(g.GENConv(f, f))),
+        Case("GCN2Conv", "conv", lambda: WithX0(g.GCN2Conv(f, alpha=0.1, theta=0.5, layer=1))),
+        Case("PANConv", "conv", lambda: FirstOfTuple(g.PANConv(f, f, filter_size=2))),
+        Case("WLConv", "conv", lambda: Plain(g.WLConv())),
+        Case("WLConvContinuous", "conv", lambda: Plain(g.WLConvContinuous())),
+        Case("FiLMConv", "conv", lambda: Plain(g.FiLMConv(f, f))),
+        # In training SuperGATConv samples negative edges at random on every call: eval mode.
+        Case("SuperGATConv", "conv", lambda: Plain(g.SuperGATConv(f, f, heads=2)), eval=True),
+        Case("FAConv", "conv", lambda: WithX0(g.FAConv(f, eps=0.1))),
+        Case("EGConv", "conv", lambda: Plain(g.EGConv(f, f, aggregators=["sum", "mean", "max"], num_heads=2,
+                                                      num_bases=2))),
+        Case("PDNConv", "conv", lambda: WithEdge(g.PDNConv(f, f, edge_dim=EDGE_DIM, hidden_channels=8)),
+             edge="attr"),
+        Case("GeneralConv", "conv", lambda: Plain(g.GeneralConv(f, f))),
+        Case("HGTConv", "conv", None, na=hetero),
+        Case("HEATConv", "conv", None, na="heterogeneous: needs node_type and edge_type per node/edge"),
+        Case("HeteroConv", "conv", None, na=hetero),
+        Case("HANConv", "conv", None, na=hetero),
+        Case("LGConv", "conv", lambda: Plain(g.LGConv())),
+        Case("PointGNNConv", "conv", None, na=pos),
+        Case("GPSConv", "conv", lambda: Plain(g.GPSConv(f, g.GINConv(mlp(f, f)), heads=2))),
+        Case("AntiSymmetricConv", "conv", lambda: Plain(g.AntiSymmetricConv(f))),
+        Case("DirGNNConv", "conv", lambda: Plain(g.DirGNNConv(g.GCNConv(f, f)))),
+        Case("MixHopConv", "conv", lambda: Plain(g.MixHopConv(f, f, powers=[0, 1, 2]))),
+        Case("MeshCNNConv", "conv", lambda: Plain(g.MeshCNNConv(f, f)), graph="mesh4"),
+    ]
+    variant = [
+        Case("GCNConv(edge_weight)", "variant", lambda: WithEdge(g.GCNConv(f, f)), edge="weight"),
+        Case("GCNConv(improved, edge_weight)", "variant", lambda: WithEdge(g.GCNConv(f, f, improved=True)),
+             edge="weight"),
+        Case("GCNConv(add_self_loops=False)", "variant", lambda: Plain(g.GCNConv(f, f, add_self_loops=False))),
+        Case("GCNConv(normalize=False)", "variant", lambda: Plain(g.GCNConv(f, f, normalize=False))),
+        Case("GCNConv(cached=True)", "variant", lambda: Plain(g.GCNConv(f, f, cached=True))),
+        Case("SAGEConv(aggr=max)", "variant", lambda: Plain(g.SAGEConv(f, f, aggr="max"))),
+        Case("SAGEConv(aggr=sum, normalize, project)", "variant",
+             lambda: Plain(g.SAGEConv(f, f, aggr="sum", normalize=True, project=True))),
+        Case("SAGEConv(root_weight=False)", "variant", lambda: Plain(g.SAGEConv(f, f, root_weight=False))),
+        Case("SAGEConv(aggr=[mean, max])", "variant", lambda: Plain(g.SAGEConv(f, f, aggr=["mean", "max"]))),
+        Case("GraphConv(aggr=mean, edge_weight)", "variant", lambda: WithEdge(g.GraphConv(f, f, aggr="mean")),
+             edge="weight"),
+        Case("GraphConv(aggr=max)", "variant", lambda: Plain(g.GraphConv(f, f, aggr="max"))),
+        Case("GATConv(concat=False, no self-loops)", "variant",
+             lambda: Plain(g.GATConv(f, f, heads=2, concat=False, add_self_loops=False))),
+        Case("GATConv(edge_dim)", "variant", lambda: WithEdge(g.GATConv(f, f, heads=2, edge_dim=EDGE_DIM)),
+             edge="attr"),
+        Case("GATv2Conv(share_weights, residual)", "variant",
+             lambda: Plain(g.GATv2Conv(f, f, heads=2, share_weights=True, residual=True))),
+        Case("GATv2Conv(edge_dim)", "variant", lambda: WithEdge(g.GATv2Conv(f, f, heads=2, edge_dim=EDGE_DIM)),
+             edge="attr"),
+        Case("TransformerConv(edge_dim)", "variant",
+             lambda: WithEdge(g.TransformerConv(f, f, heads=2, edge_dim=EDGE_DIM)), edge="attr"),
+        Case("TransformerConv(concat=False, beta)", "variant",
+             lambda: Plain(g.TransformerConv(f, f, heads=2, concat=False, beta=True))),
+        Case("GINConv(train_eps)", "variant", lambda: Plain(g.GINConv(mlp(f, f), eps=0.2, train_eps=True))),
+        Case("EdgeConv(aggr=mean)", "variant", lambda: Plain(g.EdgeConv(mlp(2 * f, f), aggr="mean"))),
+        Case("ChebConv(edge_weight)", "variant", lambda: WithEdge(g.ChebConv(f, f, K=3)), edge="weight"),
+        Case("SGConv(edge_weight)", "variant", lambda: WithEdge(g.SGConv(f, f, K=2)), edge="weight"),
+        Case("APPNP(edge_weight)", "variant", lambda: WithEdge(g.APPNP(K=3, alpha=0.1)), edge="weight"),
+        Case("TAGConv(edge_weight)", "variant", lambda: WithEdge(g.TAGConv(f, f, K=2)), edge="weight"),
+        Case("LEConv(edge_weight)", "variant", lambda: WithEdge(g.LEConv(f, f)), edge="weight"),
+        Case("SimpleConv(sum, combine_root=sum)", "variant",
+             lambda: Plain(g.SimpleConv(aggr="sum", combine_root="sum"))),
+        Case("GENConv(edge_dim)", "variant", lambda: WithEdge(g.GENConv(f, f, edge_dim=EDGE_DIM)), edge="attr"),
+        Case("GeneralConv(edge, attention)", "variant",
+             lambda: WithEdge(g.GeneralConv(f, f, in_edge_channels=EDGE_DIM, attention=True)), edge="attr"),
+        Case("FiLMConv(edge_type)", "variant", lambda: WithEdge(g.FiLMConv(f, f, num_relations=NUM_RELATIONS)),
+             edge="type"),
+        Case("GPSConv(norm=None)", "variant", lambda: Plain(g.GPSConv(f, g.GINConv(mlp(f, f)), heads=2,
+                                                                      norm=None))),
+        Case("DirGNNConv(SAGEConv)", "variant", lambda: Plain(g.DirGNNConv(g.SAGEConv(f, f)))),
+    ]
+    b = dict(num_layers=2, out_channels=f)
+    model = [
+        Case("GraphSAGE", "model", lambda: M.GraphSAGE(f, f, **b)),
+        Case("GraphSAGE(norm=batch_norm, jk=cat)", "model",
+             lambda: M.GraphSAGE(f, f, norm="batch_norm", jk="cat", **b)),
+        Case("GCN", "model", lambda: M.GCN(f, f, **b)),
+        Case("GCN(edge_weight)", "model", lambda: M.GCN(f, f, **b), edge="weight"),
+        Case("GCN(jk=max)", "model", lambda: M.GCN(f, f, jk="max", **b)),
+        Case("GCN(jk=lstm)", "model", lambda: M.GCN(f, f, jk="lstm", **b)),
+        Case("GAT", "model", lambda: M.GAT(f, f, heads=2, **b)),
+        Case("GAT(v2)", "model", lambda: M.GAT(f, f, heads=2, v2=True, **b)),
+        Case("GAT(edge_dim)", "model", lambda: WithEdge(M.GAT(f, f, heads=2, edge_dim=EDGE_DIM, **b),
+                                                        keyword="edge_attr"), edge="attr"),
+        Case("GIN", "model", lambda: M.GIN(f, f, **b)),
+        Case("EdgeCNN", "model", lambda: M.EdgeCNN(f, f, **b)),
+        Case("PNA", "model", lambda: M.PNA(f, f, aggregators=PNA_AGGRS, scalers=PNA_SCALERS, deg=PNA_DEG, **b)),
+        Case("MLP", "model", lambda: NoGraph(M.MLP([f, f, f]))),
+        Case("GraphUNet", "model", lambda: M.GraphUNet(f, f, f, depth=2)),
+        Case("DeepGCNLayer(GENConv, res+)", "model",
+             lambda: Plain(M.DeepGCNLayer(g.GENConv(f, f), nn.LayerNorm(f), nn.ReLU(), block="res+"))),
+        Case("GroupAddRev(SAGEConv)", "model", lambda: Plain(M.GroupAddRev(g.SAGEConv(f // 2, f // 2),
+                                                                           num_groups=2))),
+        Case("PMLP", "model", lambda: M.PMLP(f, f, f, num_layers=2)),
+        Case("RECT_L", "model", lambda: M.RECT_L(f, f)),
+        Case("LINKX", "model", lambda: M.LINKX(N_NODES, f, f, f, num_layers=2)),
+        Case("SGFormer", "model", lambda: WithBatch(M.SGFormer(f, f, f, trans_dropout=0.0, gnn_num_layers=2,
+                                                               gnn_dropout=0.0))),
+        Case("Polynormer", "model", lambda: WithBatch(M.Polynormer(f, f, f, local_layers=1, global_layers=1,
+                                                                   in_dropout=0.0, dropout=0.0,
+                                                                   global_dropout=0.0))),
+        Case("LabelPropagation", "model", lambda: Labels(M.LabelPropagation(num_layers=3, alpha=0.9))),
+    ]
+    na_models = {
+        "JumpingKnowledge": "swept through the models' jk= option (GraphSAGE jk=cat, GCN jk=max / lstm)",
+        "HeteroJumpingKnowledge": hetero,
+        "MetaLayer": "a container of the user's own edge/node/global models",
+        "Node2Vec": "random-walk node embeddings: no features, trained on walks",
+        "MetaPath2Vec": hetero,
+        "DeepGraphInfomax": "self-supervised wrapper around the user's encoder (the encoder is what compiles)",
+        "InnerProductDecoder": "edge-level decoder of given node embeddings",
+        "GAE": "wrapper around the user's encoder (link prediction)",
+        "VGAE": "wrapper around the user's encoder (link prediction)",
+        "ARGA": "wrapper around the user's encoder (link prediction)",
+        "ARGVA": "wrapper around the user's encoder (link prediction)",
+        "SignedGCN": "needs positive and negative edge sets",
+        "RENet": "temporal knowledge graph",
+        "SchNet": pos, "DimeNet": pos, "DimeNetPlusPlus": pos, "ViSNet": pos, "GNNFF": pos,
+        "GPSE": "positional-encoding pre-training on a Batch of graphs",
+        "GPSENodeEncoder": "encodes precomputed GPSE encodings, no graph argument",
+        "to_captum_model": "a function, not a model", "to_captum_input": "a function, not a model",
+        "captum_output_to_dicts": "a function, not a model",
+        "TGNMemory": "temporal memory of an event stream",
+        "CorrectAndSmooth": "post-processing of predictions with true labels and masks",
+        "AttentiveFP": "graph-level readout (one row per graph)",
+        "NeuralFingerprint": "graph-level readout (one row per graph)",
+        "LightGCN": "node-id embeddings for link prediction, forward(edge_index) without features",
+        "MaskLabel": "label embedding with a mask, no graph argument",
+        "LPFormer": "link prediction", "ARLinkPredictor": "link prediction",
+    }
+    swept = {c.name.split("(")[0] for c in model}
+    for name in M.__all__:
+        if name not in swept:
+            model.append(Case(name, "model", None, na=na_models.get(name, "not swept (no node-level forward)")))
+    return conv + variant + model
+
+
+_CASES: dict[str, Case] | None = None
+
+
+def cases() -> dict[str, Case]:
+    global _CASES
+    if _CASES is None:
+        _CASES = {c.name: c for c in _cases()}
+    return _CASES
+
+
+def skipped() -> dict[str, str]:
+    """Classes of ``torch_geometric.nn.conv.__all__`` not swept, and why."""
+    return {"MessagePassing": "the base class: it has no forward of its own; a user's subclass is what compiles "
+                              "(tests/frontends/test_pyg.py covers those)"}
+
+
+def build(name: str, seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    prev = torch.get_default_dtype()
+    torch.set_default_dtype(DT)
+    try:
+        model = cases()[name].build().to(DT)
+    finally:
+        torch.set_default_dtype(prev)
+    model.train(not cases()[name].eval)
+    return model
+
+
+# --- running one model ---------------------------------------------------------------------
+def _edge_input(t: torch.Tensor | None) -> torch.Tensor | None:
+    if t is None:
+        return None
+    t = t.clone()
+    return t.requires_grad_(True) if t.is_floating_point() else t
+
+
+def _loss_weight(out: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    flat = out.reshape(out.shape[0], -1)
+    cols = flat.shape[1]
+    reps = -(-cols // w.shape[1])
+    return w.repeat(1, reps)[:, :cols].reshape(out.shape)
+
+
+def run_model(model: nn.Module, x: torch.Tensor, graph: Any, edge: torch.Tensor | None, w: torch.Tensor) -> dict:
+    """Output and the gradients of ``sum(out * w)`` w.r.t. x, the edge tensor, every parameter."""
+    x = x.clone().requires_grad_(True)
+    e = _edge_input(edge)
+    out = model(x, graph) if e is None else model(x, graph, e)
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"the model returned {type(out).__name__}, not a tensor")
+    if out.requires_grad:
+        (out * _loss_weight(out, w[: out.shape[0]])).sum().backward()
+    return {
+        "out": out.detach(),
+        "x_grad": x.grad,
+        "edge_grad": None if e is None or not e.is_floating_point() else e.grad,
+        "grads": {k: None if p.grad is None else p.grad.clone() for k, p in model.named_parameters()
+                  if p.requires_grad},
+    }
+
+
+def _diff(got: torch.Tensor | None, want: torch.Tensor | None) -> tuple[float, float]:
+    """(max abs difference, the same relative to max(1, |want|)); a missing gradient is zeros."""
+    if got is None and want is None:
+        return 0.0, 0.0
+    if got is None:
+        got = torch.zeros_like(want)
+    if want is None:
+        want = torch.zeros_like(got)
+    if got.shape != want.shape:
+        return float("inf"), float("inf")
+    if not want.numel():
+        return 0.0, 0.0
+    both_nan = torch.isnan(got) & torch.isnan(want)
+    d = torch.where(both_nan, torch.zeros_like(got), (got.to(DT) - want.to(DT)).abs())
+    d = torch.nan_to_num(d, nan=float("inf"))
+    m = float(d.max())
+    scale = max(1.0, float(torch.nan_to_num(want.to(DT).abs(), nan=0.0).max()))
+    return m, m / scale
+
+
+def compare(got: dict, want: dict) -> tuple[float, float, str]:
+    """Max abs and relative difference over output and gradients, and where the worst is."""
+    worst = (0.0, 0.0, "")
+    items = [("output", got["out"], want["out"]), ("x grad", got["x_grad"], want["x_grad"]),
+             ("edge grad", got["edge_grad"], want["edge_grad"])]
+    if set(got["grads"]) != set(want["grads"]):
+        return float("inf"), float("inf"), f"parameters differ: {sorted(set(got['grads']) ^ set(want['grads']))}"
+    items += [(f"grad of {k}", got["grads"][k], g) for k, g in want["grads"].items()]
+    for what, a, b in items:
+        m, r = _diff(a, b)
+        if r > worst[1] or (r == worst[1] == float("inf") and not worst[2]):
+            worst = (m, r, what)
+    return worst
+
+
+def _error(e: BaseException) -> dict:
+    import sarcompile as sc
+
+    msg = str(e).strip().splitlines()
+    return {"type": type(e).__name__, "sarcompile": isinstance(e, sc.SarcompileError),
+            "comm": isinstance(e, sc.CommError), "message": msg[0] if msg else "",
+            "traceback": traceback.format_exc(limit=-6)}
+
+
+# --- workers -------------------------------------------------------------------------------
+def _dumps(obj: Any) -> bytes:
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getvalue()
+
+
+def _loads(data: bytes) -> Any:
+    return torch.load(io.BytesIO(data), weights_only=False)
+
+
+def _worker_main(rank: int, world_size: int, store_path: str, jobs, results) -> None:
+    os.environ["SARCOMPILE_TIMEOUT"] = COMM_TIMEOUT_S
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    try:
+        import sarcompile as sc
+        import torch_geometric  # noqa: F401  (registers sarcompile's PyG front-end)
+
+        store = dist.FileStore(store_path, world_size)
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size)
+    except Exception:
+        results.put((rank, -1, False, traceback.format_exc()))
+        return
+    results.put((rank, -1, True, None))
+    parts: dict[str, Any] = {}
+    try:
+        while True:
+            job = jobs.get()
+            if job is None:
+                break
+            job_id, data = job
+            try:
+                payload = _loads(data)
+                d = payload["dir"]
+                if d not in parts:
+                    parts[d] = sc.load_partition(d, rank, world_size)
+                results.put((rank, job_id, True, _dumps(_worker_case(parts[d], payload))))
+            except Exception as e:  # reported to the parent, which judges the case
+                results.put((rank, job_id, True, _dumps({"error": _error(e)})))
+    finally:
+        dist.destroy_process_group()
+
+
+def _worker_case(part, payload: dict) -> dict:
+    import sarcompile as sc
+
+    model = build(payload["name"])
+    model.load_state_dict(payload["state"])
+    shard = part.graph
+    edge = payload["edge"]
+    edge = None if edge is None else edge[shard.edge_ids]
+    try:
+        r = run_model(sc.distribute(model), part.node_data["x"], shard, edge, part.node_data["w"])
+        sc.sync_gradients(model)
+        r["grads"] = {k: None if p.grad is None else p.grad.clone() for k, p in model.named_parameters()
+                      if p.requires_grad}
+    except Exception as e:
+        return {"error": _error(e)}
+    r["edge_ids"] = shard.edge_ids
+    r["global_ids"] = part.global_ids
+    return r
+
+
+class Pool:
+    """``world_size`` worker processes in one gloo group; :meth:`run` sends one case to all."""
+
+    def __init__(self, world_size: int):
+        ctx = mp.get_context("spawn")
+        self.world_size = world_size
+        self.closed = False
+        self._dir = tempfile.TemporaryDirectory(prefix="pyg-zoo-pool-")
+        self.jobs = [ctx.Queue() for _ in range(world_size)]
+        self.results = ctx.Queue()
+        self._next = 0
+        store = os.path.join(self._dir.name, "store")
+        self.procs = [ctx.Process(target=_worker_main, args=(r, world_size, store, self.jobs[r], self.results),
+                                  daemon=True) for r in range(world_size)]
+        for p in self.procs:
+            p.start()
+        for _ in range(world_size):
+            rank, _, ok, err = self._get(START_TIMEOUT_S, -1)
+            if not ok:
+                self.close()
+                raise RuntimeError(f"worker {rank} failed to start:\n{err}")
+
+    def _get(self, timeout: float, job_id: int):
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError
+            try:
+                item = self.results.get(timeout=left)
+            except queue.Empty:
+                raise TimeoutError from None
+            if item[1] == job_id:
+                return item
+            # a late answer to an earlier, abandoned job: drop it
+
+    def run(self, payload: dict, timeout: float = JOB_TIMEOUT_S) -> list[dict]:
+        """One result per rank (a dict with "error" where that rank raised); raises
+        TimeoutError when a rank does not answer in time (the pool is then closed)."""
+        self._next += 1
+        data = _dumps(payload)
+        for q in self.jobs:
+            q.put((self._next, data))
+        out: dict[int, dict] = {}
+        try:
+            for _ in range(self.world_size):
+                rank, _, _, value = self._get(timeout, self._next)
+                out[rank] = _loads(value)
+        except TimeoutError:
+            dead = [r for r, p in enumerate(self.procs) if not p.is_alive()]
+            self.close()
+            raise TimeoutError(f"no answer from ranks {sorted(set(range(self.world_size)) - set(out))} "
+                               f"within {timeout:.0f}s (dead: {dead})") from None
+        return [out[r] for r in range(self.world_size)]
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        for q in self.jobs:
+            q.put(None)
+        for p in self.procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=5)
+        self._dir.cleanup()
+
+
+# --- the sweep -----------------------------------------------------------------------------
+@dataclass
+class Record:
+    name: str
+    group: str
+    outcome: str = ""
+    detail: str = ""
+    diffs: dict[str, float | None] = field(default_factory=dict)  # run -> max abs diff
+    errors: dict[str, str] = field(default_factory=dict)  # run -> "Type: message"
+    seconds: float = 0.0
+
+
+def _first_line(e: BaseException) -> str:
+    lines = str(e).strip().splitlines()
+    return lines[0] if lines else ""
+
+
+def reference(name: str) -> tuple[Record, dict | None, dict | None]:
+    """Eager PyG and the compiled model on one machine (``sc.Graph``). Returns the record
+    so far, the eager result and the model state (None when the case is decided here)."""
+    import sarcompile as sc
+
+    case = cases()[name]
+    inp = inputs(case.graph)
+    rec = Record(name, case.group)
+    if case.build is None:
+        rec.outcome, rec.detail = NA, case.na or ""
+        return rec, None, None
+    edge = None if case.edge is None else inp.edge[case.edge]
+    try:
+        eager = build(name)
+        state = copy.deepcopy(eager.state_dict())
+        compiled_model = copy.deepcopy(eager)
+        want = run_model(eager, inp.x, torch.stack([inp.src, inp.dst]), edge, inp.w)
+        if want["out"].shape[0] != N_NODES:
+            raise ValueError(f"output has {want['out'].shape[0]} rows, not one per node")
+    except Exception as e:
+        why = _first_line(e) or f"(no message, at {_where(traceback.format_exc())})"
+        rec.outcome, rec.detail = NA, f"eager PyG fails here: {type(e).__name__}: {why}"
+        return rec, None, None
+    g = sc.Graph.from_edges(inp.src, inp.dst, N_NODES)
+    try:
+        got = run_model(sc.distribute(compiled_model), inp.x, g, edge, inp.w)
+    except Exception as e:
+        err = _error(e)
+        rec.errors["local"] = f"{err['type']}: {err['message']}"
+        rec.outcome = REFUSED if err["sarcompile"] else CRASH
+        rec.detail = f"{err['type']}: {err['message']}"
+        if not err["sarcompile"]:  # the workers are not run: they would crash the same way
+            rec.detail = f"one machine: {rec.detail} (at {_where(err['traceback'])})"
+        return rec, None, None
+    rec.diffs["local"] = _record_diff(rec, "local", got, want)
+    return rec, want, state
+
+
+def _where(tb: str) -> str:
+    """The innermost 'File ..., line ..., in ...' of a traceback, shortened."""
+    lines = [ln.strip() for ln in tb.splitlines() if ln.strip().startswith("File ")]
+    if not lines:
+        return "?"
+    last = lines[-1].replace('File "', "").replace('"', "")
+    for root in (str(Path(__file__).resolve().parents[1]) + "/", "site-packages/"):
+        if root in last:
+            last = last.split(root, 1)[1]
+    return last
+
+
+def _record_diff(rec: Record, run: str, got: dict, want: dict) -> float:
+    m, r, what = compare(got, want)
+    if r > TOL:
+        rec.errors[run] = f"differs: {what} off by {m:.3g}"
+    return m
+
+
+def distributed(rec: Record, want: dict, state: dict, pool: Pool, part_dir: str) -> None:
+    case = cases()[rec.name]
+    inp = inputs(case.graph)
+    ws = pool.world_size
+    payload = {"name": rec.name, "state": state, "dir": part_dir,
+               "edge": None if case.edge is None else inp.edge[case.edge]}
+    run = f"{ws}w"
+    try:
+        results = pool.run(payload)
+    except TimeoutError as e:
+        rec.errors[run] = f"TimeoutError: {e}"
+        rec.diffs[run] = None
+        return
+    errors = [r["error"] for r in results if "error" in r]
+    if errors:
+        # the root cause, not a peer's timeout waiting for it
+        root = next((e for e in errors if not e["comm"]), errors[0])
+        tag = "refused" if root["sarcompile"] and not root["comm"] else "crash"
+        rec.errors[run] = f"{tag}|{root['type']}: {root['message']}" + (
+            "" if root["sarcompile"] else f" (at {_where(root['traceback'])})")
+        rec.diffs[run] = None
+        if not (len(errors) == ws and all(e["sarcompile"] and not e["comm"] for e in errors)):
+            pool.close()  # peers may be mid-exchange: a fresh group for the next case
+        return
+    got = {"out": torch.zeros_like(want["out"]), "x_grad": None, "edge_grad": None}
+    x_grad = torch.zeros(N_NODES, F_IN, dtype=DT)
+    edge_grad = None if want["edge_grad"] is None else torch.full_like(want["edge_grad"], float("nan"))
+    any_x_grad = False
+    for r in results:
+        got["out"][r["global_ids"]] = r["out"].to(got["out"].dtype) if r["out"].shape[1:] == want["out"].shape[1:] \
+            else torch.full_like(got["out"][r["global_ids"]], float("nan"))
+        if r["x_grad"] is not None:
+            any_x_grad = True
+            x_grad[r["global_ids"]] = r["x_grad"]
+        if edge_grad is not None and r["edge_grad"] is not None:
+            edge_grad[r["edge_ids"]] = r["edge_grad"]
+    got["x_grad"] = x_grad if any_x_grad else None
+    got["edge_grad"] = edge_grad
+    worst = 0.0
+    for r in results:  # every rank holds the all-reduced parameter gradients
+        got["grads"] = r["grads"]
+        m = _record_diff(rec, run, got, want)
+        worst = max(worst, m)
+    rec.diffs[run] = worst
+
+
+def _label(run: str) -> str:
+    if run == "local":
+        return "one machine"
+    w = int(run.removesuffix("w"))
+    return f"{w} worker" + ("s" if w > 1 else "")
+
+
+def judge(rec: Record) -> None:
+    """The outcome from every run: a crash anywhere is a CRASH, else a difference anywhere
+    WRONG, else a refusal anywhere refused, else exact. The detail says what each run did
+    (runs that did the same are listed together)."""
+    if rec.outcome:
+        return
+    kinds = {k: v.split("|", 1)[0] if "|" in v else ("differs" if v.startswith("differs") else "crash")
+             for k, v in rec.errors.items()}
+    if "crash" in kinds.values():
+        rec.outcome = CRASH
+    elif "differs" in kinds.values():
+        rec.outcome = WRONG
+    elif "refused" in kinds.values():
+        rec.outcome = REFUSED
+    else:
+        rec.outcome = EXACT
+        rec.detail = "max abs diff: " + ", ".join(f"{_label(k)} {v:.1e}" for k, v in rec.diffs.items())
+        return
+    said: dict[str, list[str]] = {}
+    for run in ["local", *(f"{w}w" for w in WORLD_SIZES)]:
+        if run in rec.errors:
+            v = rec.errors[run]
+            text = v.split("|", 1)[1] if v.startswith(("crash|", "refused|")) else v.removeprefix("differs: ")
+            if v.startswith("differs"):
+                text = "WRONG, " + text
+        elif run in rec.diffs:
+            text = "exact"
+        else:
+            continue
+        said.setdefault(text, []).append(_label(run))
+    rec.detail = "; ".join(f"{', '.join(runs)}: {text}" for text, runs in said.items())
+
+
+def sweep(names: list[str], world_sizes=WORLD_SIZES, log=print) -> list[Record]:
+    import sarcompile as sc
+
+    torch.set_num_threads(1)
+    records, refs = [], {}
+    for name in names:
+        t = time.monotonic()
+        rec, want, state = reference(name)
+        rec.seconds = time.monotonic() - t
+        records.append(rec)
+        if want is not None:
+            refs[name] = (want, state)
+    with tempfile.TemporaryDirectory(prefix="pyg-zoo-parts-") as tmp:
+        for ws in world_sizes:
+            todo = [r for r in records if r.name in refs]
+            if not todo:
+                break
+            dirs = {}
+            for kind in sorted({cases()[r.name].graph for r in todo}):
+                inp = inputs(kind)
+                dirs[kind] = os.path.join(tmp, f"{kind}-w{ws}")
+                sc.partition(sc.Graph.from_edges(inp.src, inp.dst, N_NODES), ws, dirs[kind],
+                             node_data={"x": inp.x, "w": inp.w}, method=assignment(ws))
+            pool = None
+            try:
+                for rec in todo:
+                    t = time.monotonic()
+                    if pool is None or pool.closed:
+                        pool = Pool(ws)
+                    distributed(rec, *refs[rec.name], pool, dirs[cases()[rec.name].graph])
+                    rec.seconds += time.monotonic() - t
+                    log(f"  {ws} workers  {rec.name:<40} {rec.errors.get(f'{ws}w', 'ok')[:100]}")
+            finally:
+                if pool is not None:
+                    pool.close()
+    for rec in records:
+        judge(rec)
+    return records
+
+
+# --- output --------------------------------------------------------------------------------
+def counts(records: list[Record]) -> dict[str, int]:
+    return {o: sum(r.outcome == o for r in records) for o in OUTCOMES}
+
+
+def table(records: list[Record], meta: dict) -> str:
+    c = counts(records)
+    lines = [
+        f"PyG zoo, {meta['date']}: `{meta['command']}` ({meta['seconds']:.0f} s; sarcompile "
+        f"{meta.get('sarcompile', '?')}, torch {meta['torch']}, "
+        f"torch_geometric {meta['torch_geometric']}; float64, {N_NODES} nodes, {meta['edges']} edges; "
+        f"compared: one machine (`sc.Graph`) and {', '.join(str(w) for w in meta['world_sizes'])} gloo workers)",
+        "",
+        "| layer | outcome | detail |",
+        "| --- | --- | --- |",
+    ]
+    groups = {"conv": "conv", "variant": "variant", "model": "model"}
+    for r in records:
+        detail = r.detail if len(r.detail) <= DETAIL_CHARS else r.detail[: DETAIL_CHARS - 1] + "…"
+        detail = detail.replace("|", "\\|").replace("\n", " ")
+        name = r.name if r.group == "conv" else f"{r.name} ({groups[r.group]})"
+        lines.append(f"| `{name}` | {'**' + r.outcome + '**' if r.outcome in (WRONG, CRASH) else r.outcome} "
+                     f"| {detail} |")
+    for name, why in meta.get("skipped", {}).items():
+        lines.append(f"| `{name}` | skipped | {why} |")
+    lines += ["", f"{len(records)} layers and models: " + ", ".join(f"{n} {o}" for o, n in c.items()) + "."]
+    return "\n".join(lines)
+
+
+def sarcompile_version() -> str:
+    """The commit the imported sarcompile package comes from, '+dirty' when sarcompile/ has
+    uncommitted changes there."""
+    import subprocess
+
+    import sarcompile as sc
+
+    pkg = Path(sc.__file__).resolve().parent
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=pkg, capture_output=True, text=True,
+                              timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "."], cwd=pkg, capture_output=True,
+                               text=True, timeout=10, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return head + ("+dirty" if dirty else "")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--only", nargs="+", metavar="NAME", help="run these cases only (names as in the table)")
+    ap.add_argument("--table", action="store_true", help="print the Markdown table")
+    ap.add_argument("--load", action="store_true", help="do not run: read the saved results")
+    ap.add_argument("--out", type=Path, help=f"results file (default {RESULTS} for a full sweep)")
+    ap.add_argument("--world-sizes", type=int, nargs="+", default=list(WORLD_SIZES))
+    ap.add_argument("--list", action="store_true", help="list the case names")
+    args = ap.parse_args(argv)
+
+    import torch_geometric
+
+    if args.list:
+        print("\n".join(cases()))
+        return 0
+    out = args.out or (None if args.only else RESULTS)
+    if args.load:
+        data = json.loads((args.out or RESULTS).read_text())
+        records = [Record(**r) for r in data["records"]]
+        meta = data["meta"]
+    else:
+        names = list(cases())
+        if args.only:
+            unknown = [n for n in args.only if n not in cases()]
+            if unknown:
+                ap.error(f"unknown case(s) {unknown}; see --list")
+            names = args.only
+        t = time.monotonic()
+        records = sweep(names, tuple(args.world_sizes), log=lambda s: print(s, file=sys.stderr, flush=True))
+        meta = {
+            "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "command": "python " + " ".join(shlex.quote(a) for a in [
+                os.path.relpath(__file__) if not os.path.isabs(sys.argv[0]) else __file__, *sys.argv[1:]]),
+            "seconds": time.monotonic() - t,
+            "sarcompile": sarcompile_version(),
+            "torch": torch.__version__.split("+")[0],
+            "torch_geometric": torch_geometric.__version__,
+            "edges": make_graph()[0].numel(),
+            "world_sizes": list(args.world_sizes),
+            "tolerance": TOL,
+            "skipped": skipped() if not args.only else {},
+            "counts": counts(records),
+        }
+        if out is not None:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps({"meta": meta, "records": [r.__dict__ for r in records]}, indent=1) + "\n")
+            print(f"wrote {out}", file=sys.stderr)
+    if args.table:
+        print(table(records, meta))
+    else:
+        c = counts(records)
+        print(", ".join(f"{n} {o}" for o, n in c.items()))
+        for r in records:
+            if r.outcome in (WRONG, CRASH):
+                print(f"{r.outcome}: {r.name}: {r.detail}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
