@@ -68,6 +68,10 @@ class Halo:
     reads_remote_in_backward: Callable[[Args, Wants], bool]
     pushes_gradients: Callable[[Args, Wants], bool]
 
+    def row_bytes(self, args: Args) -> int:
+        """Bytes of one node's row that crosses workers (every sent argument's row)."""
+        return sum(row_bytes(args[name]) for name in self.sends)
+
 
 @dataclass(frozen=True)
 class AllReduce:
@@ -123,11 +127,6 @@ class OpDef:
 
     def describe(self, args: Args) -> str:
         return self.label(args) if self.label else self.name
-
-    def sent_row_bytes(self, args: Args) -> int:
-        """Bytes of one node's row that crosses workers (every sent argument's row)."""
-        assert isinstance(self.exchange, Halo)
-        return sum(row_bytes(args[name]) for name in self.exchange.sends)
 
     # -- registration from the runtime and codegen ------------------------------------------
     def implement(self, impl: Callable) -> Callable:

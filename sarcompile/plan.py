@@ -361,13 +361,16 @@ def build_plan(
         args = probe.seen[node.name]
         strategy = node.kwargs.get("strategy", Strategy.LOCAL)
         row = OpPlan(node.name, _layer(node), op.describe(args), strategy, node.meta.get("strategy_reason", ""), 0,
-                     [0] * n, [0] * n, [0] * n, op.saved(args) or "no remote rows", rows=_rows(op, args))
+                     [0] * n, [0] * n, [0] * n, op.saved(args), rows=_rows(op, args))
         ops.append(row)
         if isinstance(op.exchange, AllReduce):  # float64 sums all-reduced, no halo
             forward, backward = op.exchange.bytes(args)
             row.forward_bytes, row.backward_bytes, row.reason = [forward] * n, [backward] * n, "statistics over all workers' nodes"
         elif isinstance(op.exchange, Halo):
             comm.append(_halo_traffic(row, node, op, args, workers, link_cache))
+            row.saved += "; remote blocks kept" if strategy.keeps_blocks else "; no remote rows"
+        else:
+            row.saved = "no remote rows"
 
     params = sum(p.numel() * p.element_size() for p in gm.parameters())
     estimates = []
@@ -450,7 +453,7 @@ def _halo_traffic(row: OpPlan, node: fx.Node, op: OpDef, args: dict[str, Any], w
     order, keeps them, fetches again, row bytes, temporaries)."""
     n, strategy = len(workers), row.strategy
     wants = _wants(op, args)
-    width = op.sent_row_bytes(args)
+    width = op.exchange.row_bytes(args)
     pushes = op.exchange.pushes_gradients(args, wants)
     refetch = strategy.refetches and op.exchange.reads_remote_in_backward(args, wants)
     wire_row = width
@@ -471,7 +474,6 @@ def _halo_traffic(row: OpPlan, node: fx.Node, op: OpDef, args: dict[str, Any], w
     row.forward_bytes = recv
     row.backward_bytes = [(sent_rows[r] if pushes else 0) + (recv[r] if refetch else 0) for r in range(n)]
     row.round_bytes = [max(b, default=0) for b in blocks]
-    row.saved = f"{row.saved}; {'remote blocks kept' if strategy.keeps_blocks else 'no remote rows'}"
     return blocks, strategy.keeps_blocks, refetch, width, op.temporaries(args, width)
 
 
