@@ -111,6 +111,15 @@ def trace(
             "once with symbolic tensors, so Python control flow may not depend on tensor values; "
             "move such logic into a submodule that stays a leaf or make it static."
         ) from None
+    except TypeError as e:
+        if "'Proxy'" not in str(e):  # not the model's Python asking a traced value for a number
+            raise
+        raise CompileError(
+            f"cannot trace {type(model).__name__}{_where(tracer, e)}: a traced tensor (or its shape) was used as a "
+            f"Python number ({e}). sarcompile traces forward() once with symbolic tensors, whose values and row "
+            "counts are not known (and differ between workers); keep the value a tensor (e.g. `x * x.max()` "
+            "rather than `x * float(x.max())`) and loop over constants, not over rows."
+        ) from None
     finally:  # the GraphModule holds the helper modules now; the user's model must not
         for name in tracer.helpers:
             delattr(tracer.root, name)

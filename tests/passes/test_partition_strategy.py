@@ -96,6 +96,26 @@ def test_value_dependent_control_flow_fails_with_a_clear_error():
         sc.distribute(Branchy())(g, torch.randn(2, 3))
 
 
+class _FloatOfMax(nn.Module):
+    def forward(self, g, x):
+        return x * float(x.max())
+
+
+class _RangeOverRows(nn.Module):
+    def forward(self, g, x):
+        for _ in range(int(x.shape[0])):
+            x = x + 1
+        return x
+
+
+@pytest.mark.parametrize("model, line", [(_FloatOfMax, "float(x.max())"), (_RangeOverRows, "range(int(x.shape[0]))")])
+def test_a_traced_value_used_as_a_python_number_names_the_line(model, line):
+    g = sc.Graph.from_edges(torch.tensor([0]), torch.tensor([1]), 2)
+    with pytest.raises(sc.CompileError, match="used as a Python number") as info:
+        sc.distribute(model())(g, torch.randn(2, 3))
+    assert line in str(info.value) and "test_partition_strategy.py:" in str(info.value)
+
+
 class _BranchOnValues(nn.Module):
     def forward(self, x):
         if x.mean() > 0:  # the line the error must quote
