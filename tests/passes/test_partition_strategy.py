@@ -59,6 +59,28 @@ def test_user_override_by_layer_and_node():
     assert "set by the user" in reasons[0]
 
 
+def test_unknown_strategy_key_is_refused_listing_the_valid_ones():
+    with pytest.raises(sc.CompileError, match="'typo'") as info:
+        _compile(CompileOptions("sar", strategies={"typo": "stash"}))
+    assert "'sage'" in str(info.value) and "'spmm'" in str(info.value)  # the valid keys
+
+
+def test_direct_is_refused_where_backward_reads_remote_inputs():
+    # the weighted spmm (node "spmm") reads remote h in backward: direct would drop its gradient
+    with pytest.raises(sc.CompileError, match="'direct'.*reads remote inputs"):
+        _compile(CompileOptions("sar", strategies={"spmm": "direct"}))
+
+
+def test_direct_on_a_shard_by_hand_is_refused_where_backward_reads_remote_inputs():
+    from sarcompile.shard import ShardGraph
+
+    g = sc.Graph.from_edges(torch.tensor([0, 1]), torch.tensor([1, 0]), 2)
+    w = torch.ones(2, requires_grad=True)
+    with pytest.raises(sc.CompileError, match="'direct'"):
+        sc.spmm(ShardGraph.single(g), torch.randn(2, 3), "sum", w, strategy="direct")
+    sc.spmm(ShardGraph.single(g), torch.randn(2, 3), "sum", w.detach(), strategy="direct")  # nothing read
+
+
 def test_bad_options_are_rejected_early():
     with pytest.raises(sc.CompileError, match="mode must be one of"):
         sc.distribute(Mixed(), mode="fast")
