@@ -369,13 +369,19 @@ def _num_nodes(
     return int(max(src.max(), dst.max())) + 1 if src.numel() else 0
 
 
+CSV_COLUMNS = ("src", "dst")
+
+
 def _read_csv(path: Path) -> tuple[torch.Tensor, torch.Tensor]:
-    with open(path) as f:
-        header = _is_header(f.readline())
+    with open(path, encoding="utf-8-sig") as f:  # -sig: a byte-order mark is not part of the first name
+        first = f.readline()
+    order = _csv_header(first, path)
     try:
         with warnings.catch_warnings():  # numpy warns on an empty file; we raise instead
             warnings.simplefilter("ignore", UserWarning)
-            edges = np.loadtxt(path, delimiter=",", dtype=np.int64, skiprows=int(header), ndmin=2)
+            edges = np.loadtxt(
+                path, delimiter=",", dtype=np.int64, skiprows=int(order is not None), ndmin=2, encoding="utf-8-sig"
+            )
     except ValueError as e:
         raise GraphError(f"'{path}' is not a CSV of integer src,dst pairs ({e})") from None
     if edges.size == 0:
@@ -383,9 +389,30 @@ def _read_csv(path: Path) -> tuple[torch.Tensor, torch.Tensor]:
     if edges.shape[1] != 2:
         raise GraphError(f"'{path}' has {edges.shape[1]} columns; expected two: src,dst")
     edges = torch.from_numpy(edges)
-    return edges[:, 0].contiguous(), edges[:, 1].contiguous()
+    src, dst = (0, 1) if order is None else (order.index("src"), order.index("dst"))
+    return edges[:, src].contiguous(), edges[:, dst].contiguous()
 
 
-def _is_header(line: str) -> bool:
-    """A first line that is not all integers names the columns."""
-    return bool(line.strip()) and not all(c.strip().lstrip("-").isdigit() for c in line.split(","))
+def _csv_header(line: str, path: Path) -> list[str] | None:
+    """The column names of a header line (``src,dst`` in either order), or None for a line
+    of data. A line with a number in it is always data (``1e3,2`` is a bad edge, not a
+    header); a line of other words that are not src and dst is refused, since taking
+    its columns by position could swap the edges' directions."""
+    fields = [c.strip() for c in line.split(",")]
+    if not line.strip() or any(_is_number(c) for c in fields):
+        return None
+    names = [c.lower() for c in fields]
+    if sorted(names) == sorted(CSV_COLUMNS):
+        return names
+    raise GraphError(
+        f"'{path}': the header line {line.strip()!r} does not name the columns src and dst; "
+        "write the header as src,dst (or dst,src) or leave it out (the columns are then src,dst)"
+    )
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
