@@ -55,7 +55,12 @@ edge file formats:
         'num_nodes', and any other tensors with one row per node (e.g. x, y, train_mask),
         which are split into the parts as node data
   .npz  numpy.savez'd arrays with the same keys
-  .csv  two integer columns src,dst, one edge per line; an optional header line
+  .csv  two integer columns, one edge per line: src,dst, or as a header line
+        names them (src,dst or dst,src); a line of numbers is never a header
+
+node data is checked before anything is written: x floating point [nodes, features]
+with no NaN or infinity (--allow-nonfinite keeps them), y integer labels (-1 =
+unlabelled), masks boolean (or 0/1 integers)
 """
 
 
@@ -111,6 +116,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--seed", type=int, help="seed of the metis and random methods (default: 0)")
     p.add_argument("--name", help="name recorded in the manifest (default: the edge file's or dataset's name)")
+    p.add_argument(
+        "--allow-nonfinite",
+        action="store_true",
+        help="keep NaN or infinite values in floating-point node data (refused by default, naming the node)",
+    )
     p.set_defaults(run=_partition)
 
     p = commands.add_parser(
@@ -217,7 +227,8 @@ def _partition(args: argparse.Namespace) -> int:
         g, node_data, name, described = _load_source(args)
     with _phase(console, times, "partition + write", f"partitioning ({args.method}) and writing to {args.out}"):
         manifest = partition(
-            g, args.parts, args.out, node_data=node_data, method=args.method, seed=args.seed, name=args.name or name
+            g, args.parts, args.out, node_data=node_data, method=args.method, seed=args.seed, name=args.name or name,
+            allow_nonfinite=args.allow_nonfinite,
         )
     if described:
         print(described)
@@ -232,6 +243,7 @@ def _convert_dgl(args: argparse.Namespace) -> int:
     from .frontends.dgl_partition import convert_dgl_partition
 
     given = [f"--{k}" for k in ("root", "symmetrize", "method", "seed") if getattr(args, k) is not None]
+    given += ["--allow-nonfinite"] if args.allow_nonfinite else []
     if given:
         raise PartitionError(
             f"{', '.join(given)} apply only to --edges/--dataset: a DGL partition keeps DGL's assignment"
