@@ -11,7 +11,9 @@ from .errors import (
     DatasetError,
     GraphError,
     PartitionError,
+    RunDirError,
     SarcompileError,
+    TrainingError,
 )
 from .estimate import EstimateTable, estimate
 from .graph import Graph
@@ -56,4 +58,6 @@ __all__ = [
     "CommError",
     "DatasetError",
     "CheckpointError",
+    "RunDirError",
+    "TrainingError",
 ]

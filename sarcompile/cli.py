@@ -55,7 +55,12 @@ edge file formats:
         'num_nodes', and any other tensors with one row per node (e.g. x, y, train_mask),
         which are split into the parts as node data
   .npz  numpy.savez'd arrays with the same keys
-  .csv  two integer columns src,dst, one edge per line; an optional header line
+  .csv  two integer columns, one edge per line: src,dst, or as a header line
+        names them (src,dst or dst,src); a line of numbers is never a header
+
+node data is checked before anything is written: x floating point [nodes, features]
+with no NaN or infinity (--allow-nonfinite keeps them), y integer labels (-1 =
+unlabelled), masks boolean (or 0/1 integers)
 """
 
 
@@ -111,6 +116,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--seed", type=int, help="seed of the metis and random methods (default: 0)")
     p.add_argument("--name", help="name recorded in the manifest (default: the edge file's or dataset's name)")
+    p.add_argument(
+        "--allow-nonfinite",
+        action="store_true",
+        help="keep NaN or infinite values in floating-point node data (refused by default, naming the node)",
+    )
     p.set_defaults(run=_partition)
 
     p = commands.add_parser(
@@ -217,7 +227,8 @@ def _partition(args: argparse.Namespace) -> int:
         g, node_data, name, described = _load_source(args)
     with _phase(console, times, "partition + write", f"partitioning ({args.method}) and writing to {args.out}"):
         manifest = partition(
-            g, args.parts, args.out, node_data=node_data, method=args.method, seed=args.seed, name=args.name or name
+            g, args.parts, args.out, node_data=node_data, method=args.method, seed=args.seed, name=args.name or name,
+            allow_nonfinite=args.allow_nonfinite,
         )
     if described:
         print(described)
@@ -232,6 +243,7 @@ def _convert_dgl(args: argparse.Namespace) -> int:
     from .frontends.dgl_partition import convert_dgl_partition
 
     given = [f"--{k}" for k in ("root", "symmetrize", "method", "seed") if getattr(args, k) is not None]
+    given += ["--allow-nonfinite"] if args.allow_nonfinite else []
     if given:
         raise PartitionError(
             f"{', '.join(given)} apply only to --edges/--dataset: a DGL partition keeps DGL's assignment"
@@ -369,13 +381,19 @@ def _num_nodes(
     return int(max(src.max(), dst.max())) + 1 if src.numel() else 0
 
 
+CSV_COLUMNS = ("src", "dst")
+
+
 def _read_csv(path: Path) -> tuple[torch.Tensor, torch.Tensor]:
-    with open(path) as f:
-        header = _is_header(f.readline())
+    with open(path, encoding="utf-8-sig") as f:  # -sig: a byte-order mark is not part of the first name
+        first = f.readline()
+    order = _csv_header(first, path)
     try:
         with warnings.catch_warnings():  # numpy warns on an empty file; we raise instead
             warnings.simplefilter("ignore", UserWarning)
-            edges = np.loadtxt(path, delimiter=",", dtype=np.int64, skiprows=int(header), ndmin=2)
+            edges = np.loadtxt(
+                path, delimiter=",", dtype=np.int64, skiprows=int(order is not None), ndmin=2, encoding="utf-8-sig"
+            )
     except ValueError as e:
         raise GraphError(f"'{path}' is not a CSV of integer src,dst pairs ({e})") from None
     if edges.size == 0:
@@ -383,9 +401,30 @@ def _read_csv(path: Path) -> tuple[torch.Tensor, torch.Tensor]:
     if edges.shape[1] != 2:
         raise GraphError(f"'{path}' has {edges.shape[1]} columns; expected two: src,dst")
     edges = torch.from_numpy(edges)
-    return edges[:, 0].contiguous(), edges[:, 1].contiguous()
+    src, dst = (0, 1) if order is None else (order.index("src"), order.index("dst"))
+    return edges[:, src].contiguous(), edges[:, dst].contiguous()
 
 
-def _is_header(line: str) -> bool:
-    """A first line that is not all integers names the columns."""
-    return bool(line.strip()) and not all(c.strip().lstrip("-").isdigit() for c in line.split(","))
+def _csv_header(line: str, path: Path) -> list[str] | None:
+    """The column names of a header line (``src,dst`` in either order), or None for a line
+    of data. A line with a number in it is always data (``1e3,2`` is a bad edge, not a
+    header); a line of other words that are not src and dst is refused, since taking
+    its columns by position could swap the edges' directions."""
+    fields = [c.strip() for c in line.split(",")]
+    if not line.strip() or any(_is_number(c) for c in fields):
+        return None
+    names = [c.lower() for c in fields]
+    if sorted(names) == sorted(CSV_COLUMNS):
+        return names
+    raise GraphError(
+        f"'{path}': the header line {line.strip()!r} does not name the columns src and dst; "
+        "write the header as src,dst (or dst,src) or leave it out (the columns are then src,dst)"
+    )
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True

@@ -233,6 +233,15 @@ def _labels(labels: np.ndarray, num_nodes: int, name: str) -> torch.Tensor:
     labels = labels.reshape(-1)
     if labels.dtype.kind == "f":
         labels = np.where(np.isnan(labels), -1, labels)
+        # Anything else that is not a whole number would be truncated by the cast below.
+        bad = np.flatnonzero(~np.isfinite(labels) | (labels != np.round(labels)))
+        if bad.size:
+            raise DatasetError(
+                f"{name}: node {int(bad[0])} has label {labels[bad[0]]}, not a class id "
+                f"({bad.size} such labels); the label file is damaged or not this dataset's"
+            )
+    elif labels.dtype.kind not in "iu":
+        raise DatasetError(f"{name}: labels have dtype {labels.dtype}, expected integer class ids")
     return torch.from_numpy(labels.astype(np.int64))
 
 

@@ -46,3 +46,14 @@ class KernelError(SarcompileError, RuntimeError):
 
 
 __all__.append("KernelError")
+
+
+class RunDirError(SarcompileError):
+    """A run or partition directory is in use by another process, or cannot be used."""
+
+
+class TrainingError(SarcompileError, RuntimeError):
+    """Training cannot go on (e.g. the loss stopped being finite)."""
+
+
+__all__ += ["RunDirError", "TrainingError"]

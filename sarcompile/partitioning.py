@@ -15,7 +15,15 @@ that names the graph, the method, the sizes and the sha256 of every part file::
 
 Every file is written to a temporary name and renamed into place, and the manifest is
 removed before any part changes and written last: a run that dies half-way leaves a
-directory that refuses to load rather than one that mixes two partitionings.
+directory that refuses to load rather than one that mixes two partitionings. A partition
+run locks the directory (``.lock``, see :mod:`sarcompile.rundir`), so a second one on the
+same directory is refused, and deletes the temporary files a killed run left there.
+
+Node data is checked when it is partitioned and again when a part is loaded
+(:mod:`sarcompile.validate`): features ``x`` floating point ``[nodes, features]`` and
+finite, labels ``y`` integers, masks boolean. The manifest records ``graph_sha256``, a
+hash of the whole graph and its node data that does not depend on the number of parts:
+a checkpoint keeps it to recognise the graph it was trained on.
 """
 
 from __future__ import annotations
@@ -23,7 +31,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
+import secrets
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -34,7 +42,9 @@ import torch
 
 from .errors import GraphError, PartitionError
 from .graph import Graph
+from .rundir import lock_dir, remove_stale_temps
 from .shard import PartData, ShardGraph, split_graph
+from .validate import check_node_data
 
 __all__ = [
     "METHODS",
@@ -43,6 +53,7 @@ __all__ = [
     "Manifest",
     "Partition",
     "assign",
+    "graph_sha256",
     "partition",
     "read_manifest",
     "load_partition",
@@ -164,6 +175,8 @@ class Manifest:
     ``halo_sizes[r][q]`` is the number of part ``q``'s nodes with an edge into part ``r``
     (the rows ``r`` receives from ``q`` in every aggregation); the diagonal is 0.
     ``node_data`` maps each node tensor's name to its ``dtype`` and trailing ``shape``.
+    ``graph_sha256`` identifies the graph and its node data whatever the number of parts
+    (see :func:`graph_sha256`); manifests written before it existed have None.
     """
 
     num_parts: int
@@ -178,6 +191,7 @@ class Manifest:
     node_data: dict[str, dict[str, Any]]
     created: str
     format_version: int = FORMAT_VERSION
+    graph_sha256: str | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
@@ -224,44 +238,57 @@ def partition(
     method: str | torch.Tensor = "metis",
     seed: int = 0,
     name: str = "graph",
+    allow_nonfinite: bool = False,
 ) -> Manifest:
     """Split ``g`` (and the node tensors in ``node_data``) into ``num_parts`` files under ``out_dir``.
 
     Worker ``r`` later reads its piece with :func:`load_partition`. Returns the manifest
     that is also written to ``out_dir/manifest.json``. ``method`` is as in :func:`assign`:
     a method name, or a tensor of part ids per node, recorded as method ``"given"``.
+
+    The node tensors are checked first (:mod:`sarcompile.validate`: ``x`` floating point
+    ``[nodes, features]``, ``y`` integer labels, boolean masks, no NaN or infinity in any
+    floating-point tensor unless ``allow_nonfinite``); a violation raises
+    :class:`GraphError` naming the node and column. While it writes, the directory is
+    locked: another partition run on it raises :class:`~sarcompile.errors.RunDirError`.
     """
     _check_graph(g)
     _check_num_parts(num_parts)
     node_data = _check_node_data(g, node_data)
+    check_node_data(node_data, allow_nonfinite=allow_nonfinite)
     assignment = assign(g, num_parts, method, seed)
     parts = split_graph(g, assignment, num_parts, node_data)
+    identity = graph_sha256(g, node_data)
 
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    # From here until the new manifest lands the directory must not load: drop the old
-    # manifest first (durably) so old and new part files can never be read as one set.
-    (out / MANIFEST).unlink(missing_ok=True)
-    _fsync_dir(out)
-    _remove_stale_parts(out, num_parts)
-    infos = [_write_part(out, r, part) for r, part in enumerate(parts)]
+    with lock_dir(out, "partition run"):  # creates out
+        # Temporary files of a killed run can go: nobody else writes here while we hold the lock.
+        remove_stale_temps(out, ["part-*.pt", MANIFEST])
+        # From here until the new manifest lands the directory must not load: drop the old
+        # manifest first (durably) so old and new part files can never be read as one set.
+        (out / MANIFEST).unlink(missing_ok=True)
+        _fsync_dir(out)
+        _remove_stale_parts(out, num_parts)
+        infos = [_write_part(out, r, part) for r, part in enumerate(parts)]
 
-    manifest = Manifest(
-        num_parts=num_parts,
-        num_nodes=g.num_nodes,
-        num_edges=g.num_edges,
-        method="given" if isinstance(method, torch.Tensor) else method,
-        seed=seed,
-        name=name,
-        parts=infos,
-        halo_sizes=[[len(parts[q].send_index[r]) for q in range(num_parts)] for r in range(num_parts)],
-        edge_cut=int((assignment[g.src] != assignment[g.dst]).sum()),
-        node_data={
-            k: {"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape[1:])} for k, t in node_data.items()
-        },
-        created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-    )
-    _atomic_write(out / MANIFEST, lambda f: f.write(manifest.to_json().encode()))
+        manifest = Manifest(
+            num_parts=num_parts,
+            num_nodes=g.num_nodes,
+            num_edges=g.num_edges,
+            method="given" if isinstance(method, torch.Tensor) else method,
+            seed=seed,
+            name=name,
+            parts=infos,
+            halo_sizes=[[len(parts[q].send_index[r]) for q in range(num_parts)] for r in range(num_parts)],
+            edge_cut=int((assignment[g.src] != assignment[g.dst]).sum()),
+            node_data={
+                k: {"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape[1:])}
+                for k, t in node_data.items()
+            },
+            created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            graph_sha256=identity,
+        )
+        _atomic_write(out / MANIFEST, lambda f: f.write(manifest.to_json().encode()))
     return manifest
 
 
@@ -294,6 +321,27 @@ def _check_node_data(g: Graph, node_data: dict[str, torch.Tensor] | None) -> dic
     return checked
 
 
+def graph_sha256(g: Graph, node_data: dict[str, torch.Tensor] | None = None) -> str:
+    """The sha256 of a graph (its node count and edges, in order) and its node tensors
+    (by name: dtype, shape and values): the same for any number of parts, different for
+    any change that changes what training computes."""
+    h = hashlib.sha256(b"sarcompile-graph 1\n")
+    h.update(json.dumps([g.num_nodes, g.num_edges]).encode())
+    for t in (g.src, g.dst):
+        _hash_tensor(h, t.to(torch.int64))
+    for key in sorted(node_data or {}):
+        t = node_data[key]
+        h.update(json.dumps([key, str(t.dtype), list(t.shape)]).encode())
+        _hash_tensor(h, t)
+    return h.hexdigest()
+
+
+def _hash_tensor(h: Any, t: torch.Tensor) -> None:
+    flat = t.detach().cpu().contiguous().reshape(-1)
+    if flat.numel():
+        h.update(memoryview(flat.view(torch.uint8).numpy()))
+
+
 def _remove_stale_parts(out: Path, num_parts: int) -> None:
     """Delete part files of an earlier partitioning into more parts (they may be large)."""
     for path in out.glob("part-*.pt"):
@@ -316,8 +364,13 @@ def _write_part(out: Path, rank: int, part: PartData) -> PartInfo:
 
 
 def _atomic_write(path: Path, write: Callable[[IO[bytes]], Any]) -> None:
-    """Write ``path`` so that it is either absent, the old file, or the complete new one."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    """Write ``path`` so that it is either absent, the old file, or the complete new one.
+
+    The data goes to ``.NAME.<random>.tmp`` in the same directory first (what
+    :func:`sarcompile.rundir.remove_stale_temps` cleans after a kill), created with mode
+    0666 less the umask, as ``open`` would create the file (``mkstemp`` would make it 0600).
+    """
+    fd, tmp = _create_temp(path)
     try:
         with os.fdopen(fd, "wb") as f:
             write(f)
@@ -328,6 +381,16 @@ def _atomic_write(path: Path, write: Callable[[IO[bytes]], Any]) -> None:
         Path(tmp).unlink(missing_ok=True)
         raise
     _fsync_dir(path.parent)
+
+
+def _create_temp(path: Path) -> tuple[int, str]:
+    for _ in range(100):
+        tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
+        try:
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666), str(tmp)
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"cannot create a temporary file next to '{path}'")
 
 
 def _fsync_dir(path: Path) -> None:
@@ -373,12 +436,19 @@ def read_manifest(out_dir: str | os.PathLike) -> Manifest:
     return Manifest.from_json(text)
 
 
-def load_partition(out_dir: str | os.PathLike, rank: int | None = None, world_size: int | None = None) -> Partition:
+def load_partition(
+    out_dir: str | os.PathLike,
+    rank: int | None = None,
+    world_size: int | None = None,
+    allow_nonfinite: bool = False,
+) -> Partition:
     """Load worker ``rank``'s part of the partition in ``out_dir``.
 
     ``rank`` and ``world_size`` default to torch.distributed's when a process group is
     up, else to 0 and 1. The part file is checked against the manifest's checksum and
-    halo sizes before it is used.
+    halo sizes before it is used, and its node data as :func:`partition` checks it
+    (a partition written by an older version may hold NaN features or float labels):
+    a :class:`PartitionError` names the node and column.
     """
     rank, world_size = _rank_and_world(rank, world_size)
     manifest = read_manifest(out_dir)
@@ -390,6 +460,11 @@ def load_partition(out_dir: str | os.PathLike, rank: int | None = None, world_si
     if not 0 <= rank < world_size:
         raise PartitionError(f"rank {rank} is outside [0, {world_size})")
     part = read_part(out_dir, manifest, rank)
+    check_node_data(
+        part.node_data, ids=part.global_ids, allow_nonfinite=allow_nonfinite, error=PartitionError,
+        where=f"part file '{Path(out_dir) / manifest.parts[rank].file}': node_data",
+        fix="re-run partition with corrected node data",
+    )
     graph = ShardGraph.from_part(part, rank, world_size, manifest.num_nodes, manifest.num_edges)
     return Partition(graph, part.node_data, part.global_ids, rank, manifest)
 

@@ -41,8 +41,20 @@ A checkpoint (``OUT/checkpoint.pt``, see :mod:`sarcompile.checkpoint`) is writte
 numbers an uninterrupted run gives -- except with the communication reduction options:
 their stale caches and error-feedback residuals are not checkpointed, so a resumed run
 starts its links afresh (its first iteration refreshes every remote row) and differs
-from an uninterrupted one. :func:`build_model` rebuilds the eager single-machine
-model from a checkpoint's config, and :func:`load_trained` does both steps::
+from an uninterrupted one. A checkpoint records the partition's ``graph_sha256`` (the
+same for any number of parts), and ``--resume`` refuses a partition of another graph.
+The workers wait for a checkpoint write up to ``SARCOMPILE_CHECKPOINT_TIMEOUT`` seconds
+(default 4 x ``SARCOMPILE_TIMEOUT``), in a process group of their own.
+
+Rank 0 locks ``OUT`` for the run's life (:mod:`sarcompile.rundir`): a second run on it is
+refused on every rank before anything is written, and a fresh run refuses an ``OUT``
+with a checkpoint or a log that already holds lines. Node data is checked when it is
+loaded (:mod:`sarcompile.validate`), and a loss that is not finite stops the run with a
+:class:`~sarcompile.errors.TrainingError` naming the epoch, before that epoch is logged
+or checkpointed; ``--allow-nonfinite`` lets both through.
+
+:func:`build_model` rebuilds the eager single-machine model from a checkpoint's config,
+and :func:`load_trained` does both steps::
 
     model, config = load_trained("runs/x/checkpoint.pt")   # eval mode, one machine
     g, data = sc.load_whole_graph("parts")
@@ -55,12 +67,13 @@ import argparse
 import contextlib
 import dataclasses
 import json
+import math
 import os
 import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -73,10 +86,13 @@ from tqdm import tqdm
 from . import nn as scnn
 from .checkpoint import CHECKPOINT_NAME, load_checkpoint, save_checkpoint
 from .compiler import distribute
-from .errors import CheckpointError, PartitionError, SarcompileError
+from . import errors
+from .errors import CheckpointError, CommError, PartitionError, RunDirError, SarcompileError, TrainingError
 from .partitioning import _atomic_write, load_partition, read_manifest
-from .runtime.comm import global_max, global_sum, init, shutdown, stats, sync_gradients
+from .rundir import lock_dir, remove_stale_temps
+from .runtime.comm import global_max, global_sum, init, shutdown, stats, sync_gradients, timeout
 from .runtime.memory import MemoryProbe
+from .validate import check_node_data
 from .vocab import Compression, Mode
 
 __all__ = ["GNN", "TrainConfig", "build_model", "evaluate", "load_trained", "main", "parse_args", "train"]
@@ -100,6 +116,8 @@ PHASES = ("forward", "backward", "allreduce", "batch_norm")
 ALWAYS_LOGGED = PHASES[:3]
 FORMAT = 1
 NEGATED = ("error_feedback", "progress")  # options set by a --no-... flag
+CHECKPOINT_TIMEOUT_ENV = "SARCOMPILE_CHECKPOINT_TIMEOUT"
+CHECKPOINT_TIMEOUT_FACTOR = 4  # default: this many SARCOMPILE_TIMEOUTs
 
 
 @dataclass
@@ -125,6 +143,7 @@ class TrainConfig:
     resume: bool = False
     stop_after: int | None = None
     progress: bool = True
+    allow_nonfinite: bool = False
     staleness: int = 1
     bounded_staleness: int | None = None
     compress: str | None = None
@@ -311,6 +330,7 @@ def evaluate(model: nn.Module, graph, node_data: Mapping[str, torch.Tensor]) -> 
     For serving a checkpoint: ``evaluate(model, *sc.load_whole_graph(parts))`` gives the
     accuracies the trainer logged for the checkpoint's epoch (labels < 0 do not count).
     """
+    check_node_data(node_data, allow_nonfinite=True, where="node_data")  # the dtypes; NaN just scores wrong
     x, y, masks = _node_tensors(node_data, where="node_data")
     return _accuracies(_counts(model, graph, x, y, masks))
 
@@ -327,9 +347,16 @@ def load_trained(path: str | os.PathLike) -> tuple[GNN, dict[str, Any]]:
 
 
 def _node_tensors(data: Mapping[str, torch.Tensor], where: str):
+    """x, y and the masks (restricted to labelled nodes); the dtypes were checked where the
+    data was loaded (sarcompile.validate)."""
     missing = [k for k in NODE_KEYS if k not in data]
     if missing:
         raise PartitionError(_missing_keys_message(missing, where))
+    if data["y"].dim() != 1:
+        raise PartitionError(
+            f"{where}: node data 'y' has shape {tuple(data['y'].shape)}; the trainer needs one class id per node "
+            "(shape [nodes]; re-partition with y.reshape(-1) for a [nodes, 1] tensor)"
+        )
     y = data["y"].long()
     masks = {k: data[k].bool() & (y >= 0) for k in MASKS}  # labels < 0: unlabelled
     return data["x"], y, masks
@@ -359,18 +386,66 @@ def _broadcast(obj: Any) -> Any:
     return box[0]
 
 
-def _agree(error: str | None, what: str) -> None:
-    """Raise on every rank if any rank failed (so no rank waits for the others forever)."""
-    failed = float(global_sum(torch.tensor([1.0 if error else 0.0], dtype=torch.float64)))
+def _agree(error: str | None, what: str, group: Any = None, limit_s: float | None = None) -> None:
+    """Raise on every rank if any rank failed (so no rank waits for the others forever).
+
+    With a ``group`` (see :func:`_checkpoint_group`) the ranks meet there and wait up to
+    ``limit_s`` seconds: checkpoint I/O may take longer than a step's exchange.
+    """
+    flag = torch.tensor([1.0 if error else 0.0], dtype=torch.float64)
+    if group is None:
+        failed = float(global_sum(flag))
+    else:
+        work = dist.all_reduce(flag, group=group, async_op=True)
+        try:
+            work.wait(timedelta(seconds=limit_s))
+        except RuntimeError as e:  # gloo reports timeouts and closed peers as RuntimeError
+            raise CommError(
+                f"{what}: a peer worker did not answer within {limit_s:.0f}s or went away ({e}). "
+                f"Check the other workers' logs; raise {CHECKPOINT_TIMEOUT_ENV} if the disk is just slow."
+            ) from None
+        failed = float(flag[0])
     if error:
         raise CheckpointError(error)
     if failed:
         raise CheckpointError(f"{what} failed on another worker (see its error message)")
 
 
+def checkpoint_timeout() -> float:
+    """Seconds the workers wait for a checkpoint to be written or read:
+    ``SARCOMPILE_CHECKPOINT_TIMEOUT``, by default 4 x ``SARCOMPILE_TIMEOUT`` (20 minutes
+    with its default). A :class:`ValueError` naming the variable for anything but a
+    positive number."""
+    text = os.environ.get(CHECKPOINT_TIMEOUT_ENV, "").strip()
+    if not text:
+        return CHECKPOINT_TIMEOUT_FACTOR * timeout()
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(
+            f"{CHECKPOINT_TIMEOUT_ENV} must be a number of seconds > 0 (how long the workers wait for a checkpoint "
+            f"to be written), got {text!r}"
+        )
+    return value
+
+
+def _checkpoint_group(limit_s: float) -> Any:
+    """A process group of all workers whose waits are bounded by ``limit_s`` instead of
+    SARCOMPILE_TIMEOUT: the workers meet there while rank 0 writes a checkpoint, which on
+    a slow disk may take longer than any exchange should (None on one worker)."""
+    if not _distributed():
+        return None
+    return dist.new_group(backend="gloo", timeout=timedelta(seconds=limit_s))
+
+
 # -- checkpoints ---------------------------------------------------------------------------------
-def _write_checkpoint(path: Path, rank: int, make_state, epoch: int) -> None:
-    """Rank 0 writes ``make_state(epoch)``; every rank learns whether it worked."""
+def _write_checkpoint(
+    path: Path, rank: int, make_state, epoch: int, group: Any = None, limit_s: float | None = None
+) -> None:
+    """Rank 0 writes ``make_state(epoch)``; every rank learns whether it worked (meeting in
+    ``group`` for up to ``limit_s`` seconds)."""
     error = None
     if rank == 0:
         try:
@@ -378,10 +453,10 @@ def _write_checkpoint(path: Path, rank: int, make_state, epoch: int) -> None:
         # Whatever failed, the other ranks must hear of it rather than wait for rank 0.
         except Exception as e:  # noqa: BLE001
             error = f"writing checkpoint '{path}' failed ({type(e).__name__}: {e}); the previous checkpoint is intact"
-    _agree(error, f"writing checkpoint '{path}'")
+    _agree(error, f"writing checkpoint '{path}'", group, limit_s)
 
 
-def _read_checkpoint(path: Path) -> dict[str, Any]:
+def _read_checkpoint(path: Path, group: Any = None, limit_s: float | None = None) -> dict[str, Any]:
     state, error = None, None
     try:
         state = load_checkpoint(path)
@@ -389,7 +464,7 @@ def _read_checkpoint(path: Path) -> dict[str, Any]:
             raise CheckpointError(f"checkpoint '{path}' was not written by this version of sarcompile.train")
     except CheckpointError as e:
         error = str(e)
-    _agree(error, f"reading checkpoint '{path}'")
+    _agree(error, f"reading checkpoint '{path}'", group, limit_s)
     return state
 
 
@@ -406,10 +481,22 @@ def _check_resumable(state: dict[str, Any], run: dict[str, Any], graph: dict[str
             + (f" ({flags})" if flags else "")
             + ", or start a new run in another --out"
         )
-    if state.get("graph") != graph:
+    saved_graph = state.get("graph") or {}
+    sizes = ("num_nodes", "num_edges")
+    if any(saved_graph.get(k) != graph[k] for k in sizes):
+        theirs, ours = ({k: g.get(k) for k in sizes} for g in (saved_graph, graph))
         raise CheckpointError(
-            f"checkpoint '{path}' was trained on another graph ({state.get('graph')}, this partition: {graph}); "
+            f"checkpoint '{path}' was trained on another graph ({theirs}, this partition: {ours}); "
             "resume with a partition of the same graph"
+        )
+    # Checkpoints and manifests older than the identity have none: then the sizes must do.
+    theirs, ours = saved_graph.get("sha256"), graph.get("sha256")
+    if theirs and ours and theirs != ours:
+        raise CheckpointError(
+            f"checkpoint '{path}' was trained on another graph of the same size ({graph['num_nodes']} nodes, "
+            f"{graph['num_edges']} edges): its graph sha256 is {theirs}, this partition's is {ours} (other edges, "
+            "features, labels or masks). Resume with a partition of the graph it was trained on, or start a new "
+            "run in another --out"
         )
 
 
@@ -453,24 +540,74 @@ def train(config: TrainConfig | Mapping[str, Any] | argparse.Namespace | Sequenc
     caller does (``sc.shutdown()``), as :func:`main` does. Every rank returns the same
     records (the values are summed across workers); with ``resume`` only the epochs run
     by this call.
+
+    Rank 0 locks the run directory for the whole call (:mod:`sarcompile.rundir`): a second
+    run on the same ``out`` is refused on every rank with a :class:`RunDirError` before
+    anything is written.
     """
     cfg = _as_config(config)
     cfg.validate()
+    ckpt_limit = checkpoint_timeout()
     rank, world_size = init()
     manifest = read_manifest(cfg.parts)
     missing = [k for k in NODE_KEYS if k not in manifest.node_data]
     if missing:
         raise PartitionError(_missing_keys_message(missing, f"partition '{cfg.parts}'"))
 
-    out = Path(_broadcast(_out_dir(cfg) if rank == 0 else None))
+    lock, group = None, None
+    try:
+        out, failure = None, None
+        if rank == 0:
+            try:
+                lock, out = _claim_out_dir(cfg)
+            except SarcompileError as e:
+                failure = (type(e).__name__, str(e))
+        out, failure = _broadcast((out, failure))
+        if failure is not None:  # the same error on every rank, each exits cleanly
+            raise getattr(errors, failure[0])(failure[1])
+        group = _checkpoint_group(ckpt_limit)
+        return _train(cfg, rank, world_size, manifest, Path(out), group, ckpt_limit)
+    finally:
+        if group is not None:
+            dist.destroy_process_group(group)
+        if lock is not None:
+            lock.release()
+
+
+def _claim_out_dir(cfg: TrainConfig):
+    """Rank 0: create and lock the run directory, refuse what would overwrite another run's
+    files, and delete the temporary files a killed run left; returns (lock, out)."""
+    try:
+        out = Path(_out_dir(cfg))
+    except OSError as e:
+        raise RunDirError(f"cannot create the run directory ({e}); choose another --out") from None
+    lock = lock_dir(out, "training run")
+    try:
+        log_path = Path(cfg.log) if cfg.log else out / "log.jsonl"
+        if not cfg.resume and (out / CHECKPOINT_NAME).exists():
+            raise CheckpointError(
+                f"'{out}' already holds a checkpoint: pass --resume to continue that run, or choose another --out"
+            )
+        if not cfg.resume and log_path.is_file() and log_path.stat().st_size > 0:
+            raise RunDirError(
+                f"the log '{log_path}' already holds another run's lines (and there is no checkpoint to resume): "
+                "a fresh run does not overwrite it; choose another --out (or --log), or delete it"
+            )
+        stale = [CHECKPOINT_NAME] + ([log_path.name] if log_path.parent.resolve() == out.resolve() else [])
+        remove_stale_temps(out, stale)
+    except OSError as e:
+        lock.release()
+        raise RunDirError(f"cannot use the run directory '{out}' ({e})") from None
+    except BaseException:
+        lock.release()
+        raise
+    return lock, str(out)
+
+
+def _train(cfg: TrainConfig, rank: int, world_size: int, manifest, out: Path, group: Any, ckpt_limit: float):
     log_path = Path(cfg.log) if cfg.log else out / "log.jsonl"
     ckpt_path = out / CHECKPOINT_NAME
-    if not cfg.resume and ckpt_path.exists():
-        raise CheckpointError(
-            f"'{out}' already holds a checkpoint: pass --resume to continue that run, or choose another --out"
-        )
-
-    part = load_partition(cfg.parts)
+    part = load_partition(cfg.parts, allow_nonfinite=cfg.allow_nonfinite)
     x, y, masks = _node_tensors(part.node_data, where=f"partition '{cfg.parts}'")
     num_classes = int(global_max(y.max().reshape(1) if y.numel() else y.new_full((1,), -1))) + 1
     num_train = int(global_sum(masks["train_mask"].sum()))
@@ -478,8 +615,10 @@ def train(config: TrainConfig | Mapping[str, Any] | argparse.Namespace | Sequenc
         raise PartitionError(f"partition '{cfg.parts}' has no labelled training nodes (train_mask & y >= 0)")
     run = {**dataclasses.asdict(cfg), "in_dim": x.shape[1], "num_classes": num_classes}
     graph = {"num_nodes": manifest.num_nodes, "num_edges": manifest.num_edges}
+    if manifest.graph_sha256:  # the partition's identity, whatever its number of parts
+        graph["sha256"] = manifest.graph_sha256
 
-    state = _read_checkpoint(ckpt_path) if cfg.resume else None
+    state = _read_checkpoint(ckpt_path, group, ckpt_limit) if cfg.resume else None
     if state is not None:
         _check_resumable(state, run, graph, ckpt_path)
     torch.manual_seed(cfg.seed)  # same initial weights and dropout seeds on every worker
@@ -522,6 +661,7 @@ def train(config: TrainConfig | Mapping[str, Any] | argparse.Namespace | Sequenc
         )
     records: list[dict[str, Any]] = []
     stopped = False
+    saved = start if state is not None else None  # the epoch of the checkpoint on disk
     probe = MemoryProbe()
     with contextlib.ExitStack() as stack:
         log = stack.enter_context(open(log_path, "a")) if show else None
@@ -541,6 +681,8 @@ def train(config: TrainConfig | Mapping[str, Any] | argparse.Namespace | Sequenc
             summed = global_sum(torch.cat([loss.to(torch.float64).reshape(1), counts, traffic.reshape(-1)]))
             n = 1 + counts.numel()
             rec = {"epoch": epoch, "loss": float(summed[0]), **_accuracies(summed[1:n])}
+            if not (cfg.allow_nonfinite or math.isfinite(rec["loss"])):  # the same sum on every rank
+                raise TrainingError(_nonfinite_loss_message(epoch, rec["loss"], ckpt_path, saved))
             rec.update(epoch_s=round(time.perf_counter() - t0, 4), train_s=round(train_s, 4), world_size=world_size)
             rec["comm"] = _comm_record(summed[n:].reshape(traffic.shape))
             records.append(rec)
@@ -554,7 +696,8 @@ def train(config: TrainConfig | Mapping[str, Any] | argparse.Namespace | Sequenc
             stopped = cfg.stop_after is not None and epoch == cfg.stop_after
             every = cfg.checkpoint_every and epoch % cfg.checkpoint_every == 0
             if every or stopped or epoch == cfg.epochs:
-                _write_checkpoint(ckpt_path, rank, make_state, epoch)
+                _write_checkpoint(ckpt_path, rank, make_state, epoch, group, ckpt_limit)
+                saved = epoch
             if stopped:
                 break
 
@@ -564,6 +707,18 @@ def train(config: TrainConfig | Mapping[str, Any] | argparse.Namespace | Sequenc
         return records
     _report(records, probe, rank, world_size, start)
     return records
+
+
+def _nonfinite_loss_message(epoch: int, loss: float, ckpt_path: Path, saved: int | None) -> str:
+    kept = (
+        f"the last good checkpoint, of epoch {saved}, is kept in '{ckpt_path}'"
+        if saved is not None
+        else "no checkpoint was written before it"
+    )
+    return (
+        f"epoch {epoch}: the training loss is {loss}, not finite, so every later step would be too; stopped, and "
+        f"{kept}. Lower --lr, or check the node data for extreme values; --allow-nonfinite trains on regardless"
+    )
 
 
 def _train_step(model, opt, graph, x, y, mask, num_train: int) -> torch.Tensor:
@@ -721,6 +876,9 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--stop-after", type=int, metavar="E",
                     help="stop right after epoch E's checkpoint, as if killed (for testing --resume)")
     ap.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    ap.add_argument("--allow-nonfinite", action="store_true",
+                    help="train on node data with NaN or infinite values, and through a non-finite loss "
+                    "(both refused by default)")
     comm = ap.add_argument_group(
         "communication reduction", "opt-in and approximate (exact SAR is the default); see sarcompile.runtime.link"
     )

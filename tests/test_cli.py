@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from sarcompile.cli import main
+from sarcompile.cli import load_edge_file, main
+from sarcompile.errors import GraphError
 from sarcompile.partitioning import load_partition, read_manifest
 
 SRC = torch.tensor([0, 1, 2, 3, 4, 5, 5, 0])
@@ -77,6 +78,34 @@ def test_csv_file(tmp_path, header):
     assert run_partition(path, tmp_path / "out") == 0
     check_loadable(tmp_path / "out", int(max(SRC.max(), DST.max())) + 1, len(SRC), with_data=False)
     assert read_manifest(tmp_path / "out").name == "g"
+
+
+@pytest.mark.parametrize("header", ["dst,src\n", " DST , Src \n", "\ufeffdst,src\n"])
+def test_csv_header_names_the_columns_in_either_order(tmp_path, header):
+    path = tmp_path / "g.csv"
+    path.write_text(header + "".join(f"{v},{u}\n" for u, v in zip(SRC.tolist(), DST.tolist())), encoding="utf-8")
+    g, _ = load_edge_file(path)
+    assert torch.equal(g.src, SRC) and torch.equal(g.dst, DST)  # by name, not by position
+
+
+@pytest.mark.parametrize(
+    "first, match",
+    [
+        ("1e3,2", "not a CSV of integer src,dst pairs"),  # a numeric line is data, never a header
+        ("1.5,2", "not a CSV of integer src,dst pairs"),
+        ("nan,inf", "not a CSV of integer src,dst pairs"),
+        ("source,target", r"the header line 'source,target' does not name the columns src and dst"),
+        ("src,src", "does not name the columns src and dst"),
+        ("src,dst,w", "does not name the columns src and dst"),
+    ],
+)
+def test_csv_first_line_is_never_guessed(tmp_path, capsys, first, match):
+    path = tmp_path / "g.csv"
+    path.write_text(first + "\n0,1\n1,2\n")
+    with pytest.raises(GraphError, match=match):
+        load_edge_file(path)
+    assert run_partition(path, tmp_path / "out") == 2
+    assert capsys.readouterr().err.startswith("sarcompile partition: error: ")
 
 
 def write_bad(tmp_path, kind):

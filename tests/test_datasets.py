@@ -218,3 +218,11 @@ def test_malformed_raw_file_is_a_dataset_error(arxiv):
 
 def _no_prompt(*args: object) -> str:
     raise AssertionError("ogb must not prompt")
+
+
+def test_fractional_labels_are_refused_not_truncated():
+    from sarcompile.datasets import _labels
+
+    with pytest.raises(DatasetError, match=r"node 2 has label 1.5, not a class id \(2 such labels\)"):
+        _labels(np.array([0.0, np.nan, 1.5, np.inf], dtype=np.float32), 4, "ogbn-x")
+    assert _labels(np.array([[0.0], [np.nan], [3.0]]), 3, "ogbn-x").tolist() == [0, -1, 3]  # NaN: unlabelled

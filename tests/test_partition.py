@@ -347,4 +347,5 @@ def test_repartition_replaces_everything(written):
     assert m.num_parts == 2 and m.num_nodes == 20
     p = load_partition(written, 1, 2)
     assert torch.equal(p.global_ids, torch.arange(10, 20))
-    assert sorted(f.name for f in written.iterdir()) == ["manifest.json", "part-0.pt", "part-1.pt"]
+    # .lock: the partition run's lock file (left in place: the lock is the open file, not the name)
+    assert sorted(f.name for f in written.iterdir()) == [".lock", "manifest.json", "part-0.pt", "part-1.pt"]

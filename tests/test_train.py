@@ -395,3 +395,155 @@ def test_cli_names_a_missing_node_tensor(tmp_path):
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 1
     assert "has no node data 'val_mask'" in done.stderr and "node_data={'x'" in done.stderr
+
+
+# -- 8. reliability: run directories, bad data, resume identity, slow checkpoints -------------------
+def test_nan_features_are_refused_at_load_and_allowed_on_request(pool, tmp_path):
+    data = _sbm(200, 2, 3, 0.8, 4, 0)
+    data["x"][57, 1] = float("nan")
+    g = sc.Graph.from_edges(data["src"], data["dst"], data["num_nodes"])
+    keys = ("x", "y", "train_mask", "val_mask", "test_mask")
+    with pytest.raises(sc.GraphError, match=r"node_data\['x'\] holds a non-finite value: nan at node 57, column 1"):
+        sc.partition(g, 1, tmp_path / "parts", node_data={k: data[k] for k in keys})
+    sc.partition(g, 1, tmp_path / "parts", node_data={k: data[k] for k in keys}, allow_nonfinite=True)
+    msg = _run(pool, 1, _args(str(tmp_path / "parts"), tmp_path / "a", "--epochs", 2))
+    assert msg.startswith("PartitionError: part file") and "nan at node 57, column 1" in msg, msg
+    assert "--allow-nonfinite" in msg
+    records = _run(pool, 1, _args(str(tmp_path / "parts"), tmp_path / "b", "--epochs", 2, "--allow-nonfinite"))
+    assert [r["epoch"] for r in records] == [1, 2] and math.isnan(records[-1]["loss"])  # as asked
+
+
+def test_nonfinite_loss_stops_and_keeps_the_last_good_checkpoint(pool, parts, tmp_path):
+    # Adam moves every weight by about lr per step: lr 1e30 overflows the logits on epoch 2.
+    msg = _run(pool, 2, _args(parts[2], tmp_path, "--epochs", 6, "--lr", 1e30, "--checkpoint-every", 1))
+    assert msg.startswith("TrainingError: epoch 2: the training loss is nan, not finite"), msg
+    assert f"the last good checkpoint, of epoch 1, is kept in '{tmp_path / 'checkpoint.pt'}'" in msg
+    state = _state(tmp_path)
+    assert state["epoch"] == 1
+    assert all(torch.isfinite(v).all() for v in state["model"].values() if v.is_floating_point())
+    log = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in log] == [1] and math.isfinite(log[0]["loss"])  # no NaN line either
+
+
+def test_resume_refuses_another_graph_of_the_same_size(pool, parts, tmp_path):
+    other = _partition(_sbm(1200, 4, 4, 0.8, 8, 1), [2], tmp_path / "other")[2]  # another seed, same sizes
+    same, theirs = sc.load_partition(parts[2], 0, 2).manifest, sc.load_partition(other, 0, 2).manifest
+    assert (same.num_nodes, same.num_edges) == (theirs.num_nodes, theirs.num_edges)
+    _run(pool, 2, _args(parts[2], tmp_path / "run", "--epochs", 4, "--stop-after", 2))
+    assert _state(tmp_path / "run")["graph"]["sha256"] == same.graph_sha256
+    msg = _run(pool, 2, _args(other, tmp_path / "run", "--epochs", 4, "--resume"))
+    assert msg.startswith("CheckpointError") and "another graph of the same size" in msg, msg
+    assert f"its graph sha256 is {same.graph_sha256}, this partition's is {theirs.graph_sha256}" in msg
+    # The identity does not depend on the number of workers: 1 worker resumes the 2-worker run.
+    assert [r["epoch"] for r in _run(pool, 1, _args(parts[1], tmp_path / "run", "--epochs", 3, "--resume"))] == [3]
+    # A checkpoint from before the identity existed still resumes (on the sizes alone).
+    state = _state(tmp_path / "run")
+    del state["graph"]["sha256"]
+    save_checkpoint(tmp_path / "run" / "checkpoint.pt", state)
+    assert [r["epoch"] for r in _run(pool, 2, _args(parts[2], tmp_path / "run", "--epochs", 4, "--resume"))] == [4]
+
+
+def _slow_checkpoint_job(rank: int, world_size: int, payload):
+    """A run whose checkpoint write (rank 0) takes longer than SARCOMPILE_TIMEOUT: the
+    time it took on this rank, and the trainer's records or error."""
+    import time
+
+    import sarcompile.train as T
+
+    argv, comm_timeout, delay = payload
+    real = T.save_checkpoint
+
+    def slow_disk(path, state):
+        time.sleep(delay)
+        real(path, state)
+
+    before = os.environ.get("SARCOMPILE_TIMEOUT")
+    os.environ["SARCOMPILE_TIMEOUT"] = str(comm_timeout)
+    T.save_checkpoint = slow_disk
+    start = time.monotonic()
+    try:
+        records = _train_job(rank, world_size, argv)
+        return time.monotonic() - start, records
+    finally:
+        T.save_checkpoint = real
+        os.environ["SARCOMPILE_TIMEOUT"] = before if before is not None else "60"
+
+
+def test_a_checkpoint_slower_than_the_timeout_does_not_kill_the_run(pool, parts, tmp_path):
+    # SARCOMPILE_TIMEOUT 6 s, a 15 s write: checkpoint waits are bounded by 4 x 6 s instead.
+    argv = _args(parts[2], tmp_path, "--epochs", 3, "--checkpoint-every", 0)
+    results = pool(2).run(_slow_checkpoint_job, [(argv, 6, 15.0)] * 2, timeout=180)
+    for took, records in results:
+        assert isinstance(records, list), records
+        assert [r["epoch"] for r in records] == [1, 2, 3]
+        assert took >= 15.0
+    assert _state(tmp_path)["epoch"] == 3
+    assert not [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_checkpoint_timeout_is_validated(monkeypatch):
+    from sarcompile.train import checkpoint_timeout
+
+    monkeypatch.setenv("SARCOMPILE_TIMEOUT", "30")
+    monkeypatch.delenv("SARCOMPILE_CHECKPOINT_TIMEOUT", raising=False)
+    assert checkpoint_timeout() == 120.0
+    monkeypatch.setenv("SARCOMPILE_CHECKPOINT_TIMEOUT", " 7.5 ")
+    assert checkpoint_timeout() == 7.5
+    for bad in ("abc", "0", "-5", "inf", "nan"):
+        monkeypatch.setenv("SARCOMPILE_CHECKPOINT_TIMEOUT", bad)
+        with pytest.raises(ValueError, match=f"SARCOMPILE_CHECKPOINT_TIMEOUT must be a number of seconds > 0.*'{bad}'"):
+            checkpoint_timeout()
+
+
+def test_a_fresh_run_keeps_another_runs_log_and_cleans_stale_temp_files(pool, parts, tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "log.jsonl").write_text('{"epoch": 1, "loss": 1.0}\n')
+    msg = _run(pool, 1, _args(parts[1], out, "--epochs", 1))
+    assert msg.startswith("RunDirError") and f"the log '{out / 'log.jsonl'}' already holds another run's lines" in msg
+    assert (out / "log.jsonl").read_text() == '{"epoch": 1, "loss": 1.0}\n'
+    (out / "log.jsonl").unlink()
+    stale = [out / ".checkpoint.pt.0123456789ab.tmp", out / ".log.jsonl.0123456789ab.tmp"]
+    for p in stale:
+        p.write_bytes(b"left by a killed run")
+    assert [r["epoch"] for r in _run(pool, 1, _args(parts[1], out, "--epochs", 1))] == [1]
+    assert not any(p.exists() for p in stale)
+    assert sorted(p.name for p in out.iterdir()) == [".lock", "checkpoint.pt", "log.jsonl"]
+
+
+def test_a_second_run_on_a_busy_out_is_refused_on_every_rank(parts, tmp_path):
+    """One run trains in OUT; a second one, under torchrun, is refused at once on both
+    ranks, naming the first one's pid, and leaves the first one's log and checkpoint alone."""
+    import time
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "SARCOMPILE_TIMEOUT": "60"}
+    out = tmp_path / "run"
+    first = [sys.executable, "-m", "sarcompile.train", *_args(parts[1], out, "--epochs", 100000,
+                                                              "--checkpoint-every", 50)]
+    with open(tmp_path / "first.txt", "w") as sink:
+        proc = subprocess.Popen(first, cwd=ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 120
+        while not ((out / "checkpoint.pt").exists() and (out / "log.jsonl").stat().st_size > 0):
+            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "first.txt").read_text()
+            time.sleep(0.2)
+        head = (out / "log.jsonl").read_text().splitlines()[:50]
+        second = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                  "-m", "sarcompile.train", *_args(parts[2], out, "--epochs", 3)]
+        start = time.monotonic()
+        done = subprocess.run(second, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180, check=False)
+        took = time.monotonic() - start
+        assert proc.poll() is None, "the first run died"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+    assert done.returncode == 1, done.stderr
+    assert took < 90, took  # torchrun's start-up and two imports: no timeout is waited out
+    refusal = f"error: '{out}' is in use by another training run (pid {proc.pid} on "
+    for rank in (0, 1):
+        assert f"[rank {rank}] {refusal}" in done.stderr, done.stderr
+    assert "sarcompile/train.py" not in done.stderr  # one-line errors, no worker traceback (torchrun's own aside)
+    log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines() if line.endswith("}")]
+    assert (out / "log.jsonl").read_text().splitlines()[:50] == head
+    assert [r["epoch"] for r in log] == list(range(1, len(log) + 1)) and all(r["world_size"] == 1 for r in log)
+    assert _state(out)["args"]["parts"] == parts[1]  # the first run's checkpoint

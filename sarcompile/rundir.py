@@ -1,0 +1,130 @@
+"""One writer per directory: an OS lock on a run or partition directory, and the clean-up
+of temporary files that a killed writer left behind.
+
+A run directory (the trainer's ``--out``) and a partition directory are each written by
+one process at a time. :func:`lock_dir` takes an exclusive ``flock`` on ``DIR/.lock`` for
+as long as the returned :class:`DirLock` is held; a second writer is refused at once with
+a :class:`~sarcompile.errors.RunDirError` naming the directory and, as the lock file
+records them, the holder's pid, host and start time::
+
+    >>> import tempfile
+    >>> d = tempfile.mkdtemp()
+    >>> with lock_dir(d, "training run"):
+    ...     lock_dir(d, "training run")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    sarcompile.errors.RunDirError: ... is in use by another training run (pid ...
+
+The lock belongs to the open file, so it goes away with the process however it ends
+(a kill included): there is never a stale lock to delete by hand. The lock file itself
+stays (removing it would let two writers lock two different files).
+
+Whoever holds the lock may delete the temporary files (``.NAME.*.tmp``, written by
+``partitioning._atomic_write``) that an earlier, killed writer left: no live writer can
+be using them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from pathlib import Path
+
+from .errors import RunDirError
+
+try:  # POSIX; elsewhere directories are not locked
+    import fcntl
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None  # type: ignore[assignment]
+
+__all__ = ["LOCK_NAME", "DirLock", "lock_dir", "remove_stale_temps"]
+
+LOCK_NAME = ".lock"
+
+
+class DirLock:
+    """An exclusive lock on a directory, held until :meth:`release` (or the ``with`` block ends)."""
+
+    def __init__(self, directory: Path, fd: int | None):
+        self.directory = directory
+        self._fd = fd
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def release(self) -> None:
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            os.close(fd)  # closing the only descriptor drops the flock
+
+    def __enter__(self) -> "DirLock":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def __del__(self) -> None:
+        self.release()
+
+
+def lock_dir(directory: str | os.PathLike, what: str) -> DirLock:
+    """Lock ``directory`` (created if missing) for this process, or raise
+    :class:`RunDirError` at once if another process holds it. ``what`` names the kind of
+    writer in the message ("training run", "partition run")."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / LOCK_NAME
+    if fcntl is None:  # pragma: no cover
+        return DirLock(directory, None)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)  # the umask decides the mode
+    except OSError as e:
+        raise RunDirError(f"cannot create the lock file '{path}' ({e}); is '{directory}' writable?") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        holder = _describe_holder(fd)
+        os.close(fd)
+        raise RunDirError(
+            f"'{directory}' is in use by another {what}{holder}: wait for it to finish or stop it, "
+            "or choose another directory"
+        ) from None
+    # Ours now: record who holds it, for the message a second writer gets.
+    info = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, (json.dumps(info) + "\n").encode(), 0)
+    except OSError:
+        pass  # the lock holds without the note
+    return DirLock(directory, fd)
+
+
+def _describe_holder(fd: int) -> str:
+    """' (pid 123 on host, since ...)' from the lock file, or '' if it says nothing usable."""
+    try:
+        info = json.loads(os.pread(fd, 4096, 0).decode() or "{}")
+    except (OSError, ValueError):
+        return ""
+    if not isinstance(info, dict) or "pid" not in info:
+        return ""
+    where = f" on {info['host']}" if info.get("host") else ""
+    since = f", since {info['started']}" if info.get("started") else ""
+    return f" (pid {info['pid']}{where}{since})"
+
+
+def remove_stale_temps(directory: str | os.PathLike, names: list[str]) -> list[Path]:
+    """Delete ``.NAME.*.tmp`` in ``directory`` for every ``NAME`` glob in ``names`` (the
+    temporary files of interrupted atomic writes); returns what was removed. Call it only
+    while holding the directory's lock."""
+    removed = []
+    for name in names:
+        for path in Path(directory).glob(f".{name}.*.tmp"):
+            try:
+                path.unlink()
+            except FileNotFoundError:
+                continue
+            removed.append(path)
+    return removed
