@@ -207,6 +207,25 @@ def test_bad_part_on_one_rank_ends_all_four_within_seconds_with_default_timeout(
     print(f"4 workers, bad part on rank 1: job {took:.1f}s from launch")
 
 
+def test_an_error_on_rank_0_alone_at_log_time_ends_the_job(parts, job, tmp_path):
+    """Only rank 0 writes the log; its OSError (here: OUT/log.jsonl is a directory) ends
+    both workers within seconds, with the default timeout, and names rank 0."""
+    (tmp_path / "run" / "log.jsonl").mkdir(parents=True)
+    start = time.monotonic()
+    j = job(parts[2], 2, "--epochs", "3")
+    rc = j.wait(within=60)
+    took = time.monotonic() - start
+    out = j.output()
+    assert rc == 1, out
+    errors = _error_lines(out)
+    assert errors[0].startswith("IsADirectoryError: "), out
+    assert errors[1] == f"rank 0 failed: {errors[0]}", out
+    root = _root_cause(out)
+    assert "rank      : 0 (local_rank: 0)" in root and "exitcode  : 1" in root, root
+    assert took < 40, f"took {took:.1f}s"
+    print(f"2 workers, log error on rank 0: job {took:.1f}s from launch")
+
+
 def test_sigkill_of_a_rank_mid_training_ends_the_job(parts, job):
     j = job(parts[2], 2, "--epochs", "100000")
     workers = j.find_workers()

@@ -100,9 +100,12 @@ def _hook_excepthook() -> None:
     previous = sys.excepthook
 
     def hook(kind, value, tb):
-        previous(kind, value, tb)
-        if failure.active() is not None and isinstance(value, BaseException):
-            failure.report(value, rank=dist.get_rank(), distributed=True, printed=True)
+        if failure.active() is None or not isinstance(value, BaseException):
+            previous(kind, value, tb)
+            return
+        if not failure.is_consequence(value):  # a failed exchange's traceback tells nothing: report names the culprit
+            previous(kind, value, tb)
+        failure.report(value, rank=dist.get_rank(), distributed=True, printed=True)
 
     sys.excepthook = hook
 

@@ -12,7 +12,7 @@ TCPStore; a FileStore or HashStore works the same):
   ``sarcompile/failure/record`` (first writer wins, so every worker reads the same one),
   waits up to :data:`ACK_WAIT_S` for the others to acknowledge it, and exits first, with
   :data:`EXIT_FAILED`. Every other watchdog polls that key every :data:`POLL_S` seconds
-  (one cheap ``check`` on a thread of its own: nothing is added to a training step),
+  (one cheap counter read on a thread of its own: nothing is added to a training step),
   prints ``[rank S] error: rank R failed: ...``, acknowledges, waits until R has exited
   and exits :data:`EXIT_LAG_S` later with :data:`EXIT_PEER_FAILED`, whatever its main
   thread is blocked in. torchrun names the earliest failure as the root cause: rank R.
@@ -86,7 +86,10 @@ EXIT_LAG_S = 1.0  # how long after the failing worker the others exit (torchrun 
 INTERRUPT_GRACE_S = 1.0  # how long the watchdog lets the main thread handle a SIGINT itself
 
 PREFIX = "sarcompile/failure/"
-RECORD, ACKS, EXITING = PREFIX + "record", PREFIX + "acks", PREFIX + "exiting"
+# RECORD holds the failure (JSON); the others are counters (``add``: every store has it,
+# where ``check`` is missing from torch 2.2's Python bindings). PUBLISHED > 0 once RECORD is set.
+RECORD, PUBLISHED = PREFIX + "record", PREFIX + "published"
+ACKS, EXITING = PREFIX + "acks", PREFIX + "exiting"
 
 
 def _beat_key(rank: int) -> str:
@@ -244,7 +247,7 @@ class Watchdog:
     # -- the store --------------------------------------------------------------------------------
     def record(self) -> dict[str, Any] | None:
         """The published failure, or None."""
-        if not self.store.check([RECORD]):
+        if self.store.add(PUBLISHED, 0) <= 0:
             return None
         try:
             return json.loads(self.store.get(RECORD).decode())
@@ -256,6 +259,7 @@ class Watchdog:
         text = json.dumps(record)
         try:
             got = self.store.compare_set(RECORD, "", text)
+            self.store.add(PUBLISHED, 1)
             return json.loads(got.decode() if isinstance(got, bytes) else got)
         except Exception:  # noqa: BLE001 - no store: nobody else can hear; still ours
             return record
@@ -293,7 +297,7 @@ class Watchdog:
         deadline = time.monotonic() + ACK_WAIT_S + 2 * POLL_S
         while time.monotonic() < deadline:
             try:
-                if self.store.check([EXITING]):
+                if self.store.add(EXITING, 0) > 0:
                     break
             except Exception:  # noqa: BLE001
                 break
@@ -316,7 +320,7 @@ class Watchdog:
             expected = self.world_size - 1 - len(record.get("silent", []))
             self._wait_acks(expected)
         try:
-            self.store.set(EXITING, str(self.rank))
+            self.store.add(EXITING, 1)
         except Exception:  # noqa: BLE001
             pass
         self._exit(code)
@@ -390,7 +394,7 @@ def stop() -> None:
         _active = None
 
 
-def _is_consequence(exc: BaseException) -> bool:
+def is_consequence(exc: BaseException) -> bool:
     """An error that says a peer failed, not this worker: a failed exchange, or an
     agreement that another worker reported an error."""
     return isinstance(exc, CommError) or bool(getattr(exc, "peer_failed", False))
@@ -417,7 +421,7 @@ def report(exc: BaseException, *, rank: int = 0, distributed: bool = False, prin
     if wd is None:
         if not printed:
             if not known:
-                traceback.print_exception(exc)
+                traceback.print_exception(type(exc), exc, exc.__traceback__)
             print(f"{prefix}error: {message_of(exc)}", file=sys.stderr, flush=True)
         return EXIT_INTERRUPTED if interrupted else EXIT_FAILED
     if interrupted:
@@ -427,11 +431,11 @@ def report(exc: BaseException, *, rank: int = 0, distributed: bool = False, prin
         wd.leave({"kind": "interrupted", "rank": wd.rank, "by": wd.rank, "message": "SIGINT"},
                  EXIT_INTERRUPTED, acks=False)
         return EXIT_INTERRUPTED  # only with a test's exit
-    if not _is_consequence(exc):
+    if not is_consequence(exc):
         wd.failing = True
         if not printed:
             if not known:
-                traceback.print_exception(exc)
+                traceback.print_exception(type(exc), exc, exc.__traceback__)
             _say(wd.rank, message_of(exc))
         wd.leave({"kind": "error", "rank": wd.rank, "by": wd.rank, "message": message_of(exc)}, EXIT_FAILED)
         return EXIT_FAILED
@@ -459,7 +463,7 @@ def report(exc: BaseException, *, rank: int = 0, distributed: bool = False, prin
 
 def _store_ok(wd: Watchdog) -> bool:
     try:
-        wd.store.check([RECORD])
+        wd.store.add(PUBLISHED, 0)
         return True
     except Exception:  # noqa: BLE001
         return False

@@ -142,7 +142,7 @@ def test_watchdog_on_a_hash_store(capsys):
     first = {"kind": "error", "rank": 1, "by": 1, "message": "boom"}
     assert wd.publish(first) == first
     assert wd.publish({"kind": "error", "rank": 0, "by": 0, "message": "later"}) == first  # the first stands
-    store.set(failure.EXITING, "1")
+    store.add(failure.EXITING, 1)
     t0 = time.monotonic()
     wd.start()
     deadline = time.monotonic() + 10
