@@ -20,7 +20,6 @@ counters; the workspace of the kernels is a documented approximation.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any

@@ -90,6 +90,7 @@ from . import errors
 from .errors import CheckpointError, CommError, PartitionError, RunDirError, SarcompileError, TrainingError
 from .partitioning import _atomic_write, load_partition, read_manifest
 from .rundir import lock_dir, remove_stale_temps
+from .runtime import failure
 from .runtime.comm import global_max, global_sum, init, shutdown, stats, sync_gradients, timeout
 from .runtime.memory import MemoryProbe
 from .validate import check_node_data
@@ -408,7 +409,9 @@ def _agree(error: str | None, what: str, group: Any = None, limit_s: float | Non
     if error:
         raise CheckpointError(error)
     if failed:
-        raise CheckpointError(f"{what} failed on another worker (see its error message)")
+        err = CheckpointError(f"{what} failed on another worker (see its error message)")
+        err.peer_failed = True  # a consequence: the failing worker is the one to blame
+        raise err
 
 
 def checkpoint_timeout() -> float:
@@ -916,18 +919,27 @@ def _as_config(config: Any) -> TrainConfig:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; returns the exit status (1 with a one-line message on a known error)."""
+    """Run the command line; returns the exit status (1 with a one-line message on a known error).
+
+    On several workers a failure is agreed (see :mod:`sarcompile.runtime.failure`): the
+    failing worker prints its error and exits 1 first; every other one prints
+    ``rank R failed: ...`` and exits 3 right after it; a worker that finds a peer gone or
+    silent names it and exits 4; Ctrl-C exits 130. None waits for the timeout.
+    """
     cfg = parse_args(argv)
+    ok = False
     try:
         cfg.validate()
         train(cfg)
-    except (SarcompileError, ValueError) as e:
+        ok = True
+    except BaseException as e:  # noqa: BLE001 - every way out is agreed with the other workers
+        if isinstance(e, SystemExit):
+            raise
         rank = dist.get_rank() if dist.is_initialized() else 0
-        prefix = f"[rank {rank}] " if _distributed() else ""
-        print(f"{prefix}error: {e}", file=sys.stderr)
-        return 1
+        return failure.report(e, rank=rank, distributed=_distributed())
     finally:
-        shutdown()
+        if ok or failure.active() is None:  # (after a failure with a watchdog, report exited)
+            shutdown()
     return 0
 
 

@@ -27,7 +27,6 @@ from __future__ import annotations
 import weakref
 from typing import Any
 
-import dgl
 import torch
 import torch.fx
 import torch.nn.functional as F

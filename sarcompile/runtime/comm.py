@@ -13,7 +13,9 @@ most two per aggregation: the one being reduced and the one being prefetched).
 from __future__ import annotations
 
 import atexit
+import math
 import os
+import sys
 import weakref
 from collections import defaultdict, deque
 from collections.abc import Callable
@@ -25,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from ..errors import CommError
+from . import failure
 from .link import Pending
 
 __all__ = ["global_max", "global_sum", "init", "live", "run_rounds", "shutdown", "stats", "sync_gradients", "timeout"]
@@ -34,8 +37,28 @@ _DEFAULT_TIMEOUT_S = 300.0
 
 
 def timeout() -> float:
-    """Seconds any single wait may take (``SARCOMPILE_TIMEOUT``, default 300)."""
-    return float(os.environ.get("SARCOMPILE_TIMEOUT", _DEFAULT_TIMEOUT_S))
+    """Seconds any single wait may take (``SARCOMPILE_TIMEOUT``, default 300; a number > 0)."""
+    raw = os.environ.get("SARCOMPILE_TIMEOUT")
+    if raw is None or not raw.strip():
+        return _DEFAULT_TIMEOUT_S
+    return _check_timeout(raw, "SARCOMPILE_TIMEOUT")
+
+
+def _check_timeout(raw, name: str) -> float:
+    try:
+        value = float(raw)
+    except (TypeError, ValueError):
+        value = None
+    if value is None or not math.isfinite(value) or value <= 0:
+        raise ValueError(
+            f"{name} must be a number of seconds > 0 (how long one wait for a peer worker may take; "
+            f"default {_DEFAULT_TIMEOUT_S:.0f}), got {raw!r}"
+        )
+    return value
+
+
+def _under_torchrun() -> bool:
+    return "TORCHELASTIC_RUN_ID" in os.environ
 
 
 def init(backend: str | None = None, timeout_s: float | None = None) -> tuple[int, int]:
@@ -43,18 +66,48 @@ def init(backend: str | None = None, timeout_s: float | None = None) -> tuple[in
 
     Without torchrun's variables this starts a one-worker group, so the same script runs
     on one machine with ``python script.py``. gloo on CPU, nccl when CUDA is available.
+
+    On more than one worker it also starts the failure watchdog
+    (:mod:`sarcompile.runtime.failure`): a worker that fails makes every other one exit
+    within seconds, and under torchrun a worker dies with its agent.
     """
     if dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
-    wait = timedelta(seconds=timeout_s or timeout())
+    limit = timeout() if timeout_s is None else _check_timeout(timeout_s, "timeout_s")
+    wait = timedelta(seconds=limit)
+    parent = None
+    if _under_torchrun():
+        parent = os.getppid()
+        failure.die_with_parent()  # SIGTERM when the torchrun agent dies, even during rendezvous
     if "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ:
         dist.init_process_group(backend, timeout=wait)
     else:
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=wait)
     # A gloo process that exits with its group still up can abort at random; tear down first.
     atexit.register(shutdown)
-    return dist.get_rank(), dist.get_world_size()
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    if world_size > 1:
+        failure.start(dist.distributed_c10d._get_default_store(), rank, world_size, parent=parent)
+        _hook_excepthook()
+    return rank, world_size
+
+
+def _hook_excepthook() -> None:
+    """An uncaught exception in a script that called :func:`init`: show it as usual,
+    then tell the other workers (they exit within seconds) instead of waiting for them
+    in the shutdown barrier."""
+    previous = sys.excepthook
+
+    def hook(kind, value, tb):
+        if failure.active() is None or not isinstance(value, BaseException):
+            previous(kind, value, tb)
+            return
+        if not failure.is_consequence(value):  # a failed exchange's traceback tells nothing: report names the culprit
+            previous(kind, value, tb)
+        failure.report(value, rank=dist.get_rank(), distributed=True, printed=True)
+
+    sys.excepthook = hook
 
 
 def shutdown() -> None:
@@ -62,14 +115,18 @@ def shutdown() -> None:
 
     A worker that tears down while a peer still talks to it can make gloo abort the peer
     ("terminate called without an active exception"), so all meet at a barrier first.
+    The failure watchdog runs until after it, so a peer failing meanwhile still ends this
+    worker in seconds.
     """
     if not (dist.is_available() and dist.is_initialized()):
+        failure.stop()
         return
     if dist.get_world_size() > 1:
         try:
             _wait([dist.barrier(async_op=True)], "shutdown")
         except CommError:
             pass  # a peer is already gone: nothing left to wait for
+    failure.stop()
     dist.destroy_process_group()
 
 

@@ -58,3 +58,117 @@ def test_peer_failure_raises_comm_error_within_timeout(behaviour):
                     p.kill()
     assert "did not answer" in message and "worker 1" in message, message
     assert took < 15, f"took {took:.1f}s with a 5 s timeout"
+
+
+# -- agreed failure (sarcompile.runtime.failure), on a FileStore and a HashStore ----------------------
+def _agreeing_worker(rank: int, store_path: str, behaviour: str, err_path: str) -> None:
+    import signal
+    import sys
+
+    os.environ.pop("SARCOMPILE_TIMEOUT", None)  # the default, 300 s: nobody may wait for it
+    sys.stderr = open(err_path, "w", buffering=1)
+    import torch
+    import torch.distributed as dist
+
+    import sarcompile as sc
+    from sarcompile.errors import PartitionError
+    from sarcompile.runtime import failure
+    from sarcompile.shard import ShardGraph, split_graph
+
+    dist.init_process_group("gloo", store=dist.FileStore(store_path, 2), rank=rank, world_size=2)
+    failure.start(dist.distributed_c10d._get_default_store(), rank, 2)
+    g = sc.Graph.from_edges(torch.tensor([0, 1, 2, 3]), torch.tensor([2, 3, 0, 1]), 4)
+    shard = ShardGraph.from_part(split_graph(g, torch.tensor([0, 0, 1, 1]), 2)[rank], rank, 2, 4, 4)
+    if rank == 1:
+        time.sleep(1.0)  # rank 0 is waiting for our features by now
+        if behaviour == "error":
+            failure.report(PartitionError("part file 'p/part-1.pt' is truncated"), rank=1, distributed=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+    try:
+        sc.spmm(shard, torch.randn(2, 3), "sum")  # blocks on rank 1
+    except BaseException as e:  # noqa: BLE001 - as sarcompile.train.main does
+        failure.report(e, rank=rank, distributed=True)
+    os._exit(0)
+
+
+@pytest.mark.parametrize("behaviour", ["error", "kill"])
+def test_a_failing_or_killed_rank_ends_the_other_within_seconds(behaviour, tmp_path):
+    """Rank 1 fails on its own (exit 1) or is SIGKILLed; rank 0, blocked in an exchange
+    with the default 300 s timeout, names rank 1 and exits (3: it failed; 4: it went
+    silent) within seconds, after rank 1."""
+    ctx = mp.get_context("spawn")
+    errs = [str(tmp_path / f"err{r}.txt") for r in range(2)]
+    procs = [ctx.Process(target=_agreeing_worker, args=(r, str(tmp_path / "store"), behaviour, errs[r]))
+             for r in range(2)]
+    for p in procs:
+        p.start()
+    ended: dict[int, float] = {}
+    start = time.monotonic()
+    try:
+        while len(ended) < 2 and time.monotonic() - start < 60:
+            for r, p in enumerate(procs):
+                if r not in ended and not p.is_alive():
+                    ended[r] = time.monotonic() - start
+            time.sleep(0.02)
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+            p.join(timeout=5)
+    assert len(ended) == 2, f"still running after 60 s: {ended}"
+    err0 = open(errs[0]).read()
+    if behaviour == "error":
+        assert procs[1].exitcode == 1 and procs[0].exitcode == 3, (procs[1].exitcode, procs[0].exitcode, err0)
+        assert open(errs[1]).read().strip() == "[rank 1] error: part file 'p/part-1.pt' is truncated"
+        assert err0.strip() == "[rank 0] error: rank 1 failed: part file 'p/part-1.pt' is truncated", err0
+    else:
+        assert procs[1].exitcode == -9 and procs[0].exitcode == 4, (procs[1].exitcode, procs[0].exitcode, err0)
+        assert err0.startswith("[rank 0] error: rank 1 stopped answering (no heartbeat for 3s; noticed by rank 0): "), err0
+    assert ended[1] < ended[0], ended  # the failing rank first: torchrun's root cause
+    assert ended[0] - ended[1] < 10, ended  # process start-up (spawn, import torch) is most of `ended`
+    print(f"{behaviour}: rank 1 ended at {ended[1]:.1f}s, rank 0 {ended[0] - ended[1]:.1f}s after it")
+
+
+def test_watchdog_on_a_hash_store(capsys):
+    """One process, a HashStore: the record is first-writer-wins, a peer's record is
+    followed (exit 3 after the lag), and a changed parent exits 5."""
+    import torch.distributed as dist
+
+    from sarcompile.runtime import failure
+
+    store = dist.HashStore()
+    codes: list[int] = []
+    wd = failure.Watchdog(store, 0, 2, exit=codes.append)
+    first = {"kind": "error", "rank": 1, "by": 1, "message": "boom"}
+    assert wd.publish(first) == first
+    assert wd.publish({"kind": "error", "rank": 0, "by": 0, "message": "later"}) == first  # the first stands
+    store.add(failure.EXITING, 1)
+    t0 = time.monotonic()
+    wd.start()
+    deadline = time.monotonic() + 10
+    while not codes and time.monotonic() < deadline:
+        time.sleep(0.05)
+    wd.stop()
+    assert codes == [failure.EXIT_PEER_FAILED]
+    assert failure.POLL_S + failure.EXIT_LAG_S - 0.1 < time.monotonic() - t0 < 5
+    assert store.add(failure.ACKS, 0) == 1
+    assert "[rank 0] error: rank 1 failed: boom" in capsys.readouterr().err
+
+    orphan = failure.Watchdog(dist.HashStore(), 1, 2, parent=os.getppid() + 100000, exit=codes.append).start()
+    deadline = time.monotonic() + 5
+    while len(codes) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    orphan.stop()
+    assert codes[1:] == [failure.EXIT_AGENT_GONE]
+    assert "rank 1's launcher (the torchrun agent) is gone" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "-5", "inf", "nan"])
+def test_bad_timeout_names_the_variable(value, monkeypatch):
+    from sarcompile.runtime import comm
+
+    monkeypatch.setenv("SARCOMPILE_TIMEOUT", value)
+    with pytest.raises(ValueError, match=f"SARCOMPILE_TIMEOUT must be a number of seconds > 0 .*got '{value}'"):
+        comm.timeout()
+    monkeypatch.setenv("SARCOMPILE_TIMEOUT", "2.5")
+    assert comm.timeout() == 2.5
