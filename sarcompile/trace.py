@@ -16,7 +16,7 @@ from pathlib import Path
 import torch.fx as fx
 from torch import nn
 
-from .errors import CompileError
+from .errors import CompileError, SarcompileError
 from .passes.lower import lowering_for
 
 __all__ = ["SarTracer", "trace"]
@@ -30,6 +30,7 @@ class SarTracer(fx.Tracer):
 
     def __init__(self, graph_input: int | str | None = None):
         super().__init__()
+        self.record_stack_traces = True  # the residency pass names the user's line it refuses
         self.graph_input = graph_input
         self.helpers: list[str] = []  # modules added to the root while tracing, see add_helper_module
 
@@ -106,7 +107,9 @@ def trace(
     try:
         graph = tracer.trace(root, concrete_args=constants or None)
         return fx.GraphModule(tracer.root, graph, type(model).__name__)
-    except fx.proxy.TraceError as e:
+    except SarcompileError:
+        raise
+    except Exception as e:  # TraceError, or e.g. torch.ones(1, proxy) on older torch: say where and why
         raise CompileError(
             f"cannot trace {type(model).__name__}{_where(tracer, e)}: {e}. sarcompile traces forward() "
             "once with symbolic tensors, so Python control flow may not depend on tensor values; "
