@@ -5,6 +5,8 @@ The pipeline, in order (each pass is a plain ``(GraphModule, options) -> GraphMo
     trace      user module -> fx graph, graph layers as leaves      (sarcompile.trace)
     lower      layers -> IR ops (spmm, sddmm, edge_softmax, ...)    (passes/lower.py)
     fuse       attention chains -> one fused attention op           (passes/fuse.py)
+    residency  node / edge / graph / param per value; refuses what
+               would mix rows (not exact on N workers)              (passes/residency.py)
     partition  ops that read remote rows -> sequential aggregation  (passes/partition.py)
     strategy   direct / remat / stash / oneshot per op              (passes/strategy.py)
     communication  opt-in stale / compressed exchange per op        (passes/communication.py)
@@ -16,9 +18,10 @@ after ``strategy`` and ``kernels``. Every stage's code is kept in :attr:`Program
 
 from __future__ import annotations
 
+import functools
 import inspect
-
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,10 +39,12 @@ from .passes.fuse import fuse
 from .passes.kernels import kernels
 from .passes.lower import lower
 from .passes.partition import partition
+from .passes.residency import GRAPH_NAMES, Input, listing, residency
 from .passes.strategy import strategy
 from .plan import Plan, WorkerStats, build_plan, worker_stats
 from .shard import ShardGraph
 from .trace import trace
+from .vocab import Residency
 
 __all__ = ["Program", "compile_program", "distribute", "DistributedModule"]
 
@@ -58,22 +63,77 @@ class CallShape:
     argument is (DGL-style code calling ``g.update_all`` needs it traced as a graph), and
     which optional inputs are None -- traced as constants, so branches such as ``if
     edge_weight is not None`` are decided when compiling (PyG's ready-made models need it).
-    A program is compiled per shape."""
+    ``inputs`` says, per argument name, where each input lives and its trailing shape (see
+    :class:`~sarcompile.passes.residency.Input`): the residency pass checks the program for
+    it. A program is compiled per shape.
+
+    A tensor input with as many rows as the graph has nodes is per-node, with as many as it
+    has edges per-edge (``edge`` in its name first when the two counts are equal), unless
+    the residency pass's example run only works with another of these or as a constant;
+    other tensors and values are the same on every worker."""
 
     graph_input: int | str | None = None
     none_inputs: frozenset[str] = frozenset()
+    inputs: tuple[tuple[str, Input], ...] = ()
 
     @classmethod
     def of_call(cls, forward, args: tuple, kwargs: dict, graph_input: int | str) -> "CallShape":
         params = inspect.signature(forward).parameters
         given = dict(zip(params, args)) | kwargs
         optional = [n for n, p in params.items() if p.default is None and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
-        return cls(graph_input, frozenset(n for n in optional if given.get(n) is None))
+        graph_name = list(params)[graph_input] if isinstance(graph_input, int) else graph_input
+        graph = given.get(graph_name)
+        inputs = []
+        for name, p in params.items():
+            if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+                continue
+            if name == graph_name:
+                inputs.append((name, Input(Residency.GRAPH)))
+            elif name in given:
+                inputs.append((name, _input_of(name, given[name], graph)))
+            elif p.default is not p.empty and _hashable(p.default):
+                inputs.append((name, Input(Residency.CONST, value=p.default)))
+        return cls(graph_input, frozenset(n for n in optional if given.get(n) is None), tuple(inputs))
 
     @classmethod
-    def default(cls, forward, graph_input: int | str = 0) -> "CallShape":
-        """A call with the graph and the features only: every optional input None."""
-        return cls.of_call(forward, (), {}, graph_input)
+    def default(cls, forward, graph_input: int | str | None = None, x: torch.Tensor | None = None) -> "CallShape":
+        """A call with the graph and the features only (``x``, the first other argument, when
+        given): every optional input None. The graph is ``graph_input``, by default the first
+        argument named as graphs are (``g``, ``graph``, ``edge_index``, ...), else the first."""
+        params = [n for n, p in inspect.signature(forward).parameters.items()
+                  if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+        if graph_input is None:
+            graph_input = next((i for i, n in enumerate(params) if n in GRAPH_NAMES), 0)
+        shape = cls.of_call(forward, (), {}, graph_input)
+        graph_name = params[graph_input] if isinstance(graph_input, int) else graph_input
+        inputs = dict(shape.inputs) | {graph_name: Input(Residency.GRAPH)}
+        features = next((n for n in params if n != graph_name), None)
+        if x is not None and features is not None:
+            inputs[features] = Input(Residency.NODE, tuple(x.shape), x.dtype)
+        return cls(graph_input, shape.none_inputs - {features}, tuple(inputs.items()))
+
+
+def _hashable(value: Any) -> bool:
+    try:
+        hash(value)
+        return True
+    except TypeError:
+        return False
+
+
+def _input_of(name: str, value: Any, graph: Any) -> Input:
+    """Where one input of a call lives (see :class:`CallShape`)."""
+    if not isinstance(value, torch.Tensor):
+        return Input(Residency.CONST, value=value if _hashable(value) else None)
+    shape, rows = tuple(value.shape), (value.shape[0] if value.dim() else None)
+    nodes, edges = getattr(graph, "num_nodes", None), getattr(graph, "num_edges", None)
+    fits = [r for r, count in ((Residency.NODE, nodes), (Residency.EDGE, edges)) if rows is not None and rows == count]
+    if not fits:
+        return Input(Residency.CONST, shape, value.dtype)
+    if len(fits) == 2 and "edge" in name:
+        fits.reverse()
+    # Which one it is, or a constant that happens to have as many rows, the example run decides.
+    return Input(fits[0], shape, value.dtype, alternatives=(*fits[1:], Residency.CONST))
 
 
 def compile_program(model: nn.Module, options: CompileOptions, partitioned: bool, call: CallShape = CallShape()) -> Program:
@@ -81,14 +141,21 @@ def compile_program(model: nn.Module, options: CompileOptions, partitioned: bool
     ``partition`` and ``strategy``."""
     load_available()  # lowering rules for the layers of libraries in use (PyG)
     gm = trace(model, call.graph_input, call.none_inputs)
+    inputs = dict(call.inputs)
+    for node in gm.graph.nodes:  # what the residency pass starts from
+        # (fx renames the placeholder of an input traced as a constant: edge_attr -> edge_attr_1)
+        name = node.target if node.target in inputs else re.sub(r"_\d+$", "", str(node.target))
+        if node.op == "placeholder" and name in inputs:
+            node.meta["input"] = inputs[name]
     stages = [("trace", gm.code)]
-    passes = [("lower", lower), ("fuse", fuse)]
+    check = functools.partial(residency, distributed=partitioned)
+    passes = [("lower", lower), ("fuse", fuse), ("residency", check)]
     if partitioned:
         passes += [("partition", partition), ("strategy", strategy), ("communication", communication)]
     passes.append(("kernels", kernels))
     for name, run in passes:
         gm = run(gm, options)
-        stages.append((name, gm.code))
+        stages.append((name, listing(gm) if run is check else gm.code))
     return Program(gm, stages)
 
 
@@ -152,7 +219,7 @@ class DistributedModule(nn.Module):
         assigning a new buffer, ``.to()``).
         """
         state = tuple(self._orig.parameters()) + tuple(self._orig.buffers())
-        call = call or CallShape.default(self._orig.forward)
+        call = call or self.__dict__.get("_last_call") or CallShape.default(self._orig.forward)
         key = (partitioned, self.training, call)
         cached = self._programs.get(key)
         if cached is None or len(cached[0]) != len(state) or any(a is not b for a, b in zip(cached[0], state)):
@@ -191,7 +258,8 @@ class DistributedModule(nn.Module):
         """The plan for workers of the given shard sizes (real, or from a partition model)."""
         # Traced as the last call was made (where the graph is, which inputs are None);
         # before any call, as forward(g, x) with every optional input None.
-        program = self.program(partitioned=True, call=self.__dict__.get("_last_call"))
+        call = self.__dict__.get("_last_call") or CallShape.default(self._orig.forward, x=x)
+        program = self.program(partitioned=True, call=call)
         # The probe run must not advance dropout counters or other buffers of the model.
         buffers = {k: v.clone() for k, v in self._orig.named_buffers()}
         try:

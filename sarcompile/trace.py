@@ -16,7 +16,7 @@ from pathlib import Path
 import torch.fx as fx
 from torch import nn
 
-from .errors import CompileError
+from .errors import CompileError, SarcompileError
 from .lowering import lowering_for
 from .nn import NodeDropout, RandomStream
 
@@ -31,6 +31,7 @@ class SarTracer(fx.Tracer):
 
     def __init__(self, graph_input: int | str | None = None):
         super().__init__()
+        self.record_stack_traces = True  # the residency pass names the user's line it refuses
         self.graph_input = graph_input
         self.helpers: list[str] = []  # modules added to the root while tracing, see add_helper_module
 
@@ -105,20 +106,20 @@ def trace(
     try:
         graph = tracer.trace(root, concrete_args=constants or None)
         return fx.GraphModule(tracer.root, graph, type(model).__name__)
-    except fx.proxy.TraceError as e:
+    except SarcompileError:
+        raise
+    except Exception as e:  # TraceError, or e.g. torch.ones(1, proxy) on older torch: say where and why
+        if isinstance(e, TypeError) and "'Proxy'" in str(e):  # the model's Python asked a traced value for a number
+            raise CompileError(
+                f"cannot trace {type(model).__name__}{_where(tracer, e)}: a traced tensor (or its shape) was used as "
+                f"a Python number ({e}). sarcompile traces forward() once with symbolic tensors, whose values and "
+                "row counts are not known (and differ between workers); keep the value a tensor (e.g. `x * x.max()` "
+                "rather than `x * float(x.max())`) and loop over constants, not over rows."
+            ) from None
         raise CompileError(
             f"cannot trace {type(model).__name__}{_where(tracer, e)}: {e}. sarcompile traces forward() "
             "once with symbolic tensors, so Python control flow may not depend on tensor values; "
             "move such logic into a submodule that stays a leaf or make it static."
-        ) from None
-    except TypeError as e:
-        if "'Proxy'" not in str(e):  # not the model's Python asking a traced value for a number
-            raise
-        raise CompileError(
-            f"cannot trace {type(model).__name__}{_where(tracer, e)}: a traced tensor (or its shape) was used as a "
-            f"Python number ({e}). sarcompile traces forward() once with symbolic tensors, whose values and row "
-            "counts are not known (and differ between workers); keep the value a tensor (e.g. `x * x.max()` "
-            "rather than `x * float(x.max())`) and loop over constants, not over rows."
         ) from None
     finally:  # the GraphModule holds the helper modules now; the user's model must not
         for name in tracer.helpers:

@@ -49,7 +49,10 @@ def test_printed_plan_is_stable(mode):
 
 def test_stages_are_readable_python():
     plan = sc.distribute(Small()).plan(_graph(), 2, x=torch.zeros(1, 8), method="contiguous")
-    assert [s for s, _ in plan.stages] == ["trace", "lower", "fuse", "partition", "strategy", "communication", "kernels"]
+    assert [s for s, _ in plan.stages] == ["trace", "lower", "fuse", "residency", "partition", "strategy",
+                                           "communication", "kernels"]
+    assert "# node" in plan.stage("residency") and "# graph" in plan.stage("residency")
+    compile(plan.stage("residency"), "<plan>", "exec")  # still Python: residencies are comments
     assert "self.gat(" in plan.stage("trace")  # layers are leaves before lowering
     assert "sddmm(" in plan.stage("lower") and "edge_softmax(" in plan.stage("lower")
     assert "attention(" in plan.stage("fuse") and "edge_softmax(" not in plan.stage("fuse")

@@ -38,6 +38,8 @@ from ..graph import Graph
 from ..nn import RandomStream
 from ..ops import edge_dropout, edge_softmax, sddmm, spmm
 from ..lowering import register_lowering
+from ..passes.residency import declare
+from ..vocab import Residency
 from ..runtime import comm
 from ..shard import ShardGraph
 
@@ -125,6 +127,10 @@ def matmul_opt(x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
 
 for _fn in ("out_degrees", "require_in_edges", "scale_rows", "check_call", "own_or_given", "matmul_opt"):
     torch.fx.wrap(_fn)
+# Each is row-local (the residency pass cannot look inside them): the result's residency.
+for _fn, _out in ((out_degrees, Residency.NODE), (require_in_edges, "feat"), (scale_rows, "x"),
+                  (check_call, "feat"), (own_or_given, Residency.PARAM), (matmul_opt, "x")):
+    declare(_fn, _out)
 
 
 # -- stand-ins -------------------------------------------------------------------------------------

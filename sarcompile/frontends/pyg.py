@@ -63,6 +63,8 @@ from ..trace import user_line
 from ..nn import RandomStream
 from ..ops import batch_norm, edge_dropout, edge_softmax, message_passing, sddmm, spmm
 from ..lowering import register_lowering
+from ..passes.residency import declare
+from ..vocab import Residency
 
 __all__ = ["SUPPORTED"]
 
@@ -539,6 +541,11 @@ for _layer, _rule in (
 ):
     overridable = issubclass(_layer, MessagePassing) and _layer is not MessagePassing
     register_lowering(_layer, _unless_overridden(_rule, _layer) if overridable else _rule)
+# The run-time helpers above are row-local (the residency pass cannot look inside them).
+declare(_plain_call, "x")
+declare(_no_weight_for, "x")
+declare(_gcn_loop_weights, Residency.EDGE)
+declare(_gcn_inv_sqrt_degree, Residency.NODE)
 for _name_ in ("InstanceNorm", "GraphNorm", "PairNorm", "MeanSubtractionNorm", "DiffGroupNorm", "GraphSizeNorm",
                "HeteroBatchNorm", "LayerNorm"):
     if hasattr(gnn, _name_):

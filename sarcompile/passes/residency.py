@@ -1,0 +1,1076 @@
+"""Pass ``residency``: where every value lives, and a refusal for what would mix rows.
+
+Contract. Expects a lowered (and fused) GraphModule, before ``partition``. Gives every
+fx node ``meta["residency"]``, a :class:`~sarcompile.vocab.Residency`:
+
+* ``node`` / ``edge``: one row per node / per edge (a worker holds its own rows);
+* ``graph``: the graph argument, or a graph derived from it (``g.with_self_loops()``);
+* ``param``: parameters, buffers and submodules of the model;
+* ``const``: values that are the same on every worker (scalars, dtypes, feature sizes);
+* ``rows``: a row count (``x.size(0)``, ``x.shape``): it differs between workers.
+
+It guarantees that every per-node or per-edge value is computed *row-locally*: row ``i``
+of a result depends only on row ``i`` of its per-row inputs. Such a program computes on
+each worker's rows exactly what one machine computes on the same rows, so "compiles"
+means "exact". Otherwise it raises a :class:`~sarcompile.errors.CompileError` naming the
+layer, the user's source line, what mixes rows and the fix. Values are unchanged.
+
+How residency flows:
+
+* IR ops (:func:`sarcompile.ops.registry`) declare the residency of their row arguments
+  and of their result: they are where node and edge rows meet. ``message_passing``'s
+  message function is traced and checked too, its inputs being per-edge rows.
+* Graph values may only be passed to IR ops, to graph methods (``with_self_loops``,
+  ``remove_self_loops`` give a graph, ``in_degrees`` per-node values), read for
+  ``num_nodes`` / ``num_edges`` / ``global_ids`` / ``edge_ids``, or given to helpers that
+  declared themselves row-local (:func:`declare`, used by the front-ends).
+* Torch code keeps the residency of its per-row inputs when it is row-local: pointwise
+  ops (``torch.Tag.pointwise``, and the activations) broadcasting with parameters or
+  constants that do not cover the row axis; ``nn.Linear``, ``LayerNorm`` over features;
+  reductions, softmax, ``cat``/``stack``, indexing, ``transpose``/``permute`` along other
+  axes; ``view``/``reshape`` that keep dim 0; ``matmul`` not contracting the row axis;
+  ``sc.nn.NodeDropout`` (masks keyed by node id), dropout in eval mode.
+* Refused: anything over the row axis (reductions, softmax, sort, topk, cumsum, ``cat``
+  of rows, full reductions such as ``x.sum()``), attention over rows
+  (``nn.MultiheadAttention``), a matmul contracting rows, indexing or slicing rows by
+  position (``x[0]``, ``x[1:]``, ``x[perm]``), ``.t()``/``.flip(0)``; arithmetic on row
+  counts and ``torch.arange(rows)``; random draws per row (``torch.randn_like``, and on N
+  workers ``nn.Dropout`` in training);
+  using the graph as a tensor (``edge_index.flip([0])``); and any function or module the
+  pass does not know to be row-local, because it cannot prove it.
+
+Shapes. Which axis ``dim=-1`` or ``...`` is depends on the number of dims, so the pass
+runs the program once on a small made-up graph (:data:`PROBE_NODES` nodes) with inputs
+of the call's trailing shapes (``placeholder.meta["input"]``, an :class:`Input` the
+compiler sets from the call, see :class:`sarcompile.compiler.CallShape`) and records each
+value's shape; buffers, the RNG and gradients are left as they were. Without an example
+(or if the probe fails) a decision that needs a shape is refused, saying so. Inputs
+without ``meta["input"]`` get their residency from their name: ``g`` / ``graph`` /
+``edge_index`` / ``adj_t`` / ``block`` a graph, names with ``edge`` per-edge, others
+per-node.
+
+>>> import torch, sarcompile as sc
+>>> from sarcompile.passes.lower import lower
+>>> from sarcompile.trace import trace
+>>> class M(torch.nn.Module):
+...     def forward(self, g, x):
+...         return x + x.sum(0)
+>>> residency(lower(trace(M())))
+Traceback (most recent call last):
+  ...
+sarcompile.errors.CompileError: sum over dim 0 reduces over the node axis, ...
+"""
+
+from __future__ import annotations
+
+import builtins
+import inspect
+import itertools
+import operator
+import re
+import traceback
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.fx as fx
+import torch.nn.functional as F
+from torch import nn
+
+from ..errors import CompileError, SarcompileError
+from ..graph import Graph
+from ..ops import registry
+from ..nn import NodeDropout, RandomStream
+from ..runtime.comm import offline
+from ..trace import SarTracer
+from ..vocab import Residency
+
+__all__ = ["residency", "declare", "listing", "Input", "PROBE_NODES"]
+
+NODE, EDGE, GRAPH, PARAM, CONST, ROWS = (Residency.NODE, Residency.EDGE, Residency.GRAPH, Residency.PARAM,
+                                         Residency.CONST, Residency.ROWS)
+GRAPH_NAMES = ("g", "graph", "edge_index", "adj", "adj_t", "block")
+
+# The probe graph: sizes unlikely to equal a feature width, so a row axis is recognisable.
+PROBE_NODES, _PROBE_EDGES = 23, 61
+
+
+@dataclass(frozen=True)
+class Input:
+    """What the compiler knows of one input of the call: its residency and, for a tensor,
+    its shape and dtype (for the probe; a per-row input gets the probe's row count); for
+    another value, the value. ``alternatives``: other residencies its shape fits (a
+    ``[4, 3]`` weight given with a 4-node graph could be per-node rows); the first choice
+    under which the probe runs is taken."""
+
+    residency: Residency
+    shape: tuple[int, ...] | None = None
+    dtype: torch.dtype | None = None
+    value: Any = None
+    alternatives: tuple[Residency, ...] = ()
+
+
+# -- helpers that declared themselves row-local ----------------------------------------------
+_DECLARED: dict[Callable, Residency | str] = {}
+
+
+def declare(fn: Callable, output: Residency | str) -> Callable:
+    """Declare ``fn`` (a ``torch.fx.wrap`` helper, one node in the program) row-local: it
+    may take the graph and per-row values, and its result has residency ``output``, or
+    that of its argument named ``output``. Returns ``fn``."""
+    _DECLARED[fn] = output
+    return fn
+
+
+# -- values ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Val:
+    """The residency of one value; ``rows`` says whose row count a ROWS value is, and
+    ``ndim`` for a shape (``x.shape``) how many sizes it has; ``seq`` marks a tuple of
+    per-row tensors (``x.max(1)``, ``x.split(...)``)."""
+
+    res: Residency
+    rows: Residency | None = None
+    shape_ndim: int | None = None
+    seq: bool = False
+
+    @property
+    def per_row(self) -> bool:
+        return self.res.per_row
+
+    def word(self) -> str:
+        return {NODE: "per-node", EDGE: "per-edge"}.get(self.res, str(self.res))
+
+
+_CONST, _PARAM, _GRAPH = _Val(CONST), _Val(PARAM), _Val(GRAPH)
+
+# Row-preserving ops not tagged pointwise in every torch version.
+_ELEMENTWISE = {
+    "elu", "leaky_relu", "softplus", "hardtanh", "mish", "selu", "celu", "relu6", "threshold", "hardsigmoid",
+    "hardswish", "log_sigmoid", "logsigmoid", "floor_divide", "fill", "fill_", "to", "type", "type_as", "float",
+    "double", "half", "bfloat16", "long", "int", "bool", "detach", "clone", "contiguous", "requires_grad_",
+    "cpu", "cuda", "relu", "sigmoid", "tanh", "gelu", "silu", "softsign", "tanhshrink", "masked_fill",
+    "where", "nan_to_num", "clamp", "clamp_min", "clamp_max", "prelu", "dropout", "alpha_dropout",
+    "feature_alpha_dropout",
+}
+# name -> (position of the dim argument, its default; None: a full reduction)
+_ALONG = {
+    "sum": (1, None), "mean": (1, None), "prod": (1, None), "amax": (1, ()), "amin": (1, ()), "all": (1, None),
+    "any": (1, None), "argmax": (1, None), "argmin": (1, None), "logsumexp": (1, None), "std": (1, None),
+    "var": (1, None), "nansum": (1, None), "nanmean": (1, None), "count_nonzero": (1, None),
+    "median": (1, None), "mode": (1, -1), "norm": (2, None), "softmax": (1, None), "log_softmax": (1, None),
+    "softmin": (1, None), "cumsum": (1, None), "cumprod": (1, None), "cummax": (1, None), "cummin": (1, None),
+    "logcumsumexp": (1, None), "sort": (1, -1), "argsort": (1, -1), "topk": (2, -1), "kthvalue": (2, -1),
+    "diff": (2, -1), "unbind": (1, 0), "chunk": (2, 0), "split": (2, 0), "tensor_split": (2, 0),
+    "narrow": (1, None), "select": (1, None), "index_select": (1, None), "gather": (1, None),
+    "scatter": (1, None), "scatter_add": (1, None), "scatter_reduce": (1, None), "glu": (1, -1),
+    "flip": (1, None), "roll": (2, None), "normalize": (2, 1), "unflatten": (1, None), "renorm": (2, None),
+    "squeeze": (1, "all"), "max": (1, None), "min": (1, None), "cosine_similarity": (2, 1),
+}
+_RETURNS_SEQ = {"max", "min", "median", "mode", "sort", "topk", "kthvalue", "unbind", "chunk", "split",
+                "tensor_split", "cummax", "cummin"}
+_SHAPED = {"view", "reshape", "expand", "view_as", "reshape_as", "expand_as", "repeat"}
+_META = {"dim": _CONST, "ndim": _CONST, "dtype": _CONST, "device": _CONST, "is_cuda": _CONST,
+         "requires_grad": _CONST, "element_size": _CONST, "is_floating_point": _CONST, "layout": _CONST}
+_LIKE = {"zeros_like", "ones_like", "full_like", "empty_like"}
+_RANDOM = {"rand_like", "randn_like", "randint_like", "bernoulli", "bernoulli_", "multinomial", "normal_",
+           "uniform_", "rrelu", "rand", "randn", "randint", "randperm", "arange", "eye", "linspace", "logspace"}
+_FACTORIES = {"zeros", "ones", "full", "empty", "new_zeros", "new_ones", "new_full", "new_empty"}
+_OPERATORS = {
+    operator.add: "add", operator.sub: "sub", operator.mul: "mul", operator.truediv: "div",
+    operator.floordiv: "floor_divide", operator.mod: "remainder", operator.pow: "pow", operator.neg: "neg",
+    operator.pos: "positive", operator.abs: "abs", operator.invert: "bitwise_not", operator.and_: "bitwise_and",
+    operator.or_: "bitwise_or", operator.xor: "bitwise_xor", operator.eq: "eq", operator.ne: "ne",
+    operator.lt: "lt", operator.le: "le", operator.gt: "gt", operator.ge: "ge", operator.matmul: "matmul",
+    operator.getitem: "getitem", builtins.getattr: "getattr", operator.iadd: "add", operator.imul: "mul",
+    operator.isub: "sub", operator.itruediv: "div",
+}
+_ACTIVATIONS = (
+    nn.ReLU, nn.LeakyReLU, nn.ELU, nn.GELU, nn.Sigmoid, nn.Tanh, nn.SiLU, nn.Mish, nn.Softplus, nn.Hardtanh,
+    nn.ReLU6, nn.SELU, nn.CELU, nn.Hardswish, nn.Hardsigmoid, nn.LogSigmoid, nn.Tanhshrink, nn.Softsign,
+    nn.Identity, nn.Threshold, nn.PReLU, nn.Softshrink, nn.Hardshrink,
+)
+_ATTENTION = (nn.MultiheadAttention, nn.Transformer, nn.TransformerEncoder, nn.TransformerEncoderLayer,
+              nn.TransformerDecoder, nn.TransformerDecoderLayer)
+_ATTENTION_FIX = ("Attention over all nodes cannot be split by rows: use attention over the edges (GATConv, "
+                  "sc.ops.attention), or leave the global attention out.")
+_DROPOUTS = (nn.Dropout, nn.AlphaDropout, nn.FeatureAlphaDropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d)
+
+
+def _pointwise(name: str) -> bool:
+    base = name[:-1] if name.endswith("_") and not name.startswith("_") else name
+    if base in _ELEMENTWISE or name in _ELEMENTWISE:
+        return True
+    op = getattr(torch.ops.aten, base, None)
+    try:
+        return any(torch.Tag.pointwise in getattr(op, o).tags for o in op.overloads())
+    except (AttributeError, RuntimeError, TypeError):
+        return False
+
+
+def _name_of(node: fx.Node) -> str | None:
+    """The op a node runs, as torch names it (``add``, ``softmax``), or None if unknown."""
+    if node.op == "call_method":
+        return node.target
+    t = node.target
+    if t in _OPERATORS:
+        return _OPERATORS[t]
+    module = getattr(t, "__module__", None) or ""
+    owner = getattr(t, "__self__", None)
+    if module.startswith("torch") or owner is torch or owner is torch._C._VariableFunctions \
+            or module == "torch._C._nn" or getattr(torch, getattr(t, "__name__", ""), None) is t:
+        return t.__name__
+    return None
+
+
+# -- where a node comes from -----------------------------------------------------------------
+_TORCH = str(Path(torch.__file__).resolve().parent)
+_OURS = str(Path(__file__).resolve().parents[1])
+
+
+def _source_line(node: fx.Node) -> str:
+    """``file.py:12: `code``` for the innermost frame of the node's stack trace outside
+    torch and sarcompile (outside torch if there is none), or ''."""
+    trace = node.meta.get("stack_trace") or ""
+    frames = re.findall(r'File "([^"]+)", line (\d+), in [^\n]*\n\s*([^\n]*)', trace)
+    outside_torch = [f for f in frames if not str(Path(f[0]).resolve()).startswith(_TORCH)]
+    user = [f for f in outside_torch if not str(Path(f[0]).resolve()).startswith(_OURS)] or outside_torch
+    if not user:
+        return ""
+    file, line, code = user[-1]
+    return f"{Path(file).name}:{line}: `{code.strip()}`"
+
+
+def _layer(node: fx.Node, gm: fx.GraphModule | None) -> str:
+    """``layer 'conv1' (GPSConv)``: the lowered layer, else the innermost module fx was in."""
+    if node.meta.get("layer"):
+        return f"layer {node.meta['layer']!r} ({node.meta.get('layer_type', '?')})"
+    stack = node.meta.get("nn_module_stack") or {}
+    if stack:
+        path, kind = list(stack.values())[-1]
+        return f"layer {path!r} ({getattr(kind, '__name__', str(kind).rsplit('.', 1)[-1])})"
+    if node.op == "call_module" and gm is not None:
+        return f"layer {node.target!r} ({type(gm.get_submodule(node.target)).__name__})"
+    return "the model's forward"
+
+
+# -- the probe ---------------------------------------------------------------------------------
+def _probe_graph() -> Graph:
+    gen = torch.Generator().manual_seed(0)
+    src = torch.randint(0, PROBE_NODES, (_PROBE_EDGES - 3,), generator=gen)
+    dst = (src + torch.randint(1, PROBE_NODES, src.shape, generator=gen)) % PROBE_NODES
+    loops = torch.arange(3)
+    return Graph.from_edges(torch.cat([src, loops]), torch.cat([dst, loops]), PROBE_NODES)
+
+
+def _example(spec: Input, graph: Graph, device: torch.device) -> Any:
+    if spec.residency is GRAPH:
+        return graph
+    if spec.shape is None:
+        return spec.value
+    rows = {NODE: graph.num_nodes, EDGE: graph.num_edges}.get(spec.residency)
+    shape = spec.shape if rows is None else (rows, *spec.shape[1:])
+    gen = torch.Generator().manual_seed(1)
+    dtype = spec.dtype or torch.get_default_dtype()
+    if dtype.is_floating_point:
+        return torch.randn(shape, generator=gen, dtype=dtype).to(device)
+    return torch.zeros(shape, dtype=dtype, device=device)
+
+
+class _Recorder(fx.Interpreter):
+    """Runs the program, keeping every value's shape and each message_passing's inputs."""
+
+    def __init__(self, gm: fx.GraphModule):
+        super().__init__(gm)
+        self.seen: dict[fx.Node, Any] = {}
+        self.messages: dict[fx.Node, tuple] = {}
+
+    def run_node(self, n: fx.Node) -> Any:
+        out = super().run_node(n)
+        self.seen[n] = _summary(out)
+        op = registry().get(n.target) if n.op == "call_function" else None
+        if op is not None and "fn" in op.signature.parameters:  # message_passing: its body is probed too
+            args, kwargs = self.fetch_args_kwargs_from_env(n)
+            self.messages[n] = op.bind(args, kwargs)
+        return out
+
+
+def _summary(v: Any) -> Any:
+    """A tensor's shape, a tuple of summaries, or the type of anything else."""
+    if isinstance(v, torch.Tensor):
+        return tuple(v.shape)
+    if isinstance(v, (tuple, list)) and not isinstance(v, torch.Size):
+        return [_summary(x) for x in v]
+    return type(v)
+
+
+def _run_probe(gm: fx.GraphModule, inputs: list, buffers_of: nn.Module) -> tuple[_Recorder | None, str]:
+    """(recorder, why it failed or '') after running ``gm`` on ``inputs``: on a failure the
+    recorder has the shapes of the values computed before it. Buffers, the RNG state and
+    gradients are as before."""
+    saved = {k: v.clone() for k, v in buffers_of.named_buffers()}
+    rec = _Recorder(gm)
+    try:
+        with torch.no_grad(), torch.random.fork_rng(devices=[]), offline():
+            rec.run(*inputs)
+        return rec, ""
+    except CompileError:  # a front-end's check refused the call itself
+        raise
+    except Exception as e:  # noqa: BLE001 - best effort: the shapes up to the failure are kept
+        return rec, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    finally:
+        with torch.no_grad():
+            for k, v in buffers_of.named_buffers():
+                if k in saved:
+                    v.copy_(saved[k])
+
+
+class _ShapeTracer(SarTracer):
+    """fx's tracer that also computes every value on example inputs, so that the code
+    traced may branch on feature sizes (``if x_j.size(-1) != e.size(-1)``): sizes and
+    dims of anything but the row axis of a value derived from the inputs are plain ints.
+    ``values`` holds each node's example value."""
+
+    def __init__(self, examples: list | None):
+        super().__init__()
+        self.examples = None if examples is None else list(examples)
+        self.values: dict[fx.Node, Any] = {}
+        self.rowy: set[fx.Node] = set()  # nodes computed from the inputs
+
+    def create_proxy(self, kind, target, args, kwargs, *rest, **more):
+        proxy = super().create_proxy(kind, target, args, kwargs, *rest, **more)
+        if self.examples is None or kind == "output" or not isinstance(proxy, fx.Proxy):
+            return proxy
+        node = proxy.node
+        value = self._compute(kind, target, node)
+        self.values[node] = value
+        if kind == "placeholder" or any(n in self.rowy for n in node.all_input_nodes):
+            self.rowy.add(node)
+        concrete = self._concrete(kind, target, node, value)
+        if concrete is not _KEEP:
+            self.graph.erase_node(node)
+            return concrete
+        return proxy
+
+    # While an example value is computed, modules and their attributes are the real ones
+    # (fx patches Module.__call__ and __getattr__ for the duration of the trace).
+    _computing = False
+
+    def getattr(self, attr, attr_val, parameter_proxy_cache):
+        return attr_val if self._computing else super().getattr(attr, attr_val, parameter_proxy_cache)
+
+    def call_module(self, m, forward, args, kwargs):
+        return forward(*args, **kwargs) if self._computing else super().call_module(m, forward, args, kwargs)
+
+    def _compute(self, kind, target, node):
+        self._computing = True
+        try:
+            return self._compute_value(kind, target, node)
+        finally:
+            self._computing = False
+
+    def _compute_value(self, kind, target, node):
+        real = lambda a: fx.node.map_arg(a, self._value)  # noqa: E731
+        args, kwargs = real(node.args), real(node.kwargs)
+        if kind == "placeholder":
+            return self.examples[len([n for n in self.values if n.op == "placeholder"])]
+        if kind == "get_attr":
+            return self._value(node)
+        if kind == "call_module":
+            return self.root.get_submodule(target)(*args, **kwargs)
+        if kind == "call_method":
+            return getattr(args[0], target)(*args[1:], **kwargs)
+        return target(*args, **kwargs)
+
+    def _value(self, n: fx.Node) -> Any:
+        if n not in self.values and n.op == "get_attr":  # also fx's tensor constants (made by create_node)
+            value = self.root
+            for part in n.target.split("."):
+                value = getattr(value, part)
+            self.values[n] = value
+        return self.values[n]
+
+    def _concrete(self, kind, target, node, value):
+        base = node.args[0] if node.args else None
+        rowy = isinstance(base, fx.Node) and base in self.rowy
+        if kind == "call_method" and target in ("dim", "ndimension"):
+            return value
+        if kind == "call_function" and target is builtins.getattr and node.args[1] in ("ndim", "dtype", "device"):
+            return value
+        if isinstance(value, torch.Size):  # x.size() / x.shape: the row count stays symbolic
+            if not rowy:
+                return value
+            rows = self.create_proxy("call_method", "size", (fx.Proxy(base, self), 0), {})
+            return (rows, *value[1:])
+        if kind == "call_method" and target == "size" and isinstance(value, int):
+            dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+            ndim = self.values[base].dim()
+            if not rowy or (isinstance(dim, int) and dim % max(ndim, 1) != 0):
+                return value
+        return _KEEP
+
+
+_KEEP = object()
+
+
+# -- the checker -------------------------------------------------------------------------------
+class _Checker:
+    def __init__(self, gm: fx.GraphModule, seen: dict[fx.Node, Any] | None, why_no_shapes: str,
+                 messages: dict | None = None, inside: str = "", distributed: bool = False):
+        self.gm, self.seen, self.why = gm, seen or {}, why_no_shapes
+        self.distributed = distributed
+        self.messages = messages or {}
+        self.inside = inside  # "the message function of ..." for a message body
+        self.vals: dict[fx.Node, _Val] = {}
+
+    # -- errors ----------------------------------------------------------------------------
+    def refuse(self, node: fx.Node, what: str, fix: str) -> CompileError:
+        line = _source_line(node)
+        where = self.inside or _layer(node, self.gm)
+        return CompileError(
+            f"{what}, in {where}{', at ' + line if line else ''}. On N workers each worker holds only its own "
+            f"rows, so this would not compute what one machine computes. {fix}"
+        )
+
+    # -- shapes ----------------------------------------------------------------------------
+    def shape(self, a: Any) -> tuple[int, ...] | None:
+        if isinstance(a, fx.Node):
+            s = self.seen.get(a)
+            return s if isinstance(s, tuple) else None
+        if isinstance(a, torch.Tensor):
+            return tuple(a.shape)
+        return None
+
+    def ndim(self, node: fx.Node, a: Any, what: str) -> int:
+        s = self.shape(a)
+        if s is None:
+            raise self.refuse(
+                node, f"cannot tell which axis {what} is without the shape of its input"
+                f"{' (the example run failed: ' + self.why + ')' if self.why else ''}",
+                "Call the model once before inspecting its program (the compiler runs it on a small example "
+                "graph to learn shapes), or write the dim as a non-negative number.",
+            )
+        return len(s)
+
+    def axis(self, node: fx.Node, a: Any, dim: Any, extra: int = 0) -> int:
+        """``dim`` of ``a`` as a non-negative axis (``extra`` dims added, as for unsqueeze)."""
+        if not isinstance(dim, int):
+            raise self.refuse(node, f"{_name_of(node) or node.target} takes dim {dim!r}, which is not a constant",
+                              "Give the dim as a Python int.")
+        if dim >= 0:
+            return dim
+        return dim + self.ndim(node, a, f"dim={dim}") + extra
+
+    # -- the walk --------------------------------------------------------------------------
+    def val(self, a: Any) -> _Val:
+        if isinstance(a, fx.Node):
+            return self.vals[a]
+        if isinstance(a, (tuple, list)):
+            inner = [self.val(x) for x in a]
+            rows = [v for v in inner if v.per_row]
+            return _Val(rows[0].res, seq=True) if rows else _CONST
+        return _CONST
+
+    def run(self) -> None:
+        nodes = list(self.gm.graph.nodes)
+        for i, node in enumerate(nodes):
+            try:
+                v = self.visit(node)
+            except CompileError:
+                self.prefer_attention(nodes[i + 1:])
+                raise
+            self.vals[node] = v
+            node.meta["residency"] = v.res
+
+    def prefer_attention(self, later: list[fx.Node]) -> None:
+        """Code before a global attention (PyG's to_dense_batch) is refused first; name the
+        attention instead, the reason the code is there."""
+        for node in later:
+            if node.op == "call_module" and isinstance(self.gm.get_submodule(node.target), _ATTENTION):
+                raise self.refuse(node, f"{type(self.gm.get_submodule(node.target)).__name__} attends over all "
+                                  "nodes (global attention), and the code preparing its input mixes rows",
+                                  _ATTENTION_FIX) from None
+
+    def visit(self, node: fx.Node) -> _Val:
+        if node.op == "placeholder":
+            spec = node.meta.get("input")
+            if spec is not None:
+                return _Val(spec.residency)
+            name = str(node.target)
+            return _GRAPH if name in GRAPH_NAMES else _Val(EDGE if "edge" in name else NODE)
+        if node.op == "get_attr":
+            return _PARAM
+        if node.op == "output":
+            return self.val(node.args[0])
+        if node.op == "call_function" and node.target is getattr(fx._symbolic_trace, "_assert_is_none", None):
+            return _CONST  # fx's check that an input traced as None is None
+        if node.op == "call_function" and node.target in registry():
+            return self.ir_op(node)
+        if node.op == "call_function" and node.target in _DECLARED:
+            return self.declared(node)
+        ins = [self.vals[n] for n in node.all_input_nodes]
+        if any(v.res is GRAPH for v in ins):
+            return self.graph_use(node)
+        if node.op == "call_module":
+            return self.module(node, ins)
+        if not any(v.per_row or v.res is ROWS for v in ins):
+            return _PARAM if any(v.res is PARAM for v in ins) else _CONST
+        return self.torch_op(node, ins)
+
+    # -- IR ops and declared helpers ---------------------------------------------------------
+    def ir_op(self, node: fx.Node) -> _Val:
+        op = registry()[node.target]
+        for name, value in op.bind(node.args, node.kwargs).items():
+            v = self.val(value)
+            if name in op.inputs:
+                want = op.inputs[name]
+                if value is not None and v.res is not want:
+                    raise self.refuse(node, f"{op.name}'s argument {name} must be per-{want} rows, got a "
+                                      f"{v.word()} value", f"Pass {op.name} a per-{want} tensor for {name}.")
+            elif name == "g":
+                if v.res is not GRAPH:
+                    raise self.refuse(node, f"{op.name} got a {v.word()} value where it takes the graph",
+                                      "Pass the graph argument (or g.with_self_loops() ...).")
+            elif v.per_row or v.res in (ROWS, GRAPH):
+                raise self.refuse(node, f"{op.name}'s argument {name} got a {v.word()} value",
+                                  f"Only {', '.join(op.inputs)} take rows.")
+            if name == "fn" and isinstance(value, fx.Node) and node.op == "call_function":
+                self.message_body(node, value)
+        return _Val(op.output)
+
+    def declared(self, node: fx.Node) -> _Val:
+        out = _DECLARED[node.target]  # its author vouches for it, whatever it is given
+        if isinstance(out, Residency):
+            return _Val(out)
+        bound = inspect.signature(node.target).bind(*node.args, **node.kwargs)
+        return self.val(bound.arguments.get(out))
+
+    def message_body(self, node: fx.Node, fn_node: fx.Node) -> None:
+        """Trace the message function and check it with per-edge inputs."""
+        fn = self.gm.get_submodule(fn_node.target)
+        bound = registry()[node.target].bind(node.args, node.kwargs)
+        where = f"the message function {type(fn).__name__} of {_layer(node, self.gm)}"
+        names = list(inspect.signature(fn.forward).parameters)
+        if len(names) != 3:
+            raise self.refuse(node, f"{where} takes {names}, not (x_j, x_i, edge_attr)",
+                              "Write the message as forward(x_j, x_i, edge_attr).")
+        no_edge = bound.get("edge_attr") is None
+        recorded = self.messages.get(node)
+        examples = None
+        if recorded is not None:  # per-edge rows of the recorded shapes
+            x, e = recorded["x"], recorded["edge_attr"]
+            edges = e.shape[0] if e is not None else _PROBE_EDGES
+            rows = torch.randn((edges, *x.shape[1:]), dtype=x.dtype) if x.is_floating_point() else x.new_zeros(
+                (edges, *x.shape[1:]))
+            examples = [rows, rows.clone(), e]
+        tracer = _ShapeTracer(examples)
+        try:
+            with torch.no_grad(), torch.random.fork_rng(devices=[]):
+                graph = tracer.trace(fn, concrete_args={names[2]: None} if no_edge else None)
+            body = fx.GraphModule(fn, graph)
+        except SarcompileError:
+            raise
+        except Exception as e:  # noqa: BLE001 - whatever stopped tracing: say it cannot be checked
+            raise CompileError(
+                f"{where} cannot be traced ({type(e).__name__}: {e}), so sarcompile cannot prove it computes each "
+                "edge's message from that edge's rows alone; write it without control flow on tensor values"
+            ) from None
+        placeholders = [n for n in body.graph.nodes if n.op == "placeholder"]
+        seen = {n: _summary(v) for n, v in tracer.values.items()} if examples is not None else None
+        why = "" if examples is not None else "no example run"
+        for i, ph in enumerate(placeholders):  # x_j, x_i, edge_attr: one row per edge
+            ph.meta["input"] = Input(CONST if (no_edge and i == 2) else EDGE)
+        checker = _Checker(body, seen, why, inside=where, distributed=self.distributed)
+        checker.run()
+        out = checker.vals[next(n for n in body.graph.nodes if n.op == "output")]
+        if out.res is not EDGE:
+            raise self.refuse(node, f"{where} returns a {out.word()} value, not one message per edge",
+                              "Return a tensor with one row per edge, computed from x_j, x_i and edge_attr.")
+
+    # -- the graph ---------------------------------------------------------------------------
+    def graph_use(self, node: fx.Node) -> _Val:
+        first = node.args[0] if node.args else None
+        if node.op == "call_method" and self.val(first).res is GRAPH and len(node.all_input_nodes) == 1:
+            if node.target in ("with_self_loops", "remove_self_loops") and len(node.args) == 1:
+                return _GRAPH
+            if node.target == "in_degrees" and len(node.args) == 1:
+                return _Val(NODE)
+        if node.op == "call_function" and node.target is builtins.getattr and len(node.args) == 2:
+            attr = node.args[1]
+            known = {"num_nodes": _Val(ROWS, NODE), "num_dst": _Val(ROWS, NODE), "num_edges": _Val(ROWS, EDGE),
+                     "global_ids": _Val(NODE), "edge_ids": _Val(EDGE)}
+            if attr in known:
+                return known[attr]
+        if node.op == "call_module":
+            m = self.gm.get_submodule(node.target)
+            if isinstance(m, NodeDropout) and len(node.args) == 2 and self.val(node.args[0]).res is GRAPH:
+                return self.val(node.args[1])
+        what = _name_of(node) or getattr(node.target, "__name__", str(node.target))
+        raise self.refuse(
+            node, f"`{what}` uses the graph argument as a tensor or an object",
+            "The graph (edge_index) is a sarcompile Graph split across workers: pass it only to IR ops, layers "
+            "and g.with_self_loops() / g.remove_self_loops() / g.in_degrees(); reverse or change a graph when "
+            "building it (sc.Graph.from_edges(dst, src, n)).",
+        )
+
+    # -- modules -----------------------------------------------------------------------------
+    def module(self, node: fx.Node, ins: list[_Val]) -> _Val:
+        m = self.gm.get_submodule(node.target)
+        kind = type(m).__name__
+        if isinstance(m, RandomStream):
+            return _CONST
+        rows = [v for v in ins if v.per_row]
+        if not rows and not any(v.res is ROWS for v in ins):
+            return _PARAM if any(v.res is PARAM for v in ins) else _CONST
+        k = self.one_kind(node, ins)
+        x = node.args[0] if node.args else next(iter(node.kwargs.values()), None)
+        if isinstance(m, _ATTENTION):
+            raise self.refuse(node, f"{kind} attends over all rows of a {k.word()} value (global attention)",
+                              _ATTENTION_FIX)
+        if isinstance(m, (nn.modules.batchnorm._BatchNorm, nn.modules.instancenorm._InstanceNorm)):
+            raise self.refuse(node, f"{kind} normalises over the rows it sees",
+                              "Use sc.nn.BatchNorm (statistics across all workers, same parameters and "
+                              "state_dict keys) or LayerNorm.")
+        if any(v.res is ROWS for v in ins):
+            raise self.refuse(node, f"{kind} is given a row count", "Do not compute with the number of rows.")
+        if isinstance(m, _DROPOUTS):
+            if m.training and m.p > 0 and self.distributed:
+                raise self.refuse(node, f"{kind}(p={m.p}) in training draws its mask from torch's RNG row by row",
+                                  "Use sc.nn.NodeDropout(p): a mask keyed by node id, the same on any number "
+                                  "of workers.")
+            return k
+        if isinstance(m, _ACTIVATIONS):
+            return k
+        nd = self.ndim(node, x, f"the feature axis of {kind}")
+        if isinstance(m, (nn.Linear, nn.Bilinear, nn.LazyLinear)):
+            if nd < 2:
+                raise self.refuse(node, f"{kind} on a 1-D {k.word()} tensor contracts the row axis",
+                                  "Give it features [rows, in_features] (x.unsqueeze(-1)).")
+            return k
+        if isinstance(m, nn.LayerNorm):
+            if len(m.normalized_shape) >= nd:
+                raise self.refuse(node, f"LayerNorm{tuple(m.normalized_shape)} normalises over the row axis too",
+                                  "Normalise over the feature dims only.")
+            return k
+        if isinstance(m, (nn.GroupNorm, nn.Embedding, nn.Flatten, nn.Unflatten, nn.Softmax, nn.LogSoftmax,
+                          nn.Softmin)):
+            if isinstance(m, nn.GroupNorm) and nd < 2:
+                raise self.refuse(node, "GroupNorm on a 1-D per-row tensor normalises over rows",
+                                  "Give it [rows, channels].")
+            dim = {nn.Flatten: lambda: m.start_dim, nn.Unflatten: lambda: m.dim}.get(type(m), lambda: getattr(
+                m, "dim", 1))()
+            if dim is None or (not isinstance(m, (nn.GroupNorm, nn.Embedding)) and self.axis(node, x, dim) == 0):
+                raise self.refuse(node, f"{kind}(dim={dim}) works along the row axis", "Give it a feature dim.")
+            return k
+        raise self.refuse(
+            node, f"sarcompile cannot prove that {kind} is row-local (each output row computed from the same "
+            "input row alone)",
+            "Write it with torch operations that work per row, or as an IR op.",
+        )
+
+    # -- torch operations ----------------------------------------------------------------------
+    def one_kind(self, node: fx.Node, ins: list[_Val]) -> _Val:
+        kinds = {v.res for v in ins if v.per_row} | {v.rows for v in ins if v.res is ROWS and v.rows}
+        if len(kinds) > 1:
+            raise self.refuse(node, f"`{_name_of(node) or node.target}` combines per-node and per-edge values",
+                              "Move between nodes and edges with the IR ops (sddmm gathers node rows onto "
+                              "edges, spmm reduces edges into nodes).")
+        return _Val(kinds.pop()) if kinds else _CONST
+
+    def arg(self, node: fx.Node, pos: int, key: str, default: Any = None) -> Any:
+        if len(node.args) > pos:
+            return node.args[pos]
+        return node.kwargs.get(key, default)
+
+    def torch_op(self, node: fx.Node, ins: list[_Val]) -> _Val:
+        name = _name_of(node)
+        k = self.one_kind(node, ins)
+        w = k.word()
+        if name is None:
+            what = getattr(node.target, "__qualname__", str(node.target))
+            raise self.refuse(
+                node, f"sarcompile cannot prove that {what} is row-local (it takes a {w} value)",
+                "Write it with torch operations, or make it a helper declared row-local "
+                "(sarcompile.passes.residency.declare).",
+            )
+        x = node.args[0] if node.args else None
+        xv = self.val(x)
+        # shapes and sizes -----------------------------------------------------------------
+        if name in ("size", "shape", "numel", "nelement", "__len__", "len") or (
+                name == "getattr" and node.args[1] in ("shape", "ndim", "dtype", "device", "T", "mT", "is_cuda",
+                                                       "requires_grad", "data")):
+            return self.meta_of(node, name, x, xv)
+        if xv.seq and name in ("getattr", "getitem"):  # x.max(1).values, x.split(2, 1)[0]
+            return k
+        if xv.res is ROWS and name == "getitem" and xv.shape_ndim is not None:
+            return self.shape_item(node, xv)
+        if name in _RANDOM:
+            raise self.refuse(node, f"{name} draws a different value per row position on each worker, or "
+                              "numbers rows by position", "Use sc.nn.NodeDropout for dropout; use "
+                              "g.global_ids for a node's id.")
+        if name in _FACTORIES:
+            return self.factory(node, name, ins, k)
+        if any(v.res is ROWS for v in ins) and name not in _SHAPED:
+            raise self.refuse(node, f"`{name}` computes with a row count (x.size(0), len(x)), which differs "
+                              "between workers", "Compute per row; for a total over all nodes use a "
+                              "collective (sc.nn.BatchNorm) instead.")
+        if name == "getitem":
+            return self.getitem(node, x, xv, k)
+        if name in _SHAPED:
+            return self.reshape(node, name, x, k)
+        if name in _LIKE:
+            return k
+        if name in ("t", "T", "mT", "adjoint", "transpose", "swapaxes", "swapdims", "permute", "movedim",
+                    "moveaxis", "unsqueeze", "flatten", "ravel"):
+            return self.axes(node, name, x, k)
+        if name in ("cat", "concat", "concatenate", "stack", "hstack", "vstack", "dstack", "column_stack"):
+            return self.join(node, name, k)
+        if name in ("matmul", "mm", "bmm", "linear", "einsum", "bilinear"):
+            return self.matmul(node, name, k)
+        if name == "dropout" or name in ("alpha_dropout", "feature_alpha_dropout"):
+            p, training = self.arg(node, 1, "p", 0.5), self.arg(node, 2, "training", True)
+            if training and p and self.distributed:
+                raise self.refuse(node, f"dropout(p={p}) in training draws its mask from torch's RNG row by row",
+                                  "Use sc.nn.NodeDropout(p): a mask keyed by node id, the same on any number "
+                                  "of workers.")
+            return k
+        if name == "layer_norm":
+            shape = self.arg(node, 1, "normalized_shape")
+            if len(shape) >= self.ndim(node, x, "the feature axis of layer_norm"):
+                raise self.refuse(node, "layer_norm normalises over the row axis too", "Normalise over features.")
+            return k
+        if name in ("embedding", "one_hot"):
+            return k
+        if name in _ALONG:
+            return self.along(node, name, x, k)
+        if _pointwise(name):
+            return self.pointwise(node, name, k)
+        raise self.refuse(
+            node, f"sarcompile cannot prove that `{name}` is row-local (it takes a {w} value)",
+            "Write it with row-wise torch operations, or as an IR op.",
+        )
+
+    def meta_of(self, node, name, x, xv) -> _Val:
+        if name == "getattr":
+            name = node.args[1]
+        if name in ("T", "mT"):
+            return self.axes(node, name, x, xv)
+        if name in ("ndim", "dtype", "device", "is_cuda", "requires_grad"):
+            return _CONST
+        if name == "data":
+            return xv
+        if not xv.per_row:
+            return _CONST if xv.res is not PARAM else _PARAM
+        if name == "size" and (len(node.args) > 1 or "dim" in node.kwargs):
+            d = self.axis(node, x, self.arg(node, 1, "dim"))
+            return _Val(ROWS, xv.res) if d == 0 else _CONST
+        if name in ("size", "shape"):
+            return _Val(ROWS, xv.res, shape_ndim=self.ndim(node, x, "the shape"))
+        return _Val(ROWS, xv.res)  # numel, len
+
+    def shape_item(self, node, xv) -> _Val:
+        idx = node.args[1]
+        picked = range(xv.shape_ndim)[idx]
+        if isinstance(idx, int):
+            return _Val(ROWS, xv.rows) if picked == 0 else _CONST
+        if 0 not in picked:
+            return _CONST
+        if picked[0] != 0:
+            raise self.refuse(node, "a shape is reordered so that the row count is not first", "Keep rows first.")
+        return _Val(ROWS, xv.rows, shape_ndim=len(picked))
+
+    def factory(self, node, name, ins, k) -> _Val:
+        sizes = list(node.args[1:] if name.startswith("new_") else node.args)
+        sizes = list(sizes[0]) if len(sizes) == 1 and isinstance(sizes[0], (tuple, list)) else sizes
+        if name in ("full", "new_full"):
+            sizes = list(sizes[0]) if isinstance(sizes[0], (tuple, list)) else sizes[:1]
+        vals = [self.val(s) for s in sizes]
+        if vals and vals[0].res is ROWS and vals[0].shape_ndim is None and not any(v.res is ROWS for v in vals[1:]):
+            return _Val(vals[0].rows)
+        if vals and vals[0].res is ROWS and vals[0].shape_ndim is not None and len(vals) == 1:
+            return _Val(vals[0].rows)
+        if any(v.res is ROWS for v in vals):
+            raise self.refuse(node, f"{name} is given a row count in another place than the first size",
+                              "Only the first size may be the number of rows.")
+        return _CONST
+
+    def getitem(self, node, x, xv, k) -> _Val:
+        if xv.seq or isinstance(self.seen.get(x), list):
+            return k
+        idx = node.args[1]
+        items = list(idx) if isinstance(idx, tuple) else [idx]
+        if Ellipsis in items:
+            at = items.index(Ellipsis)
+            real = [i for i in items if i is not None and i is not Ellipsis]
+            fill = self.ndim(node, x, "`...`") - len(real)
+            items = items[:at] + [slice(None)] * fill + items[at + 1:]
+        first = items[0] if items else slice(None)
+        if not xv.per_row:  # a parameter's rows looked up by a per-row index: an embedding
+            fv = self.val(first) if isinstance(first, fx.Node) else _CONST
+            if fv.per_row and all(i == slice(None) for i in items[1:]):
+                return k
+            raise self.refuse(node, f"indexing `[{_fmt(idx)}]` combines a {xv.word()} value with per-row ones",
+                              "Index a parameter by one per-row index tensor (an embedding lookup) only.")
+        if first is None:
+            raise self.refuse(node, f"indexing with None first puts a new axis before the {w_axis(k)}",
+                              "Add new axes after the row axis (x[:, None]).")
+        if first != slice(None):
+            raise self.refuse(node, f"indexing `[{_fmt(idx)}]` picks rows of a {k.word()} value by position",
+                              "Rows are split across workers: select features (x[:, ...]), or move between "
+                              "nodes with the IR ops.")
+        for i in items[1:]:
+            if isinstance(i, fx.Node) and self.val(i).per_row:
+                raise self.refuse(node, "indexing a feature axis with a per-row tensor", "Use gather along dim 1.")
+        self.same_rows(node, x, f"indexing `[{_fmt(idx)}]`")
+        return k
+
+    def same_rows(self, node, x, what) -> None:
+        a, b = self.shape(x), self.shape(node)
+        if a is not None and b is not None and (not b or b[0] != a[0]):
+            raise self.refuse(node, f"{what} turns {a} into {b}, so the rows do not stay rows",
+                              "Keep the row axis first and unchanged.")
+
+    def reshape(self, node, name, x, k) -> _Val:
+        if name in ("view_as", "reshape_as", "expand_as"):
+            other = self.val(node.args[1])
+            if other.res is not k.res:
+                raise self.refuse(node, f"{name} gives a {k.word()} value the shape of a {other.word()} one",
+                                  "Reshape to a shape whose first size is the row count.")
+            self.same_rows(node, x, name)
+            return k
+        sizes = list(node.args[1:])
+        if "size" in node.kwargs or "shape" in node.kwargs:
+            sizes = [node.kwargs.get("size", node.kwargs.get("shape"))]
+        if len(sizes) == 1 and isinstance(sizes[0], (tuple, list)):
+            sizes = list(sizes[0])
+        head = sizes[0] if sizes else None
+        hv = self.val(head) if isinstance(head, fx.Node) else None
+        if name == "repeat" and self.val(x).per_row:
+            ok = head == 1
+        elif hv is not None:
+            ok = hv.res is ROWS and hv.rows is k.res and not any(
+                isinstance(s, fx.Node) and self.val(s).res is ROWS for s in sizes[1:])
+        else:
+            ok = head == -1 and (name != "expand")
+            ok = ok or (name == "expand" and head == -1)
+        if not self.val(x).per_row:  # a parameter or constant made per-row: only by broadcasting
+            if name in ("expand", "repeat") and hv is not None and hv.res is ROWS and hv.shape_ndim is None:
+                return k
+            raise self.refuse(node, f"{name}({_fmt(tuple(sizes))}) gives a {self.val(x).word()} value the row count "
+                              "of a per-row one", "Broadcast it instead (p.expand(x.size(0), -1)).")
+        if not ok:
+            raise self.refuse(node, f"{name}({_fmt(tuple(sizes))}) does not keep the rows of a {k.word()} value "
+                              "as dim 0", "Keep the first size as -1 or x.size(0) and reshape the feature dims only.")
+        self.same_rows(node, x, f"{name}({_fmt(tuple(sizes))})")
+        return k
+
+    def axes(self, node, name, x, k) -> _Val:
+        nd = None
+        if name in ("t", "T", "mT", "adjoint"):
+            nd = self.ndim(node, x, f"the axes `.{name}` swaps")
+            if name in ("t", "T") and nd >= 2 or name in ("mT", "adjoint") and nd == 2:
+                raise self.refuse(node, f"`.{name}` moves the row axis of a {k.word()} value",
+                                  "Keep rows first: transpose feature dims only (x.transpose(1, 2)).")
+            return k
+        if name in ("transpose", "swapaxes", "swapdims"):
+            dims = [self.axis(node, x, self.arg(node, 1, "dim0")), self.axis(node, x, self.arg(node, 2, "dim1"))]
+            bad = 0 in dims and dims[0] != dims[1]
+        elif name == "permute":
+            order = node.args[1:] if len(node.args) > 2 else self.arg(node, 1, "dims")
+            bad = self.axis(node, x, list(order)[0]) != 0
+        elif name in ("movedim", "moveaxis"):
+            src, dst = self.arg(node, 1, "source"), self.arg(node, 2, "destination")
+            src = src if isinstance(src, (tuple, list)) else [src]
+            dst = dst if isinstance(dst, (tuple, list)) else [dst]
+            bad = any(self.axis(node, x, d) == 0 for d in list(src) + list(dst))
+        elif name == "unsqueeze":
+            bad = self.axis(node, x, self.arg(node, 1, "dim"), extra=1) == 0
+        else:  # flatten / ravel
+            start = self.arg(node, 1, "start_dim", 0) if name == "flatten" else 0
+            end = self.arg(node, 2, "end_dim", -1) if name == "flatten" else -1
+            bad = self.axis(node, x, start) == 0 and self.axis(node, x, end) != 0
+        if bad:
+            raise self.refuse(node, f"`{name}` moves or merges the row axis of a {k.word()} value",
+                              "Keep rows as dim 0: work on the feature dims only.")
+        return k
+
+    def along(self, node, name, x, k) -> _Val:
+        pos, default = _ALONG[name]
+        if name in ("max", "min") and isinstance(self.arg(node, 1, "other"), fx.Node):
+            return self.pointwise(node, name, k)
+        if name in ("normalize", "cosine_similarity") and node.op == "call_function":
+            pos, key = 2, "dim"
+        key = {"flip": "dims", "roll": "dims"}.get(name, "dim")
+        dims = self.arg(node, pos, key, default)
+        if name == "squeeze" and dims == "all":
+            raise self.refuse(node, "squeeze() without a dim would drop the row axis of a worker with one row",
+                              "Give the dim: x.squeeze(-1).")
+        if name in ("scatter", "scatter_add", "scatter_reduce", "gather", "index_select"):
+            index = self.arg(node, 2, "index")
+            if isinstance(index, fx.Node) and name == "index_select" and self.val(index).per_row:
+                raise self.refuse(node, f"{name} with a per-row index", "Use gather along a feature dim.")
+        if dims is None or dims == ():
+            raise self.refuse(
+                node, f"{name} over all elements reduces over the {w_axis(k)} of a {k.word()} value",
+                "Reduce over the feature dims only (x.sum(-1)); a total over all nodes needs a collective "
+                "(e.g. sc.nn.BatchNorm), which sarcompile provides for batch norm.",
+            )
+        dims = list(dims) if isinstance(dims, (tuple, list)) else [dims]
+        if any(self.axis(node, x, d) == 0 for d in dims):
+            raise self.refuse(
+                node, f"{name} over dim {dims[0] if len(dims) == 1 else tuple(dims)} {_verb(name)} the "
+                f"{w_axis(k)}", "Work along the feature dims (dim=-1); to combine rows use the IR ops "
+                "(spmm over edges) or a collective (sc.nn.BatchNorm).",
+            )
+        return _Val(k.res, seq=name in _RETURNS_SEQ)
+
+    def join(self, node, name, k) -> _Val:
+        tensors = node.args[0] if node.args else node.kwargs.get("tensors")
+        parts = [self.val(t) for t in tensors]
+        if any(not p.per_row for p in parts):
+            raise self.refuse(node, f"{name} joins a {k.word()} value with one that is not per-row",
+                              "Expand the other value per row first (p.expand(x.size(0), -1)).")
+        if name in ("vstack",):
+            raise self.refuse(node, "vstack concatenates rows", "Concatenate along the features (dim=-1).")
+        if name in ("hstack", "column_stack", "dstack"):
+            return k
+        dim = self.arg(node, 1, "dim", 0)
+        first = tensors[0]
+        extra = 1 if name == "stack" else 0
+        if self.axis(node, first, dim, extra=extra) == 0:
+            raise self.refuse(node, f"{name} along dim {dim} {'concatenates' if not extra else 'stacks'} the rows "
+                              f"of {k.word()} values", "Join along the features: dim=-1 (or 1).")
+        return k
+
+    def matmul(self, node, name, k) -> _Val:
+        a, b = node.args[0], node.args[1] if len(node.args) > 1 else node.kwargs.get("weight", node.kwargs.get("other"))
+        av, bv = self.val(a), self.val(b)
+        if name == "einsum" or name == "bilinear":
+            raise self.refuse(node, f"sarcompile cannot prove that {name} keeps rows apart",
+                              "Write it with matmul / nn.Linear over the features.")
+        na = self.ndim(node, a, "the contracted axis")
+        if name == "linear":
+            ok = av.per_row and not bv.per_row and na >= 2
+        else:
+            nb = self.ndim(node, b, "the contracted axis")
+            if av.per_row and bv.per_row:
+                ok = na >= 3 and nb >= 3 and name != "mm"
+            elif av.per_row:
+                ok = na >= 2 and nb <= 2 and name != "bmm"
+            else:
+                ok = nb >= 3 and na <= 2 and name == "matmul"
+        if not ok:
+            raise self.refuse(node, f"{name} contracts or mixes the {w_axis(k)} of a {k.word()} value",
+                              "Multiply over the features: x @ W with x [rows, in], W [in, out] (or nn.Linear).")
+        return k
+
+    def pointwise(self, node, name, k) -> _Val:
+        out = self.shape(node)
+        tensors = [a for a in node.all_input_nodes if self.val(a).res is not CONST or self.shape(a)]
+        known = [self.shape(a) for a in tensors]
+        if out is None and tensors and all(s is not None for s in known):  # the probe stopped here
+            try:
+                out = tuple(torch.broadcast_shapes(*known))
+            except RuntimeError:
+                out = max(known, key=len)
+        if out is None:
+            if all(self.val(a).per_row or self.val(a).res is CONST for a in tensors) and \
+                    sum(self.val(a).per_row for a in tensors) == 1 and not any(
+                        self.val(a).res is PARAM for a in tensors):
+                return k  # one per-row tensor with scalars: nothing to broadcast
+            self.ndim(node, None, f"how `{name}` broadcasts")
+        for a in tensors:
+            v, s = self.val(a), self.shape(a)
+            if s is None:
+                continue
+            if v.per_row and len(s) != len(out):
+                raise self.refuse(
+                    node, f"`{name}` broadcasts a {v.word()} tensor of shape {s} against shape {out}, which "
+                    "lines its rows up with another axis", "Give both operands the row axis first and the same "
+                    "number of dims (x.unsqueeze(-1)).",
+                )
+            if not v.per_row and len(s) == len(out) and s[0] != 1:
+                raise self.refuse(
+                    node, f"`{name}` combines a {k.word()} value with a {v.word()} tensor of shape {s} whose "
+                    "first axis lines up with the rows", "Give the other operand a first axis of size 1 (or "
+                    "fewer dims), so it applies to every row alike.",
+                )
+        return k
+
+
+def w_axis(k: _Val) -> str:
+    return {NODE: "node axis", EDGE: "edge axis"}.get(k.res, "row axis")
+
+
+def _verb(name: str) -> str:
+    if name in ("sort", "argsort", "topk", "kthvalue", "flip", "roll"):
+        return "reorders values along"
+    if name in ("cumsum", "cumprod", "cummax", "cummin", "logcumsumexp", "diff"):
+        return "accumulates along"
+    if name in ("narrow", "select", "index_select", "gather", "scatter", "scatter_add", "scatter_reduce",
+                "unbind", "chunk", "split", "tensor_split", "unflatten", "squeeze"):
+        return "picks or splits by position along"
+    return "reduces over"
+
+
+def _fmt(idx: Any) -> str:
+    if isinstance(idx, tuple):
+        return ", ".join(_fmt(i) for i in idx)
+    if isinstance(idx, slice):
+        parts = ["" if p is None else _fmt(p) for p in (idx.start, idx.stop, idx.step)]
+        return ":".join(parts[:2]) + (f":{parts[2]}" if idx.step is not None else "")
+    if idx is Ellipsis:
+        return "..."
+    return idx.name if isinstance(idx, fx.Node) else repr(idx)
+
+
+# -- the pass ----------------------------------------------------------------------------------
+def residency(gm: fx.GraphModule, ctx=None, *, distributed: bool = False) -> fx.GraphModule:
+    """Give every node ``meta["residency"]``; refuse what mixes rows (see the module
+    docstring). The program is unchanged. ``distributed``: the program is for N workers,
+    where torch's dropout (``nn.Dropout`` in training) is refused too: each worker would
+    draw its own mask; on one machine it draws what the eager model draws."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    specs = [n.meta.get("input") for n in placeholders]
+    missing = [str(n.target) for n, s in zip(placeholders, specs) if s is None]
+    seen, messages, why = None, None, f"no example of the inputs {missing}"
+    if all(s is not None for s in specs):
+        tensor = next(iter(gm.parameters()), None)
+        device = tensor.device if tensor is not None else torch.device("cpu")
+        graph = _probe_graph()
+        for choice in _choices(specs):  # the first reading of the inputs under which the program runs
+            rec, failed = _run_probe(gm, [_example(s, graph, device) for s in choice], gm)
+            if seen is None or not failed:
+                seen, messages, why = rec.seen, rec.messages, failed
+                for node, spec in zip(placeholders, choice):
+                    node.meta["input"] = spec
+            if not failed:
+                break
+    _Checker(gm, seen, why, messages, distributed=distributed).run()
+    return gm
+
+
+def _choices(specs: list[Input], limit: int = 8) -> list[list[Input]]:
+    """Readings of the inputs: first as given, then with the alternatives of ambiguous
+    ones, fewest changes first; always with some per-row input if one was given."""
+    options = [[s] + [replace(s, residency=r, alternatives=()) for r in s.alternatives] for s in specs]
+    readings = sorted(itertools.product(*options), key=lambda c: sum(a is not b for a, b in zip(c, specs)))
+    if any(s.residency.per_row for s in specs):
+        readings = [c for c in readings if any(s.residency.per_row for s in c)]
+    return [list(c) for c in readings[:limit]]
+
+
+def listing(gm: fx.GraphModule) -> str:
+    """The program's code with each value's residency as a comment (``# node``)."""
+    of = {n.name: n.meta.get("residency") for n in gm.graph.nodes}
+    lines = []
+    for line in gm.code.splitlines():
+        m = re.match(r"\s*(\w+) = ", line)
+        if m and of.get(m.group(1)) is not None:
+            line = f"{line.split(';  ')[0]}  # {of[m.group(1)]}"
+        elif line.lstrip().startswith("def forward("):
+            args = [f"{n.name}: {n.meta.get('residency')}" for n in gm.graph.nodes if n.op == "placeholder"]
+            line = f"{line}  # {', '.join(args)}"
+        lines.append(line)
+    return "\n".join(lines)
