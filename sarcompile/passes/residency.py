@@ -68,14 +68,12 @@ import inspect
 import itertools
 import operator
 import re
-import traceback
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 import torch.fx as fx
-import torch.nn.functional as F
 from torch import nn
 
 from ..errors import CompileError, SarcompileError
