@@ -22,7 +22,7 @@ import torch
 
 from .errors import GraphError
 
-__all__ = ["Graph", "Block"]
+__all__ = ["Graph", "Block", "probe_graph"]
 
 
 @dataclass(eq=False)
@@ -260,3 +260,15 @@ class Graph:
 
     def __repr__(self) -> str:
         return f"Graph(num_nodes={self.num_nodes}, num_edges={self.num_edges})"
+
+
+def probe_graph(num_nodes: int, num_edges: int, num_loops: int) -> Graph:
+    """A small fixed random graph for running a program once to learn its shapes (the
+    residency pass, the plan): ``num_loops`` self-loops on nodes ``0..num_loops-1`` and
+    ``num_edges - num_loops`` edges between distinct nodes. Pick sizes that no feature
+    width is likely to equal, so that a row axis is recognisable."""
+    gen = torch.Generator().manual_seed(0)
+    src = torch.randint(0, num_nodes, (num_edges - num_loops,), generator=gen)
+    step = torch.randint(1, num_nodes, (num_edges - num_loops,), generator=gen)
+    loops = torch.arange(num_loops)
+    return Graph.from_edges(torch.cat([src, loops]), torch.cat([(src + step) % num_nodes, loops]), num_nodes)

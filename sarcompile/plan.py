@@ -28,7 +28,7 @@ import torch
 import torch.fx as fx
 
 from .errors import CompileError
-from .graph import Graph
+from .graph import Graph, probe_graph
 from .opdef import AllReduce, Halo, OpDef, definition
 from .runtime.comm import offline
 from .runtime.link import Wire
@@ -265,15 +265,6 @@ class _Probe(fx.Interpreter):
 _PROBE_NODES, _PROBE_EDGES, _PROBE_LOOPS = 101, 307, 7
 
 
-def _probe_graph() -> Graph:
-    gen = torch.Generator().manual_seed(0)
-    src = torch.randint(0, _PROBE_NODES, (_PROBE_EDGES - _PROBE_LOOPS,), generator=gen)
-    step = torch.randint(1, _PROBE_NODES, (_PROBE_EDGES - _PROBE_LOOPS,), generator=gen)
-    loops = torch.arange(_PROBE_LOOPS)
-    dst = torch.cat([(src + step) % _PROBE_NODES, loops])
-    return Graph.from_edges(torch.cat([src, loops]), dst, _PROBE_NODES)
-
-
 def _scale_saved(saved: dict[int, tuple[int, tuple[int, ...]]], w: WorkerStats) -> int:
     """Bytes the probe's saved tensors take on worker ``w``: each scales with the size
     (nodes, or the edges of one graph variant) that one of its dims equals."""
@@ -346,7 +337,7 @@ def build_plan(
 ) -> Plan:
     """The plan of the partitioned program ``gm`` for workers of the given sizes."""
     probe = _Probe(gm)
-    shard = ShardGraph.single(_probe_graph())
+    shard = ShardGraph.single(probe_graph(_PROBE_NODES, _PROBE_EDGES, _PROBE_LOOPS))
     x_probe = x.new_zeros((shard.num_nodes, *x.shape[1:])).requires_grad_(x.requires_grad)
     with offline():  # the probe runs on this process alone
         probe.run_and_record(*_probe_inputs(gm, shard, x_probe))

@@ -77,7 +77,7 @@ import torch.fx as fx
 from torch import nn
 
 from ..errors import CompileError, SarcompileError
-from ..graph import Graph
+from ..graph import Graph, probe_graph
 from ..ops import registry
 from ..nn import NodeDropout, RandomStream
 from ..runtime.comm import offline
@@ -254,13 +254,6 @@ def _layer(node: fx.Node, gm: fx.GraphModule | None) -> str:
 
 
 # -- the probe ---------------------------------------------------------------------------------
-def _probe_graph() -> Graph:
-    gen = torch.Generator().manual_seed(0)
-    src = torch.randint(0, PROBE_NODES, (_PROBE_EDGES - 3,), generator=gen)
-    dst = (src + torch.randint(1, PROBE_NODES, src.shape, generator=gen)) % PROBE_NODES
-    loops = torch.arange(3)
-    return Graph.from_edges(torch.cat([src, loops]), torch.cat([dst, loops]), PROBE_NODES)
-
 
 def _example(spec: Input, graph: Graph, device: torch.device) -> Any:
     if spec.residency is GRAPH:
@@ -1036,7 +1029,7 @@ def residency(gm: fx.GraphModule, ctx=None, *, distributed: bool = False) -> fx.
     if all(s is not None for s in specs):
         tensor = next(iter(gm.parameters()), None)
         device = tensor.device if tensor is not None else torch.device("cpu")
-        graph = _probe_graph()
+        graph = probe_graph(PROBE_NODES, _PROBE_EDGES, 3)
         for choice in _choices(specs):  # the first reading of the inputs under which the program runs
             rec, failed = _run_probe(gm, [_example(s, graph, device) for s in choice], gm)
             if seen is None or not failed:

@@ -84,6 +84,9 @@ BLAME_WINDOW_S = 3.0  # how long a worker whose exchange failed watches the hear
 ACK_WAIT_S = 3.0  # how long a failing worker waits for the others to print its failure
 EXIT_LAG_S = 1.0  # how long after the failing worker the others exit (torchrun polls every 0.1 s)
 INTERRUPT_GRACE_S = 1.0  # how long the watchdog lets the main thread handle a SIGINT itself
+# The most a failing worker spends agreeing with the others before it exits anyway: when
+# the store itself is out of reach (a cut link), each store call would wait its own timeout.
+LEAVE_LIMIT_S = BLAME_WINDOW_S + ACK_WAIT_S + EXIT_LAG_S + 2.0
 
 PREFIX = "sarcompile/failure/"
 # RECORD holds the failure (JSON); the others are counters (``add``: every store has it,
@@ -414,6 +417,27 @@ def report(exc: BaseException, *, rank: int = 0, distributed: bool = False, prin
     otherwise (one process: nothing to agree on).
 
     ``printed``: the error was already shown (a traceback by ``sys.excepthook``)."""
+    wd = _active
+    if wd is None:
+        return _report(exc, rank, distributed, printed)
+    # Whatever the store does (out of reach after a cut link, each call waits its own
+    # timeout), this worker is gone within LEAVE_LIMIT_S.
+    interrupted = isinstance(exc, KeyboardInterrupt) or wd.signalled_at is not None
+    code = EXIT_INTERRUPTED if interrupted else EXIT_PEER_LOST if is_consequence(exc) else EXIT_FAILED
+    def give_up() -> None:
+        _say(wd.rank, f"{message_of(exc)} (the other workers could not be reached to agree on the cause)")
+        wd._exit(code)
+
+    limit = threading.Timer(LEAVE_LIMIT_S, give_up)
+    limit.daemon = True
+    limit.start()
+    try:
+        return _report(exc, rank, distributed, printed)
+    finally:  # reached only with a test's exit, which returns
+        limit.cancel()
+
+
+def _report(exc: BaseException, rank: int, distributed: bool, printed: bool) -> int:
     wd = _active
     known = isinstance(exc, (SarcompileError, ValueError, KeyboardInterrupt))
     prefix = f"[rank {rank}] " if distributed else ""

@@ -172,3 +172,44 @@ def test_bad_timeout_names_the_variable(value, monkeypatch):
         comm.timeout()
     monkeypatch.setenv("SARCOMPILE_TIMEOUT", "2.5")
     assert comm.timeout() == 2.5
+
+
+class _UnreachableStore:
+    """A store whose every call hangs until released, as a TCPStore behind a cut link."""
+
+    def __init__(self):
+        import threading
+
+        self.released = threading.Event()
+
+    def _hang(self, *args, **kwargs):
+        self.released.wait(60)
+        raise RuntimeError("store unreachable")
+
+    add = get = compare_set = set = _hang
+
+
+def test_a_worker_that_cannot_reach_the_store_still_leaves_in_bounded_time(monkeypatch, capsys):
+    """After a cut link every store call waits its own timeout: the failing worker gives up
+    agreeing after LEAVE_LIMIT_S, says why, and exits with the code of its own error."""
+    import threading
+
+    import sarcompile as sc
+    from sarcompile.runtime import failure
+
+    store = _UnreachableStore()
+    codes: list[int] = []
+    wd = failure.Watchdog(store, 2, 4, exit=codes.append)
+    monkeypatch.setattr(failure, "_active", wd)
+    t0 = time.monotonic()
+    threading.Thread(target=failure.report, args=(sc.CommError("spmm(mean): worker 0 did not answer within 5s"),),
+                     kwargs={"rank": 2, "distributed": True}, daemon=True).start()
+    deadline = t0 + failure.LEAVE_LIMIT_S + 5
+    while not codes and time.monotonic() < deadline:
+        time.sleep(0.05)
+    took = time.monotonic() - t0
+    store.released.set()
+    assert codes[:1] == [failure.EXIT_PEER_LOST], codes
+    assert failure.LEAVE_LIMIT_S - 0.5 < took < failure.LEAVE_LIMIT_S + 2
+    err = capsys.readouterr().err
+    assert "[rank 2] error: spmm(mean): worker 0 did not answer within 5s" in err and "could not be reached" in err
