@@ -639,6 +639,15 @@ class _Checker:
                 raise self.refuse(node, f"{kind} on a 1-D {k.word()} tensor contracts the row axis",
                                   "Give it features [rows, in_features] (x.unsqueeze(-1)).")
             return k
+        if isinstance(m, nn.RNNBase):  # e.g. JumpingKnowledge(mode="lstm"): a sequence per row
+            if not m.batch_first or nd != 3:
+                raise self.refuse(node, f"{kind} on [{'steps, rows' if nd == 3 else 'rows'}, ...] runs its sequence "
+                                  "along the row axis", "Give it batch_first=True and [rows, steps, features].")
+            hidden = [u for u in node.users if u.users and not (u.target is operator.getitem and u.args[1] == 0)]
+            if hidden:
+                raise self.refuse(hidden[0], f"{kind}'s hidden state is [layers, rows, hidden]: its rows are not on "
+                                  "axis 0", "Use the output (its first result) only.")
+            return replace(k, seq=True)
         if isinstance(m, nn.LayerNorm):
             if len(m.normalized_shape) >= nd:
                 raise self.refuse(node, f"LayerNorm{tuple(m.normalized_shape)} normalises over the row axis too",

@@ -327,3 +327,16 @@ def test_probe_leaves_buffers_and_rng_alone():
     assert torch.equal(torch.get_rng_state(), rng)
     for k, v in model.state_dict().items():
         assert torch.equal(v, before[k]), k
+
+
+def test_an_lstm_over_a_sequence_per_row_is_row_local_and_its_hidden_state_is_not():
+    """JumpingKnowledge(mode="lstm") runs an LSTM over [rows, layers, features] with
+    batch_first: each row's sequence is its own. Without batch_first the sequence would
+    run over rows; the hidden state has its rows on axis 1."""
+    lstm = nn.LSTM(4, 3, batch_first=True, bidirectional=True).double()
+    seq = Fn(lambda m, g, x: m.mods[0](torch.stack([x, 2 * x], 1))[0].sum(-1), lstm)
+    torch.testing.assert_close(compiled(seq, G, X).module(G, X), seq(G, X))
+    across = Fn(lambda m, g, x: m.mods[0](x)[0], nn.LSTM(4, 3).double())
+    refused(across, G, X, match="runs its sequence along the row axis")
+    hidden = Fn(lambda m, g, x: m.mods[0](torch.stack([x, x], 1))[1][0].sum(0), nn.LSTM(4, 3, batch_first=True).double())
+    refused(hidden, G, X, match="hidden state")
