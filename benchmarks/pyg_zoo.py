@@ -23,6 +23,7 @@ Usage::
     python benchmarks/pyg_zoo.py --table               # ... and print the Markdown table
     python benchmarks/pyg_zoo.py --only GCNConv SAGEConv --table   # a subset (not saved unless --out)
     python benchmarks/pyg_zoo.py --load --table        # print the table of the saved results
+    python benchmarks/pyg_zoo.py --load --summary      # ... in the README's shorter form
 
 The workers are a small pool of ``torch.multiprocessing`` processes per world size, in one
 gloo group on a FileStore, running many cases each. Every wait is bounded.
@@ -36,6 +37,7 @@ import io
 import json
 import os
 import queue
+import re
 import shlex
 import sys
 import tempfile
@@ -909,6 +911,37 @@ def table(records: list[Record], meta: dict) -> str:
     return "\n".join(lines)
 
 
+def _short(detail: str) -> str:
+    """The gist of a refusal: without the error class, the layer path and the class name,
+    up to the first sentence."""
+    why = re.sub(r"^(\w+Error: )?(layer '[^']*': )*", "", detail.replace("\n", " "))
+    why = re.sub(r"^torch_geometric\.nn\.(\w+)\.?", "", why).strip()
+    why = re.sub(r"^could not be lowered: its forward failed while traced with symbolic tensors and a graph in "
+                 r"place of edge_index \((\w+: )?", "forward not traceable: ", why)
+    why = why.split(". ")[0].split("; ")[0]
+    return (why[:117] + "…" if len(why) > 118 else why).replace("|", "\\|")
+
+
+def summary(records: list[Record], meta: dict) -> str:
+    """The README's form of the table: per group, the counts, the exact layers in one line
+    and one row per other layer with the first clause of its reason."""
+    titles = {"conv": "`torch_geometric.nn.conv` classes", "variant": "option variants", "model": "ready-made models"}
+    lines = [f"PyG zoo, {meta['date']}: `{meta['command']}` (sarcompile {meta.get('sarcompile', '?')}, torch "
+             f"{meta['torch']}, torch_geometric {meta['torch_geometric']}; float64; one machine and "
+             f"{', '.join(str(w) for w in meta['world_sizes'])} gloo workers)", ""]
+    for group, title in titles.items():
+        rows = [r for r in records if r.group == group]
+        c = counts(rows)
+        lines.append(f"**{title}** ({len(rows)}): " + ", ".join(f"{n} {o}" for o, n in c.items() if n) + ".")
+        lines.append("exact: " + ", ".join(f"`{r.name}`" for r in rows if r.outcome == EXACT) + ".")
+        lines += ["", "| layer | outcome | why |", "| --- | --- | --- |"]
+        for r in rows:
+            if r.outcome != EXACT:
+                lines.append(f"| `{r.name}` | {r.outcome} | {_short(r.detail)} |")
+        lines.append("")
+    return "\n".join(lines).rstrip()
+
+
 def sarcompile_version() -> str:
     """The commit the imported sarcompile package comes from, '+dirty' when sarcompile/ has
     uncommitted changes there."""
@@ -931,6 +964,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--only", nargs="+", metavar="NAME", help="run these cases only (names as in the table)")
     ap.add_argument("--table", action="store_true", help="print the Markdown table")
+    ap.add_argument("--summary", action="store_true", help="print the README's shorter form of the table")
     ap.add_argument("--load", action="store_true", help="do not run: read the saved results")
     ap.add_argument("--out", type=Path, help=f"results file (default {RESULTS} for a full sweep)")
     ap.add_argument("--world-sizes", type=int, nargs="+", default=list(WORLD_SIZES))
@@ -976,6 +1010,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"wrote {out}", file=sys.stderr)
     if args.table:
         print(table(records, meta))
+    elif args.summary:
+        print(summary(records, meta))
     else:
         c = counts(records)
         print(", ".join(f"{n} {o}" for o, n in c.items()))
