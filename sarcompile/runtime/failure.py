@@ -329,23 +329,23 @@ class Watchdog:
         self._exit(code)
 
     def _agent_gone(self) -> None:
-        with self._lock:
-            if self.failing:
-                return
-            self.failing = True
         message = f"parent process {self.parent} exited; this worker stops too"
-        _say(self.rank, describe({"kind": "agent", "rank": self.rank, "message": message}))
-        self.publish({"kind": "agent", "rank": self.rank, "by": self.rank, "message": message})
-        self._exit(EXIT_AGENT_GONE)
+        self._stop_alone("agent", message, describe({"kind": "agent", "rank": self.rank, "message": message}),
+                         EXIT_AGENT_GONE)
 
     def _interrupted_for_main(self) -> None:
+        self._stop_alone("interrupted", "SIGINT", "interrupted (SIGINT); stopping", EXIT_INTERRUPTED)
+
+    def _stop_alone(self, kind: str, message: str, said: str, code: int) -> None:
+        """Leave for a reason of this worker's own (no acknowledgements awaited), unless it
+        is already leaving."""
         with self._lock:
             if self.failing:
                 return
             self.failing = True
-        _say(self.rank, "interrupted (SIGINT); stopping")
-        self.publish({"kind": "interrupted", "rank": self.rank, "by": self.rank, "message": "SIGINT"})
-        self._exit(EXIT_INTERRUPTED)
+        _say(self.rank, said)
+        self.publish({"kind": kind, "rank": self.rank, "by": self.rank, "message": message})
+        self._exit(code)
 
     # -- blame ----------------------------------------------------------------------------------------
     def silent_ranks(self, window: float = BLAME_WINDOW_S) -> tuple[list[int], dict[str, Any] | None]:
