@@ -871,7 +871,10 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--mode", choices=MODES, default=d.mode, help=f"sc.distribute mode (default {d.mode})")
     ap.add_argument("--seed", type=int, default=d.seed, help=f"initial weights and dropout masks (default {d.seed})")
     ap.add_argument("--out", help="run directory for the log and checkpoint (default runs/<timestamp>)")
-    ap.add_argument("--log", help="JSONL log file (default OUT/log.jsonl)")
+    # --log-file first: under torchrun, whose parser sees every argument, a bare --log is an
+    # ambiguous abbreviation of its own --log-dir / --logs-specs and stops the launch.
+    ap.add_argument("--log-file", "--log", dest="log",
+                    help="JSONL log file (default OUT/log.jsonl); --log also works without torchrun")
     ap.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every, metavar="K",
                     help=f"write OUT/checkpoint.pt every K epochs and at the end; 0: only at the end "
                     f"(default {d.checkpoint_every})")

@@ -364,14 +364,15 @@ def test_cli_under_torchrun(parts, tmp_path):
     out = tmp_path / "run"
     args = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
             "-m", "sarcompile.train", "--parts", parts[2], "--out", str(out), "--model", "gcn",
-            "--hidden", "16", "--epochs", "4", "--checkpoint-every", "3"]
+            "--hidden", "16", "--epochs", "4", "--checkpoint-every", "3", "--log-file", str(tmp_path / "log.jsonl")]
     done = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180, check=False)
     assert done.returncode == 0, f"{done.stdout}\n{done.stderr}"
     lines = done.stdout.splitlines()
     assert lines[0].startswith("2 workers, ") and "gcn x 2 layers, mode=sar" in lines[0]
     epochs = [line for line in lines if line.startswith("epoch ")]
     assert [int(line.split()[1]) for line in epochs] == [1, 2, 3, 4]
-    log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    # --log-file, not --log: torchrun's own parser would take --log for its --log-dir
+    log = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
     assert [r["epoch"] for r in log] == [1, 2, 3, 4]
     assert set(log[0]) == {"epoch", "loss", "train_acc", "val_acc", "test_acc", "epoch_s", "train_s", "world_size",
                            "comm"}
