@@ -1,0 +1,51 @@
+"""benchmarks/dgl_zoo.py judges DGL layers as it says: one exact, one refused, one not
+applicable, on one machine and on 1 and 2 gloo workers. Runs only where DGL is installed
+(``scripts/test.sh`` runs it in the torch 2.2 environment of ``scripts/dgl_env.sh``)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("dgl")
+
+ZOO_PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "dgl_zoo.py"
+
+
+def _zoo():
+    # Imported under its own module name so that the spawned workers can import it too.
+    if "dgl_zoo" not in sys.modules:
+        sys.path.insert(0, str(ZOO_PATH.parent))
+        spec = importlib.util.spec_from_file_location("dgl_zoo", ZOO_PATH)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["dgl_zoo"] = module
+        spec.loader.exec_module(module)
+    return sys.modules["dgl_zoo"]
+
+
+def test_sweep_judges_exact_refused_and_not_applicable():
+    zoo = _zoo()
+    records = {r.name: r for r in zoo.sweep(["GraphConv", "ChebConv", "DenseGraphConv"], world_sizes=(1, 2),
+                                            log=lambda s: None)}
+
+    gc = records["GraphConv"]
+    assert gc.outcome == zoo.EXACT, gc
+    assert set(gc.diffs) == {"local", "1w", "2w"} and all(d <= 1e-9 for d in gc.diffs.values()), gc.diffs
+
+    cheb = records["ChebConv"]
+    assert cheb.outcome == zoo.REFUSED, cheb
+    assert cheb.detail.startswith("CompileError:") and "ChebConv" in cheb.detail, cheb.detail
+
+    dense = records["DenseGraphConv"]
+    assert dense.outcome == zoo.NA and "dense adjacency" in dense.detail, dense
+
+
+def test_every_dgl_conv_class_is_swept():
+    import dgl.nn.pytorch.conv as c
+
+    zoo = _zoo()
+    swept = {name.split("(")[0] for name in zoo.cases()}
+    assert set(c.__all__) <= swept, sorted(set(c.__all__) - swept)
