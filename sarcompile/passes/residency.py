@@ -744,6 +744,8 @@ class _Checker:
             return k
         if name in _ALONG:
             return self.along(node, name, x, k)
+        if name in ("to", "type_as") and isinstance(x, fx.Node):  # the other tensor gives a dtype and a device only
+            return xv
         if _pointwise(name):
             return self.pointwise(node, name, k)
         raise self.refuse(

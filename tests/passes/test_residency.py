@@ -340,3 +340,13 @@ def test_an_lstm_over_a_sequence_per_row_is_row_local_and_its_hidden_state_is_no
     refused(across, G, X, match="runs its sequence along the row axis")
     hidden = Fn(lambda m, g, x: m.mods[0](torch.stack([x, x], 1))[1][0].sum(0), nn.LSTM(4, 3, batch_first=True).double())
     refused(hidden, G, X, match="hidden state")
+
+
+def test_to_another_tensor_takes_only_its_dtype_and_device():
+    """``deg.to(feat)`` (DGL's SGConv, GCN2Conv) converts a per-node [n] tensor to feat's
+    dtype: no broadcasting; a parameter converted like a per-node tensor stays a parameter."""
+    w = nn.Parameter(torch.ones(4, dtype=torch.float32))
+    model = Fn(lambda m, g, x: x * g.in_degrees().to(x).unsqueeze(-1) + m.w.to(x), nn.Identity())
+    model.w = w
+    program = compiled(model, G, X)
+    torch.testing.assert_close(program.module(G, X), model(G, X))
