@@ -108,6 +108,12 @@ class GraphProxy(fx.Proxy):
 
     srcdata = dstdata = ndata
 
+    # What DGL's layers ask of the graph before they compute (expand_as_pair, asserts):
+    # known when compiling, since sarcompile graphs are whole and homogeneous.
+    is_block = False
+    is_homogeneous = True
+    batch_size = 1
+
     @property
     def edata(self) -> dict:
         return self._frames[-1][1]

@@ -49,3 +49,13 @@ def test_every_dgl_conv_class_is_swept():
     zoo = _zoo()
     swept = {name.split("(")[0] for name in zoo.cases()}
     assert set(c.__all__) <= swept, sorted(set(c.__all__) - swept)
+
+
+def test_layers_that_ask_is_block_or_is_homogeneous_are_exact_on_one_to_three_workers():
+    """DGL's GINConv, GINEConv and NNConv call expand_as_pair, which asks ``g.is_block``:
+    the traced graph answers it (and ``is_homogeneous``, ``batch_size``) as a constant."""
+    zoo = _zoo()
+    names = ["GINConv", "GINEConv", "NNConv", "GINConv(max)"]
+    for r in zoo.sweep(names, world_sizes=(1, 2, 3), log=lambda s: None):
+        assert r.outcome == zoo.EXACT, r
+        assert set(r.diffs) == {"local", "1w", "2w", "3w"} and all(d <= 1e-9 for d in r.diffs.values()), r.diffs
