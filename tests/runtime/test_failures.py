@@ -202,13 +202,16 @@ def test_a_worker_that_cannot_reach_the_store_still_leaves_in_bounded_time(monke
     wd = failure.Watchdog(store, 2, 4, exit=codes.append)
     monkeypatch.setattr(failure, "_active", wd)
     t0 = time.monotonic()
-    threading.Thread(target=failure.report, args=(sc.CommError("spmm(mean): worker 0 did not answer within 5s"),),
-                     kwargs={"rank": 2, "distributed": True}, daemon=True).start()
+    reporter = threading.Thread(target=failure.report,
+                                args=(sc.CommError("spmm(mean): worker 0 did not answer within 5s"),),
+                                kwargs={"rank": 2, "distributed": True}, daemon=True)
+    reporter.start()
     deadline = t0 + failure.LEAVE_LIMIT_S + 5
     while not codes and time.monotonic() < deadline:
         time.sleep(0.05)
     took = time.monotonic() - t0
-    store.released.set()
+    store.released.set()  # the store answers (with errors) again: the reporter finishes its way out
+    reporter.join(timeout=30)
     assert codes[:1] == [failure.EXIT_PEER_LOST], codes
     assert failure.LEAVE_LIMIT_S - 0.5 < took < failure.LEAVE_LIMIT_S + 2
     err = capsys.readouterr().err
