@@ -5,6 +5,10 @@
                                          in sum, mean, max, min (empty neighbourhood gives 0)
 ``sddmm(g, a, b, op)``                   per edge u->v: ``a[u] op b[v]``; op in add, sub, mul,
                                          dot (dot sums the last dim)
+``gather_src(g, x)`` / ``gather_dst``     per edge u->v: ``x[u]`` / ``x[v]`` (node rows onto edges)
+``edge_reduce(g, e, reduce)``            ``out[v] = reduce over u->v of e_uv``; reduce in sum,
+                                         mean, max, min, mul (empty neighbourhood gives 0, 1
+                                         for mul)
 ``edge_softmax(g, e)``                   softmax of per-edge scores over the in-edges of each v
 ``edge_dropout(g, e, p, salt)``          dropout of edge values with a mask keyed by edge id
 ``attention(g, h, a_src, a_dst, ...)``   the fused chain sddmm(add) -> leaky_relu ->
@@ -44,6 +48,9 @@ __all__ = [
     "registry",
     "spmm",
     "sddmm",
+    "gather_src",
+    "gather_dst",
+    "edge_reduce",
     "edge_softmax",
     "edge_dropout",
     "attention",
@@ -56,6 +63,7 @@ __all__ = [
 REDUCES = ("sum", "mean", "max", "min")
 MESSAGE_REDUCES = ("sum", "mean", "max")  # message_passing's: it keeps a winner per row for max only
 SDDMM_OPS = ("add", "sub", "mul", "dot")
+EDGE_REDUCES = ("sum", "mean", "max", "min", "mul")
 
 NODE, EDGE = Residency.NODE, Residency.EDGE
 
@@ -186,6 +194,78 @@ def sddmm(
     if isinstance(g, Graph):
         return _from_csr_order(g, sddmm.definition.run(_single(g), a, b, op))
     return sddmm.definition.run(g, a, b, op, strategy=strategy, comm=comm)
+
+
+# ------------------------------------------------------------------ gather, edge_reduce
+def _check_graph(g, x) -> None:
+    _graph_kind(g)
+
+
+@ir_op(
+    check=_check_graph,
+    output=EDGE,
+    inputs={"x": NODE},
+    # sddmm's exchange with only a source side: backward sends gradients, reads nothing
+    exchange=Halo(
+        sends=("x",),
+        reads_remote_in_backward=lambda a, wants: False,
+        pushes_gradients=lambda a, wants: "x" in wants,
+    ),
+    saved=lambda a: "nothing",
+    temporaries=lambda a, row: Temporaries(1, 2 * row),  # the gathered rows and their gradient
+)
+def gather_src(
+    g, x: torch.Tensor, *, strategy: Strategy = Strategy.REMAT, comm: LinkPolicy | None = None
+) -> torch.Tensor:
+    """``x[u]`` for every edge u->v, the way a message function reads its source rows
+    (PyG's ``x_j``). On a worker, remote sources arrive through the halo exchange; the
+    result is a per-edge tensor, so it costs ``E x F`` where the fused ops cost nothing
+    per edge: the front-ends use it only for messages the fused ops cannot express."""
+    _check_rows(g, x, "x", g.num_nodes)
+    if isinstance(g, Graph):
+        return _from_csr_order(g, gather_src.definition.run(_single(g), x))
+    return gather_src.definition.run(g, x, strategy=strategy, comm=comm)
+
+
+@ir_op(check=_check_graph, output=EDGE, inputs={"x": NODE})
+def gather_dst(g, x: torch.Tensor) -> torch.Tensor:
+    """``x[v]`` for every edge u->v (PyG's ``x_i``): local, every in-edge of a node lives
+    on its worker."""
+    _check_rows(g, x, "x", g.num_nodes)
+    return x.index_select(0, g.dst_index.to(x.device))
+
+
+def _check_edge_reduce(g, e, reduce, dim) -> None:
+    _graph_kind(g)
+    if reduce not in EDGE_REDUCES:
+        raise GraphError(f"edge_reduce reduce must be one of {EDGE_REDUCES}, got {reduce!r}")
+
+
+@ir_op(check=_check_edge_reduce, output=NODE, inputs={"e": EDGE})
+def edge_reduce(g, e: torch.Tensor, reduce: str = "sum", dim: int = 0) -> torch.Tensor:
+    """Reduce per-edge values into their destinations: ``out[v] = reduce_{u->v} e_uv``,
+    local (every in-edge of a node lives on its worker). Computed as
+    ``torch_geometric.utils.scatter`` does -- the same torch reductions, so ties, empty
+    rows (0; 1 for mul) and gradients agree with it. ``dim`` is the edge axis, given as
+    PyG aggregations give it (``node_dim``, often -2): it must name axis 0."""
+    if e.dim() == 0 or dim % e.dim() != 0:
+        raise GraphError(
+            f"edge_reduce aggregates over axis 0 (one row per edge), got dim={dim} for a tensor of shape "
+            f"{tuple(e.shape)}; PyG layers with messages of another layout (node_dim) are not supported yet"
+        )
+    _check_rows(g, e, "e", g.num_edges)
+    dst = g.dst_index.to(e.device)
+    shape = (g.num_dst, *e.shape[1:])
+    idx = dst.reshape(-1, *([1] * (e.dim() - 1))).expand_as(e)
+    if reduce in ("sum", "mean"):
+        out = e.new_zeros(shape).scatter_add_(0, idx, e)
+        if reduce == "mean":
+            count = e.new_zeros(g.num_dst).scatter_add_(0, dst, e.new_ones(e.shape[0])).clamp(min=1)
+            out = out / count.reshape(-1, *([1] * (e.dim() - 1)))
+        return out
+    if reduce == "mul":
+        return e.new_ones(shape).scatter_reduce_(0, idx, e, reduce="prod", include_self=True)
+    return e.new_zeros(shape).scatter_reduce_(0, idx, e, reduce=f"a{reduce}", include_self=False)
 
 
 # -------------------------------------------------------------------- edge_softmax, dropout

@@ -147,10 +147,14 @@ def max_grad(pos: torch.Tensor, g: torch.Tensor, offset: int, num_src: int) -> t
     return out.reshape(num_src, *g.shape[1:])
 
 
-def sddmm(block: Block, a: torch.Tensor, b: torch.Tensor, op: str) -> torch.Tensor:
-    """Per-edge value from ``a`` at the source and ``b`` at the destination, in CSR order."""
-    block = block.on(b.device)
-    au, bv = a[block.col], b[block.row]
+def sddmm(block: Block, a: torch.Tensor, b: torch.Tensor | None, op: str) -> torch.Tensor:
+    """Per-edge value from ``a`` at the source and ``b`` at the destination, in CSR order;
+    ``copy_u`` is ``a`` at the source alone (``b`` is None)."""
+    block = block.on(a.device)
+    au = a[block.col]
+    if op == "copy_u":
+        return au
+    bv = b[block.row]
     if op == "add":
         return au + bv
     if op == "sub":
@@ -168,12 +172,12 @@ def sddmm_grads(
     ``a`` (the source rows) is only read for ``mul``/``dot`` when ``want_b``; callers may
     pass None otherwise -- that is what lets add/sub skip the re-fetch.
     """
-    block = block.on(b.device)
+    block = block.on(g.device)
     if op == "dot":
         g = g.unsqueeze(-1)
     ga = gb = None
     if want_a:
-        msg = g if op in ("add", "sub") else g * b[block.row]
+        msg = g if op in ("add", "sub", "copy_u") else g * b[block.row]
         ga = msg.new_zeros((block.num_src, *msg.shape[1:])).index_add_(0, block.col, msg)
     if want_b:
         if op == "add":

@@ -61,10 +61,11 @@ from torch_geometric.nn.conv import MessagePassing
 from ..errors import CompileError
 from ..trace import user_line
 from ..nn import RandomStream
-from ..ops import batch_norm, edge_dropout, edge_softmax, message_passing, sddmm, spmm
+from ..ops import batch_norm, edge_dropout, edge_softmax, gather_dst, gather_src, message_passing, sddmm, spmm
 from ..lowering import register_lowering
 from ..passes.residency import declare
 from ..vocab import Residency
+from .pyg_utils import EdgeIndex, as_edge_index, intercepting
 
 __all__ = ["SUPPORTED"]
 
@@ -411,53 +412,108 @@ class _Message(nn.Module):
         return self.layer.message(**{k: given[k] for k in self.names})
 
 
-def _message_signature(m: MessagePassing) -> tuple[str, str | None, list[str]]:
-    """(node tensor name, edge tensor name or None, message's argument names), or a
-    CompileError saying what ``message`` may take."""
-    names = [k for k in inspect.signature(m.message).parameters if k not in ("self",)]
+# Message arguments that PyG fills in from the graph rather than from propagate's kwargs.
+_GRAPH_ARGS = ("index", "ptr", "size_i", "size_j", "dim_size", "size", "edge_index_i", "edge_index_j", "edge_index")
+
+
+def _fused_signature(m: MessagePassing, names: list[str]) -> tuple[str, str | None] | None:
+    """(node tensor name, edge tensor name or None) where ``message`` fits the fused
+    ``message_passing`` op -- one node tensor as ``<name>_j`` / ``<name>_i``, at most one
+    edge tensor, nothing from the graph, PyG's own aggregate with a sum, mean or max --
+    else None."""
     nodes = {k[:-2] for k in names if k.endswith(("_i", "_j"))}
     edges = [k for k in names if not k.endswith(("_i", "_j"))]
-    if len(nodes) != 1 or len(edges) > 1 or set(edges) & {"index", "ptr", "size_i", "size_j", "dim_size"}:
-        raise CompileError(
-            f"{_name(m)}.message({', '.join(names)}) is not supported yet: sarcompile lowers a message that takes "
-            "one node tensor as <name>_j and/or <name>_i and at most one edge tensor (e.g. message(x_j, x_i, "
-            "edge_attr)); write the layer with sarcompile's IR ops (sc.ops.message_passing) otherwise"
-        )
-    return nodes.pop(), (edges[0] if edges else None), names
+    aggr = m.aggr if isinstance(m.aggr, str) else None
+    overridden = type(m).aggregate is not MessagePassing.aggregate
+    if len(nodes) != 1 or len(edges) > 1 or set(edges) & set(_GRAPH_ARGS) or overridden:
+        return None
+    if aggr not in ("add", "sum", "mean", "max"):
+        return None
+    return nodes.pop(), (edges[0] if edges else None)
+
+
+def _collect(names: list[str], graph: EdgeIndex, kwargs: dict) -> dict:
+    """What PyG's ``_collect`` hands ``message`` / ``aggregate`` / ``edge_update``, as IR
+    values: ``x_j`` and ``x_i`` gathered onto the edges (``x`` may be a pair (source,
+    destination) of node tensors), ``index`` / ``edge_index_i`` / ``edge_index_j`` as
+    edge-end markers, sizes and ``ptr`` as None, anything else as given (edge tensors)."""
+    out = {}
+    for name in names:
+        if name in ("index", "edge_index_i"):
+            out[name] = graph[1]
+        elif name == "edge_index_j":
+            out[name] = graph[0]
+        elif name == "edge_index":
+            out[name] = graph
+        elif name in _GRAPH_ARGS:
+            out[name] = None
+        elif name.endswith(("_i", "_j")) and name[:-2] in kwargs:
+            value = kwargs[name[:-2]]
+            if isinstance(value, (tuple, list)):
+                value = value[0] if name.endswith("_j") else value[1]
+            if value is not None:
+                value = gather_src(graph, value) if name.endswith("_j") else gather_dst(graph, value)
+            out[name] = value
+        else:
+            out[name] = kwargs.get(name)
+    return out
+
+
+def _arguments(fn) -> list[str]:
+    return [k for k, p in inspect.signature(fn).parameters.items() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
 
 
 def _lower_message_passing(m: MessagePassing) -> nn.Module:
-    """Any other MessagePassing layer: its ``forward`` traced as written, with ``propagate``
-    becoming the general ``message_passing`` op around its own ``message`` (recomputed per
-    block in backward), then its ``update``."""
+    """Any other MessagePassing layer: its ``forward`` traced as written, with PyG's graph
+    utilities as IR ops (:mod:`.pyg_utils`) and ``propagate`` as one of two lowerings:
+
+    * a message of one node tensor and at most one edge tensor, aggregated by sum, mean or
+      max: the fused ``message_passing`` op around the layer's own ``message``
+      (recomputed per block in backward, no per-edge tensor kept);
+    * anything else: ``message``, ``aggregate`` (its aggregation module or an overridden
+      ``aggregate``) and ``edge_update`` traced inline on per-edge tensors -- node tensors
+      gathered onto the edges (``gather_src`` / ``gather_dst``), PyG's ``scatter`` and
+      ``softmax`` over ``index`` lowered to ``edge_reduce`` / ``edge_softmax``. Exact, as
+      every in-edge of a node lives on its worker; it keeps per-edge tensors as PyG does.
+
+    Then the layer's ``update``."""
     # (message_and_aggregate only runs for SparseTensor adjacencies, never here.)
-    changed = [k for k in ("aggregate", "edge_update") if
-               getattr(type(m), k, None) is not getattr(MessagePassing, k, None)]
-    if changed:
-        raise CompileError(
-            f"{_name(m)} overrides {', '.join(changed)}, which sarcompile cannot lower yet (it lowers forward, "
-            "message and update with a sum, mean or max aggregation); use aggr= instead of a custom aggregate"
-        )
-    aggr = m.aggr if isinstance(m.aggr, str) else None
-    if aggr not in ("add", "sum", "mean", "max"):
-        raise _refuse(m, "aggr", m.aggr, "use 'add', 'sum', 'mean' or 'max'")
     _check_common(m, type(m))
-    node, edge, names = _message_signature(m)
+    if getattr(m, "decomposed_layers", 1) != 1:
+        raise _refuse(m, "decomposed_layers", m.decomposed_layers, "use decomposed_layers=1")
     view = copy.copy(m)  # shares parameters and submodules; gets its own submodule table below
     view._modules = dict(m._modules)
-    view._sc_message = _Message(m, node, edge, names)
-    reduce = _reduce(aggr)
-    update_args = [k for k in inspect.signature(m.update).parameters if k != "self"][1:]
+    names = _arguments(m.message)
+    fused = _fused_signature(m, names)
+    update_args = _arguments(m.update)[1:]
+    layer = type(m).__name__
+    if fused is not None:
+        node, edge = fused
+        view._sc_message = _Message(m, node, edge, names)
+        reduce = _reduce(m.aggr)
 
     def propagate(edge_index, size=None, **kwargs):
-        x = kwargs.get(node)
-        if isinstance(x, tuple) and len(x) == 2 and x[0] is x[1]:
-            x = x[0]  # PyG's idiom for a plain graph: x = (x, x)
-        x = _plain_call(x, type(m).__name__, size=size)
-        out = message_passing(edge_index, view._sc_message, x, kwargs.get(edge) if edge else None, reduce)
+        graph = as_edge_index(edge_index)
+        if fused is not None:
+            x = kwargs.get(node)
+            if isinstance(x, (tuple, list)) and len(x) == 2 and x[0] is x[1]:
+                x = x[0]  # PyG's idiom for a plain graph: x = (x, x)
+            x = _plain_call(x, layer, size=size)
+            out = message_passing(graph, view._sc_message, x, kwargs.get(edge) if edge else None, reduce)
+        else:
+            msg = m.message(**_collect(names, graph, kwargs))
+            if size is not None:
+                msg = _plain_call(msg, layer, size=size)
+            aggregate_args = _collect(_arguments(m.aggregate)[1:], graph, kwargs)
+            out = m.aggregate(msg, **aggregate_args)
         return m.update(out, **{k: kwargs[k] for k in update_args})
 
+    def edge_updater(edge_index, size=None, **kwargs):
+        graph = as_edge_index(edge_index)
+        return m.edge_update(**_collect(_arguments(m.edge_update), graph, kwargs))
+
     object.__setattr__(view, "propagate", propagate)
+    object.__setattr__(view, "edge_updater", edge_updater)
     view.__class__ = _tracing_type(type(m))
     return view
 
@@ -485,21 +541,24 @@ def _tracing_type(cls: type) -> type:
     unchanged). Errors of the layer's code become a CompileError naming it and the line."""
     original = cls.forward
     layer_name = _name_of(cls)
+    signature = inspect.signature(original)
 
     @functools.wraps(original)
     def forward(self, *args, **kwargs):
+        bound = signature.bind(self, *args, **kwargs)
+        if "edge_index" in bound.arguments:  # the traced graph, answering what PyG asks of edge_index
+            bound.arguments["edge_index"] = as_edge_index(bound.arguments["edge_index"])
         builtins.isinstance = _isinstance_seeing_proxies_as_tensors
         try:
-            return original(self, *args, **kwargs)
+            with intercepting(*(sys.modules[k.__module__].__dict__ for k in cls.__mro__ if k.__module__ in sys.modules)):
+                return original(*bound.args, **bound.kwargs)
         except CompileError:
             raise
         except Exception as e:  # whatever the layer's own code raised: say which layer and where
             raise CompileError(
                 f"{layer_name} could not be lowered: its forward failed while traced with symbolic tensors and "
                 f"a graph in place of edge_index ({type(e).__name__}: {e}{user_line(e)}). Layers that compute with "
-                "edge_index itself (get_laplacian, add_self_loops, degree, ...) or branch on tensor values are not "
-                f"supported yet. Supported PyG layers: {', '.join(SUPPORTED)}, and MessagePassing layers whose "
-                "forward calls propagate and whose message takes x_j / x_i and one edge tensor"
+                "edge_index in ways sarcompile does not lower, or branch on tensor values, are not supported yet"
             ) from None
         finally:
             builtins.isinstance = _real_isinstance

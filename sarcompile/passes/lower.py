@@ -30,9 +30,11 @@ def _inline(gm: fx.GraphModule, node: fx.Node, module: nn.Module, lowered: nn.Mo
     if lowered is not module:  # a stand-in module: make its own attributes reachable
         prefix = f"{node.target}_lowered"
         gm.add_submodule(prefix, lowered)
-    body = SarTracer().trace(lowered)
     bound = inspect.signature(lowered.forward).bind(*node.args, **node.kwargs)
     bound.apply_defaults()
+    # Optional inputs left out are constants, so the layer's `if edge_attr is not None` is decided now.
+    constants = {k: None for k, v in bound.arguments.items() if v is None}
+    body = SarTracer().trace(lowered, concrete_args=constants or None)
     params = list(bound.arguments.values())
     env: dict[fx.Node, object] = {}
     result = None

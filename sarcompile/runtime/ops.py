@@ -30,7 +30,7 @@ from ..vocab import LinkPolicy, Strategy
 from .comm import global_sum, run_rounds
 from .link import LinkState, Wire
 
-__all__ = ["sar_spmm", "sar_sddmm", "sar_attention", "sar_message", "global_batch_norm"]
+__all__ = ["sar_spmm", "sar_sddmm", "sar_gather_src", "sar_attention", "sar_message", "global_batch_norm"]
 
 
 def _lookahead(shard: ShardGraph, strategy: Strategy) -> int:
@@ -319,6 +319,15 @@ def sar_spmm(
     """Partitioned :func:`sarcompile.ops.spmm`; edge weights in shard order."""
     link, iteration = _link(shard, comm)
     return _SarSpmm.apply(x, edge_weight, shard, reduce, Strategy(strategy), executor, link, iteration)
+
+
+@ir.gather_src.definition.implement
+def sar_gather_src(
+    shard: ShardGraph, x: torch.Tensor, *, strategy: Strategy = Strategy.REMAT, comm: LinkPolicy | None = None
+) -> torch.Tensor:
+    """Partitioned :func:`sarcompile.ops.gather_src`: sddmm's exchange with the source side only."""
+    link, iteration = _link(shard, comm)
+    return _SarSddmm.apply(x, None, shard, "copy_u", Strategy(strategy), link, iteration)
 
 
 @ir.sddmm.definition.implement
