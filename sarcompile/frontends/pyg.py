@@ -488,19 +488,18 @@ def _lower_message_passing(m: MessagePassing) -> nn.Module:
     update_args = _arguments(m.update)[1:]
     layer = type(m).__name__
     if fused is not None:
-        node, edge = fused
-        view._sc_message = _Message(m, node, edge, names)
+        view._sc_message = _Message(m, *fused, names)
         reduce = _reduce(m.aggr)
 
     def propagate(edge_index, size=None, **kwargs):
         graph = as_edge_index(edge_index)
-        if fused is not None:
-            x = kwargs.get(node)
-            if isinstance(x, (tuple, list)) and len(x) == 2 and x[0] is x[1]:
-                x = x[0]  # PyG's idiom for a plain graph: x = (x, x)
+        x = kwargs.get(fused[0]) if fused is not None else None
+        if isinstance(x, (tuple, list)) and len(x) == 2 and x[0] is x[1]:
+            x = x[0]  # PyG's idiom for a plain graph: x = (x, x)
+        if fused is not None and not isinstance(x, (tuple, list)):
             x = _plain_call(x, layer, size=size)
-            out = message_passing(graph, view._sc_message, x, kwargs.get(edge) if edge else None, reduce)
-        else:
+            out = message_passing(graph, view._sc_message, x, kwargs.get(fused[1]) if fused[1] else None, reduce)
+        else:  # (a pair of different node tensors, e.g. GMMConv's (x @ g, x), goes this way too)
             msg = m.message(**_collect(names, graph, kwargs))
             if size is not None:
                 msg = _plain_call(msg, layer, size=size)
