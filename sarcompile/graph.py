@@ -271,4 +271,6 @@ def probe_graph(num_nodes: int, num_edges: int, num_loops: int) -> Graph:
     src = torch.randint(0, num_nodes, (num_edges - num_loops,), generator=gen)
     step = torch.randint(1, num_nodes, (num_edges - num_loops,), generator=gen)
     loops = torch.arange(num_loops)
-    return Graph.from_edges(torch.cat([src, loops]), torch.cat([(src + step) % num_nodes, loops]), num_nodes)
+    g = Graph.from_edges(torch.cat([src, loops]), torch.cat([(src + step) % num_nodes, loops]), num_nodes)
+    g.is_probe = True  # it stands for a graph of any size (see ops.gather_table)
+    return g

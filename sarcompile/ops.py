@@ -6,6 +6,8 @@
 ``sddmm(g, a, b, op)``                   per edge u->v: ``a[u] op b[v]``; op in add, sub, mul,
                                          dot (dot sums the last dim)
 ``gather_src(g, x)`` / ``gather_dst``     per edge u->v: ``x[u]`` / ``x[v]`` (node rows onto edges)
+``gather_table(g, t, end)``              per edge u->v: ``t[u]`` (or ``t[v]``) of a table with a
+                                         row per node of the whole graph (a parameter)
 ``edge_reduce(g, e, reduce)``            ``out[v] = reduce over u->v of e_uv``; reduce in sum,
                                          mean, max, min, mul (empty neighbourhood gives 0, 1
                                          for mul)
@@ -50,6 +52,7 @@ __all__ = [
     "sddmm",
     "gather_src",
     "gather_dst",
+    "gather_table",
     "edge_reduce",
     "edge_softmax",
     "edge_dropout",
@@ -233,6 +236,35 @@ def gather_dst(g, x: torch.Tensor) -> torch.Tensor:
     on its worker."""
     _check_rows(g, x, "x", g.num_nodes)
     return x.index_select(0, g.dst_index.to(x.device))
+
+
+def _check_gather_table(g, table, end) -> None:
+    _graph_kind(g)
+    if end not in ("src", "dst"):
+        raise GraphError(f"gather_table end must be 'src' or 'dst', got {end!r}")
+
+
+@ir_op(check=_check_gather_table, output=EDGE, inputs={"table": Residency.PARAM})
+def gather_table(g, table: torch.Tensor, end: str = "src") -> torch.Tensor:
+    """``table[u]`` (``end="src"``) or ``table[v]`` for every edge u->v, where ``table`` has
+    one row per node of the *whole* graph, by global id, and every worker holds all of it
+    (a parameter, like LINKX's node embedding). Local: nothing crosses workers; each
+    worker's gradient holds its edges' share, and summing the parameter gradients over
+    workers, as data-parallel training does, gives one machine's."""
+    total = g.num_nodes if isinstance(g, Graph) else g.num_global_nodes
+    probe = getattr(g, "is_probe", False) and table.shape[0] > 0  # a shape probe: any table size will do
+    if table.shape[0] != total and not probe:
+        raise GraphError(
+            f"gather_table's table has {table.shape[0]} rows but the graph has {total} nodes: it takes one row per "
+            "node of the whole graph"
+        )
+    if isinstance(g, Graph):
+        ids = g.src if end == "src" else g.dst
+    elif end == "dst":
+        ids = g.global_ids[g.dst_index]
+    else:
+        ids = torch.cat([b.src_gids[b.col] for b in g.blocks])
+    return table.index_select(0, (ids % table.shape[0] if probe else ids).to(table.device))
 
 
 def _check_edge_reduce(g, e, reduce, dim) -> None:

@@ -165,8 +165,25 @@ class MaxMessageModel(nn.Module):
         return sc.ops.message_passing(g, self.msg, x, None, "max")
 
 
+class GatherModel(nn.Module):
+    """Node rows onto edges and back: gather_src / gather_dst, a per-edge computation mixing
+    both ends, edge softmax and every edge_reduce."""
+
+    def __init__(self, f_in: int = 6, hidden: int = 4):
+        super().__init__()
+        self.q, self.k = nn.Linear(f_in, hidden), nn.Linear(f_in, hidden)
+
+    def forward(self, g, x):
+        k_j, q_i = sc.ops.gather_src(g, self.k(x)), sc.ops.gather_dst(g, self.q(x))
+        score = sc.edge_softmax(g, (k_j * q_i).sum(-1, keepdim=True))
+        e = torch.tanh(k_j + q_i) * score
+        outs = [sc.ops.edge_reduce(g, e, r) for r in ("sum", "mean", "max", "min", "mul")]
+        return torch.cat(outs + [sc.ops.edge_reduce(g, torch.sin(k_j), "mean", dim=-2)], dim=-1)
+
+
 MODELS = {
     "mix": MixModel,
+    "gathers": GatherModel,
     "edge": EdgeModel,
     "drop": DropModel,
     "gat2": GAT2,

@@ -61,7 +61,9 @@ from torch_geometric.nn.conv import MessagePassing
 from ..errors import CompileError
 from ..trace import user_line
 from ..nn import RandomStream
-from ..ops import batch_norm, edge_dropout, edge_softmax, gather_dst, gather_src, message_passing, sddmm, spmm
+from ..ops import (
+    batch_norm, edge_dropout, edge_softmax, gather_dst, gather_src, gather_table, message_passing, sddmm, spmm,
+)
 from ..lowering import register_lowering
 from ..passes.residency import declare
 from ..vocab import Residency
@@ -451,12 +453,18 @@ def _collect(names: list[str], graph: EdgeIndex, kwargs: dict) -> dict:
             value = kwargs[name[:-2]]
             if isinstance(value, (tuple, list)):
                 value = value[0] if name.endswith("_j") else value[1]
-            if value is not None:
+            if _is_parameter(value):  # a row per node of the whole graph, on every worker (LINKX)
+                value = gather_table(graph, value, "src" if name.endswith("_j") else "dst")
+            elif value is not None:
                 value = gather_src(graph, value) if name.endswith("_j") else gather_dst(graph, value)
             out[name] = value
         else:
             out[name] = kwargs.get(name)
     return out
+
+
+def _is_parameter(value) -> bool:
+    return isinstance(value, torch.fx.Proxy) and value.node.op == "get_attr"
 
 
 def _arguments(fn) -> list[str]:
@@ -496,7 +504,7 @@ def _lower_message_passing(m: MessagePassing) -> nn.Module:
         x = kwargs.get(fused[0]) if fused is not None else None
         if isinstance(x, (tuple, list)) and len(x) == 2 and x[0] is x[1]:
             x = x[0]  # PyG's idiom for a plain graph: x = (x, x)
-        if fused is not None and not isinstance(x, (tuple, list)):
+        if fused is not None and not isinstance(x, (tuple, list)) and not _is_parameter(x):
             x = _plain_call(x, layer, size=size)
             out = message_passing(graph, view._sc_message, x, kwargs.get(fused[1]) if fused[1] else None, reduce)
         else:  # (a pair of different node tensors, e.g. GMMConv's (x @ g, x), goes this way too)
