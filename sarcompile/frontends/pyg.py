@@ -27,9 +27,15 @@ PyG layer           lowered to
                     running statistics: statistics over the nodes of *all* workers
 ==================  =========================================================================
 
-Any other ``MessagePassing`` layer, and PyG norms that reduce over the nodes they see
-(``GraphNorm``, ``InstanceNorm``, ``PairNorm``, ...), fail at compile time with a
-:class:`~sarcompile.CompileError` naming the layer; so do options a rule does not cover.
+Any other ``MessagePassing`` layer gets the general lowering (:func:`_lower_message_passing`):
+its ``forward`` is traced as written, PyG's graph utilities over ``edge_index`` become IR
+ops (:mod:`.pyg_utils`), and ``propagate`` becomes either the fused ``message_passing`` op
+(one node tensor, sum/mean/max) or ``message`` / ``aggregate`` / ``update`` traced inline on
+per-edge tensors (several node tensors, ``index`` and PyG's softmax, aggregation modules,
+an overridden ``aggregate``). What cannot be lowered exactly -- PyG norms that reduce over
+the nodes they see (``GraphNorm``, ``InstanceNorm``, ``PairNorm``, ...), options a rule does
+not cover, code that mixes rows -- fails at compile time with a
+:class:`~sarcompile.CompileError` naming the layer.
 
 Optional arguments (``edge_weight``, ``size``, ...) are runtime values to the traced
 stand-in, so the few checks that depend on them run in the compiled program (at the
