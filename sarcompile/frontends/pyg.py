@@ -342,6 +342,11 @@ def _attention_loop_attr(graph, looped, edge_attr, fill_value):
     return torch.cat([edge_attr, loop_attr])[index]
 
 
+# The reductions a self-loop's edge features may be filled with: every in-edge of a node
+# is on its worker, and each of these gives the same whatever the order of the edges.
+_FILLS = ("mean", "add", "sum", "max", "min", "amax", "amin", "mul")
+
+
 def _check_attention(m: nn.Module, base: type) -> None:
     _check_common(m, base, ("add", "sum"))
     bipartite = m.lin is None if base is gnn.GATConv else not isinstance(m.in_channels, int)
@@ -349,6 +354,9 @@ def _check_attention(m: nn.Module, base: type) -> None:
         raise _refuse(m, "in_channels", m.in_channels, "give one int (bipartite layers are not supported yet)")
     if not 0.0 <= m.dropout < 1.0:
         raise _refuse(m, "dropout", m.dropout, "use a probability in [0, 1)")
+    if m.edge_dim is not None and m.add_self_loops and isinstance(m.fill_value, str) and m.fill_value not in _FILLS:
+        # ('any' keeps whichever in-edge's features are written last: not the same on N workers)
+        raise _refuse(m, "fill_value", m.fill_value, f"use a float, a tensor or one of {', '.join(map(repr, _FILLS))}")
 
 
 class _Attention(_StandIn):
@@ -403,7 +411,10 @@ class _GATv2Conv(_Attention):
         m = self.layer
         # Without edge_dim PyG fails on an edge_attr (an assert): refused.
         unused = edge_attr if m.lin_edge is None else None
-        x = _plain_call(x, "GATv2Conv", edge_attr=unused, return_attention_weights=return_attention_weights)
+        x = _plain_call(
+            x, "GATv2Conv (without edge_dim)" if unused is not None else "GATv2Conv", edge_attr=unused,
+            return_attention_weights=return_attention_weights,
+        )
         x_l = m.lin_l(x).view(-1, m.heads, m.out_channels)
         x_r = x_l if m.share_weights else m.lin_r(x).view(-1, m.heads, m.out_channels)
         g = edge_index.with_self_loops() if m.add_self_loops else edge_index
