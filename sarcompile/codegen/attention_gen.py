@@ -195,7 +195,8 @@ class AttentionBackwardSpec(_AttentionSpec):
       and ``a_edge`` are indexed), ``d_h[u, k] = sum_e P * keep_e * d_out[v, k]`` and
       ``d_src[u] = sum_e d_pre``.
 
-    Every row of ``d_dst``, ``d_h`` and ``d_src`` (and of ``d_edge``) is written (0 for rows without edges);
+    Every row of ``d_dst``, ``d_h`` and ``d_src`` is written (0 for rows without edges), and
+    with ``edge_score`` every row of ``d_edge`` once;
     nothing is accumulated into, so no atomics and no zeroing. Shapes as for
     :class:`AttentionForwardSpec`, ``lse``/``delta [num_dst, H]``, ``d_out [num_dst, H, C]``.
     """

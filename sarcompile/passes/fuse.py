@@ -79,7 +79,8 @@ def _edge_term(node: fx.Node) -> tuple[fx.Node, fx.Node] | None:
     if node.op != "call_function" or node.target not in _ADD or len(node.args) != 2 or node.kwargs:
         return None
     for score, other in (node.args, node.args[::-1]):
-        if _is(score, ops.sddmm) and _bound(score)["op"] == "add" and isinstance(other, fx.Node) and _from_inputs(other):
+        add = _is(score, ops.sddmm) and _bound(score)["op"] == "add"
+        if add and isinstance(other, fx.Node) and _from_inputs(other):
             return score, other
     return None
 
