@@ -18,10 +18,13 @@ PyG layer           lowered to
 ``GCNConv``         ``spmm`` over ``g.with_self_loops()`` scaled by ``deg^-1/2`` at both ends;
                     ``normalize``, ``add_self_loops``, ``improved``, ``bias``, ``edge_weight``
 ``GINConv``         ``nn(spmm(g, x, "sum") + (1 + eps) x)``
-``GATConv``         ``sddmm(add) -> leaky_relu -> edge_softmax -> [edge_dropout] -> spmm``,
-                    which the fuse pass turns into one attention op; ``residual``, ``bias``
-``GATv2Conv``       ``att . leaky_relu(sddmm(g, lin_l x, lin_r x, "add"))`` per edge and head,
-                    ``edge_softmax``, ``[edge_dropout]``, weighted ``spmm`` (not fused)
+``GATConv``         ``sddmm(add) [+ edge term] -> leaky_relu -> edge_softmax -> [edge_dropout]
+                    -> spmm``, which the fuse pass turns into one attention op; ``residual``,
+                    ``bias``, ``edge_dim`` (the edge term ``(lin_edge(edge_attr) * att_edge)
+                    .sum(-1)``, self-loops' features from ``fill_value`` as PyG)
+``GATv2Conv``       ``att . leaky_relu(sddmm(g, lin_l x, lin_r x, "add") [+ lin_edge(edge_attr)])``
+                    per edge and head, ``edge_softmax``, ``[edge_dropout]``, weighted ``spmm``
+                    (not fused); ``edge_dim`` as for GATConv
 ``GraphConv``       ``lin_rel(spmm(g, x, aggr, edge_weight)) + lin_root(x)``
 ``BatchNorm``       the ``batch_norm`` IR op on the wrapped ``BatchNorm1d``'s parameters and
                     running statistics: statistics over the nodes of *all* workers
@@ -63,6 +66,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch_geometric import nn as gnn
 from torch_geometric.nn.conv import MessagePassing
+from torch_geometric.utils.loop import compute_loop_attr
 
 from ..errors import CompileError
 from ..trace import user_line
@@ -181,26 +185,40 @@ def _lower_sage(m: gnn.SAGEConv) -> nn.Module:
 
 
 # ----------------------------------------------------------------------------- GCNConv
+def _looped_edge_index(graph, looped) -> tuple[torch.Tensor, torch.Tensor]:
+    """How ``looped = graph.with_self_loops()`` is made of ``graph``'s edges: for each edge
+    of ``looped``, its position in ``graph``'s edge order, or ``graph.num_edges + v`` for
+    the new self-loop of node ``v``; and which edges of ``graph`` are the self-loops it
+    dropped. So ``torch.cat([edge_tensor, per_node_loop_values])[index]`` is an edge tensor
+    of ``looped``.
+
+    Works on a shard as on a whole graph: edges are matched by their global edge id and
+    a node's in-edges all live on its worker, so nothing crosses workers."""
+    ids, loop_ids = graph.edge_ids, looped.edge_ids
+    # The edges `looped` has that `graph` has not are its new self-loops (one per node);
+    # the edges `graph` has that `looped` has not are its old ones.
+    kept_ids = loop_ids[torch.isin(loop_ids, ids)]
+    new_loop = ~torch.isin(loop_ids, kept_ids)
+    old_loop = ~torch.isin(ids, kept_ids)
+    index = ids.numel() + looped.dst_index  # a new self-loop reads its node's value
+    if ids.numel():
+        order = torch.argsort(ids)
+        index[~new_loop] = order[torch.searchsorted(ids[order], loop_ids[~new_loop])]
+    return index, old_loop
+
+
 @torch.fx.wrap
 def _gcn_loop_weights(graph, looped, edge_weight, fill: float):
     """``edge_weight`` (in ``graph``'s edge order) carried over to ``looped =
     graph.with_self_loops()`` as PyG's ``add_remaining_self_loops`` does: other edges
     keep their weight; each node's one self-loop gets the weight of its last existing
     self-loop (by edge id), or ``fill``. None stays None (PyG then weighs every edge 1,
-    self-loops too, even with ``improved=True``).
-
-    Works on a shard as on a whole graph: edges are matched by their global edge id and
-    a node's in-edges all live on its worker, so nothing crosses workers.
+    self-loops too, even with ``improved=True``). Local (see :func:`_looped_edge_index`).
     """
     if edge_weight is None:
         return None
-    ids, loop_ids, dst = graph.edge_ids, looped.edge_ids, graph.dst_index
-    n, num_edges = looped.num_dst, ids.numel()
-    # The edges `looped` has that `graph` has not are its new self-loops (one per node);
-    # the edges `graph` has that `looped` has not are its old ones.
-    kept_ids = loop_ids[torch.isin(loop_ids, ids)]
-    new_loop = ~torch.isin(loop_ids, kept_ids)
-    old_loop = ~torch.isin(ids, kept_ids)
+    index, old_loop = _looped_edge_index(graph, looped)
+    ids, dst, n = graph.edge_ids, graph.dst_index, looped.num_dst
     last = torch.full((n,), -1, dtype=torch.long).scatter_reduce(0, dst[old_loop], ids[old_loop], "amax")
     chosen = old_loop & (ids == last[dst])
     loop_weight = torch.full((n, *edge_weight.shape[1:]), fill, dtype=edge_weight.dtype)
@@ -209,10 +227,6 @@ def _gcn_loop_weights(graph, looped, edge_weight, fill: float):
     # self-loop of a node the gradient of the one kept; adding exact zeros does the same.
     old = edge_weight[old_loop]
     loop_weight = loop_weight + torch.zeros_like(loop_weight).index_add(0, dst[old_loop], old - old.detach())
-    index = num_edges + looped.dst_index  # a new self-loop reads its node's loop weight
-    if num_edges:
-        order = torch.argsort(ids)
-        index[~new_loop] = order[torch.searchsorted(ids[order], loop_ids[~new_loop])]
     return torch.cat([edge_weight, loop_weight])[index]
 
 
@@ -311,21 +325,62 @@ def _stream(m: nn.Module) -> RandomStream | None:
     return _STREAMS[m]
 
 
+@torch.fx.wrap
+def _edge_features(edge_attr, layer: str, edge_dim: int):
+    """``edge_attr`` as rows ``[E, F]`` (PyG views ``[E]`` as ``[E, 1]``), after checking at
+    run time that the call gave it."""
+    if edge_attr is None:
+        raise CompileError(
+            f"{layer}(edge_dim={edge_dim}) was called without edge_attr; PyG then leaves the edge term out, which "
+            "is not supported yet: pass edge_attr, or build the layer without edge_dim"
+        )
+    return edge_attr.view(-1, 1) if edge_attr.dim() == 1 else edge_attr
+
+
+@torch.fx.wrap
+def _attention_loop_attr(graph, looped, edge_attr, fill_value):
+    """``edge_attr`` (in ``graph``'s edge order) carried over to ``looped =
+    graph.with_self_loops()`` as PyG's GATConv/GATv2Conv do it (``remove_self_loops``, then
+    ``add_self_loops(fill_value=...)``): other edges keep theirs; each node's new self-loop
+    gets PyG's ``compute_loop_attr`` of its remaining in-edges ('mean', 'add', 'max',
+    ...; 0 without any, 1 for 'mul'), or the given float or tensor. Local (see
+    :func:`_looped_edge_index`): a node's remaining in-edges all live on its worker."""
+    index, old_loop = _looped_edge_index(graph, looped)
+    kept, dst = ~old_loop, graph.dst_index[~old_loop]
+    loop_attr = compute_loop_attr(torch.stack([dst, dst]), edge_attr[kept], looped.num_dst, False, fill_value)
+    return torch.cat([edge_attr, loop_attr])[index]
+
+
+# The reductions a self-loop's edge features may be filled with: every in-edge of a node
+# is on its worker, and each of these gives the same whatever the order of the edges.
+_FILLS = ("mean", "add", "sum", "max", "min", "amax", "amin", "mul")
+
+
 def _check_attention(m: nn.Module, base: type) -> None:
     _check_common(m, base, ("add", "sum"))
     bipartite = m.lin is None if base is gnn.GATConv else not isinstance(m.in_channels, int)
     if bipartite:
         raise _refuse(m, "in_channels", m.in_channels, "give one int (bipartite layers are not supported yet)")
-    if m.edge_dim is not None:
-        raise _refuse(m, "edge_dim", m.edge_dim, "edge features are not supported yet")
     if not 0.0 <= m.dropout < 1.0:
         raise _refuse(m, "dropout", m.dropout, "use a probability in [0, 1)")
+    if m.edge_dim is not None and m.add_self_loops and isinstance(m.fill_value, str) and m.fill_value not in _FILLS:
+        # ('any' keeps whichever in-edge's features are written last: not the same on N workers)
+        raise _refuse(m, "fill_value", m.fill_value, f"use a float, a tensor or one of {', '.join(map(repr, _FILLS))}")
 
 
 class _Attention(_StandIn):
     def __init__(self, layer: nn.Module):
         super().__init__(layer)
         self.stream = _stream(layer)
+
+    def _edge_messages(self, edge_index, g, edge_attr):
+        """``lin_edge(edge_attr)`` per edge of ``g`` as ``[E, H, C]``, the new self-loops'
+        edge features filled in as PyG fills them."""
+        m = self.layer
+        e = _edge_features(edge_attr, type(m).__name__, m.edge_dim)
+        if m.add_self_loops:
+            e = _attention_loop_attr(edge_index, g, e, m.fill_value)
+        return m.lin_edge(e).view(-1, m.heads, m.out_channels)
 
     def _aggregate(self, g, score, h, x):
         """Softmax of ``score`` [E, H] over in-edges, [dropout], weighted sum of ``h``
@@ -346,27 +401,37 @@ class _Attention(_StandIn):
 class _GATConv(_Attention):
     def forward(self, x, edge_index, edge_attr=None, size=None, return_attention_weights=None):
         m = self.layer
-        x = _plain_call(
-            x, "GATConv", edge_attr=edge_attr, size=size, return_attention_weights=return_attention_weights
-        )
+        # Without edge_dim PyG ignores edge_attr: so does this.
+        x = _plain_call(x, "GATConv", size=size, return_attention_weights=return_attention_weights)
         h = m.lin(x).view(-1, m.heads, m.out_channels)
         a_src = (h * m.att_src).sum(dim=-1)
         a_dst = (h * m.att_dst).sum(dim=-1)
         g = edge_index.with_self_loops() if m.add_self_loops else edge_index
-        # The chain the fuse pass turns into one attention op (no per-edge tensor kept).
-        score = F.leaky_relu(sddmm(g, a_src, a_dst, "add"), m.negative_slope)
-        return self._aggregate(g, score, h, x)
+        # The chain the fuse pass turns into one attention op (no per-edge tensor kept
+        # beyond the edge term, an input of the op).
+        score = sddmm(g, a_src, a_dst, "add")
+        if m.lin_edge is not None:
+            score = score + (self._edge_messages(edge_index, g, edge_attr) * m.att_edge).sum(dim=-1)
+        return self._aggregate(g, F.leaky_relu(score, m.negative_slope), h, x)
 
 
 class _GATv2Conv(_Attention):
     def forward(self, x, edge_index, edge_attr=None, return_attention_weights=None):
         m = self.layer
-        x = _plain_call(x, "GATv2Conv", edge_attr=edge_attr, return_attention_weights=return_attention_weights)
+        # Without edge_dim PyG fails on an edge_attr (an assert): refused.
+        unused = edge_attr if m.lin_edge is None else None
+        x = _plain_call(
+            x, "GATv2Conv (without edge_dim)" if unused is not None else "GATv2Conv", edge_attr=unused,
+            return_attention_weights=return_attention_weights,
+        )
         x_l = m.lin_l(x).view(-1, m.heads, m.out_channels)
         x_r = x_l if m.share_weights else m.lin_r(x).view(-1, m.heads, m.out_channels)
         g = edge_index.with_self_loops() if m.add_self_loops else edge_index
-        # Per edge u->v and head: att . leaky_relu(x_l[u] + x_r[v]), an [E, H, C] tensor.
-        score = (F.leaky_relu(sddmm(g, x_l, x_r, "add"), m.negative_slope) * m.att).sum(dim=-1)
+        # Per edge u->v and head: att . leaky_relu(x_l[u] + x_r[v] [+ lin_edge(e)]), an [E, H, C] tensor.
+        pre = sddmm(g, x_l, x_r, "add")
+        if m.lin_edge is not None:
+            pre = pre + self._edge_messages(edge_index, g, edge_attr)
+        score = (F.leaky_relu(pre, m.negative_slope) * m.att).sum(dim=-1)
         return self._aggregate(g, score, x_l, x)
 
 
@@ -617,6 +682,8 @@ for _layer, _rule in (
 declare(_plain_call, "x")
 declare(_no_weight_for, "x")
 declare(_gcn_loop_weights, Residency.EDGE)
+declare(_edge_features, "edge_attr")
+declare(_attention_loop_attr, Residency.EDGE)
 declare(_gcn_inv_sqrt_degree, Residency.NODE)
 for _name_ in ("InstanceNorm", "GraphNorm", "PairNorm", "MeanSubtractionNorm", "DiffGroupNorm", "GraphSizeNorm",
                "HeteroBatchNorm", "LayerNorm"):
