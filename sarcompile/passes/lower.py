@@ -5,7 +5,9 @@ with a lowering rule is a ``call_module`` leaf. Guarantees that afterwards no su
 is left: each was replaced, in place, by the IR-op program its rule produces, with the
 layer's parameters referenced under their original paths (so gradients land on the
 user's parameters). Every inserted node records ``meta["layer"]`` (the layer's path) and
-``meta["layer_type"]``.
+``meta["layer_type"]``. Each stand-in is traced on the example values the trace computed
+for the layer's arguments (``meta["example"]``), so its code too may branch on feature
+sizes and ``dim()`` (:class:`~sarcompile.trace.ShapeTracer`); those values are dropped.
 
 The rules live in :mod:`sarcompile.lowering`.
 """
@@ -19,9 +21,32 @@ from torch import nn
 
 from ..errors import CompileError
 from ..lowering import lowering_for
-from ..trace import SarTracer
+from ..trace import UNKNOWN, ShapeTracer
 
 __all__ = ["lower"]
+
+
+def _examples(args: list) -> list[list] | None:
+    """Per probe, the example value of each argument of a layer's call: what the trace
+    computed for it (``meta["example"]``, see :class:`~sarcompile.trace.ShapeTracer`), a
+    constant as it is; None if the trace computed none."""
+    nodes = [n for a in args for n in _nodes_in(a)]
+    if not any("example" in n.meta for n in nodes):
+        return None
+    count = len(next(n.meta["example"] for n in nodes if "example" in n.meta))
+
+    def value(a, probe: int):
+        if any("example" not in n.meta for n in _nodes_in(a)):
+            return UNKNOWN
+        return fx.node.map_arg(a, lambda n: n.meta["example"][probe])
+
+    return [[value(a, p) for a in args] for p in range(count)]
+
+
+def _nodes_in(a) -> list[fx.Node]:
+    found: list[fx.Node] = []
+    fx.node.map_arg(a, found.append)
+    return found
 
 
 def _inline(gm: fx.GraphModule, node: fx.Node, module: nn.Module, lowered: nn.Module) -> None:
@@ -30,10 +55,10 @@ def _inline(gm: fx.GraphModule, node: fx.Node, module: nn.Module, lowered: nn.Mo
     if lowered is not module:  # a stand-in module: make its own attributes reachable
         prefix = f"{node.target}_lowered"
         gm.add_submodule(prefix, lowered)
-    body = SarTracer().trace(lowered)
     bound = inspect.signature(lowered.forward).bind(*node.args, **node.kwargs)
     bound.apply_defaults()
     params = list(bound.arguments.values())
+    body = ShapeTracer(_examples(params)).trace(lowered)
     env: dict[fx.Node, object] = {}
     result = None
     placeholder_index = 0
@@ -79,6 +104,8 @@ def lower(gm: fx.GraphModule, ctx=None) -> fx.GraphModule:
                 except CompileError as e:  # say which layer of the user's model it was
                     raise CompileError(f"layer {node.target!r}: {e}") from None
                 changed = True
+    for node in gm.graph.nodes:  # the trace's example values served their purpose; do not keep them alive
+        node.meta.pop("example", None)
     gm.graph.lint()
     gm.recompile()
     return gm
