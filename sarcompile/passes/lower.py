@@ -19,9 +19,9 @@ import inspect
 import torch.fx as fx
 from torch import nn
 
-from ..errors import CompileError
+from ..errors import CompileError, SarcompileError
 from ..lowering import lowering_for
-from ..trace import UNKNOWN, ShapeTracer
+from ..trace import UNKNOWN, ShapeTracer, user_line
 
 __all__ = ["lower"]
 
@@ -58,7 +58,15 @@ def _inline(gm: fx.GraphModule, node: fx.Node, module: nn.Module, lowered: nn.Mo
     bound = inspect.signature(lowered.forward).bind(*node.args, **node.kwargs)
     bound.apply_defaults()
     params = list(bound.arguments.values())
-    body = ShapeTracer(_examples(params)).trace(lowered)
+    try:
+        body = ShapeTracer(_examples(params)).trace(lowered)
+    except SarcompileError:
+        raise
+    except Exception as e:  # e.g. a TraceError: Python control flow on a row count or a value
+        raise CompileError(
+            f"its lowering {type(lowered).__name__} cannot be traced ({type(e).__name__}: {e}{user_line(e)}); "
+            "Python control flow in it may depend on feature sizes and dim(), not on values or row counts"
+        ) from None
     env: dict[fx.Node, object] = {}
     result = None
     placeholder_index = 0

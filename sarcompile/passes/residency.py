@@ -67,6 +67,7 @@ import builtins
 import inspect
 import itertools
 import operator
+import os
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -205,8 +206,9 @@ def _name_of(node: fx.Node) -> str | None:
 
 
 # -- where a node comes from -----------------------------------------------------------------
-_TORCH = str(Path(torch.__file__).resolve().parent)
-_OURS = str(Path(__file__).resolve().parents[1])
+# (with the separator: torch_geometric's files are not torch's)
+_TORCH = str(Path(torch.__file__).resolve().parent) + os.sep
+_OURS = str(Path(__file__).resolve().parents[1]) + os.sep
 _TRACER = str(Path(__file__).resolve().parents[1] / "trace.py")  # the tracer's own frames name no line of code
 
 
