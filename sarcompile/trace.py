@@ -150,7 +150,7 @@ class ShapeTracer(SarTracer):
         if self.examples is None or kind == "output" or not isinstance(proxy, fx.Proxy):
             return proxy
         node = proxy.node
-        if kind == "placeholder" or any(n in self.derived for n in node.all_input_nodes):
+        if kind == "placeholder" or any(n in self.derived for n in _row_sources(node)):
             self.derived.add(node)
         values = self._compute(kind, target, node)
         if values is None:
@@ -243,6 +243,18 @@ class ShapeTracer(SarTracer):
             elif query != "size" and base in self.derived and self.values[base][0].dim() > 0:
                 return _KEEP  # numel of a value with rows
         return values[0]
+
+
+def _row_sources(node: fx.Node) -> list[fx.Node]:
+    """The inputs of ``node`` its rows may come from: all, except the tensor that only gives
+    a dtype and a device (``x.to(other)``, ``other.new_zeros(3, 1)``)."""
+    if node.op == "call_method" and node.target in ("to", "type_as"):
+        return [a for a in node.args[:1] if isinstance(a, fx.Node)]
+    if node.op == "call_method" and str(node.target).startswith("new_"):
+        found: list[fx.Node] = []
+        fx.node.map_arg((node.args[1:], node.kwargs), found.append)
+        return found
+    return node.all_input_nodes
 
 
 def examples_for(forward: Any, inputs: Mapping[str, Input], device: torch.device) -> list[list[Any]]:

@@ -58,6 +58,7 @@ def test_dims_and_feature_sizes_are_constants_and_the_row_count_is_not():
     def body(g, x):
         assert x.dim() == 2 and x.ndim == 2 and len(x.size()) == 2 and x.dtype == DT
         rows, width = x.shape
+        assert x.new_ones(3, 2).size(0) == 3 and torch.ones(4).to(x).shape[0] == 4  # x gives a dtype only
         if x.size(-1) == 6 and width == 6:
             x = x + x.new_zeros(rows, x.size(1))
         return x

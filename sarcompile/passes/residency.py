@@ -40,8 +40,8 @@ How residency flows:
   pass does not know to be row-local, because it cannot prove it.
 
 Shapes. Which axis ``dim=-1`` or ``...`` is depends on the number of dims, so the pass
-runs the program once on a small made-up graph (:data:`sarcompile.probe.PROBES`) with inputs
-of the call's trailing shapes (``placeholder.meta["input"]``, an :class:`Input` the
+runs the program once on a small made-up graph (the first of :data:`sarcompile.probe.PROBES`)
+with inputs of the call's trailing shapes (``placeholder.meta["input"]``, an :class:`Input` the
 compiler sets from the call, see :class:`sarcompile.compiler.CallShape`) and records each
 value's shape; buffers, the RNG and gradients are left as they were. Without an example
 (or if the probe fails) a decision that needs a shape is refused, saying so. Inputs
