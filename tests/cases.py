@@ -319,6 +319,33 @@ class OneSage(nn.Module):
 MODELS["one_sage"] = OneSage
 
 
+class WidthBranch(nn.Module):
+    """Python that branches on shapes known when compiling, as PyG's GatedGraphConv and
+    DNAConv do (the number of dims, the feature width), pads the features with
+    ``x.new_zeros(x.size(0), k)``, runs a ``GRUCell`` over the rows, and reshapes with the
+    row count (``h.size(0)``, ``h.shape[0]``), which differs between workers."""
+
+    def __init__(self, f_in: int = 6, width: int = 8):
+        super().__init__()
+        self.width = width
+        self.conv = sc.nn.SAGEConv(width, width, "mean")
+        self.cell = nn.GRUCell(width, width)
+
+    def forward(self, g, x):
+        if x.dim() != 2:
+            raise ValueError("x must be [nodes, features]")
+        if x.size(-1) > self.width:
+            raise ValueError("more features than the layer's width")
+        if x.shape[-1] < self.width:
+            x = torch.cat([x, x.new_zeros(x.size(0), self.width - x.size(-1))], dim=1)
+        h = self.cell(self.conv(g, x), x)
+        h = h.reshape(h.size(0), 2, len(h.size()) * 2).transpose(1, 2)  # [rows, 4, 2]
+        return h.reshape(h.shape[0], -1) if h.ndim == 3 else h
+
+
+MODELS["width"] = WidthBranch
+
+
 def run_iterations(rank: int, world_size: int, payload: dict[str, Any]) -> dict[str, Any]:
     """``payload["steps"]`` training forwards + backwards with fixed parameters and input
     ``x * (t + 1)`` at step t, under ``payload["options"]`` for distribute(); per step:
