@@ -77,7 +77,7 @@ from ..ops import (
 from ..lowering import register_lowering
 from ..passes.residency import declare
 from ..vocab import Residency
-from .pyg_utils import EdgeIndex, as_edge_index, intercepting
+from .pyg_utils import EdgeEnd, EdgeIndex, as_edge_index, intercepting
 
 __all__ = ["SUPPORTED"]
 
@@ -513,9 +513,9 @@ def _collect(names: list[str], graph: EdgeIndex, kwargs: dict) -> dict:
     out = {}
     for name in names:
         if name in ("index", "edge_index_i"):
-            out[name] = graph[1]
+            out[name] = EdgeEnd(graph, "dst")  # (not graph[1]: the graph is a real one when run on examples)
         elif name == "edge_index_j":
-            out[name] = graph[0]
+            out[name] = EdgeEnd(graph, "src")
         elif name == "edge_index":
             out[name] = graph
         elif name in _GRAPH_ARGS:

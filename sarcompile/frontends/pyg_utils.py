@@ -49,9 +49,10 @@ __all__ = ["EdgeEnd", "EdgeIndex", "handles", "intercepting", "as_edge_index"]
 class EdgeEnd:
     """``edge_index[0]`` (``end="src"``) or ``edge_index[1]`` (``end="dst"``) of the
     traced graph ``graph``: the source or destination of every edge, in the graph's edge
-    order."""
+    order. ``graph`` is the traced graph, or a real one while the layer runs on example
+    inputs (the rules then run the IR ops eagerly)."""
 
-    graph: torch.fx.Proxy
+    graph: Any
     end: str
 
     def refusal(self) -> CompileError:
