@@ -656,10 +656,13 @@ def _node_reducing(m: nn.Module) -> nn.Module | None:
 
 def _unless_overridden(rule, base: type):
     """``rule`` for ``base`` itself; a subclass that overrides what ``base`` computes with
-    (``forward``, ``message``, ...) gets the general MessagePassing lowering instead."""
+    (``forward``, ``message``, ...), or a layer aggregating with a list of aggregations or
+    an aggregation module, gets the general MessagePassing lowering instead."""
 
     def lower(m: nn.Module) -> nn.Module:
         if type(m) is not base and any(getattr(type(m), k, None) is not getattr(base, k, None) for k in _DEFINING):
+            return _lower_message_passing(m)
+        if not isinstance(getattr(m, "aggr", ""), str):  # a list of aggregations, or a module
             return _lower_message_passing(m)
         return rule(m)
 

@@ -35,7 +35,7 @@ import torch
 import torch.fx
 from torch import nn
 from torch_geometric import utils as pyg_utils
-from torch_geometric.nn.aggr import Aggregation
+from torch_geometric.nn.aggr import Aggregation, MultiAggregation
 
 from ..errors import CompileError
 from ..ops import edge_reduce, edge_softmax
@@ -158,11 +158,15 @@ def intercepting(*namespaces: dict) -> Iterator[None]:
 _aggregation_call_of_pyg = Aggregation.__call__
 
 
-def _aggregation_call(self: Aggregation, x: Any, index: Any = None, *args: Any, **kwargs: Any) -> Any:
-    # PyG's __call__ checks index.max() against dim_size; an EdgeEnd is exact by construction.
-    if isinstance(index, EdgeEnd):
-        return nn.Module.__call__(self, x, index, *args, **kwargs)
-    return _aggregation_call_of_pyg(self, x, index, *args, **kwargs)
+def _aggregation_call(self: Aggregation, x: Any, index: Any = None, ptr: Any = None, dim_size: Any = None,
+                      dim: int = -2, **kwargs: Any) -> Any:
+    if not isinstance(index, EdgeEnd):
+        return _aggregation_call_of_pyg(self, x, index, ptr, dim_size, dim, **kwargs)
+    if isinstance(self, MultiAggregation):
+        # Its fused path indexes with `index` itself; the plain path computes the same.
+        return self.combine([aggr(x, index, dim_size=dim_size, dim=dim) for aggr in self.aggrs])
+    # PyG's __call__ checks index.max() against dim_size; an EdgeEnd is right by construction.
+    return nn.Module.__call__(self, x, index, ptr=None, dim_size=dim_size, dim=dim, **kwargs)
 
 
 # -- run-time helpers (one node each in the program) -------------------------------------------
