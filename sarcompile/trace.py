@@ -3,6 +3,8 @@
 Known graph layers are kept as leaves (``call_module``) so the lower pass can rewrite each
 one by rule; everything else is traced through. IR ops written directly in user code
 become single ``call_function`` nodes by themselves (see :func:`sarcompile.ops.ir_op`).
+Library functions with a function rule (:func:`sarcompile.lowering.register_function_lowering`)
+are replaced by their IR-op versions while tracing.
 """
 
 from __future__ import annotations
@@ -12,12 +14,13 @@ import os
 import sys
 import traceback
 from pathlib import Path
+from typing import Any
 
 import torch.fx as fx
 from torch import nn
 
 from .errors import CompileError, SarcompileError
-from .lowering import lowering_for
+from .lowering import function_lowerings, lowering_for
 from .nn import NodeDropout, RandomStream
 
 __all__ = ["SarTracer", "trace"]
@@ -34,6 +37,34 @@ class SarTracer(fx.Tracer):
         self.record_stack_traces = True  # the residency pass names the user's line it refuses
         self.graph_input = graph_input
         self.helpers: list[str] = []  # modules added to the root while tracing, see add_helper_module
+        self._swapped: list[tuple[dict, str, Any]] = []  # (module globals, name, original), see _swap_functions
+
+    def trace(self, root, concrete_args=None):
+        try:
+            self._swap_functions(getattr(root, "forward", root))
+            return super().trace(root, concrete_args)
+        finally:
+            for frame, name, original in reversed(self._swapped):
+                frame[name] = original
+            self._swapped.clear()
+
+    def call_module(self, m, forward, args, kwargs):
+        self._swap_functions(getattr(m, "forward", None))
+        return super().call_module(m, forward, args, kwargs)
+
+    def _swap_functions(self, fn: Any) -> None:
+        """Point the names that ``fn``'s module binds to a function with a rule at its
+        replacement, until the trace ends: how fx itself wraps functions (``autowrap``),
+        but calling the IR-op version rather than recording the library's function."""
+        frame = getattr(fn, "__globals__", None)
+        rules = function_lowerings()
+        if not frame or not rules:
+            return
+        for name, value in list(frame.items()):
+            rule = rules.get(id(value))
+            if rule is not None and rule[0] is value:
+                self._swapped.append((frame, name, value))
+                frame[name] = rule[1]
 
     def add_helper_module(self, module: nn.Module) -> nn.Module:
         """Attach ``module`` (e.g. a DGL builtin message function) to the root, so an IR op

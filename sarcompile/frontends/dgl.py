@@ -30,6 +30,7 @@ from typing import Any
 import torch
 import torch.fx
 import torch.nn.functional as F
+import dgl.ops
 from dgl.nn.pytorch import GATConv, GraphConv, SAGEConv
 from torch import nn
 
@@ -37,7 +38,7 @@ from ..errors import CompileError, GraphError
 from ..graph import Graph
 from ..nn import RandomStream
 from ..ops import edge_dropout, edge_softmax, sddmm, spmm
-from ..lowering import register_lowering
+from ..lowering import register_function_lowering, register_lowering
 from ..passes.residency import declare
 from ..vocab import Residency
 from ..runtime import comm
@@ -125,12 +126,36 @@ def matmul_opt(x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
     return x if weight is None else torch.matmul(x, weight)
 
 
-for _fn in ("out_degrees", "require_in_edges", "scale_rows", "check_call", "own_or_given", "matmul_opt"):
+def graph_device(graph: Graph | ShardGraph) -> torch.device:
+    """DGL's ``g.device``: where the graph's index tensors are."""
+    return graph.dst_index.device
+
+
+for _fn in ("out_degrees", "require_in_edges", "scale_rows", "check_call", "own_or_given", "matmul_opt",
+            "graph_device"):
     torch.fx.wrap(_fn)
 # Each is row-local (the residency pass cannot look inside them): the result's residency.
 for _fn, _out in ((out_degrees, Residency.NODE), (require_in_edges, "feat"), (scale_rows, "x"),
-                  (check_call, "feat"), (own_or_given, Residency.PARAM), (matmul_opt, "x")):
+                  (check_call, "feat"), (own_or_given, Residency.PARAM), (matmul_opt, "x"),
+                  (graph_device, Residency.CONST)):
     declare(_fn, _out)
+
+
+# -- functions DGL's layers call, replaced while tracing (register_function_lowering) ---------------
+def dgl_edge_softmax(graph, logits, eids="__ALL__", norm_by="dst"):
+    """``dgl.nn.functional.edge_softmax``: the softmax over each node's in-edges, the IR's
+    ``edge_softmax``."""
+    if not (isinstance(eids, str) and eids == "__ALL__") or norm_by != "dst":
+        raise CompileError(
+            f"dgl edge_softmax(eids=..., norm_by={norm_by!r}) is not supported: sarcompile normalises over "
+            "all in-edges of each node (norm_by='dst', every edge)"
+        )
+    if isinstance(logits, dict):
+        raise CompileError("dgl edge_softmax on a heterograph (a dict of logits) is not supported")
+    return edge_softmax(graph, logits)
+
+
+register_function_lowering(dgl.ops.edge_softmax, dgl_edge_softmax)
 
 
 # -- stand-ins -------------------------------------------------------------------------------------

@@ -19,7 +19,14 @@ frames as plain dicts of traced values. ``update_all`` lowers to
   function ``def message(edges): return {"m": ...}`` reading ``edges.src`` /
   ``edges.dst`` (one node field) and ``edges.data`` (at most one edge field).
 
-``apply_edges`` with a builtin ``u_*_v`` lowers to ``sddmm``. Reduce functions must be
+``apply_edges`` with a builtin ``u_<op>_v`` / ``v_<op>_u`` lowers to ``sddmm``; any other
+builtin (``u_add_e``, ``e_mul_v``, ...) and a user function ``def f(edges): return {...}``
+compute on per-edge rows: ``edges.src[f]`` / ``edges.dst[f]`` are the field gathered onto
+the edges (by ``sddmm``, read only when used), ``edges.data`` the edge frame.
+
+The counts DGL code reads (``g.num_edges()``, ``g.num_nodes()``, ...) are the graph's row
+counts, so ``torch.ones(g.num_edges())`` is a per-edge tensor; ``g.out_degrees()`` and
+``g.device`` are answered by row-local helpers. Reduce functions must be
 DGL's builtins ``sum``, ``mean`` or ``max``: a mailbox function (``nodes.mailbox``, which
 DGL buckets by degree) is refused with a :class:`~sarcompile.CompileError`, as is what is
 not listed here.
@@ -27,20 +34,24 @@ not listed here.
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import operator
 from typing import Any, Callable
 
+import torch
 import torch.fx as fx
 from torch import nn
 
 from ..errors import CompileError
 from ..ops import message_passing, sddmm, spmm
+from .dgl import graph_device, out_degrees
 
 __all__ = ["GraphProxy"]
 
 _SRC, _DST, _EDGE = 0, 1, 2  # dgl.function.TargetCode
 _REDUCES = {"sum": "sum", "mean": "mean", "max": "max"}
+_SDDMM = ("add", "sub", "mul", "dot")
 _BINARY = {"add": operator.add, "sub": operator.sub, "mul": operator.mul, "div": operator.truediv}
 
 
@@ -82,6 +93,29 @@ class _UserMessage(nn.Module):
         return self.func(_Edges(src, dst, data))[self.out_field]
 
 
+class _Gathered(dict):
+    """``edges.src`` / ``edges.dst`` of an edge function: a node field, gathered onto the
+    edges when first read."""
+
+    def __init__(self, graph: "GraphProxy", end: int):
+        super().__init__()
+        self.graph, self.end = graph, end
+
+    def __missing__(self, key):
+        self[key] = self.graph._rows(self.end, key)
+        return self[key]
+
+
+def _src_rows(g, x):
+    """``x[u]`` for every edge u->v (remote sources arrive through sddmm's halo exchange)."""
+    return sddmm(g, x, torch.zeros_like(x), "add")  # x[u] + 0 is x[u] exactly
+
+
+def _dst_rows(g, x):
+    """``x[v]`` for every edge u->v."""
+    return sddmm(g, torch.zeros_like(x), x, "add")
+
+
 class _Reads(dict):
     """A frame that remembers which fields were read."""
 
@@ -118,6 +152,12 @@ class GraphProxy(fx.Proxy):
     def edata(self) -> dict:
         return self._frames[-1][1]
 
+    def local_var(self) -> "GraphProxy":
+        """The same graph with frames of its own: writes to it are not seen here, as in DGL."""
+        view = GraphProxy(self.node, self.tracer)
+        view._frames = [(dict(self.ndata), dict(self.edata))]
+        return view
+
     @contextlib.contextmanager
     def local_scope(self):
         """Writes inside the block are dropped at its end, as in DGL."""
@@ -126,6 +166,29 @@ class GraphProxy(fx.Proxy):
             yield self
         finally:
             self._frames.pop()
+
+    # -- sizes and degrees: row counts and per-node values --------------------------------
+    def num_edges(self, etype=None):
+        """This graph's edge count (a worker's own edges): a row count, so
+        ``torch.ones(g.num_edges())`` has one row per edge."""
+        return self.tracer.create_proxy("call_function", builtins.getattr, (self, "num_edges"), {})
+
+    def num_nodes(self, ntype=None):
+        """The node count (a worker's own nodes): a row count."""
+        return self.tracer.create_proxy("call_function", builtins.getattr, (self, "num_nodes"), {})
+
+    # a homogeneous graph: every node is a source and a destination
+    number_of_edges = num_edges
+    number_of_nodes = num_src_nodes = num_dst_nodes = number_of_src_nodes = number_of_dst_nodes = num_nodes
+
+    def out_degrees(self, u=None, etype=None):
+        if u is not None:
+            raise CompileError("g.out_degrees(u) of some nodes is not supported; use g.out_degrees() of all")
+        return out_degrees(self)
+
+    @property
+    def device(self):
+        return graph_device(self)
 
     # -- message passing -------------------------------------------------------------------
     def update_all(self, message_func, reduce_func, apply_node_func=None) -> None:
@@ -140,19 +203,33 @@ class GraphProxy(fx.Proxy):
             raise CompileError("update_all(..., apply_node_func) is not supported yet; apply it to g.ndata after")
         self.ndata[reduce_func.out_field] = out
 
-    def apply_edges(self, func) -> None:
-        """``u_<op>_v`` builtins: a value per edge from its two end nodes."""
-        op = getattr(func, "binary_op", None)
-        if type(func).__name__ != "BinaryMessageFunction" or (func.lhs, func.rhs) != (_SRC, _DST):
-            raise CompileError(
-                f"apply_edges({_describe(func)}) is not supported yet; use a builtin u_add_v / u_sub_v / u_mul_v / "
-                "u_dot_v"
-            )
-        ops = {"add": "add", "sub": "sub", "mul": "mul", "dot": "dot"}
-        if op not in ops:
-            raise CompileError(f"apply_edges with u_{op}_v is not supported yet; use add, sub, mul or dot")
-        value = sddmm(self, self._node(func.lhs_field), self._node(func.rhs_field), ops[op])
-        self.edata[func.out_field] = value.unsqueeze(-1) if op == "dot" else value
+    def apply_edges(self, func, edges="__ALL__", etype=None) -> None:
+        """A value per edge: ``sddmm`` for ``u_<op>_v`` / ``v_<op>_u``, else computed on the
+        end nodes' rows gathered onto the edges (see the module docstring)."""
+        if not (isinstance(edges, str) and edges == "__ALL__"):  # dgl.base.ALL
+            raise CompileError("apply_edges(func, edges) on some edges is not supported; apply it to all edges")
+        kind = type(func).__name__
+        ends = (getattr(func, "lhs", None), getattr(func, "rhs", None))
+        if kind == "BinaryMessageFunction" and set(ends) == {_SRC, _DST} and func.binary_op in _SDDMM:
+            swap = ends[0] == _DST  # v_<op>_u: b[v] op a[u]
+            u, v = (func.rhs_field, func.lhs_field) if swap else (func.lhs_field, func.rhs_field)
+            value = sddmm(self, self._node(u), self._node(v), func.binary_op)
+            if swap and func.binary_op == "sub":
+                value = -value  # b - a == -(a - b) exactly: IEEE rounding is symmetric
+            self.edata[func.out_field] = value.unsqueeze(-1) if func.binary_op == "dot" else value
+        elif kind in ("BinaryMessageFunction", "CopyMessageFunction"):
+            binary = kind == "BinaryMessageFunction"
+            ends = [(func.lhs, func.lhs_field), (func.rhs, func.rhs_field)] if binary else [(func.target, func.in_field)]
+            rows = {end: self._rows(end, f) for end, f in ends}
+            msg = _BuiltinMessage(func.binary_op, func.lhs, func.rhs) if binary else _BuiltinMessage("copy", func.target, None)
+            self.edata[func.out_field] = msg(rows.get(_SRC), rows.get(_DST), rows.get(_EDGE))
+        elif callable(func) and not hasattr(func, "out_field"):
+            out = func(_Edges(_Gathered(self, _SRC), _Gathered(self, _DST), self.edata))
+            if not isinstance(out, dict):
+                raise CompileError(f"the edge function {_describe(func)} must return a dict of edge fields")
+            self.edata.update(out)
+        else:
+            raise CompileError(f"apply_edges({_describe(func)}) is not supported yet")
 
     # -- helpers ---------------------------------------------------------------------------
     def _node(self, field: str):
@@ -164,6 +241,12 @@ class GraphProxy(fx.Proxy):
         if field not in self.edata:
             raise CompileError(f"g.edata has no field {field!r} here (it has {sorted(self.edata)})")
         return self.edata[field]
+
+    def _rows(self, end: int, field: str):
+        """A field as one row per edge: the source's or destination's row, or the edge's."""
+        if end == _EDGE:
+            return self._edge(field)
+        return (_src_rows if end == _SRC else _dst_rows)(self, self._node(field))
 
     def _message(self, func, msg_field: str) -> tuple[nn.Module, Any, Any]:
         """(message module, node tensor, edge tensor or None) for ``message_passing``."""

@@ -26,7 +26,8 @@ How residency flows:
   declared themselves row-local (:func:`declare`, used by the front-ends).
 * Torch code keeps the residency of its per-row inputs when it is row-local: pointwise
   ops (``torch.Tag.pointwise``, and the activations) broadcasting with parameters or
-  constants that do not cover the row axis; ``nn.Linear``, ``LayerNorm`` over features;
+  constants that do not cover the row axis; ``nn.Linear``, ``LayerNorm`` over features,
+  ``GRUCell`` / ``LSTMCell`` / ``RNNCell`` on ``[rows, features]``;
   reductions, softmax, ``cat``/``stack``, indexing, ``transpose``/``permute`` along other
   axes; ``view``/``reshape`` that keep dim 0; ``matmul`` not contracting the row axis;
   ``sc.nn.NodeDropout`` (masks keyed by node id), dropout in eval mode.
@@ -648,6 +649,11 @@ class _Checker:
                 raise self.refuse(hidden[0], f"{kind}'s hidden state is [layers, rows, hidden]: its rows are not on "
                                   "axis 0", "Use the output (its first result) only.")
             return replace(k, seq=True)
+        if isinstance(m, nn.RNNCellBase):  # GRUCell(x, h): one step per row, x and h [rows, features]
+            if nd != 2:
+                raise self.refuse(node, f"{kind} on a {nd}-D tensor: its batch axis is not the row axis alone",
+                                  "Give it [rows, features] (and the hidden state [rows, hidden]).")
+            return k
         if isinstance(m, nn.LayerNorm):
             if len(m.normalized_shape) >= nd:
                 raise self.refuse(node, f"LayerNorm{tuple(m.normalized_shape)} normalises over the row axis too",
