@@ -9,13 +9,15 @@ are replaced by their IR-op versions while tracing.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import os
 import sys
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
+import torch
 import torch.fx as fx
 from torch import nn
 
@@ -41,6 +43,10 @@ class SarTracer(fx.Tracer):
 
     def trace(self, root, concrete_args=None):
         try:
+            for name in _FACTORIES:
+                original = getattr(torch, name)
+                self._swapped.append((vars(torch), name, original))
+                setattr(torch, name, _sized_factory(original))
             self._swap_functions(getattr(root, "forward", root))
             return super().trace(root, concrete_args)
         finally:
@@ -106,6 +112,23 @@ class SarTracer(fx.Tracer):
         if isinstance(a, nn.Module):
             return self.create_node("get_attr", self.path_of_module(a), (), {})
         return super().create_arg(a)
+
+
+# torch 2.2's factories take no traced size (torch.ones(g.num_edges(), 1) raises a TypeError);
+# while tracing, a call given one is recorded as a node, as newer torch records it.
+_FACTORIES = ("ones", "zeros", "full", "empty")
+
+
+def _sized_factory(original: Callable) -> Callable:
+    @functools.wraps(original)
+    def factory(*args, **kwargs):
+        sizes = args[0] if len(args) == 1 and isinstance(args[0], (tuple, list)) else args
+        proxy = next((a for a in (*sizes, kwargs.get("size")) if isinstance(a, fx.Proxy)), None)
+        if proxy is None:
+            return original(*args, **kwargs)
+        return proxy.tracer.create_proxy("call_function", original, args, kwargs)
+
+    return factory
 
 
 def _with_own_forward(model: nn.Module) -> nn.Module:

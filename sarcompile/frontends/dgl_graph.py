@@ -134,6 +134,7 @@ class GraphProxy(fx.Proxy):
     def __init__(self, node: fx.Node, tracer: fx.Tracer):
         super().__init__(node, tracer)
         self._frames: list[tuple[dict, dict]] = [({}, {})]
+        self._origin: GraphProxy | None = None  # after remove_self_loop(): the graph it came from
 
     # -- frames (a homogeneous graph: every node is a source and a destination) ----------
     @property
@@ -152,10 +153,36 @@ class GraphProxy(fx.Proxy):
     def edata(self) -> dict:
         return self._frames[-1][1]
 
+    # -- self-loops: sarcompile's graphs have none removed, or exactly one per node --------
+    def remove_self_loop(self, etype=None) -> "GraphProxy":
+        return self._derived("remove_self_loops", self, loop_free=True)
+
+    def add_self_loop(self, edge_feat_names=None, fill_data=1.0, etype=None) -> "GraphProxy":
+        """One self-loop per node, after ``remove_self_loop()`` (DGL appends them last, as
+        ``with_self_loops`` does). On a graph that may have self-loops DGL adds a second one,
+        which sarcompile's graphs do not express: refused."""
+        if self._origin is None:
+            raise CompileError(
+                "g.add_self_loop() on a graph that may have self-loops gives those nodes two, which sarcompile does "
+                "not compile: call g.remove_self_loop() first, or add the loops before sc.Graph.from_dgl"
+            )
+        return self._derived("with_self_loops", self._origin, loop_free=False)
+
+    def _derived(self, method: str, base: "GraphProxy", loop_free: bool) -> "GraphProxy":
+        if self.edata:
+            raise CompileError(f"g.{method}() with edge fields set ({sorted(self.edata)}) is not supported; set "
+                               "them on the graph it returns")
+        node = self.tracer.create_proxy("call_method", method, (base,), {}).node
+        graph = GraphProxy(node, self.tracer)
+        graph._frames = [(dict(self.ndata), {})]
+        graph._origin = base if loop_free else None
+        return graph
+
     def local_var(self) -> "GraphProxy":
         """The same graph with frames of its own: writes to it are not seen here, as in DGL."""
         view = GraphProxy(self.node, self.tracer)
         view._frames = [(dict(self.ndata), dict(self.edata))]
+        view._origin = self._origin
         return view
 
     @contextlib.contextmanager
@@ -184,11 +211,11 @@ class GraphProxy(fx.Proxy):
     def out_degrees(self, u=None, etype=None):
         if u is not None:
             raise CompileError("g.out_degrees(u) of some nodes is not supported; use g.out_degrees() of all")
-        return out_degrees(self)
+        return self.tracer.create_proxy("call_function", out_degrees, (self,), {})
 
     @property
     def device(self):
-        return graph_device(self)
+        return self.tracer.create_proxy("call_function", graph_device, (self,), {})
 
     # -- message passing -------------------------------------------------------------------
     def update_all(self, message_func, reduce_func, apply_node_func=None) -> None:
