@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import itertools
 import os
 import sys
 import traceback
@@ -81,6 +82,21 @@ class SarTracer(fx.Tracer):
         if getattr(self, "submodule_paths", None) is not None:  # fx's cache of module paths
             self.submodule_paths[module] = name
         return module
+
+    def path_of_module(self, mod: nn.Module) -> str:
+        """A module made inside forward (DGL's ``EdgeWeightNorm("both")(g, w)``) is not
+        reachable from the root: attach it as a helper, if it holds no state (one made with
+        parameters draws them anew each call, which a compiled program cannot repeat)."""
+        try:
+            return super().path_of_module(mod)
+        except NameError:
+            if any(True for _ in itertools.chain(mod.parameters(), mod.buffers())):
+                raise CompileError(
+                    f"{type(mod).__name__} is made inside forward with parameters or buffers of its own, so each "
+                    "call would use new ones; make it in __init__ (a submodule)"
+                ) from None
+            self.add_helper_module(mod)
+            return super().path_of_module(mod)
 
     def create_args_for_root(self, root_fn, is_module, concrete_args=None):
         fn, args = super().create_args_for_root(root_fn, is_module, concrete_args)

@@ -31,7 +31,7 @@ import torch
 import torch.fx
 import torch.nn.functional as F
 import dgl.ops
-from dgl.nn.pytorch import GATConv, GraphConv, SAGEConv
+from dgl.nn.pytorch import EdgeWeightNorm, GATConv, GraphConv, SAGEConv
 from torch import nn
 
 from ..errors import CompileError, GraphError
@@ -55,26 +55,72 @@ _OUT_DEGREES: weakref.WeakKeyDictionary[Any, torch.Tensor] = weakref.WeakKeyDict
 
 
 def out_degrees(graph: Graph | ShardGraph) -> torch.Tensor:
-    """Out-degree of every node (local nodes on a worker), counting all its out-edges.
-
-    On a worker a node's out-edges live on the workers of their destinations, so each worker
-    counts the edges of every halo row it holds and sends the counts back to the row's owner:
-    the same exchange as the backward of ``spmm`` (every worker calls this at the same point
-    of the program, so the exchange lines up)."""
+    """Out-degree of every node (local nodes on a worker), counting all its out-edges."""
     cached = _OUT_DEGREES.get(graph)
     if cached is None:
-        if isinstance(graph, Graph):
-            cached = torch.bincount(graph.src, minlength=graph.num_nodes)
-        else:
-            cached = torch.zeros(graph.num_nodes, dtype=torch.long)
-
-            def count(q: int, _rows: None) -> torch.Tensor:
-                block = graph.blocks[q]
-                return torch.bincount(block.col, minlength=block.num_src)
-
-            comm.run_rounds(graph, count, push_into=cached, phase="forward", what="out_degrees")
+        cached = _source_sums(graph, torch.ones(graph.num_edges, dtype=torch.long), "out_degrees")
         _OUT_DEGREES[graph] = cached
     return cached
+
+
+def _source_sums(graph: Graph | ShardGraph, values: torch.Tensor, what: str) -> torch.Tensor:
+    """``out[u] = sum over u->v of values[uv]`` for every (local) node, ``values`` per edge.
+
+    On a worker a node's out-edges live on the workers of their destinations, so each worker
+    sums the edges of every halo row it holds and sends the sums back to the row's owner:
+    the same exchange as the backward of ``spmm`` (every worker calls this at the same point
+    of the program, so the exchange lines up)."""
+    shape = (graph.num_nodes, *values.shape[1:])
+    if isinstance(graph, Graph):
+        return values.new_zeros(shape).index_add_(0, graph.src, values)
+    out = values.new_zeros(shape)
+
+    def block_sums(q: int, _rows: None) -> torch.Tensor:
+        block = graph.blocks[q]
+        mine = values[graph.edge_ptr[q]:graph.edge_ptr[q + 1]]
+        return values.new_zeros((block.num_src, *values.shape[1:])).index_add_(0, block.col, mine)
+
+    comm.run_rounds(graph, block_sums, push_into=out, phase="forward", what=what)
+    return out
+
+
+class _OutWeights(torch.autograd.Function):
+    """:func:`out_weights`, differentiable: the gradient of edge u->v is the one of row u,
+    gathered onto the edges by ``sddmm`` (the halo exchange of the forward, reversed)."""
+
+    @staticmethod
+    def forward(ctx, graph, weight):
+        ctx.graph = graph
+        return _source_sums(graph, weight, "out_weights")
+
+    @staticmethod
+    def backward(ctx, grad):
+        return None, sddmm(ctx.graph, grad, torch.zeros_like(grad), "add")
+
+
+def out_weights(graph: Graph | ShardGraph, weight: torch.Tensor) -> torch.Tensor:
+    """Weighted out-degree of every node: ``sum over u->v of weight[uv]`` (DGL's
+    ``reverse(g).update_all(copy_e, sum)``)."""
+    return _OutWeights.apply(graph, weight)
+
+
+def in_weights(graph: Graph | ShardGraph, weight: torch.Tensor) -> torch.Tensor:
+    """Weighted in-degree of every node: ``sum over u->v of weight[uv]`` into v, local (every
+    in-edge of a node lives on its worker)."""
+    shape = (graph.num_dst, *weight.shape[1:])
+    return weight.new_zeros(shape).index_add(0, graph.dst_index.to(weight.device), weight)
+
+
+def check_edge_weights(graph: Graph | ShardGraph, weight: torch.Tensor, positive: bool) -> torch.Tensor:
+    """``weight`` unchanged if it is one scalar per edge, positive where ``positive``; else
+    DGL's EdgeWeightNorm error. All workers decide together, as :func:`require_in_edges`."""
+    if weight.dim() != 1:
+        raise GraphError("dgl.nn.EdgeWeightNorm normalises one scalar weight per edge, got a weight of shape "
+                         f"{tuple(weight.shape)} (DGL raises here too)")
+    if positive and not comm.is_offline() and int(comm.global_sum((weight <= 0).sum().reshape(1))[0]):
+        raise GraphError('dgl.nn.EdgeWeightNorm(norm="both") got a non-positive edge weight, whose square root '
+                         "or inverse it would take (DGL raises here too)")
+    return weight
 
 
 def require_in_edges(graph: Graph | ShardGraph, feat: torch.Tensor, layer: str) -> torch.Tensor:
@@ -131,11 +177,12 @@ def graph_device(graph: Graph | ShardGraph) -> torch.device:
     return graph.dst_index.device
 
 
-for _fn in ("out_degrees", "require_in_edges", "scale_rows", "check_call", "own_or_given", "matmul_opt",
-            "graph_device"):
+for _fn in ("out_degrees", "out_weights", "in_weights", "check_edge_weights", "require_in_edges", "scale_rows",
+            "check_call", "own_or_given", "matmul_opt", "graph_device"):
     torch.fx.wrap(_fn)
 # Each is row-local (the residency pass cannot look inside them): the result's residency.
-for _fn, _out in ((out_degrees, Residency.NODE), (require_in_edges, "feat"), (scale_rows, "x"),
+for _fn, _out in ((out_degrees, Residency.NODE), (out_weights, Residency.NODE), (in_weights, Residency.NODE),
+                  (check_edge_weights, "weight"), (require_in_edges, "feat"), (scale_rows, "x"),
                   (check_call, "feat"), (own_or_given, Residency.PARAM), (matmul_opt, "x"),
                   (graph_device, Residency.CONST)):
     declare(_fn, _out)
@@ -255,6 +302,27 @@ class DGLGraphConv(_Shared):
         return rst
 
 
+class DGLEdgeWeightNorm(nn.Module):
+    """``dgl.nn.EdgeWeightNorm``: ``w_uv / sqrt(out_w(u) in_w(v))`` (``both``), ``w_uv / in_w(v)``
+    (``right``) or ``w_uv`` (``none``), with the weighted degrees plus ``eps``, in DGL's order
+    of operations (source norm, times destination norm, times weight)."""
+
+    def __init__(self, m: EdgeWeightNorm):
+        super().__init__()
+        self.norm, self.eps = m._norm, m._eps
+
+    def forward(self, graph, edge_weight):
+        w = check_edge_weights(graph, edge_weight, positive=self.norm == "both")
+        if self.norm == "none":
+            return w
+        degs = in_weights(graph, w) + self.eps
+        dst = degs.pow(-0.5) if self.norm == "both" else 1.0 / degs
+        dst = sddmm(graph, torch.zeros_like(dst), dst, "add")  # dst[v] on every edge u->v
+        if self.norm != "both":
+            return dst * w  # DGL's 1 * dst * w
+        src = (out_weights(graph, w) + self.eps).pow(-0.5)
+        return sddmm(graph, src, torch.zeros_like(src), "add") * dst * w  # src[u] * dst[v] * w_uv
+
 # GAT's attention dropout: one counter stream per DGL layer, kept across recompiles (train and
 # eval programs, replaced parameters) so the sequence of masks goes on. DGL's state_dict has no
 # room for it, so a checkpoint does not carry the step; the seed is drawn from torch's RNG when
@@ -312,3 +380,4 @@ class DGLGATConv(_Shared):
 register_lowering(SAGEConv, DGLSAGEConv)
 register_lowering(GraphConv, DGLGraphConv)
 register_lowering(GATConv, DGLGATConv)
+register_lowering(EdgeWeightNorm, DGLEdgeWeightNorm)

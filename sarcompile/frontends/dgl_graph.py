@@ -45,6 +45,7 @@ from torch import nn
 
 from ..errors import CompileError
 from ..ops import message_passing, sddmm, spmm
+from ..passes.residency import declare
 from .dgl import graph_device, out_degrees
 
 __all__ = ["GraphProxy"]
@@ -66,10 +67,23 @@ class _BuiltinMessage(nn.Module):
         side = {_SRC: x_j, _DST: x_i, _EDGE: e}
         if self.rhs is None:  # copy
             return side[self.lhs]
-        a, b = side[self.lhs], side[self.rhs]
-        if self.op == "dot":
-            return (a * b).sum(-1, keepdim=True)
-        return _BINARY[self.op](a, b)
+        return binary(self.op, side[self.lhs], side[self.rhs])
+
+
+def binary(op: str, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a op b`` for two per-edge tensors as DGL's builtins broadcast them: the feature
+    dims (all but the row axis) numpy-style, so ``h [E, F] * w [E]`` is ``h * w[:, None]``."""
+    while a.dim() < b.dim():
+        a = a.unsqueeze(1)
+    while b.dim() < a.dim():
+        b = b.unsqueeze(1)
+    if op == "dot":
+        return (a * b).sum(-1, keepdim=True)
+    return _BINARY[op](a, b)
+
+
+torch.fx.wrap("binary")  # one node: its loops run on the real shapes
+declare(binary, "a")  # row-local: the rows of a (and b, the same rows)
 
 
 class _Edges:
