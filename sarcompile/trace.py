@@ -92,8 +92,8 @@ class SarTracer(fx.Tracer):
         except NameError:
             if any(True for _ in itertools.chain(mod.parameters(), mod.buffers())):
                 raise CompileError(
-                    f"{type(mod).__name__} is made inside forward with parameters or buffers of its own, so each "
-                    "call would use new ones; make it in __init__ (a submodule)"
+                    f"{type(mod).__name__} is not a submodule of the model traced (made inside forward?) and has "
+                    "parameters or buffers of its own, which each call would make anew; make it in __init__"
                 ) from None
             self.add_helper_module(mod)
             return super().path_of_module(mod)

@@ -31,7 +31,7 @@ import torch
 import torch.fx
 import torch.nn.functional as F
 import dgl.ops
-from dgl.nn.pytorch import EdgeWeightNorm, GATConv, GraphConv, SAGEConv
+from dgl.nn.pytorch import EdgeWeightNorm, GATConv, GraphConv, SAGEConv, TypedLinear
 from torch import nn
 
 from ..errors import CompileError, GraphError
@@ -104,11 +104,17 @@ def out_weights(graph: Graph | ShardGraph, weight: torch.Tensor) -> torch.Tensor
     return _OutWeights.apply(graph, weight)
 
 
-def in_weights(graph: Graph | ShardGraph, weight: torch.Tensor) -> torch.Tensor:
-    """Weighted in-degree of every node: ``sum over u->v of weight[uv]`` into v, local (every
-    in-edge of a node lives on its worker)."""
-    shape = (graph.num_dst, *weight.shape[1:])
-    return weight.new_zeros(shape).index_add(0, graph.dst_index.to(weight.device), weight)
+def reduce_edges(graph: Graph | ShardGraph, values: torch.Tensor, reduce: str = "sum") -> torch.Tensor:
+    """``sum`` (or ``mean``, 0 without in-edges) over u->v of ``values[uv]`` into every v: a
+    node's weighted in-degree, or messages computed on the edges. Local: every in-edge of a
+    node lives on its worker."""
+    shape = (graph.num_dst, *values.shape[1:])
+    dst = graph.dst_index.to(values.device)
+    out = values.new_zeros(shape).index_add(0, dst, values)
+    if reduce == "mean":
+        count = torch.bincount(dst, minlength=graph.num_dst).clamp(min=1).to(values.dtype)
+        out = out / count.reshape(-1, *([1] * (values.dim() - 1)))
+    return out
 
 
 def check_edge_weights(graph: Graph | ShardGraph, weight: torch.Tensor, positive: bool) -> torch.Tensor:
@@ -127,8 +133,14 @@ def require_in_edges(graph: Graph | ShardGraph, feat: torch.Tensor, layer: str) 
     """``feat`` unchanged if every node has an in-edge; else the error DGL raises for
     ``allow_zero_in_degree=False``. All workers decide together (one all-reduce of a count),
     so they fail together instead of leaving their peers waiting."""
+    check_in_edges(graph, layer)
+    return feat
+
+
+def check_in_edges(graph: Graph | ShardGraph, layer: str = "a DGL layer") -> None:
+    """DGL's ``if (g.in_degrees() == 0).any(): raise DGLError(...)``, on all workers together."""
     if comm.is_offline():  # the planner's probe runs on a made-up graph; only real graphs are checked
-        return feat
+        return
     zero = int(comm.global_sum((graph.in_degrees() == 0).sum().reshape(1))[0])
     if zero:
         raise GraphError(
@@ -136,7 +148,6 @@ def require_in_edges(graph: Graph | ShardGraph, feat: torch.Tensor, layer: str) 
             "too). Add a self-loop to every node (dgl.add_self_loop(g)) before Graph.from_dgl, or build "
             "the layer with allow_zero_in_degree=True."
         )
-    return feat
 
 
 def scale_rows(x: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
@@ -177,12 +188,12 @@ def graph_device(graph: Graph | ShardGraph) -> torch.device:
     return graph.dst_index.device
 
 
-for _fn in ("out_degrees", "out_weights", "in_weights", "check_edge_weights", "require_in_edges", "scale_rows",
+for _fn in ("out_degrees", "out_weights", "reduce_edges", "check_edge_weights", "require_in_edges", "check_in_edges", "scale_rows",
             "check_call", "own_or_given", "matmul_opt", "graph_device"):
     torch.fx.wrap(_fn)
 # Each is row-local (the residency pass cannot look inside them): the result's residency.
-for _fn, _out in ((out_degrees, Residency.NODE), (out_weights, Residency.NODE), (in_weights, Residency.NODE),
-                  (check_edge_weights, "weight"), (require_in_edges, "feat"), (scale_rows, "x"),
+for _fn, _out in ((out_degrees, Residency.NODE), (out_weights, Residency.NODE), (reduce_edges, Residency.NODE),
+                  (check_edge_weights, "weight"), (require_in_edges, "feat"), (check_in_edges, Residency.CONST), (scale_rows, "x"),
                   (check_call, "feat"), (own_or_given, Residency.PARAM), (matmul_opt, "x"),
                   (graph_device, Residency.CONST)):
     declare(_fn, _out)
@@ -315,13 +326,29 @@ class DGLEdgeWeightNorm(nn.Module):
         w = check_edge_weights(graph, edge_weight, positive=self.norm == "both")
         if self.norm == "none":
             return w
-        degs = in_weights(graph, w) + self.eps
+        degs = reduce_edges(graph, w) + self.eps
         dst = degs.pow(-0.5) if self.norm == "both" else 1.0 / degs
         dst = sddmm(graph, torch.zeros_like(dst), dst, "add")  # dst[v] on every edge u->v
         if self.norm != "both":
             return dst * w  # DGL's 1 * dst * w
         src = (out_weights(graph, w) + self.eps).pow(-0.5)
         return sddmm(graph, src, torch.zeros_like(src), "add") * dst * w  # src[u] * dst[v] * w_uv
+
+class DGLTypedLinear(nn.Module):
+    """``dgl.nn.TypedLinear``: row ``i`` times the weight of its type ``x_type[i]``, written
+    per row (DGL's ``gather_mm`` picks its kernel by the row count)."""
+
+    def __init__(self, m: TypedLinear):
+        super().__init__()
+        self.m = m  # its get_weight() (the bases or the blocks) runs on its own parameters
+
+    def forward(self, x, x_type, sorted_by_type=False):
+        w = self.m.get_weight()[x_type]  # [rows, in, out]; bdd: [rows, blocks * in/blocks * out/blocks]
+        if self.m.regularizer == "bdd":
+            b, si, so = self.m.num_bases, self.m.submat_in, self.m.submat_out
+            return torch.matmul(x.reshape(-1, b, 1, si), w.reshape(-1, b, si, so)).reshape(-1, b * so)
+        return torch.matmul(x.unsqueeze(1), w).squeeze(1)
+
 
 # GAT's attention dropout: one counter stream per DGL layer, kept across recompiles (train and
 # eval programs, replaced parameters) so the sequence of masks goes on. DGL's state_dict has no
@@ -381,3 +408,4 @@ register_lowering(SAGEConv, DGLSAGEConv)
 register_lowering(GraphConv, DGLGraphConv)
 register_lowering(GATConv, DGLGATConv)
 register_lowering(EdgeWeightNorm, DGLEdgeWeightNorm)
+register_lowering(TypedLinear, DGLTypedLinear)

@@ -46,7 +46,7 @@ from torch import nn
 from ..errors import CompileError
 from ..ops import message_passing, sddmm, spmm
 from ..passes.residency import declare
-from .dgl import graph_device, out_degrees
+from .dgl import check_in_edges, graph_device, out_degrees, reduce_edges
 
 __all__ = ["GraphProxy"]
 
@@ -222,6 +222,13 @@ class GraphProxy(fx.Proxy):
     number_of_edges = num_edges
     number_of_nodes = num_src_nodes = num_dst_nodes = number_of_src_nodes = number_of_dst_nodes = num_nodes
 
+    def in_degrees(self, v=None, etype=None):
+        """The in-degree of every node; ``(g.in_degrees() == 0).any()`` in an ``if`` becomes
+        the check DGL's layers make with it (see :class:`_InDegrees`)."""
+        if v is not None:
+            raise CompileError("g.in_degrees(v) of some nodes is not supported; use g.in_degrees() of all")
+        return _InDegrees(self.tracer.create_proxy("call_method", "in_degrees", (self,), {}).node, self.tracer, self)
+
     def out_degrees(self, u=None, etype=None):
         if u is not None:
             raise CompileError("g.out_degrees(u) of some nodes is not supported; use g.out_degrees() of all")
@@ -238,8 +245,9 @@ class GraphProxy(fx.Proxy):
             out = spmm(self, self._node(message_func.in_field), reduce)
             _check_field(message_func.out_field, msg_field)
         else:
-            fn, x, e = self._message(message_func, msg_field)
-            out = message_passing(self, fn, x, e, reduce)
+            lowered = self._message(message_func, msg_field)
+            out = self._reduce_edges(message_func, msg_field, reduce) if lowered is None else message_passing(
+                self, *lowered, reduce)
         if apply_node_func is not None:
             raise CompileError("update_all(..., apply_node_func) is not supported yet; apply it to g.ndata after")
         self.ndata[reduce_func.out_field] = out
@@ -289,8 +297,9 @@ class GraphProxy(fx.Proxy):
             return self._edge(field)
         return (_src_rows if end == _SRC else _dst_rows)(self, self._node(field))
 
-    def _message(self, func, msg_field: str) -> tuple[nn.Module, Any, Any]:
-        """(message module, node tensor, edge tensor or None) for ``message_passing``."""
+    def _message(self, func, msg_field: str) -> tuple[nn.Module, Any, Any] | None:
+        """(message module, node tensor, edge tensor or None) for ``message_passing``; None
+        for a user function reading more than one node or edge field."""
         kind = type(func).__name__
         if kind == "CopyMessageFunction":  # copy_e (copy_u took the spmm path)
             _check_field(func.out_field, msg_field)
@@ -314,7 +323,7 @@ class GraphProxy(fx.Proxy):
             return self._user_message(func, msg_field)
         raise CompileError(f"message function {_describe(func)} is not supported yet")
 
-    def _user_message(self, func: Callable, msg_field: str) -> tuple[nn.Module, Any, Any]:
+    def _user_message(self, func: Callable, msg_field: str) -> tuple[nn.Module, Any, Any] | None:
         """Find which fields a user message function reads by running it once on the whole
         frames (the nodes it adds to the traced graph are removed again)."""
         node_reads, edge_reads = set(), set()
@@ -331,20 +340,34 @@ class GraphProxy(fx.Proxy):
                 f"{e}); sarcompile supports message functions that compute with edges.src / edges.dst / "
                 "edges.data tensors"
             ) from None
-        for node in reversed([n for n in graph.nodes if n not in before]):
+        added = [n for n in graph.nodes if n not in before]
+        for node in reversed(added):
             graph.erase_node(node)
         if not isinstance(out, dict) or msg_field not in out:
             raise CompileError(f"the message function must return a dict with the field {msg_field!r} the reduce reads")
-        if len(node_reads) > 1 or len(edge_reads) > 1:
-            raise CompileError(
-                f"the message function reads node fields {sorted(node_reads)} and edge fields {sorted(edge_reads)}; "
-                "sarcompile supports one of each yet: put what it needs in one node tensor (torch.cat)"
-            )
+        # Several fields, or the layer's own modules and parameters (RelGraphConv's linear_r, which a
+        # separate message module could not reach nor lower): computed on the edges (_reduce_edges).
+        if len(node_reads) > 1 or len(edge_reads) > 1 or any(n.op in ("call_module", "get_attr") for n in added):
+            return None
         node_field = next(iter(node_reads), None)
         edge_field = next(iter(edge_reads), None)
         fn = self._register(_UserMessage(func, node_field, edge_field, msg_field))
         x = self._node(node_field) if node_field else self._any_node()
         return fn, x, (self._edge(edge_field) if edge_field else None)
+
+    def _reduce_edges(self, func: Callable, msg_field: str, reduce: str):
+        """A message function reading several node or edge fields: its messages computed on
+        per-edge rows (``E x F``, where message_passing keeps one block at a time), then
+        reduced into their destinations."""
+        if reduce == "max":
+            raise CompileError(
+                "update_all(message, dgl.function.max) with a message function reading several node or edge "
+                "fields is not supported yet: use sum or mean, or put what it reads in one node and one edge tensor"
+            )
+        out = func(_Edges(_Gathered(self, _SRC), _Gathered(self, _DST), self.edata))
+        if not isinstance(out, dict) or msg_field not in out:
+            raise CompileError(f"the message function must return a dict with the field {msg_field!r} the reduce reads")
+        return self.tracer.create_proxy("call_function", reduce_edges, (self, out[msg_field], reduce), {})
 
     def _any_node(self):
         """Some node tensor for a message that reads none (message_passing needs rows)."""
@@ -355,6 +378,43 @@ class GraphProxy(fx.Proxy):
     def _register(self, module: nn.Module) -> nn.Module:
         """Make ``module`` reachable from the traced root, where IR ops find it by path."""
         return self.tracer.add_helper_module(module)
+
+
+class _InDegrees(fx.Proxy):
+    """``g.in_degrees()``. DGL's layers refuse a graph with a node without in-edges by
+    ``if (g.in_degrees() == 0).any(): raise DGLError(...)``: a branch on the graph's values,
+    which tracing cannot take. Here that condition records the same check, made when the
+    program runs (:func:`~sarcompile.frontends.dgl.check_in_edges`, raising where DGL raises),
+    and is False while tracing: past the check, it is false."""
+
+    def __init__(self, node: fx.Node, tracer: fx.Tracer, graph: GraphProxy, stage: str = "degrees"):
+        super().__init__(node, tracer)
+        self.graph, self.stage = graph, stage
+
+    def __eq__(self, other):
+        out = super().__eq__(other)
+        if self.stage == "degrees" and isinstance(other, int) and other == 0:
+            return _InDegrees(out.node, self.tracer, self.graph, "zero")
+        return out
+
+    def any(self, *args, **kwargs):
+        out = self.tracer.create_proxy("call_method", "any", (self, *args), kwargs)
+        if self.stage == "zero" and not args and not kwargs:
+            return _InDegrees(out.node, self.tracer, self.graph, "any zero")
+        return out
+
+    def __bool__(self):
+        if self.stage != "any zero":
+            return super().__bool__()
+        node = self.node
+        while node.op != "placeholder" and not node.users:  # any <- eq <- in_degrees: only the check stays
+            parent = node.args[0]
+            self.tracer.graph.erase_node(node)
+            node = parent
+        self.tracer.create_proxy("call_function", check_in_edges, (self.graph,), {})
+        return False
+
+    __hash__ = fx.Proxy.__hash__
 
 
 def _reduce_of(reduce_func) -> tuple[str, str]:

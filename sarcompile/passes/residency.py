@@ -29,7 +29,7 @@ How residency flows:
   constants that do not cover the row axis; ``nn.Linear``, ``LayerNorm`` over features,
   ``GRUCell`` / ``LSTMCell`` / ``RNNCell`` on ``[rows, features]``;
   reductions, softmax, ``cat``/``stack``, indexing, ``transpose``/``permute`` along other
-  axes; ``view``/``reshape`` that keep dim 0; ``matmul`` not contracting the row axis;
+  axes; ``x[:n]`` with ``n`` the row count of ``x``'s kind (all its rows); ``view``/``reshape`` that keep dim 0; ``matmul`` not contracting the row axis;
   ``sc.nn.NodeDropout`` (masks keyed by node id), dropout in eval mode.
 * Refused: anything over the row axis (reductions, softmax, sort, topk, cumsum, ``cat``
   of rows, full reductions such as ``x.sum()``), attention over rows
@@ -717,6 +717,8 @@ class _Checker:
                               "g.global_ids for a node's id.")
         if name in _FACTORIES:
             return self.factory(node, name, ins, k)
+        if name == "getitem" and self.all_rows(node, xv):
+            return k
         if any(v.res is ROWS for v in ins) and name not in _SHAPED:
             raise self.refuse(node, f"`{name}` computes with a row count (x.size(0), len(x)), which differs "
                               "between workers", "Compute per row; for a total over all nodes use a "
@@ -802,6 +804,18 @@ class _Checker:
             raise self.refuse(node, f"{name} is given a row count in another place than the first size",
                               "Only the first size may be the number of rows.")
         return _CONST
+
+    def all_rows(self, node, xv) -> bool:
+        """``x[:n]`` (``x[:y.size(0)]``, DGL's ``feat[:g.num_dst_nodes()]``) with ``n`` the row
+        count of ``x``'s own kind: every row, on any worker, so ``x`` itself."""
+        idx = node.args[1]
+        first = idx[0] if isinstance(idx, tuple) and idx else idx
+        if not (xv.res is NODE and isinstance(first, slice) and first.start is None and first.step is None):
+            return False
+        stop = self.val(first.stop) if isinstance(first.stop, fx.Node) else None
+        rest = idx[1:] if isinstance(idx, tuple) else ()
+        return (stop is not None and stop.res is ROWS and stop.rows is xv.res and stop.shape_ndim is None
+                and not any(isinstance(i, fx.Node) and self.val(i).res is ROWS for i in rest))
 
     def getitem(self, node, x, xv, k) -> _Val:
         if xv.seq or isinstance(self.seen.get(x), list):
