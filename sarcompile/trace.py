@@ -23,7 +23,7 @@ import torch.fx as fx
 from torch import nn
 
 from .errors import CompileError, SarcompileError
-from .lowering import function_lowerings, lowering_for
+from .lowering import function_homes, function_lowerings, lowering_for
 from .nn import NodeDropout, RandomStream
 
 __all__ = ["SarTracer", "trace"]
@@ -48,6 +48,8 @@ class SarTracer(fx.Tracer):
                 original = getattr(torch, name)
                 self._swapped.append((vars(torch), name, original))
                 setattr(torch, name, _sized_factory(original))
+            for home in function_homes():
+                self._swap_in(vars(home))
             self._swap_functions(getattr(root, "forward", root))
             return super().trace(root, concrete_args)
         finally:
@@ -64,8 +66,12 @@ class SarTracer(fx.Tracer):
         replacement, until the trace ends: how fx itself wraps functions (``autowrap``),
         but calling the IR-op version rather than recording the library's function."""
         frame = getattr(fn, "__globals__", None)
+        if frame:
+            self._swap_in(frame)
+
+    def _swap_in(self, frame: dict) -> None:
         rules = function_lowerings()
-        if not frame or not rules:
+        if not rules:
             return
         for name, value in list(frame.items()):
             rule = rules.get(id(value))
@@ -130,16 +136,17 @@ class SarTracer(fx.Tracer):
         return super().create_arg(a)
 
 
-# torch 2.2's factories take no traced size (torch.ones(g.num_edges(), 1) raises a TypeError);
-# while tracing, a call given one is recorded as a node, as newer torch records it.
-_FACTORIES = ("ones", "zeros", "full", "empty")
+# torch 2.2's functions taking sizes take no traced size (torch.ones(g.num_edges(), 1) and
+# torch.reshape(x, x.shape + (1,)) raise a TypeError); while tracing, a call given a traced
+# value is recorded as a node, as newer torch records it.
+_FACTORIES = ("ones", "zeros", "full", "empty", "reshape")
 
 
 def _sized_factory(original: Callable) -> Callable:
     @functools.wraps(original)
     def factory(*args, **kwargs):
-        sizes = args[0] if len(args) == 1 and isinstance(args[0], (tuple, list)) else args
-        proxy = next((a for a in (*sizes, kwargs.get("size")) if isinstance(a, fx.Proxy)), None)
+        flat = [b for a in (*args, *kwargs.values()) for b in (a if isinstance(a, (tuple, list)) else (a,))]
+        proxy = next((a for a in flat if isinstance(a, fx.Proxy)), None)
         if proxy is None:
             return original(*args, **kwargs)
         return proxy.tracer.create_proxy("call_function", original, args, kwargs)

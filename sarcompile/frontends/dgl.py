@@ -30,6 +30,7 @@ from typing import Any
 import torch
 import torch.fx
 import torch.nn.functional as F
+import dgl.nn.functional
 import dgl.ops
 from dgl.nn.pytorch import EdgeWeightNorm, GATConv, GraphConv, SAGEConv, TypedLinear
 from torch import nn
@@ -213,7 +214,7 @@ def dgl_edge_softmax(graph, logits, eids="__ALL__", norm_by="dst"):
     return edge_softmax(graph, logits)
 
 
-register_function_lowering(dgl.ops.edge_softmax, dgl_edge_softmax)
+register_function_lowering(dgl.ops.edge_softmax, dgl_edge_softmax, homes=(dgl.ops, dgl.nn.functional))
 
 
 # -- stand-ins -------------------------------------------------------------------------------------

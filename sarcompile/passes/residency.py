@@ -707,6 +707,8 @@ class _Checker:
                 name == "getattr" and node.args[1] in ("shape", "ndim", "dtype", "device", "T", "mT", "is_cuda",
                                                        "requires_grad", "data")):
             return self.meta_of(node, name, x, xv)
+        if name in _META and node.op == "call_method":  # x.dim(), x.element_size(): the same on every worker
+            return _META[name]
         if xv.seq and name in ("getattr", "getitem"):  # x.max(1).values, x.split(2, 1)[0]
             return k
         if xv.res is ROWS and name == "getitem" and xv.shape_ndim is not None:
@@ -719,6 +721,10 @@ class _Checker:
             return self.factory(node, name, ins, k)
         if name == "getitem" and self.all_rows(node, xv):
             return k
+        if name == "add" and xv.res is ROWS and xv.shape_ndim is not None:  # x.shape + (1,) * k: a longer shape
+            extra = self.tuple_length(node.args[1])
+            if extra is not None:
+                return _Val(ROWS, xv.rows, shape_ndim=xv.shape_ndim + extra)
         if any(v.res is ROWS for v in ins) and name not in _SHAPED:
             raise self.refuse(node, f"`{name}` computes with a row count (x.size(0), len(x)), which differs "
                               "between workers", "Compute per row; for a total over all nodes use a "
@@ -804,6 +810,14 @@ class _Checker:
             raise self.refuse(node, f"{name} is given a row count in another place than the first size",
                               "Only the first size may be the number of rows.")
         return _CONST
+
+    def tuple_length(self, a: Any) -> int | None:
+        """The length of ``a`` if it is a tuple of sizes the same on every worker, else None."""
+        if isinstance(a, (tuple, list)):
+            return None if any(isinstance(i, fx.Node) and self.val(i).res is not CONST for i in a) else len(a)
+        if isinstance(a, fx.Node) and self.val(a).res is CONST and isinstance(self.seen.get(a), list):
+            return len(self.seen[a])
+        return None
 
     def all_rows(self, node, xv) -> bool:
         """``x[:n]`` (``x[:y.size(0)]``, DGL's ``feat[:g.num_dst_nodes()]``) with ``n`` the row
