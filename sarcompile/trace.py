@@ -3,25 +3,29 @@
 Known graph layers are kept as leaves (``call_module``) so the lower pass can rewrite each
 one by rule; everything else is traced through. IR ops written directly in user code
 become single ``call_function`` nodes by themselves (see :func:`sarcompile.ops.ir_op`).
+Library functions with a function rule (:func:`sarcompile.lowering.register_function_lowering`)
+are replaced by their IR-op versions while tracing.
 """
 
 from __future__ import annotations
 
 import builtins
+import functools
 import inspect
+import itertools
 import os
 import sys
 import traceback
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.fx as fx
 from torch import nn
 
 from .errors import CompileError, SarcompileError
-from .lowering import lowering_for
+from .lowering import function_homes, function_lowerings, lowering_for
 from .nn import NodeDropout, RandomStream
 from .probe import PROBES, ROW_COUNTS, Input, example
 from .runtime.comm import offline
@@ -40,6 +44,44 @@ class SarTracer(fx.Tracer):
         self.record_stack_traces = True  # the residency pass names the user's line it refuses
         self.graph_input = graph_input
         self.helpers: list[str] = []  # modules added to the root while tracing, see add_helper_module
+        self._swapped: list[tuple[dict, str, Any]] = []  # (module globals, name, original), see _swap_functions
+
+    def trace(self, root, concrete_args=None):
+        try:
+            for name in _FACTORIES:
+                original = getattr(torch, name)
+                self._swapped.append((vars(torch), name, original))
+                setattr(torch, name, _sized_factory(original))
+            for home in function_homes():
+                self._swap_in(vars(home))
+            self._swap_functions(getattr(root, "forward", root))
+            return super().trace(root, concrete_args)
+        finally:
+            for frame, name, original in reversed(self._swapped):
+                frame[name] = original
+            self._swapped.clear()
+
+    def call_module(self, m, forward, args, kwargs):
+        self._swap_functions(getattr(m, "forward", None))
+        return super().call_module(m, forward, args, kwargs)
+
+    def _swap_functions(self, fn: Any) -> None:
+        """Point the names that ``fn``'s module binds to a function with a rule at its
+        replacement, until the trace ends: how fx itself wraps functions (``autowrap``),
+        but calling the IR-op version rather than recording the library's function."""
+        frame = getattr(fn, "__globals__", None)
+        if frame:
+            self._swap_in(frame)
+
+    def _swap_in(self, frame: dict) -> None:
+        rules = function_lowerings()
+        if not rules:
+            return
+        for name, value in list(frame.items()):
+            rule = rules.get(id(value))
+            if rule is not None and rule[0] is value:
+                self._swapped.append((frame, name, value))
+                frame[name] = rule[1]
 
     def add_helper_module(self, module: nn.Module) -> nn.Module:
         """Attach ``module`` (e.g. a DGL builtin message function) to the root, so an IR op
@@ -50,6 +92,21 @@ class SarTracer(fx.Tracer):
         if getattr(self, "submodule_paths", None) is not None:  # fx's cache of module paths
             self.submodule_paths[module] = name
         return module
+
+    def path_of_module(self, mod: nn.Module) -> str:
+        """A module made inside forward (DGL's ``EdgeWeightNorm("both")(g, w)``) is not
+        reachable from the root: attach it as a helper, if it holds no state (one made with
+        parameters draws them anew each call, which a compiled program cannot repeat)."""
+        try:
+            return super().path_of_module(mod)
+        except NameError:
+            if any(True for _ in itertools.chain(mod.parameters(), mod.buffers())):
+                raise CompileError(
+                    f"{type(mod).__name__} is not a submodule of the model traced (made inside forward?) and has "
+                    "parameters or buffers of its own, which each call would make anew; make it in __init__"
+                ) from None
+            self.add_helper_module(mod)
+            return super().path_of_module(mod)
 
     def create_args_for_root(self, root_fn, is_module, concrete_args=None):
         fn, args = super().create_args_for_root(root_fn, is_module, concrete_args)
@@ -262,6 +319,22 @@ def examples_for(forward: Any, inputs: Mapping[str, Input], device: torch.device
     ``inputs`` says nothing)."""
     params = inspect.signature(forward).parameters
     return [[example(inputs[n], probe, device) if n in inputs else UNKNOWN for n in params] for probe in PROBES]
+# torch 2.2's functions taking sizes take no traced size (torch.ones(g.num_edges(), 1) and
+# torch.reshape(x, x.shape + (1,)) raise a TypeError); while tracing, a call given a traced
+# value is recorded as a node, as newer torch records it.
+_FACTORIES = ("ones", "zeros", "full", "empty", "reshape")
+
+
+def _sized_factory(original: Callable) -> Callable:
+    @functools.wraps(original)
+    def factory(*args, **kwargs):
+        flat = [b for a in (*args, *kwargs.values()) for b in (a if isinstance(a, (tuple, list)) else (a,))]
+        proxy = next((a for a in flat if isinstance(a, fx.Proxy)), None)
+        if proxy is None:
+            return original(*args, **kwargs)
+        return proxy.tracer.create_proxy("call_function", original, args, kwargs)
+
+    return factory
 
 
 def _with_own_forward(model: nn.Module) -> nn.Module:

@@ -27,8 +27,10 @@ How residency flows:
 * Torch code keeps the residency of its per-row inputs when it is row-local: pointwise
   ops (``torch.Tag.pointwise``, and the activations) broadcasting with parameters or
   constants that do not cover the row axis; ``nn.Linear``, ``LayerNorm`` over features;
-  RNN cells (``GRUCell``) on [rows, features], LSTM/GRU over a sequence per row; reductions, softmax, ``cat``/``stack``, indexing, ``transpose``/``permute`` along other
-  axes; ``view``/``reshape`` that keep dim 0; ``matmul`` not contracting the row axis;
+  RNN cells (``GRUCell``, ``LSTMCell``, ``RNNCell``) on ``[rows, features]``, LSTM/GRU over a
+  sequence per row; reductions, softmax, ``cat``/``stack``, indexing, ``transpose``/``permute``
+  along other axes; ``x[:n]`` with ``n`` the row count of ``x``'s kind (all its rows);
+  ``view``/``reshape`` that keep dim 0; ``matmul`` not contracting the row axis;
   ``sc.nn.NodeDropout`` (masks keyed by node id), dropout in eval mode.
 * Refused: anything over the row axis (reductions, softmax, sort, topk, cumsum, ``cat``
   of rows, full reductions such as ``x.sum()``), attention over rows
@@ -604,6 +606,8 @@ class _Checker:
                 name == "getattr" and node.args[1] in ("shape", "ndim", "dtype", "device", "T", "mT", "is_cuda",
                                                        "requires_grad", "data")):
             return self.meta_of(node, name, x, xv)
+        if name in _META and node.op == "call_method":  # x.dim(), x.element_size(): the same on every worker
+            return _META[name]
         if xv.seq and name in ("getattr", "getitem"):  # x.max(1).values, x.split(2, 1)[0]
             return k
         if xv.res is ROWS and name == "getitem" and xv.shape_ndim is not None:
@@ -614,6 +618,12 @@ class _Checker:
                               "g.global_ids for a node's id.")
         if name in _FACTORIES:
             return self.factory(node, name, ins, k)
+        if name == "getitem" and self.all_rows(node, xv):
+            return k
+        if name == "add" and xv.res is ROWS and xv.shape_ndim is not None:  # x.shape + (1,) * k: a longer shape
+            extra = self.tuple_length(node.args[1])
+            if extra is not None:
+                return _Val(ROWS, xv.rows, shape_ndim=xv.shape_ndim + extra)
         if any(v.res is ROWS for v in ins) and name not in _SHAPED:
             raise self.refuse(node, f"`{name}` computes with a row count (x.size(0), len(x)), which differs "
                               "between workers", "Compute per row; for a total over all nodes use a "
@@ -699,6 +709,26 @@ class _Checker:
             raise self.refuse(node, f"{name} is given a row count in another place than the first size",
                               "Only the first size may be the number of rows.")
         return _CONST
+
+    def tuple_length(self, a: Any) -> int | None:
+        """The length of ``a`` if it is a tuple of sizes the same on every worker, else None."""
+        if isinstance(a, (tuple, list)):
+            return None if any(isinstance(i, fx.Node) and self.val(i).res is not CONST for i in a) else len(a)
+        if isinstance(a, fx.Node) and self.val(a).res is CONST and isinstance(self.seen.get(a), list):
+            return len(self.seen[a])
+        return None
+
+    def all_rows(self, node, xv) -> bool:
+        """``x[:n]`` (``x[:y.size(0)]``, DGL's ``feat[:g.num_dst_nodes()]``) with ``n`` the row
+        count of ``x``'s own kind: every row, on any worker, so ``x`` itself."""
+        idx = node.args[1]
+        first = idx[0] if isinstance(idx, tuple) and idx else idx
+        if not (xv.res is NODE and isinstance(first, slice) and first.start is None and first.step is None):
+            return False
+        stop = self.val(first.stop) if isinstance(first.stop, fx.Node) else None
+        rest = idx[1:] if isinstance(idx, tuple) else ()
+        return (stop is not None and stop.res is ROWS and stop.rows is xv.res and stop.shape_ndim is None
+                and not any(isinstance(i, fx.Node) and self.val(i).res is ROWS for i in rest))
 
     def getitem(self, node, x, xv, k) -> _Val:
         if xv.seq or isinstance(self.seen.get(x), list):
