@@ -8,13 +8,15 @@ become single ``call_function`` nodes by themselves (see :func:`sarcompile.ops.i
 from __future__ import annotations
 
 import builtins
+import contextlib
+import functools
 import inspect
 import os
 import sys
 import traceback
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 import torch.fx as fx
@@ -40,6 +42,10 @@ class SarTracer(fx.Tracer):
         self.record_stack_traces = True  # the residency pass names the user's line it refuses
         self.graph_input = graph_input
         self.helpers: list[str] = []  # modules added to the root while tracing, see add_helper_module
+
+    def trace(self, root, concrete_args=None):
+        with _sizes_in_one_tuple():
+            return super().trace(root, concrete_args)
 
     def add_helper_module(self, module: nn.Module) -> nn.Module:
         """Attach ``module`` (e.g. a DGL builtin message function) to the root, so an IR op
@@ -262,6 +268,38 @@ def examples_for(forward: Any, inputs: Mapping[str, Input], device: torch.device
     ``inputs`` says nothing)."""
     params = inspect.signature(forward).parameters
     return [[example(inputs[n], probe, device) if n in inputs else UNKNOWN for n in params] for probe in PROBES]
+# Factories that take their sizes as separate arguments (torch.zeros(n, 4)).
+_SIZED_FACTORIES = ("zeros", "ones", "empty", "rand", "randn")
+
+
+@contextlib.contextmanager
+def _sizes_in_one_tuple() -> Iterator[None]:
+    """While tracing, ``torch.zeros(x.size(0), 4)`` is traced as ``torch.zeros((x.size(0), 4))``:
+    torch's argument parser refuses a Proxy among separate sizes but takes it inside one
+    tuple (PyG's RGCNConv starts from ``torch.zeros(x.size(0), out_channels)``). The
+    factories are torch's own again afterwards; nesting is a no-op."""
+    originals = {name: getattr(torch, name) for name in _SIZED_FACTORIES}
+    if any(hasattr(f, "_sc_factory") for f in originals.values()):
+        yield
+        return
+
+    def one_tuple(factory):
+        @functools.wraps(factory)
+        def call(*size, **kwargs):
+            if len(size) > 1 and any(isinstance(s, fx.Proxy) for s in size):
+                size = (tuple(size),)
+            return factory(*size, **kwargs)
+
+        call._sc_factory = factory  # type: ignore[attr-defined]
+        return call
+
+    for name, factory in originals.items():
+        setattr(torch, name, one_tuple(factory))
+    try:
+        yield
+    finally:
+        for name, factory in originals.items():
+            setattr(torch, name, factory)
 
 
 def _with_own_forward(model: nn.Module) -> nn.Module:

@@ -153,6 +153,19 @@ def _plain_call(x, layer: str, **unsupported):
     return x
 
 
+@torch.fx.wrap
+def _one_node_set(value, graph, size, layer: str):
+    """``value``, after checking at run time that ``size`` (PyG's ``(sources,
+    destinations)``) is None or the graph's own nodes on both sides, as a layer that
+    passes ``size=(x.size(0), x.size(0))`` gives it: then it changes nothing."""
+    if size is not None and tuple(size) != (graph.num_nodes, graph.num_nodes):
+        raise CompileError(
+            f"{layer} was called with size={tuple(size)!r} on a graph of {graph.num_nodes} nodes; sarcompile "
+            "supports one node set (size None, or the number of nodes twice): leave size out"
+        )
+    return value
+
+
 class _StandIn(nn.Module):
     """A PyG layer written with IR ops. ``self.layer`` is the PyG layer itself: every
     parameter is read from it, never copied."""
@@ -576,12 +589,12 @@ def _lower_message_passing(m: MessagePassing) -> nn.Module:
         if isinstance(x, (tuple, list)) and len(x) == 2 and x[0] is x[1]:
             x = x[0]  # PyG's idiom for a plain graph: x = (x, x)
         if fused is not None and not isinstance(x, (tuple, list)) and not _is_parameter(x):
-            x = _plain_call(x, layer, size=size)
+            x = _plain_call(_one_node_set(x, graph, size, layer), layer)
             out = message_passing(graph, view._sc_message, x, kwargs.get(fused[1]) if fused[1] else None, reduce)
         else:  # (a pair of different node tensors, e.g. GMMConv's (x @ g, x), goes this way too)
             msg = m.message(**_collect(names, graph, kwargs))
             if size is not None:
-                msg = _plain_call(msg, layer, size=size)
+                msg = _one_node_set(msg, graph, size, layer)
             aggregate_args = _collect(_arguments(m.aggregate)[1:], graph, kwargs)
             out = m.aggregate(msg, **aggregate_args)
         return m.update(out, **{k: kwargs[k] for k in update_args})
@@ -680,6 +693,7 @@ for _layer, _rule in (
     register_lowering(_layer, _unless_overridden(_rule, _layer) if overridable else _rule)
 # The run-time helpers above are row-local (the residency pass cannot look inside them).
 declare(_plain_call, "x")
+declare(_one_node_set, "value")
 declare(_no_weight_for, "x")
 declare(_gcn_loop_weights, Residency.EDGE)
 declare(_edge_features, "edge_attr")
@@ -689,3 +703,5 @@ for _name_ in ("InstanceNorm", "GraphNorm", "PairNorm", "MeanSubtractionNorm", "
                "HeteroBatchNorm", "LayerNorm"):
     if hasattr(gnn, _name_):
         register_lowering(getattr(gnn, _name_), _node_reducing)
+
+from . import pyg_edge_types  # noqa: E402,F401 - registers the rules for layers over edge types
