@@ -592,16 +592,18 @@ def _lower_message_passing(m: MessagePassing) -> nn.Module:
             x = _plain_call(_one_node_set(x, graph, size, layer), layer)
             out = message_passing(graph, view._sc_message, x, kwargs.get(fused[1]) if fused[1] else None, reduce)
         else:  # (a pair of different node tensors, e.g. GMMConv's (x @ g, x), goes this way too)
-            msg = m.message(**_collect(names, graph, kwargs))
+            # The view's methods: what they store on self (RGATConv's _alpha) is the view's,
+            # where its forward reads it, and never reaches the user's layer.
+            msg = view.message(**_collect(names, graph, kwargs))
             if size is not None:
                 msg = _one_node_set(msg, graph, size, layer)
             aggregate_args = _collect(_arguments(m.aggregate)[1:], graph, kwargs)
-            out = m.aggregate(msg, **aggregate_args)
-        return m.update(out, **{k: kwargs[k] for k in update_args})
+            out = view.aggregate(msg, **aggregate_args)
+        return view.update(out, **{k: kwargs[k] for k in update_args})
 
     def edge_updater(edge_index, size=None, **kwargs):
         graph = as_edge_index(edge_index)
-        return m.edge_update(**_collect(_arguments(m.edge_update), graph, kwargs))
+        return view.edge_update(**_collect(_arguments(m.edge_update), graph, kwargs))
 
     object.__setattr__(view, "propagate", propagate)
     object.__setattr__(view, "edge_updater", edge_updater)

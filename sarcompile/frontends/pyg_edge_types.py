@@ -16,7 +16,9 @@ Those layers go through the general MessagePassing lowering
 * ``torch.is_floating_point(features) == True``: the layers branch on it (node indices
   as features, ``in_channels = num_nodes``, take another path); the compiled program
   checks at its first call that the features are floating point, and refuses otherwise;
-* ``node_tensor[edge_index[1]]`` (``[edge_index[0]]``) is ``gather_dst`` (``gather_src``).
+* ``node_tensor[edge_index[1]]`` (``[edge_index[0]]``) is ``gather_dst`` (``gather_src``);
+* ``torch.index_select`` is torch's own on traced tensors: PyG replaces it by a function
+  that first compares ``dim`` with ``input.dim()``, a Python branch on a traced value.
 
 ``one_hot`` of a traced tensor is PyG's own computation without its checks on values.
 """
@@ -77,6 +79,17 @@ def _traced_is_floating_point(t: Any) -> bool:
     return True if isinstance(t, torch.fx.Proxy) else _is_floating_point(t)
 
 
+def _index_select_of(installed: Any) -> Any:
+    """``torch.index_select`` as ``installed`` (PyG's, or torch's), but torch's own on a
+    traced tensor."""
+
+    def index_select(input: Any, *args: Any, **kwargs: Any) -> Any:
+        select = torch._C._VariableFunctions.index_select if isinstance(input, torch.fx.Proxy) else installed
+        return select(input, *args, **kwargs)
+
+    return index_select
+
+
 def _getitem_gathering(self: torch.fx.Proxy, i: Any) -> Any:
     if isinstance(i, EdgeEnd):  # x[edge_index[1]]: the row of every edge's destination (source)
         return gather_dst(i.graph, self) if i.end == "dst" else gather_src(i.graph, self)
@@ -90,9 +103,12 @@ def _relational_trace() -> Iterator[None]:
     torch_geometric.backend.use_segment_matmul = False
     torch.is_floating_point = _traced_is_floating_point
     torch.fx.Proxy.__getitem__ = _getitem_gathering
+    index_select = torch.index_select
+    torch.index_select = _index_select_of(index_select)
     try:
         yield
     finally:
+        torch.index_select = index_select
         torch.fx.Proxy.__getitem__ = _proxy_getitem
         torch.is_floating_point = _is_floating_point
         torch_geometric.backend.use_segment_matmul = segment_matmul
@@ -130,13 +146,14 @@ def _traced_relationally(cls: type, layer: str) -> type:
 
 
 # -- the rule -----------------------------------------------------------------------------------
-def _lower_rgcn(m: gnn.RGCNConv) -> nn.Module:
-    """``RGCNConv`` and ``FastRGCNConv``: the general MessagePassing lowering, traced
-    relationally. (``FiLMConv`` and ``RGATConv`` need no more than it: their
+def _lower_relational(m: nn.Module) -> nn.Module:
+    """``RGCNConv``, ``FastRGCNConv``, ``RGATConv``: the general MessagePassing lowering,
+    traced relationally. (``FiLMConv`` needs no more than the general lowering: its
     ``edge_index[:, mask]`` is :class:`~.pyg_utils.EdgeIndex`'s.)"""
     view = _lower_message_passing(m)
     view.__class__ = _traced_relationally(type(view), _name(m))
     return view
 
 
-register_lowering(gnn.RGCNConv, _lower_rgcn)  # FastRGCNConv subclasses RGCNConv
+for _layer in (gnn.RGCNConv, gnn.RGATConv):  # FastRGCNConv subclasses RGCNConv
+    register_lowering(_layer, _lower_relational)

@@ -811,6 +811,8 @@ class _Checker:
         if name == "squeeze" and dims == "all":
             raise self.refuse(node, "squeeze() without a dim would drop the row axis of a worker with one row",
                               "Give the dim: x.squeeze(-1).")
+        if name == "index_select" and not self.val(x).per_row and self.axis(node, x, dims) == 0:
+            return k  # a parameter's rows looked up by a per-row index: an embedding, as param[index]
         if name in ("scatter", "scatter_add", "scatter_reduce", "gather", "index_select"):
             index = self.arg(node, 2, "index")
             if isinstance(index, fx.Node) and name == "index_select" and self.val(index).per_row:
