@@ -705,5 +705,3 @@ for _name_ in ("InstanceNorm", "GraphNorm", "PairNorm", "MeanSubtractionNorm", "
                "HeteroBatchNorm", "LayerNorm"):
     if hasattr(gnn, _name_):
         register_lowering(getattr(gnn, _name_), _node_reducing)
-
-from . import pyg_edge_types  # noqa: E402,F401 - registers the rules for layers over edge types
