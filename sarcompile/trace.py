@@ -274,10 +274,11 @@ _SIZED_FACTORIES = ("zeros", "ones", "empty", "rand", "randn")
 
 @contextlib.contextmanager
 def _sizes_in_one_tuple() -> Iterator[None]:
-    """While tracing, ``torch.zeros(x.size(0), 4)`` is traced as ``torch.zeros((x.size(0), 4))``:
-    torch's argument parser refuses a Proxy among separate sizes but takes it inside one
-    tuple (PyG's RGCNConv starts from ``torch.zeros(x.size(0), out_channels)``). The
-    factories are torch's own again afterwards; nesting is a no-op."""
+    """While tracing, ``torch.zeros(x.size(0), 4)`` becomes the node ``torch.zeros((x.size(0), 4))``:
+    torch's argument parser refuses a Proxy among the sizes (newer torch takes one inside a
+    tuple, torch 2.2 neither), so the call is recorded without it (PyG's RGCNConv starts
+    from ``torch.zeros(x.size(0), out_channels)``). The factories are torch's own again
+    afterwards; nesting is a no-op."""
     originals = {name: getattr(torch, name) for name in _SIZED_FACTORIES}
     if any(hasattr(f, "_sc_factory") for f in originals.values()):
         yield
@@ -286,9 +287,11 @@ def _sizes_in_one_tuple() -> Iterator[None]:
     def one_tuple(factory):
         @functools.wraps(factory)
         def call(*size, **kwargs):
-            if len(size) > 1 and any(isinstance(s, fx.Proxy) for s in size):
-                size = (tuple(size),)
-            return factory(*size, **kwargs)
+            sizes = size[0] if len(size) == 1 and isinstance(size[0], (tuple, list)) else size
+            proxy = next((s for s in sizes if isinstance(s, fx.Proxy)), None)
+            if proxy is None:
+                return factory(*size, **kwargs)
+            return proxy.tracer.create_proxy("call_function", factory, (tuple(sizes),), kwargs)
 
         call._sc_factory = factory  # type: ignore[attr-defined]
         return call

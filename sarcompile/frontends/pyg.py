@@ -40,6 +40,10 @@ the nodes they see (``GraphNorm``, ``InstanceNorm``, ``PairNorm``, ...), options
 not cover, code that mixes rows -- fails at compile time with a
 :class:`~sarcompile.CompileError` naming the layer.
 
+``RGCNConv``, ``FastRGCNConv``, ``RGATConv`` and ``FiLMConv(num_relations > 1)`` take the
+general lowering, the edges of one relation (``edge_index[:, edge_type == i]``) being the
+``edge_subset`` op (:mod:`.pyg_edge_types`).
+
 Optional arguments (``edge_weight``, ``size``, ...) are runtime values to the traced
 stand-in, so the few checks that depend on them run in the compiled program (at the
 first call, which is also when the model compiles).

@@ -6,9 +6,10 @@ over the edges of each, ``masked_edge_index(edge_index, edge_type == i)`` or
 graph of the kept edges (made at run time from the mask, once per mask content), and
 each ``propagate`` runs over it as over the whole graph. ``FastRGCNConv`` keeps every
 edge and picks each edge's weight by its type (``weight[edge_type]``), normalising by the
-number of in-edges of the same type (``scatter(one_hot(edge_type), index)[index]``).
-Those layers go through the general MessagePassing lowering
-(:func:`~sarcompile.frontends.pyg._lower_message_passing`) with, while they are traced:
+number of in-edges of the same type (``scatter(one_hot(edge_type), index)[index]``);
+``RGATConv`` too (``index_select(weight, 0, edge_type)``). All go through the general
+MessagePassing lowering (:func:`~sarcompile.frontends.pyg._lower_message_passing`);
+``RGCNConv``, ``FastRGCNConv`` and ``RGATConv`` with, while they are traced:
 
 * ``torch_geometric.backend.use_segment_matmul = False``: ``RGCNConv`` would choose
   between ``segment_matmul`` and its loop from ``int(count.max())`` of the edge counts
@@ -16,7 +17,8 @@ Those layers go through the general MessagePassing lowering
 * ``torch.is_floating_point(features) == True``: the layers branch on it (node indices
   as features, ``in_channels = num_nodes``, take another path); the compiled program
   checks at its first call that the features are floating point, and refuses otherwise;
-* ``node_tensor[edge_index[1]]`` (``[edge_index[0]]``) is ``gather_dst`` (``gather_src``);
+* ``node_tensor[edge_index[1]]`` (``[edge_index[0]]``) is ``gather_dst`` (``gather_src``)
+  (for these layers only, until :mod:`.pyg_utils` lowers it for every layer);
 * ``torch.index_select`` is torch's own on traced tensors: PyG replaces it by a function
   that first compares ``dim`` with ``input.dim()``, a Python branch on a traced value.
 
