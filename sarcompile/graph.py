@@ -16,13 +16,17 @@ import sys
 import warnings
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import Any, Callable
 
+import numpy as np
 import torch
 
 from .errors import GraphError
 
-__all__ = ["Graph", "Block", "probe_graph"]
+__all__ = ["Graph", "Block", "probe_graph", "cached_subset"]
+
+# Edge subsets a graph keeps (one per relation, typically); past this many, the oldest goes.
+SUBSET_CACHE = 64
 
 
 @dataclass(eq=False)
@@ -138,7 +142,7 @@ class Graph:
         # node v get id ``edge_id_space + v``, beyond every original edge's id.
         self.edge_ids = torch.arange(src.numel())
         self.edge_id_space = src.numel()
-        self._derived: dict[str, Graph] = {}
+        self._derived: dict[Any, Graph] = {}  # by name, or ("subset", mask)
 
     # -- constructors -------------------------------------------------------------------
     @classmethod
@@ -235,6 +239,12 @@ class Graph:
             )
         return self._derived["one_loop"]
 
+    def edge_subset(self, mask: torch.Tensor) -> "Graph":
+        """The edges ``mask`` keeps (one bool per edge), in this graph's edge order, on the
+        same nodes: PyG's ``edge_index[:, mask]``. Made once per mask content (cached)."""
+        return cached_subset(self._derived, mask, lambda keep: self._derive(
+            self.src[keep], self.dst[keep], self.edge_ids[keep]))
+
     def _derive(self, src: torch.Tensor, dst: torch.Tensor, edge_ids: torch.Tensor) -> "Graph":
         g = Graph(src, dst, self.num_nodes)
         g.edge_ids, g.edge_id_space = edge_ids, self.edge_id_space
@@ -260,6 +270,25 @@ class Graph:
 
     def __repr__(self) -> str:
         return f"Graph(num_nodes={self.num_nodes}, num_edges={self.num_edges})"
+
+
+def cached_subset(derived: dict, mask: torch.Tensor, build: Callable[[torch.Tensor], Any]) -> Any:
+    """``build(mask)`` (``mask`` a CPU bool tensor), kept in ``derived`` under the mask's
+    content: a mask computed anew at every call (``edge_type == i``) finds the graph made
+    at the first. The key is the mask packed to bits, exact and E/8 bytes."""
+    if mask.dtype != torch.bool or mask.dim() != 1:
+        raise GraphError(
+            f"an edge subset takes one bool per edge, got a tensor of dtype {mask.dtype} and shape "
+            f"{tuple(mask.shape)}; select edges with a mask (edge_type == i), not with indices"
+        )
+    mask = mask.detach().cpu()
+    key = ("subset", mask.numel(), np.packbits(mask.numpy()).tobytes())
+    if key not in derived:
+        subsets = [k for k in derived if isinstance(k, tuple) and k[0] == "subset"]
+        if len(subsets) >= SUBSET_CACHE:
+            del derived[subsets[0]]  # dicts keep insertion order: the oldest
+        derived[key] = build(mask)
+    return derived[key]
 
 
 def probe_graph(num_nodes: int, num_edges: int, num_loops: int) -> Graph:

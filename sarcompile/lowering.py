@@ -15,15 +15,16 @@ replacement wherever the traced code calls the original (see :mod:`sarcompile.tr
 from __future__ import annotations
 
 from types import ModuleType
-from typing import Callable
+from typing import Any, Callable
 
 from torch import nn
 
-__all__ = ["register_lowering", "lowering_for", "register_function_lowering", "function_lowerings", "function_homes"]
+__all__ = ["register_lowering", "lowering_for", "declare", "declared_helpers", "register_function_lowering", "function_lowerings", "function_homes"]
 
 _RULES: dict[type, Callable[[nn.Module], nn.Module]] = {}
 _FUNCTIONS: dict[int, tuple[Callable, Callable]] = {}  # id(original) -> (original, replacement)
 _HOMES: list[ModuleType] = []  # modules whose attributes are swapped too
+_DECLARED: dict[Callable, Any] = {}  # row-local helpers -> their output residency (see declare)
 
 
 def register_lowering(layer_type: type, rule: Callable[[nn.Module], nn.Module]) -> None:
@@ -37,6 +38,20 @@ def lowering_for(m: nn.Module) -> nn.Module | None:
         if t in _RULES:
             return _RULES[t](m)
     return None
+
+
+def declare(fn: Callable, output: Any) -> Callable:
+    """Declare ``fn`` (a front-end's ``torch.fx.wrap`` helper, one node in the program)
+    row-local, for the residency pass: it may take the graph and per-row values, and its
+    result has residency ``output`` (a :class:`~sarcompile.vocab.Residency`), or that of
+    its argument named ``output``. Returns ``fn``."""
+    _DECLARED[fn] = output
+    return fn
+
+
+def declared_helpers() -> dict[Callable, Any]:
+    """The helpers front-ends declared row-local, with their output residency."""
+    return _DECLARED
 
 
 def register_function_lowering(original: Callable, replacement: Callable, homes: tuple[ModuleType, ...] = ()) -> None:

@@ -12,6 +12,8 @@
                                          mean, max, min, mul (empty neighbourhood gives 0, 1
                                          for mul)
 ``edge_softmax(g, e)``                   softmax of per-edge scores over the in-edges of each v
+``edge_subset(g, mask)``                 the graph of the edges ``mask`` keeps (PyG's
+                                         ``edge_index[:, mask]``), for the ops above
 ``edge_dropout(g, e, p, salt)``          dropout of edge values with a mask keyed by edge id
 ``attention(g, h, a_src, a_dst, ...)``   the fused chain sddmm(add) [+ a_edge] ->
                                          leaky_relu -> edge_softmax -> [edge_dropout] ->
@@ -55,6 +57,7 @@ __all__ = [
     "gather_table",
     "edge_reduce",
     "edge_softmax",
+    "edge_subset",
     "edge_dropout",
     "attention",
     "batch_norm",
@@ -68,7 +71,7 @@ MESSAGE_REDUCES = ("sum", "mean", "max")  # message_passing's: it keeps a winner
 SDDMM_OPS = ("add", "sub", "mul", "dot")
 EDGE_REDUCES = ("sum", "mean", "max", "min", "mul")
 
-NODE, EDGE = Residency.NODE, Residency.EDGE
+NODE, EDGE, GRAPH = Residency.NODE, Residency.EDGE, Residency.GRAPH
 
 
 def _graph_kind(g: Any) -> None:
@@ -317,6 +320,23 @@ def edge_softmax(g, e: torch.Tensor) -> torch.Tensor:
     z = torch.exp(e - peak[dst])
     total = torch.zeros_like(peak).index_add_(0, dst, z)
     return z / total[dst]
+
+
+def _check_subset(g, mask) -> None:
+    _graph_kind(g)
+
+
+@ir_op(check=_check_subset, output=GRAPH, inputs={"mask": EDGE}, saved=lambda a: "nothing")
+def edge_subset(g, mask: torch.Tensor):
+    """The graph of the edges ``mask`` keeps (one bool per edge of ``g``), on the same
+    nodes, its edges in ``g``'s edge order: what PyG's ``edge_index[:, mask]`` selects
+    (edges of one relation, ``edge_type == i``). The other ops run on it as on ``g``.
+
+    ``mask`` is a run-time value; the subset is made once per mask content and cached
+    on ``g``. A node keeps all its kept in-edges on its worker, so this is local; on a
+    worker, the blocks keep their source rows (the halos do not shrink)."""
+    _check_rows(g, mask, "mask", g.num_edges)
+    return g.edge_subset(mask)
 
 
 def _check_edge_dropout(g, e, p, salt) -> None:

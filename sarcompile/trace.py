@@ -322,7 +322,7 @@ def examples_for(forward: Any, inputs: Mapping[str, Input], device: torch.device
 # torch 2.2's functions taking sizes take no traced size (torch.ones(g.num_edges(), 1) and
 # torch.reshape(x, x.shape + (1,)) raise a TypeError); while tracing, a call given a traced
 # value is recorded as a node, as newer torch records it.
-_FACTORIES = ("ones", "zeros", "full", "empty", "reshape")
+_FACTORIES = ("ones", "zeros", "full", "empty", "rand", "randn", "reshape")
 
 
 def _sized_factory(original: Callable) -> Callable:

@@ -141,3 +141,22 @@ def test_a_branch_on_the_feature_width_is_exact_on_workers_with_different_row_co
     for r in results:
         for k, g in want.param_grads.items():
             torch.testing.assert_close(r.param_grads[k], g, rtol=0, atol=TOL, msg=k)
+
+
+class FromZeros(nn.Module):
+    """Node-row tensors from factories given the row count (PyG's RGCNConv starts so)."""
+
+    def forward(self, g, x):
+        out = torch.zeros(x.size(0), 3, dtype=x.dtype) + torch.ones((x.size(0), 1), dtype=x.dtype)
+        return out + sc.ops.spmm(g, x, "sum")
+
+
+def test_a_factory_given_a_traced_row_count_is_one_node_of_node_rows():
+    g = sc.Graph.from_edges(torch.tensor([0, 1, 2, 3]), torch.tensor([1, 2, 3, 1]), 5)
+    x = torch.randn(5, 3, dtype=DT)
+    model = sc.distribute(FromZeros())
+    torch.testing.assert_close(model(g, x), FromZeros()(g, x))
+    listing = dict(model.program(partitioned=False).stages)["residency"]
+    line = listing.split("torch.zeros(")[1].splitlines()[0]
+    assert line.startswith("size") and "# node" in line, line
+    assert torch.zeros is torch._C._VariableFunctions.zeros  # torch's own again after the trace

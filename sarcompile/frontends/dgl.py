@@ -39,8 +39,7 @@ from ..errors import CompileError, GraphError
 from ..graph import Graph
 from ..nn import RandomStream
 from ..ops import edge_dropout, edge_softmax, sddmm, spmm
-from ..lowering import register_function_lowering, register_lowering
-from ..passes.residency import declare
+from ..lowering import declare, register_function_lowering, register_lowering
 from ..vocab import Residency
 from ..runtime import comm
 from ..shard import ShardGraph

@@ -44,8 +44,8 @@ import torch.fx as fx
 from torch import nn
 
 from ..errors import CompileError
+from ..lowering import declare
 from ..ops import message_passing, sddmm, spmm
-from ..passes.residency import declare
 from .dgl import check_in_edges, graph_device, out_degrees, reduce_edges
 
 __all__ = ["GraphProxy"]

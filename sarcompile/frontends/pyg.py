@@ -40,6 +40,10 @@ the nodes they see (``GraphNorm``, ``InstanceNorm``, ``PairNorm``, ...), options
 not cover, code that mixes rows -- fails at compile time with a
 :class:`~sarcompile.CompileError` naming the layer.
 
+``RGCNConv``, ``FastRGCNConv``, ``RGATConv`` and ``FiLMConv(num_relations > 1)`` take the
+general lowering, the edges of one relation (``edge_index[:, edge_type == i]``) being the
+``edge_subset`` op (:mod:`.pyg_edge_types`).
+
 Optional arguments (``edge_weight``, ``size``, ...) are runtime values to the traced
 stand-in, so the few checks that depend on them run in the compiled program (at the
 first call, which is also when the model compiles).
@@ -74,8 +78,7 @@ from ..nn import RandomStream
 from ..ops import (
     batch_norm, edge_dropout, edge_softmax, gather_dst, gather_src, gather_table, message_passing, sddmm, spmm,
 )
-from ..lowering import register_lowering
-from ..passes.residency import declare
+from ..lowering import declare, register_lowering
 from ..vocab import Residency
 from .pyg_utils import EdgeEnd, EdgeIndex, as_edge_index, intercepting
 
@@ -151,6 +154,19 @@ def _plain_call(x, layer: str, **unsupported):
     if given:
         raise CompileError(f"{layer} was called with {', '.join(given)}, which is not supported yet; leave it out")
     return x
+
+
+@torch.fx.wrap
+def _one_node_set(value, graph, size, layer: str):
+    """``value``, after checking at run time that ``size`` (PyG's ``(sources,
+    destinations)``) is None or the graph's own nodes on both sides, as a layer that
+    passes ``size=(x.size(0), x.size(0))`` gives it: then it changes nothing."""
+    if size is not None and tuple(size) != (graph.num_nodes, graph.num_nodes):
+        raise CompileError(
+            f"{layer} was called with size={tuple(size)!r} on a graph of {graph.num_nodes} nodes; sarcompile "
+            "supports one node set (size None, or the number of nodes twice): leave size out"
+        )
+    return value
 
 
 class _StandIn(nn.Module):
@@ -576,19 +592,21 @@ def _lower_message_passing(m: MessagePassing) -> nn.Module:
         if isinstance(x, (tuple, list)) and len(x) == 2 and x[0] is x[1]:
             x = x[0]  # PyG's idiom for a plain graph: x = (x, x)
         if fused is not None and not isinstance(x, (tuple, list)) and not _is_parameter(x):
-            x = _plain_call(x, layer, size=size)
+            x = _plain_call(_one_node_set(x, graph, size, layer), layer)
             out = message_passing(graph, view._sc_message, x, kwargs.get(fused[1]) if fused[1] else None, reduce)
         else:  # (a pair of different node tensors, e.g. GMMConv's (x @ g, x), goes this way too)
-            msg = m.message(**_collect(names, graph, kwargs))
+            # The view's methods: what they store on self (RGATConv's _alpha) is the view's,
+            # where its forward reads it, and never reaches the user's layer.
+            msg = view.message(**_collect(names, graph, kwargs))
             if size is not None:
-                msg = _plain_call(msg, layer, size=size)
+                msg = _one_node_set(msg, graph, size, layer)
             aggregate_args = _collect(_arguments(m.aggregate)[1:], graph, kwargs)
-            out = m.aggregate(msg, **aggregate_args)
-        return m.update(out, **{k: kwargs[k] for k in update_args})
+            out = view.aggregate(msg, **aggregate_args)
+        return view.update(out, **{k: kwargs[k] for k in update_args})
 
     def edge_updater(edge_index, size=None, **kwargs):
         graph = as_edge_index(edge_index)
-        return m.edge_update(**_collect(_arguments(m.edge_update), graph, kwargs))
+        return view.edge_update(**_collect(_arguments(m.edge_update), graph, kwargs))
 
     object.__setattr__(view, "propagate", propagate)
     object.__setattr__(view, "edge_updater", edge_updater)
@@ -683,6 +701,7 @@ for _layer, _rule in (
     register_lowering(_layer, _unless_overridden(_rule, _layer) if overridable else _rule)
 # The run-time helpers above are row-local (the residency pass cannot look inside them).
 declare(_plain_call, "x")
+declare(_one_node_set, "value")
 declare(_no_weight_for, "x")
 declare(_gcn_loop_weights, Residency.EDGE)
 declare(_edge_features, "edge_attr")

@@ -21,6 +21,7 @@ PyG call                                         becomes
                                                  min, mul)
 ``softmax(e, edge_index[1])``                    ``edge_softmax(g, e)``
 ``degree(edge_index[1])``                        the in-degree of every node
+``edge_index[:, mask]``                          ``edge_subset(g, mask)``, a graph
 ===============================================  ===========================================
 """
 
@@ -38,8 +39,8 @@ from torch_geometric import utils as pyg_utils
 from torch_geometric.nn.aggr import Aggregation, MultiAggregation
 
 from ..errors import CompileError
-from ..ops import edge_reduce, edge_softmax
-from ..passes.residency import declare
+from ..lowering import declare
+from ..ops import edge_reduce, edge_softmax, edge_subset
 from ..vocab import Residency
 
 __all__ = ["EdgeEnd", "EdgeIndex", "handles", "intercepting", "as_edge_index"]
@@ -77,12 +78,15 @@ class EdgeIndex(torch.fx.Proxy):
     """The traced graph where a PyG layer takes ``edge_index``: an fx Proxy (IR ops take it
     as their graph) that also answers what PyG code asks an ``edge_index`` tensor."""
 
-    def __getitem__(self, i: Any) -> EdgeEnd:
+    def __getitem__(self, i: Any) -> "EdgeEnd | EdgeIndex":
         if isinstance(i, int) and i in (0, 1, -1, -2):
             return EdgeEnd(self, "src" if i % 2 == 0 else "dst")
+        if isinstance(i, tuple) and len(i) == 2 and isinstance(i[0], slice) and i[0] == slice(None) \
+                and isinstance(i[1], torch.fx.Proxy):
+            return as_edge_index(edge_subset(self, i[1]))  # edge_index[:, mask]: the edges of a mask
         raise CompileError(
             f"edge_index[{i!r}] is not supported: sarcompile lowers edge_index[0] and edge_index[1] (source and "
-            "destination) as arguments of PyG's graph utilities"
+            "destination) as arguments of PyG's graph utilities, and edge_index[:, mask] (a bool per edge)"
         )
 
     def __iter__(self) -> Iterator[EdgeEnd]:

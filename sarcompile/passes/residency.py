@@ -23,7 +23,7 @@ How residency flows:
 * Graph values may only be passed to IR ops, to graph methods (``with_self_loops``,
   ``remove_self_loops`` give a graph, ``in_degrees`` per-node values), read for
   ``num_nodes`` / ``num_edges`` / ``global_ids`` / ``edge_ids``, or given to helpers that
-  declared themselves row-local (:func:`declare`, used by the front-ends).
+  declared themselves row-local (:func:`sarcompile.lowering.declare`, used by the front-ends).
 * Torch code keeps the residency of its per-row inputs when it is row-local: pointwise
   ops (``torch.Tag.pointwise``, and the activations) broadcasting with parameters or
   constants that do not cover the row axis; ``nn.Linear``, ``LayerNorm`` over features;
@@ -73,7 +73,7 @@ import os
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.fx as fx
@@ -85,25 +85,16 @@ from ..nn import NodeDropout, RandomStream
 from ..probe import PROBES, Input, example
 from ..runtime.comm import offline
 from ..trace import ShapeTracer
+from ..lowering import declared_helpers
 from ..vocab import Residency
 
-__all__ = ["residency", "declare", "listing", "Input"]
+__all__ = ["residency", "listing", "Input"]
 
 NODE, EDGE, GRAPH, PARAM, CONST, ROWS = (Residency.NODE, Residency.EDGE, Residency.GRAPH, Residency.PARAM,
                                          Residency.CONST, Residency.ROWS)
 GRAPH_NAMES = ("g", "graph", "edge_index", "adj", "adj_t", "block")
 
 
-# -- helpers that declared themselves row-local ----------------------------------------------
-_DECLARED: dict[Callable, Residency | str] = {}
-
-
-def declare(fn: Callable, output: Residency | str) -> Callable:
-    """Declare ``fn`` (a ``torch.fx.wrap`` helper, one node in the program) row-local: it
-    may take the graph and per-row values, and its result has residency ``output``, or
-    that of its argument named ``output``. Returns ``fn``."""
-    _DECLARED[fn] = output
-    return fn
 
 
 # -- values ------------------------------------------------------------------------------------
@@ -394,7 +385,7 @@ class _Checker:
             return _CONST  # fx's check that an input traced as None is None
         if node.op == "call_function" and node.target in registry():
             return self.ir_op(node)
-        if node.op == "call_function" and node.target in _DECLARED:
+        if node.op == "call_function" and node.target in declared_helpers():
             return self.declared(node)
         ins = [self.vals[n] for n in node.all_input_nodes]
         if any(v.res is GRAPH for v in ins):
@@ -427,7 +418,7 @@ class _Checker:
         return _Val(op.output)
 
     def declared(self, node: fx.Node) -> _Val:
-        out = _DECLARED[node.target]  # its author vouches for it, whatever it is given
+        out = declared_helpers()[node.target]  # its author vouches for it, whatever it is given
         if isinstance(out, Residency):
             return _Val(out)
         bound = inspect.signature(node.target).bind(*node.args, **node.kwargs)
@@ -597,7 +588,7 @@ class _Checker:
             raise self.refuse(
                 node, f"sarcompile cannot prove that {what} is row-local (it takes a {w} value)",
                 "Write it with torch operations, or make it a helper declared row-local "
-                "(sarcompile.passes.residency.declare).",
+                "(sarcompile.lowering.declare).",
             )
         x = node.args[0] if node.args else None
         xv = self.val(x)
@@ -841,6 +832,8 @@ class _Checker:
         if name == "squeeze" and dims == "all":
             raise self.refuse(node, "squeeze() without a dim would drop the row axis of a worker with one row",
                               "Give the dim: x.squeeze(-1).")
+        if name == "index_select" and not self.val(x).per_row and self.axis(node, x, dims) == 0:
+            return k  # a parameter's rows looked up by a per-row index: an embedding, as param[index]
         if name in ("scatter", "scatter_add", "scatter_reduce", "gather", "index_select"):
             index = self.arg(node, 2, "index")
             if isinstance(index, fx.Node) and name == "index_select" and self.val(index).per_row:

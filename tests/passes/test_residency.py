@@ -311,7 +311,7 @@ def test_unknown_functions_are_refused():
 
 
 def test_declared_helpers_are_trusted():
-    from sarcompile.passes.residency import declare
+    from sarcompile.lowering import declare
 
     declare(double_rows, "x")
     model = Fn(lambda m, g, x: double_rows(x))
