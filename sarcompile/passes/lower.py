@@ -59,10 +59,9 @@ def _inline(gm: fx.GraphModule, node: fx.Node, module: nn.Module, lowered: nn.Mo
     bound.apply_defaults()
     # Optional inputs left out are constants, so the layer's `if edge_attr is not None` is decided now.
     constants = {k: None for k, v in bound.arguments.items() if v is None}
-    body = SarTracer().trace(lowered, concrete_args=constants or None)
     params = list(bound.arguments.values())
     try:
-        body = ShapeTracer(_examples(params)).trace(lowered)
+        body = ShapeTracer(_examples(params)).trace(lowered, concrete_args=constants or None)
     except SarcompileError:
         raise
     except Exception as e:  # e.g. a TraceError: Python control flow on a row count or a value
