@@ -38,7 +38,7 @@ from torch import nn
 from ..errors import CompileError, GraphError
 from ..graph import Graph
 from ..nn import RandomStream
-from ..ops import edge_dropout, edge_softmax, sddmm, spmm
+from ..ops import edge_dropout, edge_reduce, edge_softmax, gather_dst, gather_src, sddmm, spmm
 from ..lowering import declare, register_function_lowering, register_lowering
 from ..vocab import Residency
 from ..runtime import comm
@@ -86,7 +86,7 @@ def _source_sums(graph: Graph | ShardGraph, values: torch.Tensor, what: str) -> 
 
 class _OutWeights(torch.autograd.Function):
     """:func:`out_weights`, differentiable: the gradient of edge u->v is the one of row u,
-    gathered onto the edges by ``sddmm`` (the halo exchange of the forward, reversed)."""
+    gathered onto the edges by ``gather_src`` (the halo exchange of the forward, reversed)."""
 
     @staticmethod
     def forward(ctx, graph, weight):
@@ -95,26 +95,13 @@ class _OutWeights(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        return None, sddmm(ctx.graph, grad, torch.zeros_like(grad), "add")
+        return None, gather_src(ctx.graph, grad)
 
 
 def out_weights(graph: Graph | ShardGraph, weight: torch.Tensor) -> torch.Tensor:
     """Weighted out-degree of every node: ``sum over u->v of weight[uv]`` (DGL's
     ``reverse(g).update_all(copy_e, sum)``)."""
     return _OutWeights.apply(graph, weight)
-
-
-def reduce_edges(graph: Graph | ShardGraph, values: torch.Tensor, reduce: str = "sum") -> torch.Tensor:
-    """``sum`` (or ``mean``, 0 without in-edges) over u->v of ``values[uv]`` into every v: a
-    node's weighted in-degree, or messages computed on the edges. Local: every in-edge of a
-    node lives on its worker."""
-    shape = (graph.num_dst, *values.shape[1:])
-    dst = graph.dst_index.to(values.device)
-    out = values.new_zeros(shape).index_add(0, dst, values)
-    if reduce == "mean":
-        count = torch.bincount(dst, minlength=graph.num_dst).clamp(min=1).to(values.dtype)
-        out = out / count.reshape(-1, *([1] * (values.dim() - 1)))
-    return out
 
 
 def check_edge_weights(graph: Graph | ShardGraph, weight: torch.Tensor, positive: bool) -> torch.Tensor:
@@ -188,11 +175,11 @@ def graph_device(graph: Graph | ShardGraph) -> torch.device:
     return graph.dst_index.device
 
 
-for _fn in ("out_degrees", "out_weights", "reduce_edges", "check_edge_weights", "require_in_edges", "check_in_edges", "scale_rows",
+for _fn in ("out_degrees", "out_weights", "check_edge_weights", "require_in_edges", "check_in_edges", "scale_rows",
             "check_call", "own_or_given", "matmul_opt", "graph_device"):
     torch.fx.wrap(_fn)
 # Each is row-local (the residency pass cannot look inside them): the result's residency.
-for _fn, _out in ((out_degrees, Residency.NODE), (out_weights, Residency.NODE), (reduce_edges, Residency.NODE),
+for _fn, _out in ((out_degrees, Residency.NODE), (out_weights, Residency.NODE),
                   (check_edge_weights, "weight"), (require_in_edges, "feat"), (check_in_edges, Residency.CONST), (scale_rows, "x"),
                   (check_call, "feat"), (own_or_given, Residency.PARAM), (matmul_opt, "x"),
                   (graph_device, Residency.CONST)):
@@ -326,13 +313,13 @@ class DGLEdgeWeightNorm(nn.Module):
         w = check_edge_weights(graph, edge_weight, positive=self.norm == "both")
         if self.norm == "none":
             return w
-        degs = reduce_edges(graph, w) + self.eps
+        degs = edge_reduce(graph, w) + self.eps
         dst = degs.pow(-0.5) if self.norm == "both" else 1.0 / degs
-        dst = sddmm(graph, torch.zeros_like(dst), dst, "add")  # dst[v] on every edge u->v
+        dst = gather_dst(graph, dst)
         if self.norm != "both":
             return dst * w  # DGL's 1 * dst * w
         src = (out_weights(graph, w) + self.eps).pow(-0.5)
-        return sddmm(graph, src, torch.zeros_like(src), "add") * dst * w  # src[u] * dst[v] * w_uv
+        return gather_src(graph, src) * dst * w  # src[u] * dst[v] * w_uv
 
 class DGLTypedLinear(nn.Module):
     """``dgl.nn.TypedLinear``: row ``i`` times the weight of its type ``x_type[i]``, written

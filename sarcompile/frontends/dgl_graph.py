@@ -45,8 +45,8 @@ from torch import nn
 
 from ..errors import CompileError
 from ..lowering import declare
-from ..ops import message_passing, sddmm, spmm
-from .dgl import check_in_edges, graph_device, out_degrees, reduce_edges
+from ..ops import edge_reduce, gather_dst, gather_src, message_passing, sddmm, spmm
+from .dgl import check_in_edges, graph_device, out_degrees
 
 __all__ = ["GraphProxy"]
 
@@ -118,16 +118,6 @@ class _Gathered(dict):
     def __missing__(self, key):
         self[key] = self.graph._rows(self.end, key)
         return self[key]
-
-
-def _src_rows(g, x):
-    """``x[u]`` for every edge u->v (remote sources arrive through sddmm's halo exchange)."""
-    return sddmm(g, x, torch.zeros_like(x), "add")  # x[u] + 0 is x[u] exactly
-
-
-def _dst_rows(g, x):
-    """``x[v]`` for every edge u->v."""
-    return sddmm(g, torch.zeros_like(x), x, "add")
 
 
 class _Reads(dict):
@@ -295,7 +285,7 @@ class GraphProxy(fx.Proxy):
         """A field as one row per edge: the source's or destination's row, or the edge's."""
         if end == _EDGE:
             return self._edge(field)
-        return (_src_rows if end == _SRC else _dst_rows)(self, self._node(field))
+        return (gather_src if end == _SRC else gather_dst)(self, self._node(field))
 
     def _message(self, func, msg_field: str) -> tuple[nn.Module, Any, Any] | None:
         """(message module, node tensor, edge tensor or None) for ``message_passing``; None
@@ -367,7 +357,7 @@ class GraphProxy(fx.Proxy):
         out = func(_Edges(_Gathered(self, _SRC), _Gathered(self, _DST), self.edata))
         if not isinstance(out, dict) or msg_field not in out:
             raise CompileError(f"the message function must return a dict with the field {msg_field!r} the reduce reads")
-        return self.tracer.create_proxy("call_function", reduce_edges, (self, out[msg_field], reduce), {})
+        return edge_reduce(self, out[msg_field], reduce)
 
     def _any_node(self):
         """Some node tensor for a message that reads none (message_passing needs rows)."""
