@@ -65,7 +65,7 @@ from ..ops import batch_norm, edge_dropout, edge_softmax, gather_dst, gather_src
 from ..lowering import register_lowering
 from ..passes.residency import declare
 from ..vocab import Residency
-from .pyg_utils import EdgeIndex, as_edge_index, intercepting
+from .pyg_utils import EdgeIndex, add_remaining_self_loops, as_edge_index, intercepting
 
 __all__ = ["SUPPORTED"]
 
@@ -174,41 +174,6 @@ def _lower_sage(m: gnn.SAGEConv) -> nn.Module:
 
 # ----------------------------------------------------------------------------- GCNConv
 @torch.fx.wrap
-def _gcn_loop_weights(graph, looped, edge_weight, fill: float):
-    """``edge_weight`` (in ``graph``'s edge order) carried over to ``looped =
-    graph.with_self_loops()`` as PyG's ``add_remaining_self_loops`` does: other edges
-    keep their weight; each node's one self-loop gets the weight of its last existing
-    self-loop (by edge id), or ``fill``. None stays None (PyG then weighs every edge 1,
-    self-loops too, even with ``improved=True``).
-
-    Works on a shard as on a whole graph: edges are matched by their global edge id and
-    a node's in-edges all live on its worker, so nothing crosses workers.
-    """
-    if edge_weight is None:
-        return None
-    ids, loop_ids, dst = graph.edge_ids, looped.edge_ids, graph.dst_index
-    n, num_edges = looped.num_dst, ids.numel()
-    # The edges `looped` has that `graph` has not are its new self-loops (one per node);
-    # the edges `graph` has that `looped` has not are its old ones.
-    kept_ids = loop_ids[torch.isin(loop_ids, ids)]
-    new_loop = ~torch.isin(loop_ids, kept_ids)
-    old_loop = ~torch.isin(ids, kept_ids)
-    last = torch.full((n,), -1, dtype=torch.long).scatter_reduce(0, dst[old_loop], ids[old_loop], "amax")
-    chosen = old_loop & (ids == last[dst])
-    loop_weight = torch.full((n, *edge_weight.shape[1:]), fill, dtype=edge_weight.dtype)
-    loop_weight = loop_weight.index_put((dst[chosen],), edge_weight[chosen].detach())
-    # PyG writes the loop weights with an index assignment, whose backward gives *every*
-    # self-loop of a node the gradient of the one kept; adding exact zeros does the same.
-    old = edge_weight[old_loop]
-    loop_weight = loop_weight + torch.zeros_like(loop_weight).index_add(0, dst[old_loop], old - old.detach())
-    index = num_edges + looped.dst_index  # a new self-loop reads its node's loop weight
-    if num_edges:
-        order = torch.argsort(ids)
-        index[~new_loop] = order[torch.searchsorted(ids[order], loop_ids[~new_loop])]
-    return torch.cat([edge_weight, loop_weight])[index]
-
-
-@torch.fx.wrap
 def _gcn_inv_sqrt_degree(graph, edge_weight, like: torch.Tensor) -> torch.Tensor:
     """``deg^-1/2`` per node as a column (0 where the degree is 0), the degree being the
     sum of the in-edge weights (the in-edge count without weights). Local: every in-edge
@@ -227,9 +192,8 @@ class _GCNConv(_StandIn):
         h = m.lin(_plain_call(x, "GCNConv"))
         if m.normalize:
             g, w = edge_index, edge_weight
-            if m.add_self_loops:
-                g = edge_index.with_self_loops()
-                w = _gcn_loop_weights(edge_index, g, edge_weight, 2.0 if m.improved else 1.0)
+            if m.add_self_loops:  # PyG's add_remaining_self_loops, edge weights carried
+                g, w = add_remaining_self_loops(as_edge_index(edge_index), edge_weight, 2.0 if m.improved else 1.0)
             # Scale at the source before the aggregation and at the destination after:
             # each node's own degree is all a worker needs.
             norm = _gcn_inv_sqrt_degree(g, w, h)
@@ -479,6 +443,13 @@ def _lower_message_passing(m: MessagePassing) -> nn.Module:
     Then the layer's ``update``."""
     # (message_and_aggregate only runs for SparseTensor adjacencies, never here.)
     _check_common(m, type(m))
+    if isinstance(m, gnn.ARMAConv):
+        raise CompileError(
+            f"{_name(m)} is not supported yet: it keeps its {m.num_stacks} stacks as one [stacks, nodes, channels] "
+            "tensor and aggregates over axis node_dim=-2, while sarcompile keeps the node axis first (axis 0) so "
+            "that each worker's rows are its own nodes; stack GCN-normalised layers (e.g. torch_geometric.nn.SGConv "
+            "with K=1) per stack instead"
+        )
     if getattr(m, "decomposed_layers", 1) != 1:
         raise _refuse(m, "decomposed_layers", m.decomposed_layers, "use decomposed_layers=1")
     view = copy.copy(m)  # shares parameters and submodules; gets its own submodule table below
@@ -603,7 +574,6 @@ for _layer, _rule in (
 # The run-time helpers above are row-local (the residency pass cannot look inside them).
 declare(_plain_call, "x")
 declare(_no_weight_for, "x")
-declare(_gcn_loop_weights, Residency.EDGE)
 declare(_gcn_inv_sqrt_degree, Residency.NODE)
 for _name_ in ("InstanceNorm", "GraphNorm", "PairNorm", "MeanSubtractionNorm", "DiffGroupNorm", "GraphSizeNorm",
                "HeteroBatchNorm", "LayerNorm"):
