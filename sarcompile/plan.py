@@ -353,9 +353,9 @@ def build_plan(
         row = OpPlan(node.name, _layer(node), op.describe(args), strategy, node.meta.get("strategy_reason", ""), 0,
                      [0] * n, [0] * n, [0] * n, op.saved(args), rows=_rows(op, args))
         ops.append(row)
-        if isinstance(op.exchange, AllReduce):  # float64 sums all-reduced, no halo
+        if isinstance(op.exchange, AllReduce):  # a collective, no halo
             forward, backward = op.exchange.bytes(args)
-            row.forward_bytes, row.backward_bytes, row.reason = [forward] * n, [backward] * n, "statistics over all workers' nodes"
+            row.forward_bytes, row.backward_bytes, row.reason = [forward] * n, [backward] * n, "a reduction over all workers' rows"
         elif isinstance(op.exchange, Halo):
             comm.append(_halo_traffic(row, node, op, args, workers, link_cache))
             row.saved += "; remote blocks kept" if strategy.keeps_blocks else "; no remote rows"
