@@ -449,6 +449,7 @@ def _node_count(num_nodes: Any, what: str) -> None:
 # -- the rules ---------------------------------------------------------------------------------
 _PYG_REDUCES = {"sum": "sum", "add": "sum", "mean": "mean", "max": "max", "amax": "max", "min": "min",
                 "amin": "min", "mul": "mul"}
+_ALL_REDUCES = ("sum", "mean", "max", "min", "mul")  # edge_reduce's
 
 
 def _reduce_name(reduce: Any, what: str, allowed: tuple[str, ...]) -> str:
@@ -465,7 +466,7 @@ def _scatter(original, src, index, dim=0, dim_size=None, reduce="sum"):
     if end is None:
         return original(src, index, dim, dim_size, reduce)
     if end.end == "dst":
-        return edge_reduce(end.graph, src, _reduce_name(reduce, "scatter", tuple(set(_PYG_REDUCES.values()))), dim)
+        return edge_reduce(end.graph, src, _reduce_name(reduce, "scatter", _ALL_REDUCES), dim)
     # A node's out-edges live on other workers, which push their partial sums to it.
     name = _reduce_name(reduce, "scatter over edge_index[0] (onto the sources)", ("sum", "mean"))
     return edge_reduce_src(end.graph, _edge_axis(src, dim, "scatter"), name)
@@ -499,7 +500,7 @@ def _degree(original, index, num_nodes=None, dtype=None):
 def _loop_values(graph: EdgeIndex, edge_attr: Any, fill_value: Any) -> Any:
     """PyG's ``compute_loop_attr``: one row per node, the value of its added self-loop."""
     if isinstance(fill_value, str):
-        reduce = _reduce_name(fill_value, "a self-loop fill_value", tuple(set(_PYG_REDUCES.values())))
+        reduce = _reduce_name(fill_value, "a self-loop fill_value", _ALL_REDUCES)
         return edge_reduce(graph, edge_attr, reduce)  # over each node's in-edges
     if fill_value is not None and not isinstance(fill_value, (int, float, torch.Tensor, torch.fx.Proxy)):
         raise CompileError(f"fill_value={fill_value!r} is not one PyG allows (a number, a tensor or a reduction)")
