@@ -12,9 +12,10 @@ features require grad.
 DGL's GraphConv, GATConv, GATv2Conv, DotGatConv, EdgeGATConv, SGConv, AGNNConv, GMMConv,
 EdgeConv and GCN2Conv refuse a graph with 0-in-degree nodes; the graph here has 20 isolated
 nodes, so those layers are built with ``allow_zero_in_degree=True``, as a user would (adding
-self-loops instead would change the graph the other layers see). EGATConv has no such option,
-so eager DGL refuses this graph (n/a); the variant ``GraphConv(self-loops added)`` calls
-``dgl.add_self_loop`` in forward, the other way a user gets past the check.
+self-loops instead would change the graph the other layers see). EGATConv has no such option
+and TWIRLSUnfoldingAndAttention divides by in-degrees (TWIRLSConv adds the self-loops itself), so
+these two get the same graph with one self-loop per node; the variant ``GraphConv(self-loops
+added)`` calls ``dgl.add_self_loop`` in forward, the other way a user gets past the check.
 
 Each layer ends as exactly one of
 
@@ -40,6 +41,7 @@ gloo group on a FileStore, running many cases each. Every wait is bounded.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import io
 import json
@@ -81,10 +83,12 @@ OUTCOMES = (EXACT, REFUSED, NA, WRONG, CRASH)
 
 
 # --- the graph and the inputs --------------------------------------------------------------
-def make_graph() -> tuple[torch.Tensor, torch.Tensor]:
+def make_graph(kind: str = "zoo") -> tuple[torch.Tensor, torch.Tensor]:
     """``src, dst`` on 320 nodes: random edges among nodes 0..299, nodes 300..319 isolated,
     30 self-loops, 40 duplicated edges, and a hub (node 7) with 150 in- and 150 out-edges;
-    in shuffled order (the same graph as the PyG zoo's)."""
+    in shuffled order (the same graph as the PyG zoo's). ``kind="self-loops"``: the same
+    with exactly one self-loop per node, last (``dgl.add_self_loop(dgl.remove_self_loop(g))``),
+    for layers documented to take such a graph."""
     gen = torch.Generator().manual_seed(2024)
     m = 300
     src = torch.randint(0, m, (900,), generator=gen)
@@ -97,7 +101,11 @@ def make_graph() -> tuple[torch.Tensor, torch.Tensor]:
     src = torch.cat([src, loops, src[dup], hub_in, hub])
     dst = torch.cat([dst, loops, dst[dup], hub, hub_out])
     order = torch.randperm(src.numel(), generator=gen)
-    return src[order], dst[order]
+    src, dst = src[order], dst[order]
+    if kind == "self-loops":
+        keep, loops = src != dst, torch.arange(N_NODES)
+        src, dst = torch.cat([src[keep], loops]), torch.cat([dst[keep], loops])
+    return src, dst
 
 
 @dataclass
@@ -119,7 +127,7 @@ def inputs(kind: str = "zoo") -> Inputs:
 
 
 def make_inputs(kind: str = "zoo") -> Inputs:
-    src, dst = make_graph()
+    src, dst = make_graph(kind)
     gen = torch.Generator().manual_seed(7)
     e = src.numel()
     edge = {
@@ -137,10 +145,10 @@ def make_inputs(kind: str = "zoo") -> Inputs:
                   torch.randn(N_NODES, W_COLS, generator=gen, dtype=DT), edge)
 
 
-def dgl_graph():
+def dgl_graph(kind: str = "zoo"):
     import dgl
 
-    inp = inputs()
+    inp = inputs(kind)
     return dgl.graph((inp.src, inp.dst), num_nodes=N_NODES)
 
 
@@ -255,7 +263,7 @@ def _cases() -> list[Case]:
         Case("GATConv", "conv", lambda: Plain(c.GATConv(f, f, num_heads=2, **z))),
         Case("GATv2Conv", "conv", lambda: Plain(c.GATv2Conv(f, f, num_heads=2, **z))),
         Case("EGATConv", "conv", lambda: FirstOfTuple(c.EGATConv(f, EDGE_DIM, f, EDGE_DIM, num_heads=2)),
-             edge="attr"),
+             edge="attr", graph="self-loops"),
         Case("EdgeGATConv", "conv", lambda: WithEdge(c.EdgeGATConv(f, EDGE_DIM, f, num_heads=2, **z)),
              edge="attr"),
         Case("TAGConv", "conv", lambda: Plain(c.TAGConv(f, f, k=2))),
@@ -282,7 +290,7 @@ def _cases() -> list[Case]:
         Case("DotGatConv", "conv", lambda: Plain(c.DotGatConv(f, f, num_heads=2, **z))),
         Case("TWIRLSConv", "conv", lambda: Plain(c.TWIRLSConv(f, f, 8, prop_step=2))),
         Case("TWIRLSUnfoldingAndAttention", "conv",
-             lambda: Plain(c.TWIRLSUnfoldingAndAttention(f, alp=0, lam=1, prop_step=2))),
+             lambda: Plain(c.TWIRLSUnfoldingAndAttention(f, alp=0, lam=1, prop_step=2)), graph="self-loops"),
         Case("GCN2Conv", "conv", lambda: WithX0(c.GCN2Conv(f, layer=1, alpha=0.1, lambda_=1, **z))),
         Case("HGTConv", "conv", lambda: HGT(c.HGTConv(f, 4, 2, num_ntypes=1, num_etypes=NUM_RELATIONS)),
              edge="type"),
@@ -358,14 +366,22 @@ def skipped() -> dict[str, str]:
     return {n: "not in the sweep yet (new in this DGL version)" for n in c.__all__ if n not in swept}
 
 
-def build(name: str, seed: int = 0) -> nn.Module:
-    torch.manual_seed(seed)
+@contextlib.contextmanager
+def float64_default():
+    """torch's default dtype float64, as a user computing in float64 sets it: layers make
+    tensors with it (APPNPConv's edge weights ``torch.ones(g.num_edges(), 1)``)."""
     prev = torch.get_default_dtype()
     torch.set_default_dtype(DT)
     try:
-        model = cases()[name].build().to(DT)
+        yield
     finally:
         torch.set_default_dtype(prev)
+
+
+def build(name: str, seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    with float64_default():
+        model = cases()[name].build().to(DT)
     model.train(not cases()[name].eval)
     return model
 
@@ -386,14 +402,16 @@ def _loss_weight(out: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 
 def run_model(model: nn.Module, x: torch.Tensor, graph: Any, edge: torch.Tensor | None, w: torch.Tensor) -> dict:
-    """Output and the gradients of ``sum(out * w)`` w.r.t. x, the edge tensor, every parameter."""
+    """Output and the gradients of ``sum(out * w)`` w.r.t. x, the edge tensor, every parameter
+    (eager and compiled alike with torch's default dtype float64)."""
     x = x.clone().requires_grad_(True)
     e = _edge_input(edge)
-    out = model(graph, x) if e is None else model(graph, x, e)
-    if not isinstance(out, torch.Tensor):
-        raise TypeError(f"the model returned {type(out).__name__}, not a tensor")
-    if out.requires_grad:
-        (out * _loss_weight(out, w[: out.shape[0]])).sum().backward()
+    with float64_default():
+        out = model(graph, x) if e is None else model(graph, x, e)
+        if not isinstance(out, torch.Tensor):
+            raise TypeError(f"the model returned {type(out).__name__}, not a tensor")
+        if out.requires_grad:
+            (out * _loss_weight(out, w[: out.shape[0]])).sum().backward()
     return {
         "out": out.detach(),
         "x_grad": x.grad,
@@ -615,14 +633,14 @@ def reference(name: str) -> tuple[Record, dict | None, dict | None]:
         eager = build(name)
         state = copy.deepcopy(eager.state_dict())
         compiled_model = copy.deepcopy(eager)
-        want = run_model(eager, inp.x, dgl_graph(), edge, inp.w)
+        want = run_model(eager, inp.x, dgl_graph(case.graph), edge, inp.w)
         if want["out"].shape[0] != N_NODES:
             raise ValueError(f"output has {want['out'].shape[0]} rows, not one per node")
     except Exception as e:
         why = _first_line(e) or f"(no message, at {_where(traceback.format_exc())})"
         rec.outcome, rec.detail = NA, f"eager DGL fails here: {type(e).__name__}: {why}"
         return rec, None, None
-    g = sc.Graph.from_dgl(dgl_graph())
+    g = sc.Graph.from_dgl(dgl_graph(case.graph))
     try:
         got = run_model(sc.distribute(compiled_model), inp.x, g, edge, inp.w)
     except Exception as e:
@@ -763,7 +781,7 @@ def sweep(names: list[str], world_sizes=WORLD_SIZES, log=print) -> list[Record]:
             for kind in sorted({cases()[r.name].graph for r in todo}):
                 inp = inputs(kind)
                 dirs[kind] = os.path.join(tmp, f"{kind}-w{ws}")
-                sc.partition(sc.Graph.from_dgl(dgl_graph()), ws, dirs[kind],
+                sc.partition(sc.Graph.from_dgl(dgl_graph(kind)), ws, dirs[kind],
                              node_data={"x": inp.x, "w": inp.w}, method="random")
             pool = None
             try:

@@ -39,9 +39,10 @@ from .passes.fuse import fuse
 from .passes.kernels import kernels
 from .passes.lower import lower
 from .passes.partition import partition
-from .passes.residency import GRAPH_NAMES, Input, listing, residency
+from .passes.residency import GRAPH_NAMES, listing, residency
 from .passes.strategy import strategy
 from .plan import Plan, WorkerStats, build_plan, worker_stats
+from .probe import Input
 from .shard import ShardGraph
 from .trace import trace
 from .vocab import Residency
@@ -64,7 +65,7 @@ class CallShape:
     which optional inputs are None -- traced as constants, so branches such as ``if
     edge_weight is not None`` are decided when compiling (PyG's ready-made models need it).
     ``inputs`` says, per argument name, where each input lives and its trailing shape (see
-    :class:`~sarcompile.passes.residency.Input`): the residency pass checks the program for
+    :class:`~sarcompile.probe.Input`): the residency pass checks the program for
     it. A program is compiled per shape.
 
     A tensor input with as many rows as the graph has nodes is per-node, with as many as it
@@ -140,8 +141,8 @@ def compile_program(model: nn.Module, options: CompileOptions, partitioned: bool
     """Run the pipeline on ``model`` as called with ``call``; a single machine skips
     ``partition`` and ``strategy``."""
     load_available()  # lowering rules for the layers of libraries in use (PyG)
-    gm = trace(model, call.graph_input, call.none_inputs)
     inputs = dict(call.inputs)
+    gm = trace(model, call.graph_input, call.none_inputs, inputs)
     for node in gm.graph.nodes:  # what the residency pass starts from
         # (fx renames the placeholder of an input traced as a constant: edge_attr -> edge_attr_1)
         name = node.target if node.target in inputs else re.sub(r"_\d+$", "", str(node.target))

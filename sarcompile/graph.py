@@ -16,13 +16,17 @@ import sys
 import warnings
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import Any, Callable
 
+import numpy as np
 import torch
 
 from .errors import GraphError
 
-__all__ = ["Graph", "Block", "probe_graph"]
+__all__ = ["Graph", "Block", "probe_graph", "cached_subset"]
+
+# Edge subsets a graph keeps (one per relation, typically); past this many, the oldest goes.
+SUBSET_CACHE = 64
 
 
 @dataclass(eq=False)
@@ -138,7 +142,7 @@ class Graph:
         # node v get id ``edge_id_space + v``, beyond every original edge's id.
         self.edge_ids = torch.arange(src.numel())
         self.edge_id_space = src.numel()
-        self._derived: dict[str, Graph] = {}
+        self._derived: dict[Any, Graph] = {}  # by name, or ("subset", mask)
 
     # -- constructors -------------------------------------------------------------------
     @classmethod
@@ -246,10 +250,21 @@ class Graph:
                 loops = torch.arange(self.num_nodes if key[1] is None else min(key[1], self.num_nodes))
                 src, dst, ids = torch.cat([src, loops]), torch.cat([dst, loops]), torch.cat([ids, space + loops])
                 space += self.num_nodes  # loops a further derived graph adds get ids of their own
-            g = Graph(src, dst, self.num_nodes)
-            g.edge_ids, g.edge_id_space = ids, space
-            self._derived[key] = g
+            self._derived[key] = self._derive(src, dst, ids, space)
         return self._derived[key]
+
+    def edge_subset(self, mask: torch.Tensor) -> "Graph":
+        """The edges ``mask`` keeps (one bool per edge), in this graph's edge order, on the
+        same nodes: PyG's ``edge_index[:, mask]``. Made once per mask content (cached)."""
+        return cached_subset(self._derived, mask, lambda keep: self._derive(
+            self.src[keep], self.dst[keep], self.edge_ids[keep]))
+
+    def _derive(self, src: torch.Tensor, dst: torch.Tensor, edge_ids: torch.Tensor,
+                edge_id_space: int | None = None) -> "Graph":
+        g = Graph(src, dst, self.num_nodes)
+        g.edge_ids = edge_ids
+        g.edge_id_space = self.edge_id_space if edge_id_space is None else edge_id_space
+        return g
 
     # -- what the kernels use -------------------------------------------------------------
     @cached_property
@@ -273,6 +288,25 @@ class Graph:
         return f"Graph(num_nodes={self.num_nodes}, num_edges={self.num_edges})"
 
 
+def cached_subset(derived: dict, mask: torch.Tensor, build: Callable[[torch.Tensor], Any]) -> Any:
+    """``build(mask)`` (``mask`` a CPU bool tensor), kept in ``derived`` under the mask's
+    content: a mask computed anew at every call (``edge_type == i``) finds the graph made
+    at the first. The key is the mask packed to bits, exact and E/8 bytes."""
+    if mask.dtype != torch.bool or mask.dim() != 1:
+        raise GraphError(
+            f"an edge subset takes one bool per edge, got a tensor of dtype {mask.dtype} and shape "
+            f"{tuple(mask.shape)}; select edges with a mask (edge_type == i), not with indices"
+        )
+    mask = mask.detach().cpu()
+    key = ("subset", mask.numel(), np.packbits(mask.numpy()).tobytes())
+    if key not in derived:
+        subsets = [k for k in derived if isinstance(k, tuple) and k[0] == "subset"]
+        if len(subsets) >= SUBSET_CACHE:
+            del derived[subsets[0]]  # dicts keep insertion order: the oldest
+        derived[key] = build(mask)
+    return derived[key]
+
+
 def probe_graph(num_nodes: int, num_edges: int, num_loops: int) -> Graph:
     """A small fixed random graph for running a program once to learn its shapes (the
     residency pass, the plan): ``num_loops`` self-loops on nodes ``0..num_loops-1`` and
@@ -282,4 +316,6 @@ def probe_graph(num_nodes: int, num_edges: int, num_loops: int) -> Graph:
     src = torch.randint(0, num_nodes, (num_edges - num_loops,), generator=gen)
     step = torch.randint(1, num_nodes, (num_edges - num_loops,), generator=gen)
     loops = torch.arange(num_loops)
-    return Graph.from_edges(torch.cat([src, loops]), torch.cat([(src + step) % num_nodes, loops]), num_nodes)
+    g = Graph.from_edges(torch.cat([src, loops]), torch.cat([(src + step) % num_nodes, loops]), num_nodes)
+    g.is_probe = True  # it stands for a graph of any size (see ops.gather_table)
+    return g

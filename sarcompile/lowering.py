@@ -6,17 +6,25 @@ ops already, so their rule returns the layer itself; front-ends (PyG, DGL) regis
 for their layers when imported. The tracer keeps every layer with a rule as a leaf
 (:mod:`sarcompile.trace`) and the lower pass inlines what the rule gives
 (:mod:`sarcompile.passes.lower`).
+
+A function rule maps a library function a layer calls (DGL's ``edge_softmax``) to one
+written with IR ops, taking the same arguments: while tracing, the tracer calls the
+replacement wherever the traced code calls the original (see :mod:`sarcompile.trace`).
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from types import ModuleType
+from typing import Any, Callable
 
 from torch import nn
 
-__all__ = ["register_lowering", "lowering_for"]
+__all__ = ["register_lowering", "lowering_for", "declare", "declared_helpers", "register_function_lowering", "function_lowerings", "function_homes"]
 
 _RULES: dict[type, Callable[[nn.Module], nn.Module]] = {}
+_FUNCTIONS: dict[int, tuple[Callable, Callable]] = {}  # id(original) -> (original, replacement)
+_HOMES: list[ModuleType] = []  # modules whose attributes are swapped too
+_DECLARED: dict[Callable, Any] = {}  # row-local helpers -> their output residency (see declare)
 
 
 def register_lowering(layer_type: type, rule: Callable[[nn.Module], nn.Module]) -> None:
@@ -30,3 +38,35 @@ def lowering_for(m: nn.Module) -> nn.Module | None:
         if t in _RULES:
             return _RULES[t](m)
     return None
+
+
+def declare(fn: Callable, output: Any) -> Callable:
+    """Declare ``fn`` (a front-end's ``torch.fx.wrap`` helper, one node in the program)
+    row-local, for the residency pass: it may take the graph and per-row values, and its
+    result has residency ``output`` (a :class:`~sarcompile.vocab.Residency`), or that of
+    its argument named ``output``. Returns ``fn``."""
+    _DECLARED[fn] = output
+    return fn
+
+
+def declared_helpers() -> dict[Callable, Any]:
+    """The helpers front-ends declared row-local, with their output residency."""
+    return _DECLARED
+
+
+def register_function_lowering(original: Callable, replacement: Callable, homes: tuple[ModuleType, ...] = ()) -> None:
+    """While tracing, call ``replacement`` (same arguments, written with IR ops) where the
+    traced code calls ``original``: by a name it imported, or as an attribute of one of
+    ``homes`` (the modules users reach it through: ``dgl.ops.edge_softmax``)."""
+    _FUNCTIONS[id(original)] = (original, replacement)
+    _HOMES.extend(homes)
+
+
+def function_lowerings() -> dict[int, tuple[Callable, Callable]]:
+    """The function rules, by ``id`` of the original (module globals hold unhashable values)."""
+    return _FUNCTIONS
+
+
+def function_homes() -> list[ModuleType]:
+    """The modules named by the function rules as where users reach the originals."""
+    return _HOMES

@@ -196,6 +196,20 @@ class GATConv(nn.Module):
         return f"heads={self.heads}, out_dim={self.out_dim}, concat={self.concat}, dropout={self.dropout}"
 
 
+class _GlobalBatchNorm(nn.Module):
+    """A ``torch.nn.BatchNorm1d`` the model applies to node features, as :class:`BatchNorm`:
+    on one machine it normalises over every node, so N workers must too. Its parameters
+    and buffers stay the layer's own."""
+
+    def __init__(self, layer: nn.BatchNorm1d):
+        super().__init__()
+        self.layer = layer
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return BatchNorm.forward(self.layer, x)
+
+
 # These layers are written with IR ops already: each lowers to itself.
-for _layer in (SAGEConv, GCNConv, GINConv, GATConv):
+for _layer in (SAGEConv, GCNConv, GINConv, GATConv, BatchNorm):
     register_lowering(_layer, lambda m: m)
+register_lowering(nn.BatchNorm1d, _GlobalBatchNorm)

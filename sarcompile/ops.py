@@ -6,6 +6,8 @@
 ``sddmm(g, a, b, op)``                   per edge u->v: ``a[u] op b[v]``; op in add, sub, mul,
                                          dot (dot sums the last dim)
 ``gather_src(g, x)`` / ``gather_dst``     per edge u->v: ``x[u]`` / ``x[v]`` (node rows onto edges)
+``gather_table(g, t, end)``              per edge u->v: ``t[u]`` (or ``t[v]``) of a table with a
+                                         row per node of the whole graph (a parameter)
 ``edge_reduce(g, e, reduce)``            ``out[v] = reduce over u->v of e_uv``; reduce in sum,
                                          mean, max, min, mul (empty neighbourhood gives 0, 1
                                          for mul)
@@ -15,10 +17,12 @@
 ``edge_max(g, e)``                       the largest value of ``e`` over every edge (all
                                          workers): a scalar, as ``e.max()``
 ``edge_softmax(g, e)``                   softmax of per-edge scores over the in-edges of each v
+``edge_subset(g, mask)``                 the graph of the edges ``mask`` keeps (PyG's
+                                         ``edge_index[:, mask]``), for the ops above
 ``edge_dropout(g, e, p, salt)``          dropout of edge values with a mask keyed by edge id
-``attention(g, h, a_src, a_dst, ...)``   the fused chain sddmm(add) -> leaky_relu ->
-                                         edge_softmax -> [edge_dropout] -> weighted spmm;
-                                         the fuse pass produces it
+``attention(g, h, a_src, a_dst, ...)``   the fused chain sddmm(add) [+ a_edge] ->
+                                         leaky_relu -> edge_softmax -> [edge_dropout] ->
+                                         weighted spmm; the fuse pass produces it
 ``batch_norm(x, weight, bias, ...)``     batch norm over all nodes, on every worker
 ``message_passing(g, fn, x, e, reduce)`` ``out[v] = reduce over u->v of fn(x[u], x[v], e_uv)``
                                          for any message function ``fn`` (a module)
@@ -55,10 +59,12 @@ __all__ = [
     "sddmm",
     "gather_src",
     "gather_dst",
+    "gather_table",
     "edge_reduce",
     "edge_reduce_src",
     "edge_max",
     "edge_softmax",
+    "edge_subset",
     "edge_dropout",
     "attention",
     "batch_norm",
@@ -73,7 +79,7 @@ SDDMM_OPS = ("add", "sub", "mul", "dot")
 EDGE_REDUCES = ("sum", "mean", "max", "min", "mul")
 SOURCE_REDUCES = ("sum", "mean")  # edge_reduce_src's: partial results that add up across workers
 
-NODE, EDGE, CONST = Residency.NODE, Residency.EDGE, Residency.CONST
+NODE, EDGE, GRAPH, CONST = Residency.NODE, Residency.EDGE, Residency.GRAPH, Residency.CONST
 
 
 def _graph_kind(g: Any) -> None:
@@ -243,6 +249,35 @@ def gather_dst(g, x: torch.Tensor) -> torch.Tensor:
     return x.index_select(0, g.dst_index.to(x.device))
 
 
+def _check_gather_table(g, table, end) -> None:
+    _graph_kind(g)
+    if end not in ("src", "dst"):
+        raise GraphError(f"gather_table end must be 'src' or 'dst', got {end!r}")
+
+
+@ir_op(check=_check_gather_table, output=EDGE, inputs={"table": Residency.PARAM})
+def gather_table(g, table: torch.Tensor, end: str = "src") -> torch.Tensor:
+    """``table[u]`` (``end="src"``) or ``table[v]`` for every edge u->v, where ``table`` has
+    one row per node of the *whole* graph, by global id, and every worker holds all of it
+    (a parameter, like LINKX's node embedding). Local: nothing crosses workers; each
+    worker's gradient holds its edges' share, and summing the parameter gradients over
+    workers, as data-parallel training does, gives one machine's."""
+    total = g.num_nodes if isinstance(g, Graph) else g.num_global_nodes
+    probe = getattr(g, "is_probe", False) and table.shape[0] > 0  # a shape probe: any table size will do
+    if table.shape[0] != total and not probe:
+        raise GraphError(
+            f"gather_table's table has {table.shape[0]} rows but the graph has {total} nodes: it takes one row per "
+            "node of the whole graph"
+        )
+    if isinstance(g, Graph):
+        ids = g.src if end == "src" else g.dst
+    elif end == "dst":
+        ids = g.global_ids[g.dst_index]
+    else:
+        ids = torch.cat([b.src_gids[b.col] for b in g.blocks])
+    return table.index_select(0, (ids % table.shape[0] if probe else ids).to(table.device))
+
+
 def _check_edge_reduce(g, e, reduce, dim) -> None:
     _graph_kind(g)
     if reduce not in EDGE_REDUCES:
@@ -347,6 +382,23 @@ def edge_softmax(g, e: torch.Tensor) -> torch.Tensor:
     return z / total[dst]
 
 
+def _check_subset(g, mask) -> None:
+    _graph_kind(g)
+
+
+@ir_op(check=_check_subset, output=GRAPH, inputs={"mask": EDGE}, saved=lambda a: "nothing")
+def edge_subset(g, mask: torch.Tensor):
+    """The graph of the edges ``mask`` keeps (one bool per edge of ``g``), on the same
+    nodes, its edges in ``g``'s edge order: what PyG's ``edge_index[:, mask]`` selects
+    (edges of one relation, ``edge_type == i``). The other ops run on it as on ``g``.
+
+    ``mask`` is a run-time value; the subset is made once per mask content and cached
+    on ``g``. A node keeps all its kept in-edges on its worker, so this is local; on a
+    worker, the blocks keep their source rows (the halos do not shrink)."""
+    _check_rows(g, mask, "mask", g.num_edges)
+    return g.edge_subset(mask)
+
+
 def _check_edge_dropout(g, e, p, salt) -> None:
     _graph_kind(g)
     if not 0.0 <= p < 1.0:
@@ -366,15 +418,18 @@ def edge_dropout(g, e: torch.Tensor, p: float, salt: torch.Tensor) -> torch.Tens
 
 
 # ----------------------------------------------------------------------------- attention
-def _check_attention(g, h, a_src, a_dst, negative_slope, dropout, salt) -> None:
+def _check_attention(g, h, a_src, a_dst, negative_slope, dropout, salt, a_edge) -> None:
     _graph_kind(g)
     if not 0.0 <= dropout < 1.0:
         raise GraphError(f"attention dropout must be in [0, 1), got {dropout}")
 
 
-def _fusable_shapes(h: torch.Tensor, a_src: torch.Tensor, a_dst: torch.Tensor) -> bool:
-    """One score per edge and head: ``a [n]`` with ``h [n, C]``, or ``a [n, H]`` with ``h [n, H, C]``."""
+def _fusable_shapes(g, h: torch.Tensor, a_src: torch.Tensor, a_dst: torch.Tensor, a_edge: torch.Tensor | None) -> bool:
+    """One score per edge and head: ``a [n]`` with ``h [n, C]``, or ``a [n, H]`` with ``h [n,
+    H, C]``; an edge term with exactly one such score per edge (``[E]`` or ``[E, H]``)."""
     if a_src.shape != a_dst.shape or h.dim() != a_src.dim() + 1:
+        return False
+    if a_edge is not None and tuple(a_edge.shape) != (g.num_edges, *a_src.shape[1:]):
         return False
     return a_src.dim() == 1 or (a_src.dim() == 2 and a_src.shape[1] == h.shape[1])
 
@@ -383,25 +438,28 @@ def _attention_temporaries(a: Args, row: int) -> Temporaries:
     # Backward of one block holds seven [E, heads] tensors at once: the scores before and
     # after the leaky ReLU, the probabilities, the gradients of the weights, of the scores
     # and of the pre-activations, the negative-slope branch -- and the sign mask (bool);
-    # on a node row, the payload gradient.
+    # on a node row, the payload gradient. An edge term adds none at that moment: its
+    # block is a slice of the input, its gradient is written into the input's gradient.
     s = a["a_src"].element_size()
     return Temporaries(1, (7 * s + 1) * _heads(a["a_src"]), 3 * EDGE_CHUNK_ELEMENTS * s)
 
 
-_ANY_INPUT = frozenset(("h", "a_src", "a_dst"))
+_ANY_INPUT = frozenset(("h", "a_src", "a_dst", "a_edge"))
 
 
 @ir_op(
     check=_check_attention,
     output=NODE,
-    inputs={"h": NODE, "a_src": NODE, "a_dst": NODE},
-    # h and a_src travel together; backward recomputes the probabilities from every block
+    inputs={"h": NODE, "a_src": NODE, "a_dst": NODE, "a_edge": EDGE},
+    # h and a_src travel together; a_edge never travels (each edge lives on its
+    # destination's worker). Backward recomputes the probabilities from every block, and
+    # the edge term's gradient needs them too.
     exchange=Halo(
         sends=("h", "a_src"),
         reads_remote_in_backward=lambda a, wants: bool(wants & _ANY_INPUT),
         pushes_gradients=lambda a, wants: bool(wants & _ANY_INPUT),
     ),
-    saved=lambda a: "out + log-sum-exp per node",
+    saved=lambda a: "out + log-sum-exp per node" + ("" if a.get("a_edge") is None else ", a_edge (reference)"),
     temporaries=_attention_temporaries,
     approximate_warning=(
         "stale or compressed communication on an attention op can collapse accuracy (a 4-layer GAT on Reddit "
@@ -416,18 +474,22 @@ def attention(
     negative_slope: float = 0.2,
     dropout: float = 0.0,
     salt: torch.Tensor | None = None,
+    a_edge: torch.Tensor | None = None,
     *,
     strategy: Strategy = Strategy.REMAT,
     executor: Executor = Executor.AUTO,
     comm: LinkPolicy | None = None,
 ) -> torch.Tensor:
-    """``spmm(g, h, "sum", edge_dropout(edge_softmax(leaky_relu(sddmm(g, a_src, a_dst, "add")))))``
-    in one op that never keeps a per-edge tensor (see :mod:`sarcompile.runtime.ops`)."""
+    """``spmm(g, h, "sum", edge_dropout(edge_softmax(leaky_relu(sddmm(g, a_src, a_dst, "add")
+    [+ a_edge]))))`` in one op that never keeps a per-edge tensor (see
+    :mod:`sarcompile.runtime.ops`). ``a_edge``: an optional per-edge score added before
+    the leaky ReLU (GATConv's edge features), in the graph's edge order."""
     for name, t in (("h", h), ("a_src", a_src), ("a_dst", a_dst)):
         _check_rows(g, t, name, g.num_nodes)
     salt = torch.zeros((), dtype=torch.long) if salt is None else salt
-    if not _fusable_shapes(h, a_src, a_dst):  # e.g. one score per edge shared by all heads
-        score = torch.nn.functional.leaky_relu(sddmm(g, a_src, a_dst, "add", comm=comm), negative_slope)
+    if not _fusable_shapes(g, h, a_src, a_dst, a_edge):  # e.g. one score per edge shared by all heads
+        score = sddmm(g, a_src, a_dst, "add", comm=comm)
+        score = torch.nn.functional.leaky_relu(score if a_edge is None else score + a_edge, negative_slope)
         weight = edge_softmax(g, score)
         if dropout:
             weight = edge_dropout(g, weight, dropout, salt)
@@ -436,9 +498,13 @@ def attention(
     single = a_src.dim() == 1
     if single:
         h, a_src, a_dst = h.unsqueeze(1), a_src.unsqueeze(1), a_dst.unsqueeze(1)
-    shard = _single(g) if isinstance(g, Graph) else g
+        a_edge = None if a_edge is None else a_edge.unsqueeze(1)
+    if isinstance(g, Graph):
+        shard, a_edge = _single(g), _to_csr_order(g, a_edge)
+    else:
+        shard = g
     out = attention.definition.run(
-        shard, h, a_src, a_dst, negative_slope, dropout, salt, strategy=strategy, executor=executor, comm=comm
+        shard, h, a_src, a_dst, negative_slope, dropout, salt, a_edge, strategy=strategy, executor=executor, comm=comm
     )
     return out.squeeze(1) if single else out
 

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from .errors import PartitionError
-from .graph import Block, Graph
+from .graph import Block, Graph, cached_subset
 
 __all__ = ["PartData", "ShardGraph", "split_graph"]
 
@@ -126,7 +126,7 @@ class ShardGraph:
         # Self-loops added by with_self_loops() get edge id ``edge_id_space + global node id``.
         self.edge_id_space = edge_id_space
         self.edge_ptr = torch.cumsum(torch.tensor([0] + [b.num_edges for b in blocks]), 0).tolist()
-        self._derived: dict[str, ShardGraph] = {}
+        self._derived: dict[Any, ShardGraph] = {}  # by name, or ("subset", mask)
         self.links: dict[int, Any] = {}  # per site: the runtime's stale caches and residuals (runtime/link.py)
 
     @classmethod
@@ -244,6 +244,28 @@ class ShardGraph:
             self.num_global_nodes, space,
         )
         return self._derived[key]
+
+    def edge_subset(self, mask: torch.Tensor) -> "ShardGraph":
+        """The edges ``mask`` keeps (one bool per edge, in shard order), still in shard
+        order, as :meth:`Graph.edge_subset` (cached per mask content). Each block keeps its
+        source rows and the send lists stay: a peer still sends the rows no kept edge
+        reads (they are received and unused), since telling it which ones would take a
+        message per call."""
+        return cached_subset(self._derived, mask, self._subset)
+
+    def _subset(self, keep: torch.Tensor) -> "ShardGraph":
+        if keep.numel() != self.num_edges:
+            raise PartitionError(f"an edge mask of {keep.numel()} entries for a shard of {self.num_edges} edges")
+        blocks = []
+        for q, b in enumerate(self.blocks):
+            kept = keep[self.edge_ptr[q] : self.edge_ptr[q + 1]]
+            counts = torch.bincount(b.row[kept], minlength=b.num_dst)
+            indptr = torch.cat([torch.zeros(1, dtype=torch.long), torch.cumsum(counts, 0)])
+            blocks.append(Block(indptr, b.col[kept], b.num_src, b.src_gids))
+        return ShardGraph(
+            self.rank, self.world_size, self.global_ids, blocks, self.send_index, self.edge_ids[keep],
+            self.num_global_nodes, self.edge_id_space,
+        )
 
     def halo_sizes(self) -> list[int]:
         """Rows received from each partition (the local block counts its own nodes)."""

@@ -3,24 +3,34 @@
 Known graph layers are kept as leaves (``call_module``) so the lower pass can rewrite each
 one by rule; everything else is traced through. IR ops written directly in user code
 become single ``call_function`` nodes by themselves (see :func:`sarcompile.ops.ir_op`).
+Library functions with a function rule (:func:`sarcompile.lowering.register_function_lowering`)
+are replaced by their IR-op versions while tracing.
 """
 
 from __future__ import annotations
 
+import builtins
+import functools
 import inspect
+import itertools
 import os
 import sys
 import traceback
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any, Callable
 
+import torch
 import torch.fx as fx
 from torch import nn
 
 from .errors import CompileError, SarcompileError
-from .lowering import lowering_for
+from .lowering import function_homes, function_lowerings, lowering_for
 from .nn import NodeDropout, RandomStream
+from .probe import PROBES, ROW_COUNTS, Input, example
+from .runtime.comm import offline
 
-__all__ = ["SarTracer", "trace"]
+__all__ = ["SarTracer", "ShapeTracer", "UNKNOWN", "trace"]
 
 
 class SarTracer(fx.Tracer):
@@ -34,6 +44,44 @@ class SarTracer(fx.Tracer):
         self.record_stack_traces = True  # the residency pass names the user's line it refuses
         self.graph_input = graph_input
         self.helpers: list[str] = []  # modules added to the root while tracing, see add_helper_module
+        self._swapped: list[tuple[dict, str, Any]] = []  # (module globals, name, original), see _swap_functions
+
+    def trace(self, root, concrete_args=None):
+        try:
+            for name in _FACTORIES:
+                original = getattr(torch, name)
+                self._swapped.append((vars(torch), name, original))
+                setattr(torch, name, _sized_factory(original))
+            for home in function_homes():
+                self._swap_in(vars(home))
+            self._swap_functions(getattr(root, "forward", root))
+            return super().trace(root, concrete_args)
+        finally:
+            for frame, name, original in reversed(self._swapped):
+                frame[name] = original
+            self._swapped.clear()
+
+    def call_module(self, m, forward, args, kwargs):
+        self._swap_functions(getattr(m, "forward", None))
+        return super().call_module(m, forward, args, kwargs)
+
+    def _swap_functions(self, fn: Any) -> None:
+        """Point the names that ``fn``'s module binds to a function with a rule at its
+        replacement, until the trace ends: how fx itself wraps functions (``autowrap``),
+        but calling the IR-op version rather than recording the library's function."""
+        frame = getattr(fn, "__globals__", None)
+        if frame:
+            self._swap_in(frame)
+
+    def _swap_in(self, frame: dict) -> None:
+        rules = function_lowerings()
+        if not rules:
+            return
+        for name, value in list(frame.items()):
+            rule = rules.get(id(value))
+            if rule is not None and rule[0] is value:
+                self._swapped.append((frame, name, value))
+                frame[name] = rule[1]
 
     def add_helper_module(self, module: nn.Module) -> nn.Module:
         """Attach ``module`` (e.g. a DGL builtin message function) to the root, so an IR op
@@ -44,6 +92,21 @@ class SarTracer(fx.Tracer):
         if getattr(self, "submodule_paths", None) is not None:  # fx's cache of module paths
             self.submodule_paths[module] = name
         return module
+
+    def path_of_module(self, mod: nn.Module) -> str:
+        """A module made inside forward (DGL's ``EdgeWeightNorm("both")(g, w)``) is not
+        reachable from the root: attach it as a helper, if it holds no state (one made with
+        parameters draws them anew each call, which a compiled program cannot repeat)."""
+        try:
+            return super().path_of_module(mod)
+        except NameError:
+            if any(True for _ in itertools.chain(mod.parameters(), mod.buffers())):
+                raise CompileError(
+                    f"{type(mod).__name__} is not a submodule of the model traced (made inside forward?) and has "
+                    "parameters or buffers of its own, which each call would make anew; make it in __init__"
+                ) from None
+            self.add_helper_module(mod)
+            return super().path_of_module(mod)
 
     def create_args_for_root(self, root_fn, is_module, concrete_args=None):
         fn, args = super().create_args_for_root(root_fn, is_module, concrete_args)
@@ -77,6 +140,203 @@ class SarTracer(fx.Tracer):
         return super().create_arg(a)
 
 
+# -- shapes are constants ---------------------------------------------------------------------
+UNKNOWN = object()  # an example value that is not known: what is computed from it stays symbolic
+
+# The shape queries whose answer becomes a Python constant while tracing (attributes, methods).
+_ATTRIBUTES = frozenset({"shape", "ndim", "dtype", "device", "layout", "is_sparse", "is_cuda"})
+_METHODS = frozenset({"size", "dim", "ndimension", "numel", "nelement", "is_floating_point", "is_complex",
+                      "element_size"})
+_COUNTS = frozenset({"size", "shape", "numel", "nelement"})  # answers that may be row counts
+_KEEP = object()
+
+
+class _ShapeProxy(fx.Proxy):
+    """A traced value whose shape attributes (``x.shape``, ``x.ndim``) are asked of the
+    tracer at once, so that they can be constants (fx would record them lazily)."""
+
+    def __getattr__(self, k: str):
+        if k in _ATTRIBUTES and isinstance(self.tracer, ShapeTracer) and self.tracer.is_tensor(self.node):
+            return self.tracer.create_proxy("call_function", builtins.getattr, (self, k), {})
+        return super().__getattr__(k)
+
+
+class ShapeTracer(SarTracer):
+    """:class:`SarTracer` that also computes every value on example inputs while it traces,
+    so that the code traced may branch on shapes known when compiling: ``dim()``, ``ndim``,
+    ``dtype`` and the sizes of feature axes (``if x.size(-1) < k``, ``len(x.size())``) are
+    Python constants. Branches on values stay refused (a tensor is never a constant).
+
+    ``examples``: one list per probe (:data:`sarcompile.probe.PROBES`), with a value per
+    placeholder in order (:data:`UNKNOWN` where none is known); None traces as
+    :class:`SarTracer` does. A size is a constant only if it is the same on every probe,
+    is not one of the probes' row counts and is not the first axis of a value computed
+    from the inputs: a row count differs between workers, so it stays symbolic
+    (``x.size(0)``, the first entry of ``x.shape``). Where computing an example fails,
+    what depends on it stays symbolic. ``values`` holds each node's example values (one
+    per probe), also kept as ``node.meta["example"]`` for the lower pass; buffers, the RNG
+    and gradients are as before."""
+
+    def __init__(self, examples: Sequence[Sequence[Any]] | None, graph_input: int | str | None = None):
+        super().__init__(graph_input)
+        self.examples = None if examples is None else [list(e) for e in examples]
+        self.values: dict[fx.Node, tuple] = {}
+        self.derived: set[fx.Node] = set()  # nodes computed from the inputs
+        self._placeholders = 0
+        self._computing = False  # while a value is computed, modules and attributes are the real ones
+
+    def trace(self, root, concrete_args=None):
+        module = root if isinstance(root, nn.Module) else None
+        saved = {} if module is None else {k: v.clone() for k, v in module.named_buffers()}
+        try:
+            return super().trace(root, concrete_args)
+        finally:  # in-place updates the examples made (running statistics, step counters)
+            with torch.no_grad():
+                for k, v in module.named_buffers() if module is not None else ():
+                    if k in saved:
+                        v.copy_(saved[k])
+
+    def proxy(self, node: fx.Node) -> fx.Proxy:
+        return _ShapeProxy(node, self)
+
+    def is_tensor(self, node: fx.Node) -> bool:
+        return all(isinstance(v, torch.Tensor) for v in self.values.get(node, (None,)))
+
+    def create_proxy(self, kind, target, args, kwargs, *rest, **more):
+        proxy = super().create_proxy(kind, target, args, kwargs, *rest, **more)
+        if self.examples is None or kind == "output" or not isinstance(proxy, fx.Proxy):
+            return proxy
+        node = proxy.node
+        if kind == "placeholder" or any(n in self.derived for n in _row_sources(node)):
+            self.derived.add(node)
+        values = self._compute(kind, target, node)
+        if values is None:
+            return proxy
+        self.values[node] = values
+        node.meta["example"] = values
+        constant = self._constant(kind, target, node, values)
+        if constant is _KEEP:
+            return proxy
+        self.graph.erase_node(node)
+        return constant
+
+    # -- example values ----------------------------------------------------------------------
+    def getattr(self, attr, attr_val, parameter_proxy_cache):
+        return attr_val if self._computing else super().getattr(attr, attr_val, parameter_proxy_cache)
+
+    def call_module(self, m, forward, args, kwargs):
+        return forward(*args, **kwargs) if self._computing else super().call_module(m, forward, args, kwargs)
+
+    def _compute(self, kind, target, node) -> tuple | None:
+        """``node``'s value on every probe, or None where one is not known."""
+        if kind == "placeholder":
+            i, self._placeholders = self._placeholders, self._placeholders + 1
+            values = tuple(e[i] if i < len(e) else UNKNOWN for e in self.examples)
+            return None if any(v is UNKNOWN for v in values) else values
+        self._computing = True
+        try:
+            if kind == "get_attr":
+                return (self._attribute(node.target),) * len(self.examples)
+            for n in node.all_input_nodes:  # fx adds tensor constants and modules as get_attr nodes itself
+                if n not in self.values and n.op == "get_attr":
+                    self.values[n] = (self._attribute(n.target),) * len(self.examples)
+            if any(n not in self.values for n in node.all_input_nodes):
+                return None
+            with torch.no_grad(), torch.random.fork_rng(devices=[]), offline():
+                return tuple(self._run(kind, target, node, p) for p in range(len(self.examples)))
+        except Exception:  # noqa: BLE001 - no example here: what depends on it stays symbolic
+            return None
+        finally:
+            self._computing = False
+
+    def _run(self, kind, target, node, probe: int) -> Any:
+        args, kwargs = fx.node.map_arg((node.args, node.kwargs), lambda n: self.values[n][probe])
+        if kind == "call_module":
+            module = self.root.get_submodule(target)
+            module = lowering_for(module) or module  # a layer with a rule runs as it will: on a graph
+            saved = [(b, b.clone()) for b in module.buffers()]
+            try:
+                return module(*args, **kwargs)
+            finally:
+                for b, v in saved:
+                    b.copy_(v)
+        if kind == "call_method":
+            return getattr(args[0], target)(*args[1:], **kwargs)
+        return target(*args, **kwargs)
+
+    def _attribute(self, path: str) -> Any:
+        value = self.root
+        for part in path.split("."):
+            value = getattr(value, part)
+        return value
+
+    # -- constants -------------------------------------------------------------------------
+    def _constant(self, kind, target, node, values: tuple) -> Any:
+        """The answer of a shape query (``x.dim()``, ``x.size(-1)``, ``x.shape``) as a
+        constant, or ``_KEEP`` to keep it symbolic."""
+        if kind == "call_method" and target in _METHODS:
+            query = target
+        elif kind == "call_function" and target is builtins.getattr and node.args[1] in _ATTRIBUTES:
+            query = node.args[1]
+        else:
+            return _KEEP
+        base = node.args[0]
+        if not isinstance(base, fx.Node) or not self.is_tensor(base):
+            return _KEEP
+        if isinstance(values[0], torch.Size):  # x.size() / x.shape: each size on its own
+            sizes = tuple(self.create_proxy("call_method", "size", (self.proxy(base), d), {})
+                          for d in range(len(values[0])))
+            return torch.Size(sizes) if all(isinstance(s, int) for s in sizes) else sizes
+        if any(v != values[0] for v in values[1:]):
+            return _KEEP
+        if query in _COUNTS:
+            if not isinstance(values[0], int) or values[0] in ROW_COUNTS:
+                return _KEEP
+            if query == "size" and base in self.derived:
+                dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+                ndim = self.values[base][0].dim()
+                if not isinstance(dim, int) or dim % max(ndim, 1) == 0:
+                    return _KEEP
+            elif query != "size" and base in self.derived and self.values[base][0].dim() > 0:
+                return _KEEP  # numel of a value with rows
+        return values[0]
+
+
+def _row_sources(node: fx.Node) -> list[fx.Node]:
+    """The inputs of ``node`` its rows may come from: all, except the tensor that only gives
+    a dtype and a device (``x.to(other)``, ``other.new_zeros(3, 1)``)."""
+    if node.op == "call_method" and node.target in ("to", "type_as"):
+        return [a for a in node.args[:1] if isinstance(a, fx.Node)]
+    if node.op == "call_method" and str(node.target).startswith("new_"):
+        found: list[fx.Node] = []
+        fx.node.map_arg((node.args[1:], node.kwargs), found.append)
+        return found
+    return node.all_input_nodes
+
+
+def examples_for(forward: Any, inputs: Mapping[str, Input], device: torch.device) -> list[list[Any]]:
+    """Per probe, an example value for each parameter of ``forward`` (:data:`UNKNOWN` where
+    ``inputs`` says nothing)."""
+    params = inspect.signature(forward).parameters
+    return [[example(inputs[n], probe, device) if n in inputs else UNKNOWN for n in params] for probe in PROBES]
+# torch 2.2's functions taking sizes take no traced size (torch.ones(g.num_edges(), 1) and
+# torch.reshape(x, x.shape + (1,)) raise a TypeError); while tracing, a call given a traced
+# value is recorded as a node, as newer torch records it.
+_FACTORIES = ("ones", "zeros", "full", "empty", "rand", "randn", "reshape")
+
+
+def _sized_factory(original: Callable) -> Callable:
+    @functools.wraps(original)
+    def factory(*args, **kwargs):
+        flat = [b for a in (*args, *kwargs.values()) for b in (a if isinstance(a, (tuple, list)) else (a,))]
+        proxy = next((a for a in flat if isinstance(a, fx.Proxy)), None)
+        if proxy is None:
+            return original(*args, **kwargs)
+        return proxy.tracer.create_proxy("call_function", original, args, kwargs)
+
+    return factory
+
+
 def _with_own_forward(model: nn.Module) -> nn.Module:
     """``model``, or where it has a ``forward`` of its own (an instance attribute, as
     ``torch_geometric.nn.Sequential`` generates) a shallow view of it whose class has that
@@ -92,24 +352,33 @@ def _with_own_forward(model: nn.Module) -> nn.Module:
 
 
 def trace(
-    model: nn.Module, graph_input: int | str | None = None, none_inputs: frozenset[str] = frozenset()
+    model: nn.Module,
+    graph_input: int | str | None = None,
+    none_inputs: frozenset[str] = frozenset(),
+    inputs: Mapping[str, Input] | None = None,
 ) -> fx.GraphModule:
     """Symbolically trace ``model``; failures become a :class:`CompileError` that says why,
     naming the layer being traced and the user's line that failed. ``graph_input``: see
     :class:`SarTracer`; ``none_inputs``: forward's optional inputs that are None, traced
-    as constants."""
-    tracer = SarTracer(graph_input)
+    as constants; ``inputs``: what is known of each input of the call (by name), from
+    which the tracer computes example values, so shapes are constants (see
+    :class:`ShapeTracer`)."""
     root = lowering_for(model)  # a model that is one layer: trace what it lowers to
     root = _with_own_forward(model if root is None else root)
     names = inspect.signature(root.forward).parameters
     constants = {name: None for name in none_inputs if name in names}
+    examples = None
+    if inputs:
+        tensor = next(iter(model.parameters()), None)
+        examples = examples_for(root.forward, inputs, tensor.device if tensor is not None else torch.device("cpu"))
+    tracer = ShapeTracer(examples, graph_input)
     try:
         graph = tracer.trace(root, concrete_args=constants or None)
         return fx.GraphModule(tracer.root, graph, type(model).__name__)
     except SarcompileError:
         raise
     except Exception as e:  # TraceError, or e.g. torch.ones(1, proxy) on older torch: say where and why
-        if isinstance(e, TypeError) and "'Proxy'" in str(e):  # the model's Python asked a traced value for a number
+        if isinstance(e, TypeError) and "Proxy'" in str(e):  # the model's Python asked a traced value for a number
             raise CompileError(
                 f"cannot trace {type(model).__name__}{_where(tracer, e)}: a traced tensor (or its shape) was used as "
                 f"a Python number ({e}). sarcompile traces forward() once with symbolic tensors, whose values and "
@@ -118,8 +387,9 @@ def trace(
             ) from None
         raise CompileError(
             f"cannot trace {type(model).__name__}{_where(tracer, e)}: {e}. sarcompile traces forward() "
-            "once with symbolic tensors, so Python control flow may not depend on tensor values; "
-            "move such logic into a submodule that stays a leaf or make it static."
+            "once with symbolic tensors, so Python control flow may not depend on tensor values or row counts "
+            "(feature sizes and dim() are known when compiling); move such logic into a submodule that stays a "
+            "leaf or make it static."
         ) from None
     finally:  # the GraphModule holds the helper modules now; the user's model must not
         for name in tracer.helpers:

@@ -165,8 +165,25 @@ class MaxMessageModel(nn.Module):
         return sc.ops.message_passing(g, self.msg, x, None, "max")
 
 
+class GatherModel(nn.Module):
+    """Node rows onto edges and back: gather_src / gather_dst, a per-edge computation mixing
+    both ends, edge softmax and every edge_reduce."""
+
+    def __init__(self, f_in: int = 6, hidden: int = 4):
+        super().__init__()
+        self.q, self.k = nn.Linear(f_in, hidden), nn.Linear(f_in, hidden)
+
+    def forward(self, g, x):
+        k_j, q_i = sc.ops.gather_src(g, self.k(x)), sc.ops.gather_dst(g, self.q(x))
+        score = sc.edge_softmax(g, (k_j * q_i).sum(-1, keepdim=True))
+        e = torch.tanh(k_j + q_i) * score
+        outs = [sc.ops.edge_reduce(g, e, r) for r in ("sum", "mean", "max", "min", "mul")]
+        return torch.cat(outs + [sc.ops.edge_reduce(g, torch.sin(k_j), "mean", dim=-2)], dim=-1)
+
+
 MODELS = {
     "mix": MixModel,
+    "gathers": GatherModel,
     "edge": EdgeModel,
     "drop": DropModel,
     "gat2": GAT2,
@@ -300,6 +317,33 @@ class OneSage(nn.Module):
 
 
 MODELS["one_sage"] = OneSage
+
+
+class WidthBranch(nn.Module):
+    """Python that branches on shapes known when compiling, as PyG's GatedGraphConv and
+    DNAConv do (the number of dims, the feature width), pads the features with
+    ``x.new_zeros(x.size(0), k)``, runs a ``GRUCell`` over the rows, and reshapes with the
+    row count (``h.size(0)``, ``h.shape[0]``), which differs between workers."""
+
+    def __init__(self, f_in: int = 6, width: int = 8):
+        super().__init__()
+        self.width = width
+        self.conv = sc.nn.SAGEConv(width, width, "mean")
+        self.cell = nn.GRUCell(width, width)
+
+    def forward(self, g, x):
+        if x.dim() != 2:
+            raise ValueError("x must be [nodes, features]")
+        if x.size(-1) > self.width:
+            raise ValueError("more features than the layer's width")
+        if x.shape[-1] < self.width:
+            x = torch.cat([x, x.new_zeros(x.size(0), self.width - x.size(-1))], dim=1)
+        h = self.cell(self.conv(g, x), x)
+        h = h.reshape(h.size(0), 2, len(h.size()) * 2).transpose(1, 2)  # [rows, 4, 2]
+        return h.reshape(h.shape[0], -1) if h.ndim == 3 else h
+
+
+MODELS["width"] = WidthBranch
 
 
 def run_iterations(rank: int, world_size: int, payload: dict[str, Any]) -> dict[str, Any]:

@@ -260,8 +260,9 @@ def test_edge_dropout_mask_is_the_same_on_any_split():
 # -- sc.ops.attention vs the unfused chain ------------------------------------------------------
 
 
-def chain(g, h, a_src, a_dst, slope, p, salt):
-    score = F.leaky_relu(sddmm(g, a_src, a_dst, "add"), slope)
+def chain(g, h, a_src, a_dst, slope, p, salt, a_edge=None):
+    score = sddmm(g, a_src, a_dst, "add")
+    score = F.leaky_relu(score if a_edge is None else score + a_edge, slope)
     return spmm(g, h, "sum", edge_weight=edge_dropout(g, edge_softmax(g, score), p, salt))
 
 
@@ -278,17 +279,21 @@ def attention_inputs(n, shape, seed):
     return h, a_src, a_dst, go
 
 
-def attention_and_grads(fn, g, h, a_src, a_dst, go):
-    ins = [t.clone().requires_grad_() for t in (h, a_src, a_dst)]
+def attention_and_grads(fn, g, h, a_src, a_dst, go, a_edge=None):
+    ins = [t.clone().requires_grad_() for t in (h, a_src, a_dst, a_edge) if t is not None]
     out = fn(g, *ins)
     return out, torch.autograd.grad(out, ins, go, allow_unused=True, materialize_grads=True)
 
 
-def compare_attention(g, h, a_src, a_dst, go, slope, p, salt):
-    fused = attention_and_grads(lambda g, h, s, d: sc.ops.attention(g, h, s, d, slope, p, salt), g, h, a_src, a_dst, go)
-    ref = attention_and_grads(lambda g, h, s, d: chain(g, h, s, d, slope, p, salt), g, h, a_src, a_dst, go)
+def compare_attention(g, h, a_src, a_dst, go, slope, p, salt, a_edge=None):
+    """The fused op against the chain of IR ops: output, gradients of h, a_src, a_dst
+    (and a_edge)."""
+    fused = attention_and_grads(
+        lambda g, h, s, d, *e: sc.ops.attention(g, h, s, d, slope, p, salt, *e), g, h, a_src, a_dst, go, a_edge
+    )
+    ref = attention_and_grads(lambda g, h, s, d, *e: chain(g, h, s, d, slope, p, salt, *e), g, h, a_src, a_dst, go, a_edge)
     torch.testing.assert_close(fused[0], ref[0])
-    for name, a, b in zip(("h", "a_src", "a_dst"), fused[1], ref[1]):
+    for name, a, b in zip(("h", "a_src", "a_dst", "a_edge"), fused[1], ref[1]):
         torch.testing.assert_close(a, b, msg=lambda m, name=name: f"gradient of {name}: {m}")
     return fused
 
@@ -303,6 +308,23 @@ def test_attention_op_equals_chain(shape, data, slope, p, salt):
     compare_attention(g, h, a_src, a_dst, go, slope, p, torch.tensor(salt))
     # and on the graph with one self-loop per node
     compare_attention(g.with_self_loops(), h, a_src, a_dst, go, slope, p, torch.tensor(salt))
+
+
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+@pytest.mark.parametrize("edge_shape", ["per_edge", "broadcast"])
+@given(graphs(), st.floats(-1.0, 2.0, allow_subnormal=False), st.sampled_from([0.0, 0.5]), st.integers(0, 2**31 - 1))
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_attention_op_with_edge_scores_equals_chain(shape, edge_shape, data, slope, p, salt):
+    """A per-edge score added before the leaky ReLU (edges in the order given, not CSR);
+    one that broadcasts (a score per head for all edges) runs as the chain itself."""
+    src, dst, n, seed = data
+    g = sc.Graph.from_edges(src, dst, n)
+    h, a_src, a_dst, go = attention_inputs(n, shape, seed)
+    gen = torch.Generator().manual_seed(seed + 1)
+    for graph in (g, g.with_self_loops()):
+        rows = (graph.num_edges,) if edge_shape == "per_edge" else ()
+        a_edge = 3 * torch.randn((*rows, *a_src.shape[1:]), generator=gen, dtype=DT)
+        compare_attention(graph, h, a_src, a_dst, go, slope, p, torch.tensor(salt), a_edge)
 
 
 @pytest.mark.parametrize("shape", sorted(SHAPES))
@@ -407,8 +429,9 @@ def three_blocks(big: float):
     return blocks, h, a_src
 
 
-def edge_scores(blocks, a_src, a_dst, slope):
-    return [F.leaky_relu(s[b.col] + a_dst[b.row], slope) for b, s in zip(blocks, a_src)]
+def edge_scores(blocks, a_src, a_dst, slope, a_edge=None):
+    a_edge = a_edge or [0.0] * len(blocks)
+    return [F.leaky_relu(s[b.col] + a_dst[b.row] + e, slope) for b, s, e in zip(blocks, a_src, a_edge)]
 
 
 def dense_attention(blocks, h, scores, keep):
@@ -464,7 +487,8 @@ def test_attention_state_rescales_across_blocks(big, dropout):
 
 @pytest.mark.parametrize("slope", [0.2, 1.0])
 @pytest.mark.parametrize("dropout", [False, True])
-def test_attention_grads_over_blocks_equal_autograd(slope, dropout):
+@pytest.mark.parametrize("edge_score", [False, True])
+def test_attention_grads_over_blocks_equal_autograd(slope, dropout, edge_score):
     blocks, h, _ = three_blocks(2.5)
     gen = torch.Generator().manual_seed(2)
     # pre-activation scores from a_src (per block) + a_dst: block 0's sources tiny, block 2's large
@@ -475,29 +499,36 @@ def test_attention_grads_over_blocks_equal_autograd(slope, dropout):
     ]
     a_dst = torch.randn(3, H, generator=gen, dtype=DT)
     keep = random_keep(blocks, 3) if dropout else None
+    a_edge = [2 * torch.randn(b.num_edges, H, generator=gen, dtype=DT) for b in blocks] if edge_score else None
     d_out = torch.randn(3, H, C, generator=gen, dtype=DT)
 
     # autograd of the dense formula
     hs = [t.clone().requires_grad_() for t in h]
     ss = [t.clone().requires_grad_() for t in a_src]
     ad = a_dst.clone().requires_grad_()
-    dense = dense_attention(blocks, hs, edge_scores(blocks, ss, ad, slope), keep)
-    exp_grads = torch.autograd.grad(dense, [*hs, *ss, ad], d_out)
+    es = [t.clone().requires_grad_() for t in a_edge] if edge_score else []
+    dense = dense_attention(blocks, hs, edge_scores(blocks, ss, ad, slope, es), keep)
+    exp_grads = torch.autograd.grad(dense, [*hs, *ss, ad, *es], d_out)
 
     # forward with the online state, then backward block by block
     state = AttentionState(3, H, C, DT)
     for q, b in enumerate(blocks):
-        state.update(b, h[q], a_src[q], a_dst, slope, None if keep is None else keep[q])
+        state.update(b, h[q], a_src[q], a_dst, slope, None if keep is None else keep[q], es[q] if es else None)
     out, lse = state.result()
     torch.testing.assert_close(out, dense.detach())
     delta = (d_out * out).sum(-1)
     d_a_dst = torch.zeros_like(a_dst)
     for q, b in enumerate(blocks):
-        d_h, d_src, d_dst = attention_grads(
-            b, h[q], a_src[q], a_dst, slope, None if keep is None else keep[q], lse, d_out, delta
+        d_h, d_src, d_dst, d_edge = attention_grads(
+            b, h[q], a_src[q], a_dst, slope, None if keep is None else keep[q], lse, d_out, delta,
+            a_edge[q] if edge_score else None,
         )
         torch.testing.assert_close(d_h, exp_grads[q], msg=lambda m, q=q: f"d_h of block {q}: {m}")
         torch.testing.assert_close(d_src, exp_grads[3 + q], msg=lambda m, q=q: f"d_a_src of block {q}: {m}")
+        if edge_score:
+            torch.testing.assert_close(d_edge, exp_grads[7 + q], msg=lambda m, q=q: f"d_a_edge of block {q}: {m}")
+        else:
+            assert d_edge is None
         d_a_dst += d_dst
     torch.testing.assert_close(d_a_dst, exp_grads[6])
     assert torch.equal(d_a_dst[2], torch.zeros(H, dtype=DT))

@@ -494,3 +494,24 @@ def test_message_passing_errors(small):
         sc.ops.message_passing(g, lambda xj, xi, e: xj, x, None, "sum")
     with pytest.raises(GraphError, match="Dropout.*recomputes"):
         sc.ops.message_passing(g, torch.nn.Sequential(torch.nn.Dropout(0.5)), x, None, "sum")
+
+
+def test_gather_table_reads_rows_by_global_id_on_every_shard():
+    """A table with a row per node of the whole graph (LINKX's embedding), read per edge:
+    on each shard, edge by edge, what the whole graph reads for the same global edge."""
+    from sarcompile.shard import ShardGraph, split_graph
+
+    gen = torch.Generator().manual_seed(3)
+    n = 12
+    src, dst = torch.randint(0, n, (40,), generator=gen), torch.randint(0, n, (40,), generator=gen)
+    g = sc.Graph.from_edges(src, dst, n)
+    table = torch.randn(n, 3, generator=gen, dtype=torch.float64)
+    for end, ids in (("src", src), ("dst", dst)):
+        torch.testing.assert_close(sc.ops.gather_table(g, table, end), table[ids])
+        parts = split_graph(g, torch.randint(0, 3, (n,), generator=gen), 3)
+        for rank, part in enumerate(parts):
+            shard = ShardGraph.from_part(part, rank, 3, n, g.num_edges)
+            got = sc.ops.gather_table(shard, table, end)
+            torch.testing.assert_close(got, table[ids[shard.edge_ids]])
+    with pytest.raises(GraphError, match="one row per node of the whole graph"):
+        sc.ops.gather_table(g, table[:5], "src")

@@ -93,12 +93,12 @@ def _attention_kernels(args: dict[str, Any]) -> list[tuple[str, KernelSpec]]:
     from .attention_gen import AttentionBackwardSpec, AttentionForwardSpec
     from .triton_kernels import dtype_name
 
-    h = args["h"]
-    if h.dim() != args["a_src"].dim() + 1:
+    h, a_edge = args["h"], args["a_edge"]
+    if h.dim() != args["a_src"].dim() + 1 or (a_edge is not None and a_edge.shape[1:] != args["a_src"].shape[1:]):
         return []
     heads, channels = (h.shape[1], h.shape[2]) if h.dim() == 3 else (1, h.shape[1])
-    dropout = bool(args["dropout"])
+    dropout, edge_score = bool(args["dropout"]), a_edge is not None
     return [
-        ("forward", AttentionForwardSpec(heads, channels, dropout, dtype_name(h))),
-        ("backward", AttentionBackwardSpec(heads, channels, dropout, dtype_name(h))),
+        ("forward", AttentionForwardSpec(heads, channels, dropout, dtype_name(h), edge_score)),
+        ("backward", AttentionBackwardSpec(heads, channels, dropout, dtype_name(h), edge_score)),
     ]

@@ -212,15 +212,16 @@ class AttentionState:
         a_dst: torch.Tensor,
         negative_slope: float,
         keep: torch.Tensor | None,
+        a_edge: torch.Tensor | None = None,
     ) -> None:
         """Fold in one block: source features ``h [num_src, H, C]`` and scores ``a_src
-        [num_src, H]``, destination scores ``a_dst [num_dst, H]`` (edge score:
-        ``leaky_relu(a_src[u] + a_dst[v])``) and the dropout multiplier ``keep [E_b, H]``
-        (or None)."""
+        [num_src, H]``, destination scores ``a_dst [num_dst, H]``, the per-edge scores
+        ``a_edge [E_b, H]`` in CSR order (or None; edge score: ``leaky_relu(a_src[u] +
+        a_dst[v] + a_edge[e])``) and the dropout multiplier ``keep [E_b, H]`` (or None)."""
         if block.num_edges == 0:
             return
         block = block.on(h.device)
-        score = torch.nn.functional.leaky_relu(a_src[block.col] + a_dst[block.row], negative_slope)
+        score = torch.nn.functional.leaky_relu(_pre_scores(block, a_src, a_dst, a_edge), negative_slope)
         idx = block.row.unsqueeze(1).expand_as(score)
         block_max = torch.full_like(self.m, float("-inf")).scatter_reduce(0, idx, score, "amax")
         m_new = torch.maximum(self.m, block_max)
@@ -240,6 +241,13 @@ class AttentionState:
         return out, lse
 
 
+def _pre_scores(block: Block, a_src: torch.Tensor, a_dst: torch.Tensor, a_edge: torch.Tensor | None) -> torch.Tensor:
+    """``a_src[u] + a_dst[v] (+ a_edge[e])`` per edge of the block, summed in that order
+    (PyG's), so every executor rounds alike."""
+    pre = a_src[block.col] + a_dst[block.row]
+    return pre if a_edge is None else pre + a_edge
+
+
 def attention_grads(
     block: Block,
     h: torch.Tensor,
@@ -250,16 +258,18 @@ def attention_grads(
     lse: torch.Tensor,
     d_out: torch.Tensor,
     delta: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    a_edge: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Gradients for one block (inputs as for :meth:`AttentionState.update`) from the
     recomputed probabilities ``P = exp(score - lse[v])``.
 
     ``delta[v] = sum_c dOut[v] * Out[v]`` is FlashAttention's D: the softmax backward's
     row term, without storing P. Returns (grad of the block's source features, of its
-    source scores, of the local destination scores).
+    source scores, of the local destination scores, of the block's edge scores -- None
+    without ``a_edge``).
     """
     block = block.on(h.device)
-    pre = a_src[block.col] + a_dst[block.row]
+    pre = _pre_scores(block, a_src, a_dst, a_edge)
     score = torch.nn.functional.leaky_relu(pre, negative_slope)
     p = torch.exp(score - lse[block.row])
     w = p if keep is None else p * keep
@@ -270,7 +280,7 @@ def attention_grads(
     d_pre = torch.where(pre > 0, d_score, d_score * negative_slope)
     d_src = pre.new_zeros((block.num_src, pre.shape[1])).index_add_(0, block.col, d_pre)
     d_dst = pre.new_zeros((block.num_dst, pre.shape[1])).index_add_(0, block.row, d_pre)
-    return d_h, d_src, d_dst
+    return d_h, d_src, d_dst, (None if a_edge is None else d_pre)
 
 
 # -- Compressed communication ------------------------------------------------------------

@@ -9,6 +9,7 @@ per head) go to the torch kernel; :func:`sarcompile.codegen.kernel_specs` says w
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -151,15 +152,16 @@ class AttentionState(T.AttentionState):
         a_dst: torch.Tensor,
         negative_slope: float,
         keep: torch.Tensor | None,
+        a_edge: torch.Tensor | None = None,
     ) -> None:
         if block.num_edges == 0 or block.num_dst == 0:
             return
         heads, channels = h.shape[1], h.shape[2]
         h, a_src, a_dst = h.contiguous(), a_src.contiguous(), a_dst.contiguous()
-        keep_arg = h if keep is None else keep.contiguous()  # any pointer when there is no dropout
         b = block.on(h.device)
-        spec = AttentionForwardSpec(heads, channels, keep is not None, dtype_name(h))
-        args = (b.indptr, b.col, keep_arg, h, a_src, a_dst, self.m, self.l, self.acc, float(negative_slope), block.num_dst)
+        spec = AttentionForwardSpec(heads, channels, keep is not None, dtype_name(h), a_edge is not None)
+        args = (b.indptr, b.col, *_optional(h, keep, a_edge), h, a_src, a_dst, self.m, self.l, self.acc,
+                float(negative_slope), block.num_dst)
         launch(load(spec), lambda meta: (block.num_dst,), *args)
 
 
@@ -173,28 +175,39 @@ def attention_grads(
     lse: torch.Tensor,
     d_out: torch.Tensor,
     delta: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    a_edge: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """:func:`torch_kernels.attention_grads` by two generated passes: over the CSR for the
-    destination scores, over the CSC view for the source features and scores (each output
-    row owned by one program: no atomics)."""
+    destination scores (and the edge terms), over the CSC view for the source features
+    and scores (each output row owned by one program: no atomics)."""
     heads, channels = h.shape[1], h.shape[2]
-    score_dtype = torch.promote_types(a_src.dtype, a_dst.dtype)
+    parts = (a_src, a_dst) if a_edge is None else (a_src, a_dst, a_edge)
+    score_dtype = functools.reduce(torch.promote_types, (t.dtype for t in parts))
     d_h = d_out.new_zeros((block.num_src, heads, channels))
     d_src = torch.zeros((block.num_src, heads), dtype=score_dtype, device=h.device)
     d_dst = torch.zeros((block.num_dst, heads), dtype=score_dtype, device=h.device)
+    d_edge = None if a_edge is None else torch.zeros((block.num_edges, heads), dtype=score_dtype, device=h.device)
     if block.num_edges == 0:
-        return d_h, d_src, d_dst
+        return d_h, d_src, d_dst, d_edge
     h, a_src, a_dst = h.contiguous(), a_src.contiguous(), a_dst.contiguous()
     lse, d_out, delta = lse.contiguous(), d_out.contiguous(), delta.contiguous()
-    keep_arg = h if keep is None else keep.contiguous()  # any pointer when there is no dropout
     b = block.on(h.device)
-    module = load(AttentionBackwardSpec(heads, channels, keep is not None, dtype_name(h)))
+    module = load(AttentionBackwardSpec(heads, channels, keep is not None, dtype_name(h), a_edge is not None))
     slope = float(negative_slope)
-    data = (keep_arg, h, a_src, a_dst, lse, d_out, delta)
-    launch(module, lambda meta: (block.num_dst,), b.indptr, b.col, *data, d_dst, slope, block.num_dst, kernel="kernel_dst")
+    data = (*_optional(h, keep, a_edge), h, a_src, a_dst, lse, d_out, delta)
+    d_edge_arg = h if d_edge is None else d_edge
+    launch(module, lambda meta: (block.num_dst,), b.indptr, b.col, *data, d_dst, d_edge_arg, slope, block.num_dst,
+           kernel="kernel_dst")
     launch(
         module, lambda meta: (block.num_src,), b.transpose_indptr, b.transpose_row, b.transpose_perm, *data, d_h, d_src,
         slope, block.num_src,
         kernel="kernel_src",
     )
-    return d_h, d_src, d_dst
+    return d_h, d_src, d_dst, d_edge
+
+
+def _optional(placeholder: torch.Tensor, *tensors: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+    """The attention kernels' optional inputs (dropout multipliers, edge scores),
+    contiguous; ``placeholder`` -- any pointer -- where one is absent (its kernel does not
+    read it)."""
+    return tuple(placeholder if t is None else t.contiguous() for t in tensors)

@@ -7,13 +7,16 @@ a dependency of sarcompile: :func:`load_available` imports a front-end only when
 library is already imported by the user's program (it must be, for a model built with
 it to exist), and the compiler calls it before every compile.
 
-=====================  ===================  ==============================================
-front-end              library              layers
-=====================  ===================  ==============================================
-``frontends.pyg``      ``torch_geometric``  SAGEConv, GCNConv, GINConv, GATConv, GATv2Conv,
-                                            GraphConv, BatchNorm
-``frontends.dgl``      ``dgl``              SAGEConv (mean, gcn, pool), GraphConv, GATConv
-=====================  ===================  ==============================================
+============================  ===================  ========================================
+front-end                     library              layers
+============================  ===================  ========================================
+``frontends.pyg``             ``torch_geometric``  SAGEConv, GCNConv, GINConv, GATConv,
+                                                   GATv2Conv, GraphConv, BatchNorm, and any
+                                                   other MessagePassing layer it can trace
+``frontends.pyg_edge_types``  ``torch_geometric``  RGCNConv, FastRGCNConv, RGATConv
+``frontends.dgl``             ``dgl``              SAGEConv (mean, gcn, pool), GraphConv,
+                                                   GATConv
+============================  ===================  ========================================
 """
 
 from __future__ import annotations
@@ -23,12 +26,16 @@ import sys
 
 __all__ = ["load_available"]
 
-# library module name -> front-end module that registers its rules
-_FRONTENDS = {"torch_geometric": "sarcompile.frontends.pyg", "dgl": "sarcompile.frontends.dgl"}
+# library module name -> the front-end modules that register its rules
+_FRONTENDS = {
+    "torch_geometric": ("sarcompile.frontends.pyg", "sarcompile.frontends.pyg_edge_types"),
+    "dgl": ("sarcompile.frontends.dgl",),
+}
 
 
 def load_available() -> None:
     """Import the front-end of every supported library the program has imported."""
-    for library, frontend in _FRONTENDS.items():
-        if library in sys.modules and frontend not in sys.modules:
-            importlib.import_module(frontend)
+    for library, frontends in _FRONTENDS.items():
+        for frontend in frontends:
+            if library in sys.modules and frontend not in sys.modules:
+                importlib.import_module(frontend)

@@ -30,15 +30,16 @@ from typing import Any
 import torch
 import torch.fx
 import torch.nn.functional as F
-from dgl.nn.pytorch import GATConv, GraphConv, SAGEConv
+import dgl.nn.functional
+import dgl.ops
+from dgl.nn.pytorch import EdgeWeightNorm, GATConv, GraphConv, SAGEConv, TypedLinear
 from torch import nn
 
 from ..errors import CompileError, GraphError
 from ..graph import Graph
 from ..nn import RandomStream
 from ..ops import edge_dropout, edge_softmax, sddmm, spmm
-from ..lowering import register_lowering
-from ..passes.residency import declare
+from ..lowering import declare, register_function_lowering, register_lowering
 from ..vocab import Residency
 from ..runtime import comm
 from ..shard import ShardGraph
@@ -54,34 +55,92 @@ _OUT_DEGREES: weakref.WeakKeyDictionary[Any, torch.Tensor] = weakref.WeakKeyDict
 
 
 def out_degrees(graph: Graph | ShardGraph) -> torch.Tensor:
-    """Out-degree of every node (local nodes on a worker), counting all its out-edges.
-
-    On a worker a node's out-edges live on the workers of their destinations, so each worker
-    counts the edges of every halo row it holds and sends the counts back to the row's owner:
-    the same exchange as the backward of ``spmm`` (every worker calls this at the same point
-    of the program, so the exchange lines up)."""
+    """Out-degree of every node (local nodes on a worker), counting all its out-edges."""
     cached = _OUT_DEGREES.get(graph)
     if cached is None:
-        if isinstance(graph, Graph):
-            cached = torch.bincount(graph.src, minlength=graph.num_nodes)
-        else:
-            cached = torch.zeros(graph.num_nodes, dtype=torch.long)
-
-            def count(q: int, _rows: None) -> torch.Tensor:
-                block = graph.blocks[q]
-                return torch.bincount(block.col, minlength=block.num_src)
-
-            comm.run_rounds(graph, count, push_into=cached, phase="forward", what="out_degrees")
+        cached = _source_sums(graph, torch.ones(graph.num_edges, dtype=torch.long), "out_degrees")
         _OUT_DEGREES[graph] = cached
     return cached
+
+
+def _source_sums(graph: Graph | ShardGraph, values: torch.Tensor, what: str) -> torch.Tensor:
+    """``out[u] = sum over u->v of values[uv]`` for every (local) node, ``values`` per edge.
+
+    On a worker a node's out-edges live on the workers of their destinations, so each worker
+    sums the edges of every halo row it holds and sends the sums back to the row's owner:
+    the same exchange as the backward of ``spmm`` (every worker calls this at the same point
+    of the program, so the exchange lines up)."""
+    shape = (graph.num_nodes, *values.shape[1:])
+    if isinstance(graph, Graph):
+        return values.new_zeros(shape).index_add_(0, graph.src, values)
+    out = values.new_zeros(shape)
+
+    def block_sums(q: int, _rows: None) -> torch.Tensor:
+        block = graph.blocks[q]
+        mine = values[graph.edge_ptr[q]:graph.edge_ptr[q + 1]]
+        return values.new_zeros((block.num_src, *values.shape[1:])).index_add_(0, block.col, mine)
+
+    comm.run_rounds(graph, block_sums, push_into=out, phase="forward", what=what)
+    return out
+
+
+class _OutWeights(torch.autograd.Function):
+    """:func:`out_weights`, differentiable: the gradient of edge u->v is the one of row u,
+    gathered onto the edges by ``sddmm`` (the halo exchange of the forward, reversed)."""
+
+    @staticmethod
+    def forward(ctx, graph, weight):
+        ctx.graph = graph
+        return _source_sums(graph, weight, "out_weights")
+
+    @staticmethod
+    def backward(ctx, grad):
+        return None, sddmm(ctx.graph, grad, torch.zeros_like(grad), "add")
+
+
+def out_weights(graph: Graph | ShardGraph, weight: torch.Tensor) -> torch.Tensor:
+    """Weighted out-degree of every node: ``sum over u->v of weight[uv]`` (DGL's
+    ``reverse(g).update_all(copy_e, sum)``)."""
+    return _OutWeights.apply(graph, weight)
+
+
+def reduce_edges(graph: Graph | ShardGraph, values: torch.Tensor, reduce: str = "sum") -> torch.Tensor:
+    """``sum`` (or ``mean``, 0 without in-edges) over u->v of ``values[uv]`` into every v: a
+    node's weighted in-degree, or messages computed on the edges. Local: every in-edge of a
+    node lives on its worker."""
+    shape = (graph.num_dst, *values.shape[1:])
+    dst = graph.dst_index.to(values.device)
+    out = values.new_zeros(shape).index_add(0, dst, values)
+    if reduce == "mean":
+        count = torch.bincount(dst, minlength=graph.num_dst).clamp(min=1).to(values.dtype)
+        out = out / count.reshape(-1, *([1] * (values.dim() - 1)))
+    return out
+
+
+def check_edge_weights(graph: Graph | ShardGraph, weight: torch.Tensor, positive: bool) -> torch.Tensor:
+    """``weight`` unchanged if it is one scalar per edge, positive where ``positive``; else
+    DGL's EdgeWeightNorm error. All workers decide together, as :func:`require_in_edges`."""
+    if weight.dim() != 1:
+        raise GraphError("dgl.nn.EdgeWeightNorm normalises one scalar weight per edge, got a weight of shape "
+                         f"{tuple(weight.shape)} (DGL raises here too)")
+    if positive and not comm.is_offline() and int(comm.global_sum((weight <= 0).sum().reshape(1))[0]):
+        raise GraphError('dgl.nn.EdgeWeightNorm(norm="both") got a non-positive edge weight, whose square root '
+                         "or inverse it would take (DGL raises here too)")
+    return weight
 
 
 def require_in_edges(graph: Graph | ShardGraph, feat: torch.Tensor, layer: str) -> torch.Tensor:
     """``feat`` unchanged if every node has an in-edge; else the error DGL raises for
     ``allow_zero_in_degree=False``. All workers decide together (one all-reduce of a count),
     so they fail together instead of leaving their peers waiting."""
+    check_in_edges(graph, layer)
+    return feat
+
+
+def check_in_edges(graph: Graph | ShardGraph, layer: str = "a DGL layer") -> None:
+    """DGL's ``if (g.in_degrees() == 0).any(): raise DGLError(...)``, on all workers together."""
     if comm.is_offline():  # the planner's probe runs on a made-up graph; only real graphs are checked
-        return feat
+        return
     zero = int(comm.global_sum((graph.in_degrees() == 0).sum().reshape(1))[0])
     if zero:
         raise GraphError(
@@ -89,7 +148,6 @@ def require_in_edges(graph: Graph | ShardGraph, feat: torch.Tensor, layer: str) 
             "too). Add a self-loop to every node (dgl.add_self_loop(g)) before Graph.from_dgl, or build "
             "the layer with allow_zero_in_degree=True."
         )
-    return feat
 
 
 def scale_rows(x: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
@@ -125,12 +183,37 @@ def matmul_opt(x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
     return x if weight is None else torch.matmul(x, weight)
 
 
-for _fn in ("out_degrees", "require_in_edges", "scale_rows", "check_call", "own_or_given", "matmul_opt"):
+def graph_device(graph: Graph | ShardGraph) -> torch.device:
+    """DGL's ``g.device``: where the graph's index tensors are."""
+    return graph.dst_index.device
+
+
+for _fn in ("out_degrees", "out_weights", "reduce_edges", "check_edge_weights", "require_in_edges", "check_in_edges", "scale_rows",
+            "check_call", "own_or_given", "matmul_opt", "graph_device"):
     torch.fx.wrap(_fn)
 # Each is row-local (the residency pass cannot look inside them): the result's residency.
-for _fn, _out in ((out_degrees, Residency.NODE), (require_in_edges, "feat"), (scale_rows, "x"),
-                  (check_call, "feat"), (own_or_given, Residency.PARAM), (matmul_opt, "x")):
+for _fn, _out in ((out_degrees, Residency.NODE), (out_weights, Residency.NODE), (reduce_edges, Residency.NODE),
+                  (check_edge_weights, "weight"), (require_in_edges, "feat"), (check_in_edges, Residency.CONST), (scale_rows, "x"),
+                  (check_call, "feat"), (own_or_given, Residency.PARAM), (matmul_opt, "x"),
+                  (graph_device, Residency.CONST)):
     declare(_fn, _out)
+
+
+# -- functions DGL's layers call, replaced while tracing (register_function_lowering) ---------------
+def dgl_edge_softmax(graph, logits, eids="__ALL__", norm_by="dst"):
+    """``dgl.nn.functional.edge_softmax``: the softmax over each node's in-edges, the IR's
+    ``edge_softmax``."""
+    if not (isinstance(eids, str) and eids == "__ALL__") or norm_by != "dst":
+        raise CompileError(
+            f"dgl edge_softmax(eids=..., norm_by={norm_by!r}) is not supported: sarcompile normalises over "
+            "all in-edges of each node (norm_by='dst', every edge)"
+        )
+    if isinstance(logits, dict):
+        raise CompileError("dgl edge_softmax on a heterograph (a dict of logits) is not supported")
+    return edge_softmax(graph, logits)
+
+
+register_function_lowering(dgl.ops.edge_softmax, dgl_edge_softmax, homes=(dgl.ops, dgl.nn.functional))
 
 
 # -- stand-ins -------------------------------------------------------------------------------------
@@ -230,6 +313,43 @@ class DGLGraphConv(_Shared):
         return rst
 
 
+class DGLEdgeWeightNorm(nn.Module):
+    """``dgl.nn.EdgeWeightNorm``: ``w_uv / sqrt(out_w(u) in_w(v))`` (``both``), ``w_uv / in_w(v)``
+    (``right``) or ``w_uv`` (``none``), with the weighted degrees plus ``eps``, in DGL's order
+    of operations (source norm, times destination norm, times weight)."""
+
+    def __init__(self, m: EdgeWeightNorm):
+        super().__init__()
+        self.norm, self.eps = m._norm, m._eps
+
+    def forward(self, graph, edge_weight):
+        w = check_edge_weights(graph, edge_weight, positive=self.norm == "both")
+        if self.norm == "none":
+            return w
+        degs = reduce_edges(graph, w) + self.eps
+        dst = degs.pow(-0.5) if self.norm == "both" else 1.0 / degs
+        dst = sddmm(graph, torch.zeros_like(dst), dst, "add")  # dst[v] on every edge u->v
+        if self.norm != "both":
+            return dst * w  # DGL's 1 * dst * w
+        src = (out_weights(graph, w) + self.eps).pow(-0.5)
+        return sddmm(graph, src, torch.zeros_like(src), "add") * dst * w  # src[u] * dst[v] * w_uv
+
+class DGLTypedLinear(nn.Module):
+    """``dgl.nn.TypedLinear``: row ``i`` times the weight of its type ``x_type[i]``, written
+    per row (DGL's ``gather_mm`` picks its kernel by the row count)."""
+
+    def __init__(self, m: TypedLinear):
+        super().__init__()
+        self.m = m  # its get_weight() (the bases or the blocks) runs on its own parameters
+
+    def forward(self, x, x_type, sorted_by_type=False):
+        w = self.m.get_weight()[x_type]  # [rows, in, out]; bdd: [rows, blocks * in/blocks * out/blocks]
+        if self.m.regularizer == "bdd":
+            b, si, so = self.m.num_bases, self.m.submat_in, self.m.submat_out
+            return torch.matmul(x.reshape(-1, b, 1, si), w.reshape(-1, b, si, so)).reshape(-1, b * so)
+        return torch.matmul(x.unsqueeze(1), w).squeeze(1)
+
+
 # GAT's attention dropout: one counter stream per DGL layer, kept across recompiles (train and
 # eval programs, replaced parameters) so the sequence of masks goes on. DGL's state_dict has no
 # room for it, so a checkpoint does not carry the step; the seed is drawn from torch's RNG when
@@ -287,3 +407,5 @@ class DGLGATConv(_Shared):
 register_lowering(SAGEConv, DGLSAGEConv)
 register_lowering(GraphConv, DGLGraphConv)
 register_lowering(GATConv, DGLGATConv)
+register_lowering(EdgeWeightNorm, DGLEdgeWeightNorm)
+register_lowering(TypedLinear, DGLTypedLinear)

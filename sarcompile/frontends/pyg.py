@@ -18,18 +18,31 @@ PyG layer           lowered to
 ``GCNConv``         ``spmm`` over ``g.with_self_loops()`` scaled by ``deg^-1/2`` at both ends;
                     ``normalize``, ``add_self_loops``, ``improved``, ``bias``, ``edge_weight``
 ``GINConv``         ``nn(spmm(g, x, "sum") + (1 + eps) x)``
-``GATConv``         ``sddmm(add) -> leaky_relu -> edge_softmax -> [edge_dropout] -> spmm``,
-                    which the fuse pass turns into one attention op; ``residual``, ``bias``
-``GATv2Conv``       ``att . leaky_relu(sddmm(g, lin_l x, lin_r x, "add"))`` per edge and head,
-                    ``edge_softmax``, ``[edge_dropout]``, weighted ``spmm`` (not fused)
+``GATConv``         ``sddmm(add) [+ edge term] -> leaky_relu -> edge_softmax -> [edge_dropout]
+                    -> spmm``, which the fuse pass turns into one attention op; ``residual``,
+                    ``bias``, ``edge_dim`` (the edge term ``(lin_edge(edge_attr) * att_edge)
+                    .sum(-1)``, self-loops' features from ``fill_value`` as PyG)
+``GATv2Conv``       ``att . leaky_relu(sddmm(g, lin_l x, lin_r x, "add") [+ lin_edge(edge_attr)])``
+                    per edge and head, ``edge_softmax``, ``[edge_dropout]``, weighted ``spmm``
+                    (not fused); ``edge_dim`` as for GATConv
 ``GraphConv``       ``lin_rel(spmm(g, x, aggr, edge_weight)) + lin_root(x)``
 ``BatchNorm``       the ``batch_norm`` IR op on the wrapped ``BatchNorm1d``'s parameters and
                     running statistics: statistics over the nodes of *all* workers
 ==================  =========================================================================
 
-Any other ``MessagePassing`` layer, and PyG norms that reduce over the nodes they see
-(``GraphNorm``, ``InstanceNorm``, ``PairNorm``, ...), fail at compile time with a
-:class:`~sarcompile.CompileError` naming the layer; so do options a rule does not cover.
+Any other ``MessagePassing`` layer gets the general lowering (:func:`_lower_message_passing`):
+its ``forward`` is traced as written, PyG's graph utilities over ``edge_index`` become IR
+ops (:mod:`.pyg_utils`), and ``propagate`` becomes either the fused ``message_passing`` op
+(one node tensor, sum/mean/max) or ``message`` / ``aggregate`` / ``update`` traced inline on
+per-edge tensors (several node tensors, ``index`` and PyG's softmax, aggregation modules,
+an overridden ``aggregate``). What cannot be lowered exactly -- PyG norms that reduce over
+the nodes they see (``GraphNorm``, ``InstanceNorm``, ``PairNorm``, ...), options a rule does
+not cover, code that mixes rows -- fails at compile time with a
+:class:`~sarcompile.CompileError` naming the layer.
+
+``RGCNConv``, ``FastRGCNConv``, ``RGATConv`` and ``FiLMConv(num_relations > 1)`` take the
+general lowering, the edges of one relation (``edge_index[:, edge_type == i]``) being the
+``edge_subset`` op (:mod:`.pyg_edge_types`).
 
 Optional arguments (``edge_weight``, ``size``, ...) are runtime values to the traced
 stand-in, so the few checks that depend on them run in the compiled program (at the
@@ -57,15 +70,17 @@ import torch.nn.functional as F
 from torch import nn
 from torch_geometric import nn as gnn
 from torch_geometric.nn.conv import MessagePassing
+from torch_geometric.utils.loop import compute_loop_attr
 
 from ..errors import CompileError
 from ..trace import user_line
 from ..nn import RandomStream
-from ..ops import batch_norm, edge_dropout, edge_softmax, gather_dst, gather_src, message_passing, sddmm, spmm
-from ..lowering import register_lowering
-from ..passes.residency import declare
+from ..ops import (
+    batch_norm, edge_dropout, edge_softmax, gather_dst, gather_src, gather_table, message_passing, sddmm, spmm,
+)
+from ..lowering import declare, register_lowering
 from ..vocab import Residency
-from .pyg_utils import EdgeIndex, add_remaining_self_loops, as_edge_index, intercepting
+from .pyg_utils import EdgeEnd, EdgeIndex, add_remaining_self_loops, as_edge_index, intercepting
 
 __all__ = ["SUPPORTED"]
 
@@ -141,6 +156,19 @@ def _plain_call(x, layer: str, **unsupported):
     return x
 
 
+@torch.fx.wrap
+def _one_node_set(value, graph, size, layer: str):
+    """``value``, after checking at run time that ``size`` (PyG's ``(sources,
+    destinations)``) is None or the graph's own nodes on both sides, as a layer that
+    passes ``size=(x.size(0), x.size(0))`` gives it: then it changes nothing."""
+    if size is not None and tuple(size) != (graph.num_nodes, graph.num_nodes):
+        raise CompileError(
+            f"{layer} was called with size={tuple(size)!r} on a graph of {graph.num_nodes} nodes; sarcompile "
+            "supports one node set (size None, or the number of nodes twice): leave size out"
+        )
+    return value
+
+
 class _StandIn(nn.Module):
     """A PyG layer written with IR ops. ``self.layer`` is the PyG layer itself: every
     parameter is read from it, never copied."""
@@ -173,6 +201,28 @@ def _lower_sage(m: gnn.SAGEConv) -> nn.Module:
 
 
 # ----------------------------------------------------------------------------- GCNConv
+def _looped_edge_index(graph, looped) -> tuple[torch.Tensor, torch.Tensor]:
+    """How ``looped = graph.with_self_loops()`` is made of ``graph``'s edges: for each edge
+    of ``looped``, its position in ``graph``'s edge order, or ``graph.num_edges + v`` for
+    the new self-loop of node ``v``; and which edges of ``graph`` are the self-loops it
+    dropped. So ``torch.cat([edge_tensor, per_node_loop_values])[index]`` is an edge tensor
+    of ``looped``.
+
+    Works on a shard as on a whole graph: edges are matched by their global edge id and
+    a node's in-edges all live on its worker, so nothing crosses workers."""
+    ids, loop_ids = graph.edge_ids, looped.edge_ids
+    # The edges `looped` has that `graph` has not are its new self-loops (one per node);
+    # the edges `graph` has that `looped` has not are its old ones.
+    kept_ids = loop_ids[torch.isin(loop_ids, ids)]
+    new_loop = ~torch.isin(loop_ids, kept_ids)
+    old_loop = ~torch.isin(ids, kept_ids)
+    index = ids.numel() + looped.dst_index  # a new self-loop reads its node's value
+    if ids.numel():
+        order = torch.argsort(ids)
+        index[~new_loop] = order[torch.searchsorted(ids[order], loop_ids[~new_loop])]
+    return index, old_loop
+
+
 @torch.fx.wrap
 def _gcn_inv_sqrt_degree(graph, edge_weight, like: torch.Tensor) -> torch.Tensor:
     """``deg^-1/2`` per node as a column (0 where the degree is 0), the degree being the
@@ -267,21 +317,62 @@ def _stream(m: nn.Module) -> RandomStream | None:
     return _STREAMS[m]
 
 
+@torch.fx.wrap
+def _edge_features(edge_attr, layer: str, edge_dim: int):
+    """``edge_attr`` as rows ``[E, F]`` (PyG views ``[E]`` as ``[E, 1]``), after checking at
+    run time that the call gave it."""
+    if edge_attr is None:
+        raise CompileError(
+            f"{layer}(edge_dim={edge_dim}) was called without edge_attr; PyG then leaves the edge term out, which "
+            "is not supported yet: pass edge_attr, or build the layer without edge_dim"
+        )
+    return edge_attr.view(-1, 1) if edge_attr.dim() == 1 else edge_attr
+
+
+@torch.fx.wrap
+def _attention_loop_attr(graph, looped, edge_attr, fill_value):
+    """``edge_attr`` (in ``graph``'s edge order) carried over to ``looped =
+    graph.with_self_loops()`` as PyG's GATConv/GATv2Conv do it (``remove_self_loops``, then
+    ``add_self_loops(fill_value=...)``): other edges keep theirs; each node's new self-loop
+    gets PyG's ``compute_loop_attr`` of its remaining in-edges ('mean', 'add', 'max',
+    ...; 0 without any, 1 for 'mul'), or the given float or tensor. Local (see
+    :func:`_looped_edge_index`): a node's remaining in-edges all live on its worker."""
+    index, old_loop = _looped_edge_index(graph, looped)
+    kept, dst = ~old_loop, graph.dst_index[~old_loop]
+    loop_attr = compute_loop_attr(torch.stack([dst, dst]), edge_attr[kept], looped.num_dst, False, fill_value)
+    return torch.cat([edge_attr, loop_attr])[index]
+
+
+# The reductions a self-loop's edge features may be filled with: every in-edge of a node
+# is on its worker, and each of these gives the same whatever the order of the edges.
+_FILLS = ("mean", "add", "sum", "max", "min", "amax", "amin", "mul")
+
+
 def _check_attention(m: nn.Module, base: type) -> None:
     _check_common(m, base, ("add", "sum"))
     bipartite = m.lin is None if base is gnn.GATConv else not isinstance(m.in_channels, int)
     if bipartite:
         raise _refuse(m, "in_channels", m.in_channels, "give one int (bipartite layers are not supported yet)")
-    if m.edge_dim is not None:
-        raise _refuse(m, "edge_dim", m.edge_dim, "edge features are not supported yet")
     if not 0.0 <= m.dropout < 1.0:
         raise _refuse(m, "dropout", m.dropout, "use a probability in [0, 1)")
+    if m.edge_dim is not None and m.add_self_loops and isinstance(m.fill_value, str) and m.fill_value not in _FILLS:
+        # ('any' keeps whichever in-edge's features are written last: not the same on N workers)
+        raise _refuse(m, "fill_value", m.fill_value, f"use a float, a tensor or one of {', '.join(map(repr, _FILLS))}")
 
 
 class _Attention(_StandIn):
     def __init__(self, layer: nn.Module):
         super().__init__(layer)
         self.stream = _stream(layer)
+
+    def _edge_messages(self, edge_index, g, edge_attr):
+        """``lin_edge(edge_attr)`` per edge of ``g`` as ``[E, H, C]``, the new self-loops'
+        edge features filled in as PyG fills them."""
+        m = self.layer
+        e = _edge_features(edge_attr, type(m).__name__, m.edge_dim)
+        if m.add_self_loops:
+            e = _attention_loop_attr(edge_index, g, e, m.fill_value)
+        return m.lin_edge(e).view(-1, m.heads, m.out_channels)
 
     def _aggregate(self, g, score, h, x):
         """Softmax of ``score`` [E, H] over in-edges, [dropout], weighted sum of ``h``
@@ -302,27 +393,37 @@ class _Attention(_StandIn):
 class _GATConv(_Attention):
     def forward(self, x, edge_index, edge_attr=None, size=None, return_attention_weights=None):
         m = self.layer
-        x = _plain_call(
-            x, "GATConv", edge_attr=edge_attr, size=size, return_attention_weights=return_attention_weights
-        )
+        # Without edge_dim PyG ignores edge_attr: so does this.
+        x = _plain_call(x, "GATConv", size=size, return_attention_weights=return_attention_weights)
         h = m.lin(x).view(-1, m.heads, m.out_channels)
         a_src = (h * m.att_src).sum(dim=-1)
         a_dst = (h * m.att_dst).sum(dim=-1)
         g = edge_index.with_self_loops() if m.add_self_loops else edge_index
-        # The chain the fuse pass turns into one attention op (no per-edge tensor kept).
-        score = F.leaky_relu(sddmm(g, a_src, a_dst, "add"), m.negative_slope)
-        return self._aggregate(g, score, h, x)
+        # The chain the fuse pass turns into one attention op (no per-edge tensor kept
+        # beyond the edge term, an input of the op).
+        score = sddmm(g, a_src, a_dst, "add")
+        if m.lin_edge is not None:
+            score = score + (self._edge_messages(edge_index, g, edge_attr) * m.att_edge).sum(dim=-1)
+        return self._aggregate(g, F.leaky_relu(score, m.negative_slope), h, x)
 
 
 class _GATv2Conv(_Attention):
     def forward(self, x, edge_index, edge_attr=None, return_attention_weights=None):
         m = self.layer
-        x = _plain_call(x, "GATv2Conv", edge_attr=edge_attr, return_attention_weights=return_attention_weights)
+        # Without edge_dim PyG fails on an edge_attr (an assert): refused.
+        unused = edge_attr if m.lin_edge is None else None
+        x = _plain_call(
+            x, "GATv2Conv (without edge_dim)" if unused is not None else "GATv2Conv", edge_attr=unused,
+            return_attention_weights=return_attention_weights,
+        )
         x_l = m.lin_l(x).view(-1, m.heads, m.out_channels)
         x_r = x_l if m.share_weights else m.lin_r(x).view(-1, m.heads, m.out_channels)
         g = edge_index.with_self_loops() if m.add_self_loops else edge_index
-        # Per edge u->v and head: att . leaky_relu(x_l[u] + x_r[v]), an [E, H, C] tensor.
-        score = (F.leaky_relu(sddmm(g, x_l, x_r, "add"), m.negative_slope) * m.att).sum(dim=-1)
+        # Per edge u->v and head: att . leaky_relu(x_l[u] + x_r[v] [+ lin_edge(e)]), an [E, H, C] tensor.
+        pre = sddmm(g, x_l, x_r, "add")
+        if m.lin_edge is not None:
+            pre = pre + self._edge_messages(edge_index, g, edge_attr)
+        score = (F.leaky_relu(pre, m.negative_slope) * m.att).sum(dim=-1)
         return self._aggregate(g, score, x_l, x)
 
 
@@ -404,9 +505,9 @@ def _collect(names: list[str], graph: EdgeIndex, kwargs: dict) -> dict:
     out = {}
     for name in names:
         if name in ("index", "edge_index_i"):
-            out[name] = graph[1]
+            out[name] = EdgeEnd(graph, "dst")  # (not graph[1]: the graph is a real one when run on examples)
         elif name == "edge_index_j":
-            out[name] = graph[0]
+            out[name] = EdgeEnd(graph, "src")
         elif name == "edge_index":
             out[name] = graph
         elif name in _GRAPH_ARGS:
@@ -415,12 +516,18 @@ def _collect(names: list[str], graph: EdgeIndex, kwargs: dict) -> dict:
             value = kwargs[name[:-2]]
             if isinstance(value, (tuple, list)):
                 value = value[0] if name.endswith("_j") else value[1]
-            if value is not None:
+            if _is_parameter(value):  # a row per node of the whole graph, on every worker (LINKX)
+                value = gather_table(graph, value, "src" if name.endswith("_j") else "dst")
+            elif value is not None:
                 value = gather_src(graph, value) if name.endswith("_j") else gather_dst(graph, value)
             out[name] = value
         else:
             out[name] = kwargs.get(name)
     return out
+
+
+def _is_parameter(value) -> bool:
+    return isinstance(value, torch.fx.Proxy) and value.node.op == "get_attr"
 
 
 def _arguments(fn) -> list[str]:
@@ -459,29 +566,30 @@ def _lower_message_passing(m: MessagePassing) -> nn.Module:
     update_args = _arguments(m.update)[1:]
     layer = type(m).__name__
     if fused is not None:
-        node, edge = fused
-        view._sc_message = _Message(m, node, edge, names)
+        view._sc_message = _Message(m, *fused, names)
         reduce = _reduce(m.aggr)
 
     def propagate(edge_index, size=None, **kwargs):
         graph = as_edge_index(edge_index)
-        if fused is not None:
-            x = kwargs.get(node)
-            if isinstance(x, (tuple, list)) and len(x) == 2 and x[0] is x[1]:
-                x = x[0]  # PyG's idiom for a plain graph: x = (x, x)
-            x = _plain_call(x, layer, size=size)
-            out = message_passing(graph, view._sc_message, x, kwargs.get(edge) if edge else None, reduce)
-        else:
-            msg = m.message(**_collect(names, graph, kwargs))
+        x = kwargs.get(fused[0]) if fused is not None else None
+        if isinstance(x, (tuple, list)) and len(x) == 2 and x[0] is x[1]:
+            x = x[0]  # PyG's idiom for a plain graph: x = (x, x)
+        if fused is not None and not isinstance(x, (tuple, list)) and not _is_parameter(x):
+            x = _plain_call(_one_node_set(x, graph, size, layer), layer)
+            out = message_passing(graph, view._sc_message, x, kwargs.get(fused[1]) if fused[1] else None, reduce)
+        else:  # (a pair of different node tensors, e.g. GMMConv's (x @ g, x), goes this way too)
+            # The view's methods: what they store on self (RGATConv's _alpha) is the view's,
+            # where its forward reads it, and never reaches the user's layer.
+            msg = view.message(**_collect(names, graph, kwargs))
             if size is not None:
-                msg = _plain_call(msg, layer, size=size)
+                msg = _one_node_set(msg, graph, size, layer)
             aggregate_args = _collect(_arguments(m.aggregate)[1:], graph, kwargs)
-            out = m.aggregate(msg, **aggregate_args)
-        return m.update(out, **{k: kwargs[k] for k in update_args})
+            out = view.aggregate(msg, **aggregate_args)
+        return view.update(out, **{k: kwargs[k] for k in update_args})
 
     def edge_updater(edge_index, size=None, **kwargs):
         graph = as_edge_index(edge_index)
-        return m.edge_update(**_collect(_arguments(m.edge_update), graph, kwargs))
+        return view.edge_update(**_collect(_arguments(m.edge_update), graph, kwargs))
 
     object.__setattr__(view, "propagate", propagate)
     object.__setattr__(view, "edge_updater", edge_updater)
@@ -549,10 +657,13 @@ def _node_reducing(m: nn.Module) -> nn.Module | None:
 
 def _unless_overridden(rule, base: type):
     """``rule`` for ``base`` itself; a subclass that overrides what ``base`` computes with
-    (``forward``, ``message``, ...) gets the general MessagePassing lowering instead."""
+    (``forward``, ``message``, ...), or a layer aggregating with a list of aggregations or
+    an aggregation module, gets the general MessagePassing lowering instead."""
 
     def lower(m: nn.Module) -> nn.Module:
         if type(m) is not base and any(getattr(type(m), k, None) is not getattr(base, k, None) for k in _DEFINING):
+            return _lower_message_passing(m)
+        if not isinstance(getattr(m, "aggr", ""), str):  # a list of aggregations, or a module
             return _lower_message_passing(m)
         return rule(m)
 
@@ -573,7 +684,10 @@ for _layer, _rule in (
     register_lowering(_layer, _unless_overridden(_rule, _layer) if overridable else _rule)
 # The run-time helpers above are row-local (the residency pass cannot look inside them).
 declare(_plain_call, "x")
+declare(_one_node_set, "value")
 declare(_no_weight_for, "x")
+declare(_edge_features, "edge_attr")
+declare(_attention_loop_attr, Residency.EDGE)
 declare(_gcn_inv_sqrt_degree, Residency.NODE)
 for _name_ in ("InstanceNorm", "GraphNorm", "PairNorm", "MeanSubtractionNorm", "DiffGroupNorm", "GraphSizeNorm",
                "HeteroBatchNorm", "LayerNorm"):

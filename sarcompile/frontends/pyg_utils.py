@@ -14,31 +14,7 @@ source or destination node of every edge. A marker only means something where th
 module gives it a meaning; any other use of it (arithmetic, ``index.max()``) is refused
 at compile time, since on a worker the edges index rows that live elsewhere.
 
-=================================================  =========================================
-PyG code                                           becomes
-=================================================  =========================================
-``x[edge_index[0]]``, ``x.index_select(0, row)``   ``gather_src(g, x)`` (``x[col]``:
-                                                   ``gather_dst``)
-``scatter(e, edge_index[1], reduce=r)``            ``edge_reduce(g, e, r)`` (sum, mean, max,
-                                                   min, mul)
-``scatter(e, edge_index[0], reduce=r)``            ``edge_reduce_src(g, e, r)`` (sum, mean)
-``softmax(e, edge_index[1])``                      ``edge_softmax(g, e)``
-``degree(edge_index[1])`` / ``[0]``                in-degree / out-degree
-``edge_index[0] == edge_index[1]`` (``!=``)        the per-edge self-loop mask; ``e[mask]``
-                                                   may be updated in place (``-= 1``)
-``remove_self_loops``                              ``g.remove_self_loops()``
-``add_self_loops``                                 ``g.plus_self_loops()`` (loops kept, one
-                                                   more per node)
-``add_remaining_self_loops``                       ``g.with_self_loops()`` (one per node)
-``gcn_norm``, ``get_laplacian``                    the above, with their edge weights
-=================================================  =========================================
-
-A rule that derives a graph returns it as an :class:`EdgeIndex` with the edge tensor
-carried into the derived graph's edge order (matched by global edge id, so it runs the
-same on a shard); the loops a rule adds get PyG's ``fill_value`` (a number, a tensor, or
-a reduction of each node's in-edges: ``'add'``/``'sum'``, ``'mean'``, ``'max'``,
-``'min'``, ``'mul'``).
-"""
+=================================================  =================================="""
 
 from __future__ import annotations
 
@@ -53,13 +29,13 @@ import torch
 import torch.fx
 from torch import nn
 from torch_geometric import utils as pyg_utils
-from torch_geometric.nn.aggr import Aggregation
+from torch_geometric.nn.aggr import Aggregation, MultiAggregation
 from torch_geometric.nn.conv.gcn_conv import gcn_norm
 
 from ..errors import CompileError
 from ..graph import Graph
-from ..ops import edge_max, edge_reduce, edge_reduce_src, edge_softmax, gather_dst, gather_src
-from ..passes.residency import declare
+from ..lowering import declare
+from ..ops import edge_max, edge_reduce, edge_reduce_src, edge_softmax, edge_subset, gather_dst, gather_src
 from ..runtime import comm
 from ..vocab import Residency
 
@@ -70,9 +46,10 @@ __all__ = ["EdgeEnd", "EdgeIndex", "handles", "intercepting", "as_edge_index", "
 class EdgeEnd:
     """``edge_index[0]`` (``end="src"``) or ``edge_index[1]`` (``end="dst"``) of the
     traced graph ``graph``: the source or destination of every edge, in the graph's edge
-    order."""
+    order. ``graph`` is the traced graph, or a real one while the layer runs on example
+    inputs (the rules then run the IR ops eagerly)."""
 
-    graph: "EdgeIndex"
+    graph: Any
     end: str
 
     def refusal(self) -> CompileError:
@@ -115,12 +92,15 @@ class EdgeIndex(torch.fx.Proxy):
     loops = "any"
     layout = torch.strided  # an edge list, not a torch sparse matrix (PyG's is_torch_sparse_tensor asks)
 
-    def __getitem__(self, i: Any) -> EdgeEnd:
+    def __getitem__(self, i: Any) -> "EdgeEnd | EdgeIndex":
         if isinstance(i, int) and i in (0, 1, -1, -2):
             return EdgeEnd(self, "src" if i % 2 == 0 else "dst")
+        if isinstance(i, tuple) and len(i) == 2 and isinstance(i[0], slice) and i[0] == slice(None) \
+                and isinstance(i[1], torch.fx.Proxy):
+            return as_edge_index(edge_subset(self, i[1]))  # edge_index[:, mask]: the edges of a mask
         raise CompileError(
             f"edge_index[{i!r}] is not supported: sarcompile lowers edge_index[0] and edge_index[1] (source and "
-            "destination) as arguments of PyG's graph utilities"
+            "destination) as arguments of PyG's graph utilities, and edge_index[:, mask] (a bool per edge)"
         )
 
     def __iter__(self) -> Iterator[EdgeEnd]:
@@ -270,11 +250,15 @@ _aggregation_call_of_pyg = Aggregation.__call__
 _proxy_getitem_of_fx = torch.fx.Proxy.__getitem__
 
 
-def _aggregation_call(self: Aggregation, x: Any, index: Any = None, *args: Any, **kwargs: Any) -> Any:
-    # PyG's __call__ checks index.max() against dim_size; an EdgeEnd is exact by construction.
-    if isinstance(index, EdgeEnd):
-        return nn.Module.__call__(self, x, index, *args, **kwargs)
-    return _aggregation_call_of_pyg(self, x, index, *args, **kwargs)
+def _aggregation_call(self: Aggregation, x: Any, index: Any = None, ptr: Any = None, dim_size: Any = None,
+                      dim: int = -2, **kwargs: Any) -> Any:
+    if not isinstance(index, EdgeEnd):
+        return _aggregation_call_of_pyg(self, x, index, ptr, dim_size, dim, **kwargs)
+    if isinstance(self, MultiAggregation):
+        # Its fused path indexes with `index` itself; the plain path computes the same.
+        return self.combine([aggr(x, index, dim_size=dim_size, dim=dim) for aggr in self.aggrs])
+    # PyG's __call__ checks index.max() against dim_size; an EdgeEnd is right by construction.
+    return nn.Module.__call__(self, x, index, ptr=None, dim_size=dim_size, dim=dim, **kwargs)
 
 
 def _gather(x: torch.fx.Proxy, end: EdgeEnd) -> torch.fx.Proxy:

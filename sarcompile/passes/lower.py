@@ -5,7 +5,9 @@ with a lowering rule is a ``call_module`` leaf. Guarantees that afterwards no su
 is left: each was replaced, in place, by the IR-op program its rule produces, with the
 layer's parameters referenced under their original paths (so gradients land on the
 user's parameters). Every inserted node records ``meta["layer"]`` (the layer's path) and
-``meta["layer_type"]``.
+``meta["layer_type"]``. Each stand-in is traced on the example values the trace computed
+for the layer's arguments (``meta["example"]``), so its code too may branch on feature
+sizes and ``dim()`` (:class:`~sarcompile.trace.ShapeTracer`); those values are dropped.
 
 The rules live in :mod:`sarcompile.lowering`.
 """
@@ -17,11 +19,34 @@ import inspect
 import torch.fx as fx
 from torch import nn
 
-from ..errors import CompileError
+from ..errors import CompileError, SarcompileError
 from ..lowering import lowering_for
-from ..trace import SarTracer
+from ..trace import UNKNOWN, ShapeTracer, user_line
 
 __all__ = ["lower"]
+
+
+def _examples(args: list) -> list[list] | None:
+    """Per probe, the example value of each argument of a layer's call: what the trace
+    computed for it (``meta["example"]``, see :class:`~sarcompile.trace.ShapeTracer`), a
+    constant as it is; None if the trace computed none."""
+    nodes = [n for a in args for n in _nodes_in(a)]
+    if not any("example" in n.meta for n in nodes):
+        return None
+    count = len(next(n.meta["example"] for n in nodes if "example" in n.meta))
+
+    def value(a, probe: int):
+        if any("example" not in n.meta for n in _nodes_in(a)):
+            return UNKNOWN
+        return fx.node.map_arg(a, lambda n: n.meta["example"][probe])
+
+    return [[value(a, p) for a in args] for p in range(count)]
+
+
+def _nodes_in(a) -> list[fx.Node]:
+    found: list[fx.Node] = []
+    fx.node.map_arg(a, found.append)
+    return found
 
 
 def _inline(gm: fx.GraphModule, node: fx.Node, module: nn.Module, lowered: nn.Module) -> None:
@@ -34,8 +59,16 @@ def _inline(gm: fx.GraphModule, node: fx.Node, module: nn.Module, lowered: nn.Mo
     bound.apply_defaults()
     # Optional inputs left out are constants, so the layer's `if edge_attr is not None` is decided now.
     constants = {k: None for k, v in bound.arguments.items() if v is None}
-    body = SarTracer().trace(lowered, concrete_args=constants or None)
     params = list(bound.arguments.values())
+    try:
+        body = ShapeTracer(_examples(params)).trace(lowered, concrete_args=constants or None)
+    except SarcompileError:
+        raise
+    except Exception as e:  # e.g. a TraceError: Python control flow on a row count or a value
+        raise CompileError(
+            f"its lowering {type(lowered).__name__} cannot be traced ({type(e).__name__}: {e}{user_line(e)}); "
+            "Python control flow in it may depend on feature sizes and dim(), not on values or row counts"
+        ) from None
     env: dict[fx.Node, object] = {}
     result = None
     placeholder_index = 0
@@ -81,6 +114,8 @@ def lower(gm: fx.GraphModule, ctx=None) -> fx.GraphModule:
                 except CompileError as e:  # say which layer of the user's model it was
                     raise CompileError(f"layer {node.target!r}: {e}") from None
                 changed = True
+    for node in gm.graph.nodes:  # the trace's example values served their purpose; do not keep them alive
+        node.meta.pop("example", None)
     gm.graph.lint()
     gm.recompile()
     return gm

@@ -23,12 +23,14 @@ How residency flows:
 * Graph values may only be passed to IR ops, to graph methods (``with_self_loops``,
   ``remove_self_loops``, ``plus_self_loops`` give a graph, ``in_degrees`` per-node values), read for
   ``num_nodes`` / ``num_edges`` / ``global_ids`` / ``edge_ids``, or given to helpers that
-  declared themselves row-local (:func:`declare`, used by the front-ends).
+  declared themselves row-local (:func:`sarcompile.lowering.declare`, used by the front-ends).
 * Torch code keeps the residency of its per-row inputs when it is row-local: pointwise
   ops (``torch.Tag.pointwise``, and the activations) broadcasting with parameters or
   constants that do not cover the row axis; ``nn.Linear``, ``LayerNorm`` over features;
-  reductions, softmax, ``cat``/``stack``, indexing, ``transpose``/``permute`` along other
-  axes; ``view``/``reshape`` that keep dim 0; ``matmul`` not contracting the row axis;
+  RNN cells (``GRUCell``, ``LSTMCell``, ``RNNCell``) on ``[rows, features]``, LSTM/GRU over a
+  sequence per row; reductions, softmax, ``cat``/``stack``, indexing, ``transpose``/``permute``
+  along other axes; ``x[:n]`` with ``n`` the row count of ``x``'s kind (all its rows);
+  ``view``/``reshape`` that keep dim 0; ``matmul`` not contracting the row axis;
   ``sc.nn.NodeDropout`` (masks keyed by node id), dropout in eval mode.
 * Refused: anything over the row axis (reductions, softmax, sort, topk, cumsum, ``cat``
   of rows, full reductions such as ``x.sum()``), attention over rows
@@ -40,8 +42,8 @@ How residency flows:
   pass does not know to be row-local, because it cannot prove it.
 
 Shapes. Which axis ``dim=-1`` or ``...`` is depends on the number of dims, so the pass
-runs the program once on a small made-up graph (:data:`PROBE_NODES` nodes) with inputs
-of the call's trailing shapes (``placeholder.meta["input"]``, an :class:`Input` the
+runs the program once on a small made-up graph (the first of :data:`sarcompile.probe.PROBES`)
+with inputs of the call's trailing shapes (``placeholder.meta["input"]``, an :class:`Input` the
 compiler sets from the call, see :class:`sarcompile.compiler.CallShape`) and records each
 value's shape; buffers, the RNG and gradients are left as they were. Without an example
 (or if the probe fails) a decision that needs a shape is refused, saying so. Inputs
@@ -67,59 +69,33 @@ import builtins
 import inspect
 import itertools
 import operator
+import os
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.fx as fx
 from torch import nn
 
 from ..errors import CompileError, SarcompileError
-from ..graph import Graph, probe_graph
 from ..ops import registry
 from ..nn import NodeDropout, RandomStream
+from ..probe import PROBES, Input, example
 from ..runtime.comm import offline
-from ..trace import SarTracer
+from ..trace import ShapeTracer
+from ..lowering import declared_helpers
 from ..vocab import Residency
 
-__all__ = ["residency", "declare", "listing", "Input", "PROBE_NODES"]
+__all__ = ["residency", "listing", "Input"]
 
 NODE, EDGE, GRAPH, PARAM, CONST, ROWS = (Residency.NODE, Residency.EDGE, Residency.GRAPH, Residency.PARAM,
                                          Residency.CONST, Residency.ROWS)
 GRAPH_NAMES = ("g", "graph", "edge_index", "adj", "adj_t", "block")
 _DERIVED_GRAPHS = ("with_self_loops", "remove_self_loops", "plus_self_loops")  # graph methods giving a graph
 
-# The probe graph: sizes unlikely to equal a feature width, so a row axis is recognisable.
-PROBE_NODES, _PROBE_EDGES = 23, 61
 
-
-@dataclass(frozen=True)
-class Input:
-    """What the compiler knows of one input of the call: its residency and, for a tensor,
-    its shape and dtype (for the probe; a per-row input gets the probe's row count); for
-    another value, the value. ``alternatives``: other residencies its shape fits (a
-    ``[4, 3]`` weight given with a 4-node graph could be per-node rows); the first choice
-    under which the probe runs is taken."""
-
-    residency: Residency
-    shape: tuple[int, ...] | None = None
-    dtype: torch.dtype | None = None
-    value: Any = None
-    alternatives: tuple[Residency, ...] = ()
-
-
-# -- helpers that declared themselves row-local ----------------------------------------------
-_DECLARED: dict[Callable, Residency | str] = {}
-
-
-def declare(fn: Callable, output: Residency | str) -> Callable:
-    """Declare ``fn`` (a ``torch.fx.wrap`` helper, one node in the program) row-local: it
-    may take the graph and per-row values, and its result has residency ``output``, or
-    that of its argument named ``output``. Returns ``fn``."""
-    _DECLARED[fn] = output
-    return fn
 
 
 # -- values ------------------------------------------------------------------------------------
@@ -224,8 +200,10 @@ def _name_of(node: fx.Node) -> str | None:
 
 
 # -- where a node comes from -----------------------------------------------------------------
-_TORCH = str(Path(torch.__file__).resolve().parent)
-_OURS = str(Path(__file__).resolve().parents[1])
+# (with the separator: torch_geometric's files are not torch's)
+_TORCH = str(Path(torch.__file__).resolve().parent) + os.sep
+_OURS = str(Path(__file__).resolve().parents[1]) + os.sep
+_TRACER = str(Path(__file__).resolve().parents[1] / "trace.py")  # the tracer's own frames name no line of code
 
 
 def _source_line(node: fx.Node) -> str:
@@ -233,7 +211,8 @@ def _source_line(node: fx.Node) -> str:
     torch and sarcompile (outside torch if there is none), or ''."""
     trace = node.meta.get("stack_trace") or ""
     frames = re.findall(r'File "([^"]+)", line (\d+), in [^\n]*\n\s*([^\n]*)', trace)
-    outside_torch = [f for f in frames if not str(Path(f[0]).resolve()).startswith(_TORCH)]
+    outside_torch = [f for f in frames if not str(Path(f[0]).resolve()).startswith(_TORCH)
+                     and str(Path(f[0]).resolve()) != _TRACER]
     user = [f for f in outside_torch if not str(Path(f[0]).resolve()).startswith(_OURS)] or outside_torch
     if not user:
         return ""
@@ -255,20 +234,6 @@ def _layer(node: fx.Node, gm: fx.GraphModule | None) -> str:
 
 
 # -- the probe ---------------------------------------------------------------------------------
-
-def _example(spec: Input, graph: Graph, device: torch.device) -> Any:
-    if spec.residency is GRAPH:
-        return graph
-    if spec.shape is None:
-        return spec.value
-    rows = {NODE: graph.num_nodes, EDGE: graph.num_edges}.get(spec.residency)
-    shape = spec.shape if rows is None else (rows, *spec.shape[1:])
-    gen = torch.Generator().manual_seed(1)
-    dtype = spec.dtype or torch.get_default_dtype()
-    if dtype.is_floating_point:
-        return torch.randn(shape, generator=gen, dtype=dtype).to(device)
-    return torch.zeros(shape, dtype=dtype, device=device)
-
 
 class _Recorder(fx.Interpreter):
     """Runs the program, keeping every value's shape and each message_passing's inputs."""
@@ -297,6 +262,16 @@ def _summary(v: Any) -> Any:
     return type(v)
 
 
+def _edge_rows(like: torch.Tensor | None, edges: int, seed: int) -> torch.Tensor | None:
+    """An example like ``like`` with ``edges`` rows (None for None)."""
+    if like is None:
+        return None
+    shape = (edges, *like.shape[1:])
+    if not like.is_floating_point():
+        return like.new_zeros(shape)
+    return torch.randn(shape, generator=torch.Generator().manual_seed(seed), dtype=like.dtype).to(like.device)
+
+
 def _run_probe(gm: fx.GraphModule, inputs: list, buffers_of: nn.Module) -> tuple[_Recorder | None, str]:
     """(recorder, why it failed or '') after running ``gm`` on ``inputs``: on a failure the
     recorder has the shapes of the values computed before it. Buffers, the RNG state and
@@ -316,94 +291,6 @@ def _run_probe(gm: fx.GraphModule, inputs: list, buffers_of: nn.Module) -> tuple
             for k, v in buffers_of.named_buffers():
                 if k in saved:
                     v.copy_(saved[k])
-
-
-class _ShapeTracer(SarTracer):
-    """fx's tracer that also computes every value on example inputs, so that the code
-    traced may branch on feature sizes (``if x_j.size(-1) != e.size(-1)``): sizes and
-    dims of anything but the row axis of a value derived from the inputs are plain ints.
-    ``values`` holds each node's example value."""
-
-    def __init__(self, examples: list | None):
-        super().__init__()
-        self.examples = None if examples is None else list(examples)
-        self.values: dict[fx.Node, Any] = {}
-        self.rowy: set[fx.Node] = set()  # nodes computed from the inputs
-
-    def create_proxy(self, kind, target, args, kwargs, *rest, **more):
-        proxy = super().create_proxy(kind, target, args, kwargs, *rest, **more)
-        if self.examples is None or kind == "output" or not isinstance(proxy, fx.Proxy):
-            return proxy
-        node = proxy.node
-        value = self._compute(kind, target, node)
-        self.values[node] = value
-        if kind == "placeholder" or any(n in self.rowy for n in node.all_input_nodes):
-            self.rowy.add(node)
-        concrete = self._concrete(kind, target, node, value)
-        if concrete is not _KEEP:
-            self.graph.erase_node(node)
-            return concrete
-        return proxy
-
-    # While an example value is computed, modules and their attributes are the real ones
-    # (fx patches Module.__call__ and __getattr__ for the duration of the trace).
-    _computing = False
-
-    def getattr(self, attr, attr_val, parameter_proxy_cache):
-        return attr_val if self._computing else super().getattr(attr, attr_val, parameter_proxy_cache)
-
-    def call_module(self, m, forward, args, kwargs):
-        return forward(*args, **kwargs) if self._computing else super().call_module(m, forward, args, kwargs)
-
-    def _compute(self, kind, target, node):
-        self._computing = True
-        try:
-            return self._compute_value(kind, target, node)
-        finally:
-            self._computing = False
-
-    def _compute_value(self, kind, target, node):
-        real = lambda a: fx.node.map_arg(a, self._value)  # noqa: E731
-        args, kwargs = real(node.args), real(node.kwargs)
-        if kind == "placeholder":
-            return self.examples[len([n for n in self.values if n.op == "placeholder"])]
-        if kind == "get_attr":
-            return self._value(node)
-        if kind == "call_module":
-            return self.root.get_submodule(target)(*args, **kwargs)
-        if kind == "call_method":
-            return getattr(args[0], target)(*args[1:], **kwargs)
-        return target(*args, **kwargs)
-
-    def _value(self, n: fx.Node) -> Any:
-        if n not in self.values and n.op == "get_attr":  # also fx's tensor constants (made by create_node)
-            value = self.root
-            for part in n.target.split("."):
-                value = getattr(value, part)
-            self.values[n] = value
-        return self.values[n]
-
-    def _concrete(self, kind, target, node, value):
-        base = node.args[0] if node.args else None
-        rowy = isinstance(base, fx.Node) and base in self.rowy
-        if kind == "call_method" and target in ("dim", "ndimension"):
-            return value
-        if kind == "call_function" and target is builtins.getattr and node.args[1] in ("ndim", "dtype", "device"):
-            return value
-        if isinstance(value, torch.Size):  # x.size() / x.shape: the row count stays symbolic
-            if not rowy:
-                return value
-            rows = self.create_proxy("call_method", "size", (fx.Proxy(base, self), 0), {})
-            return (rows, *value[1:])
-        if kind == "call_method" and target == "size" and isinstance(value, int):
-            dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
-            ndim = self.values[base].dim()
-            if not rowy or (isinstance(dim, int) and dim % max(ndim, 1) != 0):
-                return value
-        return _KEEP
-
-
-_KEEP = object()
 
 
 # -- the checker -------------------------------------------------------------------------------
@@ -499,7 +386,7 @@ class _Checker:
             return _CONST  # fx's check that an input traced as None is None
         if node.op == "call_function" and node.target in registry():
             return self.ir_op(node)
-        if node.op == "call_function" and node.target in _DECLARED:
+        if node.op == "call_function" and node.target in declared_helpers():
             return self.declared(node)
         ins = [self.vals[n] for n in node.all_input_nodes]
         if any(v.res is GRAPH for v in ins):
@@ -532,7 +419,7 @@ class _Checker:
         return _Val(op.output)
 
     def declared(self, node: fx.Node) -> _Val:
-        out = _DECLARED[node.target]  # its author vouches for it, whatever it is given
+        out = declared_helpers()[node.target]  # its author vouches for it, whatever it is given
         if isinstance(out, Residency):
             return _Val(out)
         bound = inspect.signature(node.target).bind(*node.args, **node.kwargs)
@@ -550,16 +437,16 @@ class _Checker:
         no_edge = bound.get("edge_attr") is None
         recorded = self.messages.get(node)
         examples = None
-        if recorded is not None:  # per-edge rows of the recorded shapes
+        if recorded is not None:  # per-edge rows of the recorded shapes, on as many edges as each probe has
             x, e = recorded["x"], recorded["edge_attr"]
-            edges = e.shape[0] if e is not None else _PROBE_EDGES
-            rows = torch.randn((edges, *x.shape[1:]), dtype=x.dtype) if x.is_floating_point() else x.new_zeros(
-                (edges, *x.shape[1:]))
-            examples = [rows, rows.clone(), e]
-        tracer = _ShapeTracer(examples)
+            edges = [e.shape[0] if e is not None else PROBES[0].edges, PROBES[1].edges]
+            examples = []
+            for probe, count in zip(PROBES, edges):
+                rows = _edge_rows(x, count, probe.seed)
+                examples.append([rows, rows.clone(), e if probe is PROBES[0] else _edge_rows(e, count, probe.seed)])
+        tracer = ShapeTracer(examples)
         try:
-            with torch.no_grad(), torch.random.fork_rng(devices=[]):
-                graph = tracer.trace(fn, concrete_args={names[2]: None} if no_edge else None)
+            graph = tracer.trace(fn, concrete_args={names[2]: None} if no_edge else None)
             body = fx.GraphModule(fn, graph)
         except SarcompileError:
             raise
@@ -569,7 +456,7 @@ class _Checker:
                 "edge's message from that edge's rows alone; write it without control flow on tensor values"
             ) from None
         placeholders = [n for n in body.graph.nodes if n.op == "placeholder"]
-        seen = {n: _summary(v) for n, v in tracer.values.items()} if examples is not None else None
+        seen = {n: _summary(v[0]) for n, v in tracer.values.items()} if examples is not None else None
         why = "" if examples is not None else "no example run"
         for i, ph in enumerate(placeholders):  # x_j, x_i, edge_attr: one row per edge
             ph.meta["input"] = Input(CONST if (no_edge and i == 2) else EDGE)
@@ -651,6 +538,15 @@ class _Checker:
                 raise self.refuse(hidden[0], f"{kind}'s hidden state is [layers, rows, hidden]: its rows are not on "
                                   "axis 0", "Use the output (its first result) only.")
             return replace(k, seq=True)
+        if isinstance(m, nn.RNNCellBase):  # e.g. GatedGraphConv's GRUCell: one step per row, rows as the batch
+            if nd != 2:
+                raise self.refuse(node, f"{kind} on a {nd}-D {k.word()} tensor does not take its rows as the batch",
+                                  "Give it [rows, features].")
+            hx = self.arg(node, 1, "hx")
+            if hx is not None and not all(self.val(h).per_row for h in (hx if isinstance(hx, tuple) else (hx,))):
+                raise self.refuse(node, f"{kind}'s hidden state is not one row per {k.word()} row",
+                                  "Give it a hidden state [rows, hidden] computed per row, or none.")
+            return replace(k, seq=isinstance(m, nn.LSTMCell))  # LSTMCell: (h, c)
         if isinstance(m, nn.LayerNorm):
             if len(m.normalized_shape) >= nd:
                 raise self.refuse(node, f"LayerNorm{tuple(m.normalized_shape)} normalises over the row axis too",
@@ -695,7 +591,7 @@ class _Checker:
             raise self.refuse(
                 node, f"sarcompile cannot prove that {what} is row-local (it takes a {w} value)",
                 "Write it with torch operations, or make it a helper declared row-local "
-                "(sarcompile.passes.residency.declare).",
+                "(sarcompile.lowering.declare).",
             )
         x = node.args[0] if node.args else None
         xv = self.val(x)
@@ -704,6 +600,8 @@ class _Checker:
                 name == "getattr" and node.args[1] in ("shape", "ndim", "dtype", "device", "T", "mT", "is_cuda",
                                                        "requires_grad", "data")):
             return self.meta_of(node, name, x, xv)
+        if name in _META and node.op == "call_method":  # x.dim(), x.element_size(): the same on every worker
+            return _META[name]
         if xv.seq and name in ("getattr", "getitem"):  # x.max(1).values, x.split(2, 1)[0]
             return k
         if xv.res is ROWS and name == "getitem" and xv.shape_ndim is not None:
@@ -715,7 +613,11 @@ class _Checker:
         if name in _FACTORIES:
             return self.factory(node, name, ins, k)
         if name == "getitem" and self.all_rows(node, xv):
-            return k  # x_0[:x.size(0)], x and x_0 with rows of one kind: every row, on every worker
+            return k
+        if name == "add" and xv.res is ROWS and xv.shape_ndim is not None:  # x.shape + (1,) * k: a longer shape
+            extra = self.tuple_length(node.args[1])
+            if extra is not None:
+                return _Val(ROWS, xv.rows, shape_ndim=xv.shape_ndim + extra)
         if any(v.res is ROWS for v in ins) and name not in _SHAPED:
             raise self.refuse(node, f"`{name}` computes with a row count (x.size(0), len(x)), which differs "
                               "between workers", "Compute per row; for a total over all nodes use a "
@@ -804,15 +706,25 @@ class _Checker:
                               "Only the first size may be the number of rows.")
         return _CONST
 
-    def all_rows(self, node: fx.Node, xv: _Val) -> bool:
-        """``node`` is ``x[:n]`` with ``n`` the row count of a value with ``x``'s kind of rows."""
+    def tuple_length(self, a: Any) -> int | None:
+        """The length of ``a`` if it is a tuple of sizes the same on every worker, else None."""
+        if isinstance(a, (tuple, list)):
+            return None if any(isinstance(i, fx.Node) and self.val(i).res is not CONST for i in a) else len(a)
+        if isinstance(a, fx.Node) and self.val(a).res is CONST and isinstance(self.seen.get(a), list):
+            return len(self.seen[a])
+        return None
+
+    def all_rows(self, node, xv) -> bool:
+        """``x[:n]`` (``x[:y.size(0)]``, DGL's ``feat[:g.num_dst_nodes()]``) with ``n`` the row
+        count of ``x``'s own kind: every row, on any worker, so ``x`` itself."""
         idx = node.args[1]
         first = idx[0] if isinstance(idx, tuple) and idx else idx
-        if not (xv.per_row and isinstance(first, slice) and first.start is None and first.step is None):
+        if not (xv.res is NODE and isinstance(first, slice) and first.start is None and first.step is None):
             return False
         stop = self.val(first.stop) if isinstance(first.stop, fx.Node) else None
         rest = idx[1:] if isinstance(idx, tuple) else ()
-        return stop is not None and stop.res is ROWS and stop.rows is xv.res and all(i == slice(None) for i in rest)
+        return (stop is not None and stop.res is ROWS and stop.rows is xv.res and stop.shape_ndim is None
+                and not any(isinstance(i, fx.Node) and self.val(i).res is ROWS for i in rest))
 
     def getitem(self, node, x, xv, k) -> _Val:
         if xv.seq or isinstance(self.seen.get(x), list):
@@ -925,6 +837,8 @@ class _Checker:
         if name == "squeeze" and dims == "all":
             raise self.refuse(node, "squeeze() without a dim would drop the row axis of a worker with one row",
                               "Give the dim: x.squeeze(-1).")
+        if name == "index_select" and not self.val(x).per_row and self.axis(node, x, dims) == 0:
+            return k  # a parameter's rows looked up by a per-row index: an embedding, as param[index]
         if name in ("scatter", "scatter_add", "scatter_reduce", "gather", "index_select"):
             index = self.arg(node, 2, "index")
             if isinstance(index, fx.Node) and name == "index_select" and self.val(index).per_row:
@@ -1071,9 +985,8 @@ def residency(gm: fx.GraphModule, ctx=None, *, distributed: bool = False) -> fx.
     if all(s is not None for s in specs):
         tensor = next(iter(gm.parameters()), None)
         device = tensor.device if tensor is not None else torch.device("cpu")
-        graph = probe_graph(PROBE_NODES, _PROBE_EDGES, 3)
         for choice in _choices(specs):  # the first reading of the inputs under which the program runs
-            rec, failed = _run_probe(gm, [_example(s, graph, device) for s in choice], gm)
+            rec, failed = _run_probe(gm, [example(s, PROBES[0], device) for s in choice], gm)
             if seen is None or not failed:
                 seen, messages, why = rec.seen, rec.messages, failed
                 for node, spec in zip(placeholders, choice):

@@ -205,23 +205,27 @@ def _link(shard: ShardGraph, policy: LinkPolicy | None) -> tuple[LinkState | Non
 
 
 class _SarAttention(torch.autograd.Function):
-    """``out[v] = sum_u softmax_u(leaky_relu(a_src[u] + a_dst[v])) * drop * h[u]`` per head.
+    """``out[v] = sum_u softmax_u(leaky_relu(a_src[u] + a_dst[v] [+ a_edge[e]])) * drop * h[u]``
+    per head.
 
     Forward makes one pass over the blocks with an online softmax and keeps per-node
     statistics only (the output and the log-sum-exp of the scores). Backward visits every
     block once more -- re-fetched in ``sar`` mode, kept in ``stash``/``oneshot`` --
     recomputes the probabilities and sends the gradients of the remote ``h`` and
     ``a_src`` rows to their owners. Each round moves ``h`` and ``a_src`` as one tensor.
+    The per-edge scores ``a_edge`` (shard order) never travel: every edge lives on its
+    destination's worker, so each block reads its own slice and its gradient stays here.
     """
 
     @staticmethod
     def forward(
-        ctx, h, a_src, a_dst, shard: ShardGraph, negative_slope: float, p: float, salt, strategy: Strategy,
+        ctx, h, a_src, a_dst, a_edge, shard: ShardGraph, negative_slope: float, p: float, salt, strategy: Strategy,
         executor: str, link, iteration: int,
     ):
         K = ctx.K = kernels_for(executor, h.device)
         ctx.link, ctx.iteration = link, iteration
-        ctx.refetch = _refetch(ir.attention, strategy, {}, dict(zip(("h", "a_src", "a_dst"), ctx.needs_input_grad)))
+        wants = dict(zip(("h", "a_src", "a_dst", "a_edge"), ctx.needs_input_grad))
+        ctx.refetch = _refetch(ir.attention, strategy, {}, wants)
         n, heads, channels = h.shape
         payload = torch.cat([h.reshape(n, heads * channels), a_src], 1)
         state = K.AttentionState(shard.num_nodes, heads, channels, h.dtype, h.device)
@@ -232,23 +236,25 @@ class _SarAttention(torch.autograd.Function):
                 kept[q] = block_payload
             block = shard.blocks[q]
             hb, ab = _split_payload(block_payload, heads, channels)
-            state.update(block, hb, ab, a_dst, negative_slope, _keep(shard, q, heads, p, salt, h.dtype, h.device))
+            keep = _keep(shard, q, heads, p, salt, h.dtype, h.device)
+            state.update(block, hb, ab, a_dst, negative_slope, keep, _edge_slice(a_edge, shard, q))
 
         run_rounds(shard, visit, fetch=payload, lookahead=_lookahead(shard, strategy), what="attention",
                    link=link, iteration=iteration)
         out, lse = state.result()
-        ctx.save_for_backward(payload, a_dst, out, lse, salt)
+        ctx.save_for_backward(payload, a_dst, a_edge, out, lse, salt)
         ctx.shard, ctx.negative_slope, ctx.p, ctx.kept = shard, negative_slope, p, kept
         ctx.heads, ctx.channels = heads, channels
         return out
 
     @staticmethod
     def backward(ctx, d_out):
-        payload, a_dst, out, lse, salt = ctx.saved_tensors
+        payload, a_dst, a_edge, out, lse, salt = ctx.saved_tensors
         shard, heads, channels, K = ctx.shard, ctx.heads, ctx.channels, ctx.K
         delta = (d_out * out).sum(-1)
         d_payload = torch.zeros_like(payload)
         d_a_dst = torch.zeros_like(a_dst)
+        d_a_edge = None if a_edge is None or not ctx.needs_input_grad[3] else torch.zeros_like(a_edge)
         kept = ctx.kept
 
         def visit(q: int, block_payload: torch.Tensor | None) -> torch.Tensor:
@@ -256,8 +262,12 @@ class _SarAttention(torch.autograd.Function):
             block = shard.blocks[q]
             hb, ab = _split_payload(block_payload, heads, channels)
             keep = _keep(shard, q, heads, ctx.p, salt, payload.dtype, payload.device)
-            d_h, d_src, d_dst = K.attention_grads(block, hb, ab, a_dst, ctx.negative_slope, keep, lse, d_out, delta)
+            d_h, d_src, d_dst, d_edge = K.attention_grads(
+                block, hb, ab, a_dst, ctx.negative_slope, keep, lse, d_out, delta, _edge_slice(a_edge, shard, q)
+            )
             d_a_dst.add_(d_dst)
+            if d_a_edge is not None:  # the blocks' edge ranges cover the shard's edges once
+                d_a_edge[shard.edge_ptr[q] : shard.edge_ptr[q + 1]] = d_edge
             return torch.cat([d_h.reshape(block.num_src, heads * channels), d_src], 1)
 
         run_rounds(
@@ -272,7 +282,7 @@ class _SarAttention(torch.autograd.Function):
         )
         ctx.kept = None
         d_h, d_a_src = _split_payload(d_payload, heads, channels)
-        return d_h, d_a_src, d_a_dst, None, None, None, None, None, None, None, None
+        return d_h, d_a_src, d_a_dst, d_a_edge, None, None, None, None, None, None, None, None
 
 
 def _split_payload(payload: torch.Tensor, heads: int, channels: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -295,16 +305,18 @@ def sar_attention(
     negative_slope: float,
     dropout: float,
     salt: torch.Tensor,
+    a_edge: torch.Tensor | None = None,
     *,
     strategy: Strategy = Strategy.REMAT,
     executor: str = "auto",
     comm: LinkPolicy | None = None,
 ) -> torch.Tensor:
-    """Partitioned fused attention; ``h [n, H, C]``, ``a_src``/``a_dst`` ``[n, H]``."""
+    """Partitioned fused attention; ``h [n, H, C]``, ``a_src``/``a_dst`` ``[n, H]``,
+    ``a_edge [E, H]`` in shard order or None."""
     link, iteration = _link(shard, comm)
     return _SarAttention.apply(
-        h, a_src, a_dst, shard, float(negative_slope), float(dropout), salt, Strategy(strategy), executor, link,
-        iteration,
+        h, a_src, a_dst, a_edge, shard, float(negative_slope), float(dropout), salt, Strategy(strategy), executor,
+        link, iteration,
     )
 
 

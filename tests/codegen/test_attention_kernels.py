@@ -1,7 +1,8 @@
 """The generated attention kernels (forward online softmax, two-pass backward) against
 the torch kernels, their oracle, on random blocks: empty rows, a 300-edge row, isolated
-sources, heads and channels that are not powers of two, dropout, and several blocks
-folded in sequence with the max jumping from ~-50 to ~+50 between them.
+sources, heads and channels that are not powers of two, dropout, per-edge score terms
+(GATConv's edge features) and their gradient, and several blocks folded in sequence with
+the max jumping from ~-50 to ~+50 between them.
 
 Without a GPU the kernels run in Triton's interpreter on CPU tensors (``TRITON_INTERPRET=1``,
 set before triton is imported); compiled (on a GPU) they get CUDA tensors
@@ -48,11 +49,12 @@ def make_block(pairs: list[tuple[int, int]], num_dst: int, num_src: int) -> Bloc
 @st.composite
 def attention_cases(draw):
     """(blocks, a_dst, negative_slope, dtype, heads, channels, seed); each block is (Block,
-    h, a_src, keep or None)."""
+    h, a_src, keep or None, a_edge or None)."""
     dtype = draw(st.sampled_from([torch.float32, torch.float64]))
     heads = draw(st.sampled_from([1, 2, 3, 5, 8]))
     channels = draw(st.sampled_from([1, 4, 7, 16, 70]))
     dropout = draw(st.booleans())
+    edge_score = draw(st.booleans())
     slope = draw(st.sampled_from([0.2, 0.01]))
     num_dst = draw(st.integers(1, 6))
     seed = draw(st.integers(0, 2**31 - 1))
@@ -79,7 +81,8 @@ def attention_cases(draw):
         if dropout:
             mask = torch.rand(block.num_edges, heads, generator=gen, dtype=torch.float64) > 0.3
             keep = (mask / 0.7).to(dtype)
-        blocks.append((block, h, a_src, keep))
+        a_edge = 3 * torch.randn(block.num_edges, heads, generator=gen, dtype=torch.float64).to(dtype) if edge_score else None
+        blocks.append((block, h, a_src, keep, a_edge))
     a_dst = torch.randn(num_dst, heads, generator=gen, dtype=torch.float64).to(dtype)
     return blocks, a_dst, slope, dtype, heads, channels, seed
 
@@ -102,20 +105,25 @@ def run_both(blocks, a_dst, slope, dtype, heads, channels, seed, rtol):
     num_dst = a_dst.shape[0]
     ref = T.AttentionState(num_dst, heads, channels, dtype)
     gen = K.AttentionState(num_dst, heads, channels, dtype, device=DEVICE)
-    for block, h, a_src, keep in blocks:
-        ref.update(block, h, a_src, a_dst, slope, keep)
-        gen.update(block, on(h), on(a_src), on(a_dst), slope, on(keep))
+    for block, h, a_src, keep, a_edge in blocks:
+        ref.update(block, h, a_src, a_dst, slope, keep, a_edge)
+        gen.update(block, on(h), on(a_src), on(a_dst), slope, on(keep), on(a_edge))
     (out, lse), (out_k, lse_k) = ref.result(), gen.result()
     assert_close(out_k, out, rtol, "out")
     assert_close(lse_k, lse, rtol, "lse")
     d_out = torch.randn(num_dst, heads, channels, generator=torch.Generator().manual_seed(seed + 1), dtype=torch.float64)
     d_out = d_out.to(dtype)
     delta = (d_out * out).sum(-1)
-    for i, (block, h, a_src, keep) in enumerate(blocks):
-        expected = T.attention_grads(block, h, a_src, a_dst, slope, keep, lse, d_out, delta)
-        actual = K.attention_grads(block, on(h), on(a_src), on(a_dst), slope, on(keep), on(lse), on(d_out), on(delta))
-        for name, a, e in zip(("d_h", "d_src", "d_dst"), actual, expected):
-            assert_close(a, e, rtol, f"block {i} {name}")
+    for i, (block, h, a_src, keep, a_edge) in enumerate(blocks):
+        expected = T.attention_grads(block, h, a_src, a_dst, slope, keep, lse, d_out, delta, a_edge)
+        actual = K.attention_grads(
+            block, on(h), on(a_src), on(a_dst), slope, on(keep), on(lse), on(d_out), on(delta), on(a_edge)
+        )
+        for name, a, e in zip(("d_h", "d_src", "d_dst", "d_edge"), actual, expected):
+            if e is None:
+                assert a is None, f"block {i} {name}"
+            else:
+                assert_close(a, e, rtol, f"block {i} {name}")
 
 
 @settings(max_examples=15, deadline=None)
@@ -126,8 +134,9 @@ def test_matches_torch_kernels(case):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("heads,channels,dropout", [(3, 7, True), (5, 70, False), (8, 16, True)])
-def test_max_jumps_between_blocks(dtype, heads, channels, dropout):
+@pytest.mark.parametrize("heads,channels,dropout,edge_score", [(3, 7, True, False), (5, 70, False, True),
+                                                              (8, 16, True, True)])
+def test_max_jumps_between_blocks(dtype, heads, channels, dropout, edge_score):
     """Scores ~-50 in the first block, ~+50 in the second (and back): the first block's
     sums must be rescaled by ~exp(-60) -- without the rescale ``out`` is off by far more
     than the tolerance. Row 0 gets a long row, row 3 only edges from the second block
@@ -144,7 +153,8 @@ def test_max_jumps_between_blocks(dtype, heads, channels, dropout):
         h = torch.randn(num_src, heads, channels, generator=gen, dtype=torch.float64).to(dtype)
         a_src = (torch.randn(num_src, heads, generator=gen, dtype=torch.float64) + shift).to(dtype)
         keep = (torch.rand(block.num_edges, heads, generator=gen, dtype=torch.float64) > 0.5).to(dtype) * 2 if dropout else None
-        blocks.append((block, h, a_src, keep))
+        a_edge = torch.randn(block.num_edges, heads, generator=gen, dtype=torch.float64).to(dtype) if edge_score else None
+        blocks.append((block, h, a_src, keep, a_edge))
     a_dst = torch.randn(num_dst, heads, generator=gen, dtype=torch.float64).to(dtype)
     with warnings.catch_warnings():
         # No nan or inf - inf even in the padding heads (3 and 5 are padded to 4 and 8):
@@ -165,8 +175,13 @@ def test_empty_block_changes_nothing():
     grads = K.attention_grads(
         block, on(h), on(a_src), on(a_dst), 0.2, None, on(lse), on(torch.randn(num_dst, heads, channels)), on(lse)
     )
-    assert [tuple(g.shape) for g in grads] == [(2, heads, channels), (2, heads), (num_dst, heads)]
-    assert all((g == 0).all() for g in grads)
+    assert [tuple(g.shape) for g in grads[:3]] == [(2, heads, channels), (2, heads), (num_dst, heads)]
+    assert all((g == 0).all() for g in grads[:3]) and grads[3] is None
+    d_edge = K.attention_grads(
+        block, on(h), on(a_src), on(a_dst), 0.2, None, on(lse), on(torch.randn(num_dst, heads, channels)), on(lse),
+        on(torch.randn(0, heads)),
+    )[3]
+    assert tuple(d_edge.shape) == (0, heads)
 
 
 def test_bfloat16_against_float64():
@@ -179,21 +194,26 @@ def test_bfloat16_against_float64():
     h = torch.randn(num_src, heads, channels, generator=gen).bfloat16()
     a_src, a_dst = torch.randn(num_src, heads, generator=gen).bfloat16(), torch.randn(num_dst, heads, generator=gen).bfloat16()
     keep = ((torch.rand(block.num_edges, heads, generator=gen) > 0.3) * 2.0).bfloat16()
+    a_edge = torch.randn(block.num_edges, heads, generator=gen).bfloat16()
     d_out = torch.randn(num_dst, heads, channels, generator=gen).bfloat16()
 
     ref = T.AttentionState(num_dst, heads, channels, torch.float64)
-    ref.update(block, h.double(), a_src.double(), a_dst.double(), 0.2, keep.double())
+    ref.update(block, h.double(), a_src.double(), a_dst.double(), 0.2, keep.double(), a_edge.double())
     out, lse = ref.result()
     delta = (d_out.double() * out).sum(-1)
-    expected = T.attention_grads(block, h.double(), a_src.double(), a_dst.double(), 0.2, keep.double(), lse, d_out.double(), delta)
+    expected = T.attention_grads(
+        block, h.double(), a_src.double(), a_dst.double(), 0.2, keep.double(), lse, d_out.double(), delta, a_edge.double()
+    )
 
     state = K.AttentionState(num_dst, heads, channels, torch.bfloat16, device=DEVICE)
-    state.update(block, on(h), on(a_src), on(a_dst), 0.2, on(keep))
+    state.update(block, on(h), on(a_src), on(a_dst), 0.2, on(keep), on(a_edge))
     out_k, lse_k = state.result()
     assert_close(out_k.double(), out, 3e-2, "out")
     assert_close(lse_k.double(), lse, 3e-2, "lse")
-    actual = K.attention_grads(block, on(h), on(a_src), on(a_dst), 0.2, on(keep), on(lse.bfloat16()), on(d_out), on(delta.bfloat16()))
-    for name, a, e in zip(("d_h", "d_src", "d_dst"), actual, expected):
+    actual = K.attention_grads(
+        block, on(h), on(a_src), on(a_dst), 0.2, on(keep), on(lse.bfloat16()), on(d_out), on(delta.bfloat16()), on(a_edge)
+    )
+    for name, a, e in zip(("d_h", "d_src", "d_dst", "d_edge"), actual, expected):
         assert a.dtype == torch.bfloat16, name
         assert_close(a.double(), e, 5e-2, name)
 
@@ -206,5 +226,8 @@ def test_generated_source_contract():
     bwd = AttentionBackwardSpec(5, 70, True, "float64").render("cuda")
     assert "tl.atomic" not in bwd and "def kernel_dst(" in bwd and "def kernel_src(" in bwd
     assert "negative_slope: tl.float64" in bwd  # a float64 slope, not an fp32 scalar
-    for source in (fwd, bwd, AttentionForwardSpec(1, 1, False, "bfloat16").render("interpreter")):
+    edge = AttentionBackwardSpec(5, 70, False, "float32", edge_score=True).render("cuda")
+    assert "tl.atomic" not in edge and "tl.store(d_edge + e[:, None] * 5" in edge  # one store per edge, CSR order
+    assert "a_edge +" not in bwd and "d_edge +" not in bwd  # read and written only with edge scores
+    for source in (fwd, bwd, edge, AttentionForwardSpec(1, 1, False, "bfloat16", True).render("interpreter")):
         compile(source, "<generated>", "exec")

@@ -109,15 +109,35 @@ class EdgeFeatures(nn.Module):
         return self.conv4(h, edge_index)
 
 
+class EdgeAttention(nn.Module):
+    """GATConv and GATv2Conv with edge features ``edge_attr [E, 3]``: the new self-loops'
+    features filled by 'mean', 'max' and a float; one layer without self-loops (its edge
+    features as given). Attention dropout > 0: compared in eval mode (see ``EVAL``)."""
+
+    def __init__(self, f_in: int = 6, f_out: int = 3):
+        super().__init__()
+        self.gat = gnn.GATConv(f_in, 4, heads=2, edge_dim=3, dropout=0.3, residual=True)
+        self.gatv2 = gnn.GATv2Conv(8, 4, heads=2, edge_dim=3, fill_value="max", dropout=0.2)
+        self.gat_no_loops = gnn.GATConv(8, 5, heads=2, concat=False, edge_dim=3, add_self_loops=False)
+        self.gatv2_float = gnn.GATv2Conv(5, f_out, edge_dim=3, fill_value=0.5, share_weights=True)
+
+    def forward(self, x, edge_index, edge_attr):
+        h = F.elu(self.gat(x, edge_index, edge_attr))
+        h = F.elu(self.gatv2(h, edge_index, edge_attr))
+        h = F.elu(self.gat_no_loops(h, edge_index, edge_attr))
+        return self.gatv2_float(h, edge_index, edge_attr)
+
+
 MODELS = {"sage_bn_gcn": sage_bn_gcn, "attention_mix": AttentionMix, "drop_attention": DropAttention,
-          "weighted": Weighted, "edge_features": EdgeFeatures}
-WEIGHTED = {"weighted", "edge_features"}  # models that take a per-edge tensor
-EDGE_DIMS = {"edge_features": 3}  # its width, for those that take features rather than weights
+          "weighted": Weighted, "edge_features": EdgeFeatures, "edge_attention": EdgeAttention}
+WEIGHTED = {"weighted", "edge_features", "edge_attention"}  # models that take a per-edge tensor
+EDGE_DIMS = {"edge_features": 3, "edge_attention": 3}  # its width, for those that take features rather than weights
+EVAL = {"edge_attention"}  # compared in eval mode (attention dropout is then off, in PyG too)
 
 
 def make_model(name: str, seed: int) -> nn.Module:
     torch.manual_seed(seed)
-    return MODELS[name]().double()
+    return MODELS[name]().double().train(name not in EVAL)
 
 
 def run_worker(rank: int, world_size: int, payload: dict[str, Any]) -> dict[str, Any]:

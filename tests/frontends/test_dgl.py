@@ -301,3 +301,49 @@ def test_composite_model_workers_match_one_machine(pool, data):
     for r in results:
         for k, grad in want[2].items():
             torch.testing.assert_close(r[2][k], grad, atol=TOL * scale, rtol=0, msg=k)
+
+
+class _Traced(nn.Module):
+    """``forward(g, x) = body(g, x)`` written as DGL user code."""
+
+    def __init__(self, body):
+        super().__init__()
+        self.body = body
+
+    def forward(self, g, x):
+        return self.body(g, x)
+
+
+def test_what_the_traced_graph_cannot_express_is_refused_clearly():
+    g = sc.Graph.from_edges(torch.tensor([0, 1, 2]), torch.tensor([1, 2, 0]), 3)
+    x = torch.randn(3, 2, dtype=torch.float64)
+    cases = [
+        (lambda g, x: g.add_self_loop().in_degrees().to(x).unsqueeze(-1) * x, "remove_self_loop"),
+        (lambda g, x: dgl.nn.functional.edge_softmax(g, torch.ones(g.num_edges(), 1), norm_by="src").sum(-1).sum() * x,
+         "norm_by='src'"),
+        (lambda g, x: nn.Linear(2, 2).double()(x), "make it in __init__"),
+    ]
+    for body, message in cases:
+        with pytest.raises(sc.CompileError, match=message):
+            sc.distribute(_Traced(body))(g, x)
+
+
+def test_the_in_degree_check_of_dgl_layers_runs_when_the_program_runs():
+    """EGATConv checks ``(g.in_degrees() == 0).any()`` always: the compiled program makes the
+    same check on the real graph and raises where DGL raises."""
+    layer = dglnn.EGATConv(3, 2, 3, 2, num_heads=1).double()
+    model = _Traced(lambda g, x: layer(g, x, torch.ones(g.num_edges(), 2, dtype=x.dtype))[0])
+    model.layer = layer
+    g = dgl.graph((torch.tensor([0, 1]), torch.tensor([1, 2])), num_nodes=3)  # node 0 has no in-edge
+    x = torch.randn(3, 3, dtype=torch.float64)
+    with pytest.raises(dgl.DGLError):
+        model(g, x)
+    compiled = sc.distribute(model)
+    with pytest.raises(sc.GraphError, match="no in-edge"):
+        compiled(sc.Graph.from_dgl(g), x)
+    g = dgl.add_self_loop(g)
+    torch.set_default_dtype(torch.float64)
+    try:
+        torch.testing.assert_close(compiled(sc.Graph.from_dgl(g), x), model(g, x), rtol=0, atol=TOL)
+    finally:
+        torch.set_default_dtype(torch.float32)

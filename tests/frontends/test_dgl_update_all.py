@@ -142,16 +142,30 @@ class _Mailbox(nn.Module):
 
 
 class _TwoFields(nn.Module):
+    """A message reading two node fields: computed on the edges, then reduced locally."""
+
+    def __init__(self, reduce=fn.sum):
+        super().__init__()
+        self.reduce = reduce
+
     def forward(self, g, x):
         with g.local_scope():
             g.ndata["a"], g.ndata["b"] = x, 2 * x
-            g.update_all(lambda edges: {"m": edges.src["a"] * edges.dst["b"]}, fn.sum("m", "h"))
+            g.update_all(lambda edges: {"m": edges.src["a"] * edges.dst["b"]}, self.reduce("m", "h"))
             return g.ndata["h"]
+
+
+def test_a_message_reading_two_node_fields_matches_dgl():
+    g = dgl.graph((torch.tensor([0, 1, 2, 2, 3]), torch.tensor([1, 0, 1, 1, 3])), num_nodes=5)
+    x = torch.randn(5, 3, dtype=torch.float64)
+    for reduce in (fn.sum, fn.mean):
+        torch.testing.assert_close(sc.distribute(_TwoFields(reduce))(sc.Graph.from_dgl(g), x),
+                                   _TwoFields(reduce)(g, x), rtol=0, atol=1e-12)
 
 
 @pytest.mark.parametrize("model,words", [
     (_Mailbox, ["reduce function", "not supported yet", "dgl.function.sum", "mailbox"]),
-    (_TwoFields, ["node fields ['a', 'b']", "one of each", "torch.cat"]),
+    (lambda: _TwoFields(fn.max), ["several node or edge fields", "sum or mean"]),
 ])
 def test_unsupported_update_all_is_refused_clearly(model, words):
     g = sc.Graph.from_edges(torch.tensor([0, 1]), torch.tensor([1, 0]), 2)

@@ -59,3 +59,38 @@ def test_layers_that_ask_is_block_or_is_homogeneous_are_exact_on_one_to_three_wo
     for r in zoo.sweep(names, world_sizes=(1, 2, 3), log=lambda s: None):
         assert r.outcome == zoo.EXACT, r
         assert set(r.diffs) == {"local", "1w", "2w", "3w"} and all(d <= 1e-9 for d in r.diffs.values()), r.diffs
+
+
+def _exact_on_one_to_three_workers(names: list[str]) -> None:
+    zoo = _zoo()
+    for r in zoo.sweep(names, world_sizes=(1, 2, 3), log=lambda s: None):
+        assert r.outcome == zoo.EXACT, r
+        assert set(r.diffs) == {"local", "1w", "2w", "3w"} and all(d <= 1e-9 for d in r.diffs.values()), r.diffs
+
+
+def test_layers_calling_dgl_edge_softmax_are_exact():
+    """dgl.nn.functional.edge_softmax is traced as the IR's edge_softmax (a function rule);
+    DotGatConv also takes g.local_var()."""
+    _exact_on_one_to_three_workers(["GATv2Conv", "AGNNConv", "DotGatConv"])
+
+
+def test_layers_using_apply_edges_row_counts_and_self_loops_are_exact():
+    """v_sub_u and edge builtins (EdgeConv), torch.ones(g.num_edges()) (GMMConv, TWIRLS),
+    g.remove_self_loop().add_self_loop() (TWIRLSConv), g.out_degrees() and x.shape + (1,)
+    (APPNPConv, TAGConv)."""
+    _exact_on_one_to_three_workers(["EdgeConv", "GMMConv", "TWIRLSConv", "TWIRLSUnfoldingAndAttention",
+                                    "APPNPConv", "TAGConv"])
+
+
+def test_edge_weight_norm_and_the_layers_making_one_in_forward_are_exact():
+    """EdgeWeightNorm: weighted out-degrees pushed to the sources' workers, differentiable in
+    the weights; SGConv, APPNPConv and TAGConv make one inside forward."""
+    _exact_on_one_to_three_workers(["EdgeWeightNorm", "SGConv(edge_weight)", "APPNPConv(edge_weight)",
+                                    "TAGConv(edge_weight)"])
+
+
+def test_rnn_cells_typed_linear_and_in_degree_checks_are_exact():
+    """GatedGraphConv's GRUCell on rows; RelGraphConv's message (TypedLinear, two edge fields)
+    computed on the edges; GCN2Conv's feat_0[: feat.size(0)]; EGATConv's in-degree check."""
+    _exact_on_one_to_three_workers(["GatedGraphConv", "RelGraphConv", "RelGraphConv(bdd)", "GCN2Conv",
+                                    "EGATConv"])

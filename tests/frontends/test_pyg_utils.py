@@ -115,7 +115,9 @@ def _check(model: nn.Module, edge: bool = False, graph=None, edge_width: int = 2
         torch.testing.assert_close(g, w, rtol=1e-12, atol=1e-12, equal_nan=True)
 
 
-@pytest.mark.parametrize("aggr", ["add", "mean", "max", "min", "mul", gnn.aggr.StdAggregation()])
+@pytest.mark.parametrize("aggr", ["add", "mean", "max", "min", "mul", ["sum", "max"], gnn.aggr.StdAggregation(),
+                                  gnn.aggr.SoftmaxAggregation(learn=True), gnn.aggr.PowerMeanAggregation(learn=True),
+                                  gnn.aggr.VarAggregation()])
 def test_message_with_several_node_tensors_and_softmax_matches_pyg(aggr):
     _check(Wrap(Attend(aggr), edge=True), edge=True)
 

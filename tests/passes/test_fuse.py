@@ -5,6 +5,7 @@ computes what the unfused one and the eager model compute."""
 from __future__ import annotations
 
 import copy
+import operator
 
 import pytest
 import torch
@@ -111,8 +112,8 @@ def test_gatconv_lowers_to_the_chain_and_fuses_into_one_attention():
     gm = fused(model)
     assert not CHAIN_OPS & set(calls(gm)) and F.leaky_relu not in calls(gm)
     (att,) = attention_nodes(gm)
-    g_node, _h, _a_src, _a_dst, slope, p, salt = att.args
-    assert slope == 0.2 and p == 0.0 and salt is None
+    g_node, _h, _a_src, _a_dst, slope, p, salt, a_edge = att.args
+    assert slope == 0.2 and p == 0.0 and salt is None and a_edge is None
     assert g_node.op == "call_method" and g_node.target == "with_self_loops"
     assert len(att.meta["fused"]) == 4  # sddmm, leaky_relu, edge_softmax, spmm
     check_programs_agree(model)
@@ -147,16 +148,18 @@ def test_gatconv_dropout_in_training_is_absorbed():
 class RawAttention(nn.Module):
     """An attention layer written with the raw ops; the flags break the chain in one place."""
 
-    def __init__(self, act="functional", sddmm_op="add", reduce="sum", dropout=0.0, graphs=None, extra=None):
+    def __init__(self, act="functional", sddmm_op="add", reduce="sum", dropout=0.0, graphs=None, extra=None, edge=None):
         super().__init__()
         torch.manual_seed(1)
         self.act, self.sddmm_op, self.reduce, self.dropout, self.extra = act, sddmm_op, reduce, dropout, extra
+        self.edge = edge  # an edge term added to the scores: "after", "before" (e + s), "param", "used"
         self.graphs = graphs or {}
         self.lin = nn.Linear(F_IN, HEADS * C)
         self.w_src = nn.Parameter(torch.randn(HEADS, C))
         self.w_dst = nn.Parameter(torch.randn(HEADS, C))
         self.leaky = nn.LeakyReLU(0.3)
         self.stream = sc.nn.RandomStream(seed=3)
+        self.w_edge = nn.Parameter(torch.randn(HEADS))
 
     def _graph(self, g, which):
         return g.with_self_loops() if self.graphs.get(which) else g
@@ -165,6 +168,15 @@ class RawAttention(nn.Module):
         h = self.lin(x).view(x.shape[0], HEADS, C)
         a_src, a_dst = (h * self.w_src).sum(-1), (h * self.w_dst).sum(-1)
         raw = sddmm(self._graph(g, "sddmm"), a_src, a_dst, self.sddmm_op)
+        # a per-edge term from the inputs (an sddmm of its own: sin(x_u * x_v) per head)
+        if self.edge:
+            e = torch.sin(sddmm(self._graph(g, "sddmm"), x[:, :HEADS], x[:, :HEADS], "mul")) * self.w_edge
+        if self.edge in ("after", "used"):
+            raw = raw + e
+        elif self.edge == "before":
+            raw = e + raw
+        elif self.edge == "param":  # the same for every edge: no per-edge tensor
+            raw = raw + self.w_edge
         if self.act == "functional":
             score = F.leaky_relu(raw, 0.1)
         elif self.act == "functional_kw":
@@ -185,6 +197,8 @@ class RawAttention(nn.Module):
             return out + score.sum(0).sum()
         if self.extra == "raw_score_used":
             return out + torch.tanh(raw).mean()
+        if self.edge == "used":
+            return out + e.sum(0).sum()
         return out
 
 
@@ -208,6 +222,22 @@ def test_raw_ops_fuse(act, slope, dropout):
     assert len(attention_nodes(gm2)) == 1
 
 
+@pytest.mark.parametrize("edge", ["after", "before", "used"])
+@pytest.mark.parametrize("dropout", [0.0, 0.4])
+def test_edge_term_is_absorbed(edge, dropout):
+    """``leaky_relu(sddmm(add) + e)`` with a per-edge ``e`` computed from the inputs, in
+    either order, becomes ``attention(..., a_edge=e)``; e may have other users (it is an
+    input of the fused op, not one of its intermediates)."""
+    model = RawAttention(edge=edge, dropout=dropout).double().train()
+    gm = fused(copy.deepcopy(model))
+    (att,) = attention_nodes(gm)
+    a_edge = att.args[7]
+    assert isinstance(a_edge, fx.Node) and a_edge.target is operator.mul  # sin(...) * w_edge
+    assert len(att.meta["fused"]) == (6 if dropout else 5)  # sddmm, add, leaky_relu, softmax, [dropout], spmm
+    assert calls(gm).count(sc.ops.sddmm) == 1  # the edge term's own, op "mul"
+    check_programs_agree(model)
+
+
 @pytest.mark.parametrize(
     "kwargs, left",
     [
@@ -224,6 +254,11 @@ def test_raw_ops_fuse(act, slope, dropout):
         ({"graphs": {"sddmm": True}}, {sc.ops.sddmm, sc.ops.edge_softmax, sc.ops.spmm}),
         ({"graphs": {"softmax": True, "spmm": True}}, {sc.ops.sddmm, sc.ops.edge_softmax, sc.ops.spmm}),
         ({"graphs": {"dropout": True}, "dropout": 0.3}, {sc.ops.sddmm, sc.ops.edge_softmax, sc.ops.edge_dropout}),
+        # a term from parameters alone broadcasts over the edges: no edge tensor to fuse
+        ({"edge": "param"}, {sc.ops.sddmm, sc.ops.edge_softmax, sc.ops.spmm}),
+        # the sum with the edge term is used elsewhere
+        ({"edge": "after", "extra": "raw_score_used"}, {sc.ops.sddmm, sc.ops.edge_softmax, sc.ops.spmm}),
+        ({"edge": "after", "sddmm_op": "mul"}, {sc.ops.sddmm, sc.ops.edge_softmax, sc.ops.spmm}),
     ],
 )
 def test_not_fused_and_still_correct(kwargs, left):

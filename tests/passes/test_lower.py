@@ -1,9 +1,12 @@
+import pytest
 import torch
 import torch.fx as fx
 from torch import nn
 
 import sarcompile as sc
+from sarcompile.compiler import CallShape, compile_program
 from sarcompile.lowering import register_lowering
+from sarcompile.passes.context import CompileOptions
 from sarcompile.passes.lower import lower
 from sarcompile.trace import trace
 
@@ -79,3 +82,43 @@ def test_rule_returning_a_stand_in_module():
     g, x = _graph(), torch.randn(12, 4)
     want = sc.spmm(g, x @ model.l.weight, "sum") + 1
     torch.testing.assert_close(gm(g, x), want)
+
+
+def test_a_stand_in_may_branch_on_the_feature_width_of_its_arguments():
+    class Padded(nn.Module):  # a layer that pads narrower features, as PyG's GatedGraphConv does
+        def __init__(self, width: int):
+            super().__init__()
+            self.weight = nn.Parameter(torch.randn(width, width, dtype=torch.float64))
+
+        def forward(self, g, x):
+            raise AssertionError("the lowered stand-in must run instead")
+
+    class PaddedStandIn(nn.Module):
+        def __init__(self, layer):
+            super().__init__()
+            self.layer = layer
+
+        def forward(self, g, x):
+            width = self.layer.weight.size(0)
+            if x.size(-1) < width:  # known when compiling: the traced argument's example says 3
+                x = torch.cat([x, x.new_zeros(x.size(0), width - x.size(-1))], dim=-1)
+            return sc.spmm(g, x @ self.layer.weight, "sum")
+
+    register_lowering(Padded, PaddedStandIn)
+
+    class Wrap(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.l = Padded(5)
+
+        def forward(self, g, x):
+            return self.l(g, x[:, :3])
+
+    model = Wrap()
+    g, x = _graph(), torch.randn(12, 4, dtype=torch.float64)
+    call = CallShape.of_call(model.forward, (g, x), {}, 0)
+    gm = compile_program(model, CompileOptions(), False, call).module
+    want = sc.spmm(g, torch.cat([x[:, :3], torch.zeros(12, 2, dtype=torch.float64)], -1) @ model.l.weight, "sum")
+    torch.testing.assert_close(gm(g, x), want, rtol=0, atol=0)
+    with pytest.raises(sc.CompileError, match="layer 'l'.*control flow"):  # without examples, as before
+        lower(trace(model))

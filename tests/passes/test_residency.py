@@ -311,7 +311,7 @@ def test_unknown_functions_are_refused():
 
 
 def test_declared_helpers_are_trusted():
-    from sarcompile.passes.residency import declare
+    from sarcompile.lowering import declare
 
     declare(double_rows, "x")
     model = Fn(lambda m, g, x: double_rows(x))
@@ -350,3 +350,26 @@ def test_to_another_tensor_takes_only_its_dtype_and_device():
     model.w = w
     program = compiled(model, G, X)
     torch.testing.assert_close(program.module(G, X), model(G, X))
+
+
+def test_an_rnn_cell_on_rows_is_row_local():
+    """GatedGraphConv's ``GRUCell(a, h)``: one step per row, input and state ``[rows, F]``."""
+    cell = nn.GRUCell(4, 4).double()
+    model = Fn(lambda m, g, x: m.mods[0](sc.spmm(g, x, "sum"), x), cell)
+    torch.testing.assert_close(compiled(model, G, X).module(G, X), model(G, X))
+    # a 1-D input is one sample whose features are the rows
+    refused(Fn(lambda m, g, x: m.mods[0](x[:, 0]), nn.GRUCell(23, 2).double()), G, X, match="GRUCell")
+
+
+def test_all_rows_of_a_node_tensor_and_shapes_with_trailing_ones():
+    """DGL's ``feat_0[: feat.size(0)]`` (GCN2Conv) is every row; ``x.shape + (1,) * (h.dim() - 1)``
+    (TAGConv, APPNPConv) a shape whose first size is still the row count; a slice to another
+    count is refused."""
+    def body(m, g, x):
+        deg = g.in_degrees().to(x)
+        h = x.unsqueeze(-1)
+        return (x[: deg.size(0)] + 1).unsqueeze(-1) * torch.reshape(deg, deg.shape + (1,) * (h.dim() - 1))
+
+    model = Fn(body)
+    torch.testing.assert_close(compiled(model, G, X).module(G, X), model(G, X))
+    refused(Fn(lambda m, g, x: x[: x.size(0) - 1]), G, X, match="row count")

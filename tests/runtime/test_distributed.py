@@ -86,6 +86,13 @@ def test_general_message_passing_on_one_to_three_workers(pool, data):
     check(data.draw(cases(world_size, models=("msg",), modes=("sar", "stash", "oneshot"))), world_size, pool)
 
 
+@given(data=st.data())
+@settings(SETTINGS, max_examples=12)
+def test_gathers_and_edge_reductions_on_one_to_three_workers(pool, data):
+    world_size = data.draw(st.sampled_from([1, 2, 3]))
+    check(data.draw(cases(world_size, models=("gathers",), modes=("sar", "stash", "oneshot"))), world_size, pool)
+
+
 def test_message_passing_max_ties_across_workers(pool):
     # Node 0 receives equal messages from nodes 1, 2 and 3, which live on three workers:
     # the winner (the smallest edge id) and so every gradient must not depend on the split.
