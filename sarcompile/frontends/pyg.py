@@ -570,6 +570,12 @@ def _lower_message_passing(m: MessagePassing) -> nn.Module:
         reduce = _reduce(m.aggr)
 
     def propagate(edge_index, size=None, **kwargs):
+        if _GRAD_AT_ENTRY and _GRAD_AT_ENTRY[-1] and not torch.is_grad_enabled():
+            raise CompileError(
+                f"{_name(m)} propagates under torch.no_grad() (its forward, or part of it, is decorated or wrapped "
+                "so): a traced program does not keep grad modes, so it would give gradients where PyG gives none; "
+                "not supported yet: call the model under torch.no_grad(), or detach what goes into the layer"
+            )
         graph = as_edge_index(edge_index)
         x = kwargs.get(fused[0]) if fused is not None else None
         if isinstance(x, (tuple, list)) and len(x) == 2 and x[0] is x[1]:
@@ -598,6 +604,9 @@ def _lower_message_passing(m: MessagePassing) -> nn.Module:
 
 
 _real_isinstance = builtins.isinstance
+# Whether grad was enabled when each layer being traced was called (innermost last): a
+# propagate that finds it off was put under torch.no_grad() by the layer itself.
+_GRAD_AT_ENTRY: list[bool] = []
 
 
 def _isinstance_seeing_proxies_as_tensors(obj, cls) -> bool:
@@ -628,6 +637,7 @@ def _tracing_type(cls: type) -> type:
         if "edge_index" in bound.arguments:  # the traced graph, answering what PyG asks of edge_index
             bound.arguments["edge_index"] = as_edge_index(bound.arguments["edge_index"])
         builtins.isinstance = _isinstance_seeing_proxies_as_tensors
+        _GRAD_AT_ENTRY.append(torch.is_grad_enabled())
         try:
             with intercepting(*(sys.modules[k.__module__].__dict__ for k in cls.__mro__ if k.__module__ in sys.modules)):
                 return original(*bound.args, **bound.kwargs)
@@ -641,6 +651,7 @@ def _tracing_type(cls: type) -> type:
             ) from None
         finally:
             builtins.isinstance = _real_isinstance
+            _GRAD_AT_ENTRY.pop()
 
     return type(cls.__name__, (cls,), {"forward": forward, "__module__": cls.__module__})
 

@@ -263,3 +263,19 @@ def test_layers_on_pyg_utilities_are_exact_on_1_2_3_workers():
         assert records[name].outcome == zoo.EXACT, records[name]
     arma = records["ARMAConv"]
     assert arma.outcome == zoo.REFUSED and "node_dim" in arma.detail, arma
+
+
+def test_a_layer_propagating_under_no_grad_is_refused():
+    """PyG's LabelPropagation decorates forward with torch.no_grad(): a traced program would
+    give gradients where PyG gives none."""
+
+    class Frozen(MessagePassing):
+        @torch.no_grad()
+        def forward(self, x, edge_index):
+            return self.propagate(edge_index, x=x)
+
+    src, dst, n = _graph()
+    with pytest.raises(sc.CompileError, match="no_grad"):
+        sc.distribute(Wrap(Frozen()))(torch.randn(n, 4), sc.Graph.from_edges(src, dst, n))
+    with torch.no_grad():  # called so by the user: nothing to keep
+        sc.distribute(Wrap(Frozen()))(torch.randn(n, 4), sc.Graph.from_edges(src, dst, n))
