@@ -220,24 +220,38 @@ class Graph:
     def global_ids(self) -> torch.Tensor:
         return torch.arange(self.num_nodes)
 
+    @cached_property
+    def loop_mask(self) -> torch.Tensor:
+        """Whether each edge is a self-loop ``v -> v``, in edge order."""
+        return self.src == self.dst
+
     def remove_self_loops(self) -> "Graph":
         """The same graph without edges ``v -> v`` (computed once and cached)."""
-        if "no_loops" not in self._derived:
-            keep = self.src != self.dst
-            self._derived["no_loops"] = self._derive(self.src[keep], self.dst[keep], self.edge_ids[keep])
-        return self._derived["no_loops"]
+        return self._loops(("no_loops", None), drop=True, add=False)
 
-    def with_self_loops(self) -> "Graph":
+    def with_self_loops(self, upto: int | None = None) -> "Graph":
         """Exactly one self-loop per node: existing ones dropped, one added to every node
-        (what PyG's GCNConv and GATConv do). Computed once and cached."""
-        if "one_loop" not in self._derived:
-            keep, loops = self.src != self.dst, torch.arange(self.num_nodes)
-            self._derived["one_loop"] = self._derive(
-                torch.cat([self.src[keep], loops]),
-                torch.cat([self.dst[keep], loops]),
-                torch.cat([self.edge_ids[keep], self.edge_id_space + loops]),
-            )
-        return self._derived["one_loop"]
+        (what PyG's GCNConv and GATConv do, ``add_remaining_self_loops``); with ``upto``,
+        only to the nodes with a smaller id. Cached."""
+        return self._loops(("one_loop", upto), drop=True, add=True)
+
+    def plus_self_loops(self, upto: int | None = None) -> "Graph":
+        """Every edge kept, existing self-loops too, and one more self-loop added to every
+        node (with ``upto``, every node with a smaller id) after them (PyG's
+        ``add_self_loops``). Cached."""
+        return self._loops(("plus_loop", upto), drop=False, add=True)
+
+    def _loops(self, key: Any, drop: bool, add: bool) -> "Graph":
+        if key not in self._derived:
+            keep = ~self.loop_mask if drop else torch.ones_like(self.loop_mask)
+            src, dst, ids = self.src[keep], self.dst[keep], self.edge_ids[keep]
+            space = self.edge_id_space
+            if add:  # the added loop of node v gets id `edge_id_space + v`
+                loops = torch.arange(self.num_nodes if key[1] is None else min(key[1], self.num_nodes))
+                src, dst, ids = torch.cat([src, loops]), torch.cat([dst, loops]), torch.cat([ids, space + loops])
+                space += self.num_nodes  # loops a further derived graph adds get ids of their own
+            self._derived[key] = self._derive(src, dst, ids, space)
+        return self._derived[key]
 
     def edge_subset(self, mask: torch.Tensor) -> "Graph":
         """The edges ``mask`` keeps (one bool per edge), in this graph's edge order, on the
@@ -245,9 +259,11 @@ class Graph:
         return cached_subset(self._derived, mask, lambda keep: self._derive(
             self.src[keep], self.dst[keep], self.edge_ids[keep]))
 
-    def _derive(self, src: torch.Tensor, dst: torch.Tensor, edge_ids: torch.Tensor) -> "Graph":
+    def _derive(self, src: torch.Tensor, dst: torch.Tensor, edge_ids: torch.Tensor,
+                edge_id_space: int | None = None) -> "Graph":
         g = Graph(src, dst, self.num_nodes)
-        g.edge_ids, g.edge_id_space = edge_ids, self.edge_id_space
+        g.edge_ids = edge_ids
+        g.edge_id_space = self.edge_id_space if edge_id_space is None else edge_id_space
         return g
 
     # -- what the kernels use -------------------------------------------------------------

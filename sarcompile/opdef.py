@@ -34,7 +34,7 @@ import torch.fx
 from .errors import CompileError
 from .vocab import Exchange, Residency
 
-__all__ = ["Args", "Halo", "AllReduce", "Temporaries", "OpDef", "ir_op", "registry", "definition", "row_bytes"]
+__all__ = ["Args", "Halo", "Push", "AllReduce", "Temporaries", "OpDef", "ir_op", "registry", "definition", "row_bytes"]
 
 # An op's arguments by name, defaults filled in (tensors, or fx nodes at compile time).
 Args = dict[str, Any]
@@ -74,6 +74,20 @@ class Halo:
 
 
 @dataclass(frozen=True)
+class Push:
+    """The op reduces onto *source* rows, which live on other workers: in round k each
+    worker sends its partial result for block ``r - k``'s halo rows to their owner (the
+    way a halo op's backward pushes gradients), and the owner adds them up. Backward
+    fetches the halo rows of the result's gradient (the way a halo op's forward fetches
+    its inputs). ``of`` names the argument whose row width travels."""
+
+    of: str
+
+    def row_bytes(self, args: Args) -> int:
+        return row_bytes(args[self.of])
+
+
+@dataclass(frozen=True)
 class AllReduce:
     """The op sums over every worker's rows; ``bytes(args)`` is (forward, backward) bytes
     each worker receives."""
@@ -105,7 +119,7 @@ class OpDef:
     signature: inspect.Signature
     output: Residency  # residency of the result
     inputs: dict[str, Residency]  # residency each row-carrying argument must have
-    exchange: Halo | AllReduce | None = None
+    exchange: Halo | Push | AllReduce | None = None
     label: Callable[[Args], str] | None = None  # the plan's name of the op, e.g. "spmm(mean)"
     saved: Callable[[Args], str] = lambda args: ""  # what it keeps for backward, for people
     temporaries: Callable[[Args, int], Temporaries] = _no_temporaries  # (args, row bytes) -> workspace
@@ -117,6 +131,8 @@ class OpDef:
     def kind(self) -> Exchange:
         if isinstance(self.exchange, Halo):
             return Exchange.HALO
+        if isinstance(self.exchange, Push):
+            return Exchange.PUSH
         return Exchange.ALLREDUCE if isinstance(self.exchange, AllReduce) else Exchange.NONE
 
     def bind(self, args: tuple, kwargs: dict) -> Args:

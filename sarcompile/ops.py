@@ -11,6 +11,11 @@
 ``edge_reduce(g, e, reduce)``            ``out[v] = reduce over u->v of e_uv``; reduce in sum,
                                          mean, max, min, mul (empty neighbourhood gives 0, 1
                                          for mul)
+``edge_reduce_src(g, e, reduce)``        ``out[u] = reduce over u->v of e_uv`` (onto sources);
+                                         reduce in sum, mean; on N workers the partial
+                                         results are pushed to the sources' owners
+``edge_max(g, e)``                       the largest value of ``e`` over every edge (all
+                                         workers): a scalar, as ``e.max()``
 ``edge_softmax(g, e)``                   softmax of per-edge scores over the in-edges of each v
 ``edge_subset(g, mask)``                 the graph of the edges ``mask`` keeps (PyG's
                                          ``edge_index[:, mask]``), for the ops above
@@ -41,7 +46,7 @@ import torch
 
 from .errors import GraphError
 from .graph import Graph
-from .opdef import EDGE_CHUNK_ELEMENTS, AllReduce, Args, Halo, OpDef, Temporaries, ir_op, registry, row_bytes
+from .opdef import EDGE_CHUNK_ELEMENTS, AllReduce, Args, Halo, OpDef, Push, Temporaries, ir_op, registry, row_bytes
 from .rng import edge_keep
 from .shard import ShardGraph
 from .vocab import Executor, LinkPolicy, Residency, Strategy
@@ -56,6 +61,8 @@ __all__ = [
     "gather_dst",
     "gather_table",
     "edge_reduce",
+    "edge_reduce_src",
+    "edge_max",
     "edge_softmax",
     "edge_subset",
     "edge_dropout",
@@ -70,8 +77,9 @@ REDUCES = ("sum", "mean", "max", "min")
 MESSAGE_REDUCES = ("sum", "mean", "max")  # message_passing's: it keeps a winner per row for max only
 SDDMM_OPS = ("add", "sub", "mul", "dot")
 EDGE_REDUCES = ("sum", "mean", "max", "min", "mul")
+SOURCE_REDUCES = ("sum", "mean")  # edge_reduce_src's: partial results that add up across workers
 
-NODE, EDGE, GRAPH = Residency.NODE, Residency.EDGE, Residency.GRAPH
+NODE, EDGE, GRAPH, CONST = Residency.NODE, Residency.EDGE, Residency.GRAPH, Residency.CONST
 
 
 def _graph_kind(g: Any) -> None:
@@ -301,6 +309,58 @@ def edge_reduce(g, e: torch.Tensor, reduce: str = "sum", dim: int = 0) -> torch.
     if reduce == "mul":
         return e.new_ones(shape).scatter_reduce_(0, idx, e, reduce="prod", include_self=True)
     return e.new_zeros(shape).scatter_reduce_(0, idx, e, reduce=f"a{reduce}", include_self=False)
+
+
+def _check_edge_reduce_src(g, e, reduce) -> None:
+    _graph_kind(g)
+    if reduce not in SOURCE_REDUCES:
+        raise GraphError(
+            f"edge_reduce_src reduce must be one of {SOURCE_REDUCES}, got {reduce!r}: a node's out-edges live on "
+            "other workers, which send partial sums"
+        )
+
+
+@ir_op(
+    check=_check_edge_reduce_src,
+    output=NODE,
+    inputs={"e": EDGE},
+    exchange=Push(of="e"),
+    label=lambda a: f"edge_reduce_src({a['reduce']})",
+    saved=lambda a: "out-degrees [n]" if a["reduce"] == "mean" else "nothing",
+    temporaries=lambda a, row: Temporaries(2, 0),  # the result and a block's partial sums
+)
+def edge_reduce_src(g, e: torch.Tensor, reduce: str = "sum", *, strategy: Strategy = Strategy.PUSH) -> torch.Tensor:
+    """Reduce per-edge values into their *sources*: ``out[u] = reduce_{u->v} e_uv`` (PyG's
+    ``scatter(e, edge_index[0])``); an empty neighbourhood gives 0, mean divides by the
+    out-degree. A node's out-edges live on the workers of their destinations: each
+    worker sums the values of its edges per halo row and pushes the sums to the rows'
+    owners; backward fetches the gradient's halo rows (``gather_src``'s exchange, reversed)."""
+    _check_rows(g, e, "e", g.num_edges)
+    if isinstance(g, Graph):
+        return edge_reduce_src.definition.run(_single(g), _to_csr_order(g, e), reduce)
+    return edge_reduce_src.definition.run(g, e, reduce)
+
+
+def _check_edge_max(g, e) -> None:
+    _graph_kind(g)
+
+
+@ir_op(
+    check=_check_edge_max,
+    output=CONST,
+    inputs={"e": EDGE},
+    # the maximum, then the number of edges that reach it (gradients are split among them)
+    exchange=AllReduce(lambda a: (a["e"].element_size() + 8, 0)),
+    saved=lambda a: "where the maximum is [E] bool",
+)
+def edge_max(g, e: torch.Tensor, *, strategy: Strategy = Strategy.LOCAL) -> torch.Tensor:
+    """The largest element of the per-edge tensor ``e`` over the edges of all workers, as
+    ``e.max()`` on one machine: a 0-dim tensor, the same on every worker. Its gradient is
+    split evenly among the elements equal to it, wherever they live, as torch splits it."""
+    _check_rows(g, e, "e", g.num_edges)
+    if isinstance(g, Graph):
+        return e.max()
+    return edge_max.definition.run(e)
 
 
 # -------------------------------------------------------------------- edge_softmax, dropout

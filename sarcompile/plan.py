@@ -29,7 +29,7 @@ import torch.fx as fx
 
 from .errors import CompileError
 from .graph import Graph, probe_graph
-from .opdef import AllReduce, Halo, OpDef, definition
+from .opdef import AllReduce, Halo, OpDef, Push, definition
 from .runtime.comm import offline
 from .runtime.link import Wire
 from .shard import ShardGraph, split_graph
@@ -353,12 +353,14 @@ def build_plan(
         row = OpPlan(node.name, _layer(node), op.describe(args), strategy, node.meta.get("strategy_reason", ""), 0,
                      [0] * n, [0] * n, [0] * n, op.saved(args), rows=_rows(op, args))
         ops.append(row)
-        if isinstance(op.exchange, AllReduce):  # float64 sums all-reduced, no halo
+        if isinstance(op.exchange, AllReduce):  # a collective, no halo
             forward, backward = op.exchange.bytes(args)
-            row.forward_bytes, row.backward_bytes, row.reason = [forward] * n, [backward] * n, "statistics over all workers' nodes"
+            row.forward_bytes, row.backward_bytes, row.reason = [forward] * n, [backward] * n, "a reduction over all workers' rows"
         elif isinstance(op.exchange, Halo):
             comm.append(_halo_traffic(row, node, op, args, workers, link_cache))
             row.saved += "; remote blocks kept" if strategy.keeps_blocks else "; no remote rows"
+        elif isinstance(op.exchange, Push):
+            comm.append(_push_traffic(row, op, args, workers))
         else:
             row.saved = "no remote rows"
 
@@ -465,6 +467,21 @@ def _halo_traffic(row: OpPlan, node: fx.Node, op: OpDef, args: dict[str, Any], w
     row.backward_bytes = [(sent_rows[r] if pushes else 0) + (recv[r] if refetch else 0) for r in range(n)]
     row.round_bytes = [max(b, default=0) for b in blocks]
     return blocks, strategy.keeps_blocks, refetch, width, op.temporaries(args, width)
+
+
+def _push_traffic(row: OpPlan, op: OpDef, args: dict[str, Any], workers: list[WorkerStats]) -> tuple:
+    """An op that reduces onto source rows: forward, each worker receives the partial
+    results for its rows that its peers hold (the rows it would send in a halo fetch);
+    backward, the halo rows of the gradient, as a halo op's forward. As
+    :func:`_halo_traffic`, returns what the memory estimate needs."""
+    n, width = len(workers), op.exchange.row_bytes(args)
+    halo = [sum(w.halo) * width for w in workers]
+    owned = [sum(workers[p].halo[r] for p in range(n)) * width for r in range(n)]
+    blocks = [[workers[r].halo[(r - k) % n] * width for k in range(1, n)] for r in range(n)]
+    row.row_bytes, row.forward_bytes, row.backward_bytes = width, owned, halo
+    row.round_bytes = [max(b, default=0) for b in blocks]
+    row.reason = "partial results for other workers' rows go to their owners"
+    return blocks, False, True, width, op.temporaries(args, width)  # backward holds fetched blocks
 
 
 def _workspace(w: WorkerStats, comm: list, r: int) -> int:

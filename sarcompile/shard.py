@@ -190,29 +190,48 @@ class ShardGraph:
             self.__dict__["_in_degrees"] = torch.bincount(self.dst_index, minlength=self.num_nodes)
         return self.__dict__["_in_degrees"].clone()  # a copy: the cached one must survive in-place edits
 
+    @property
+    def loop_mask(self) -> torch.Tensor:
+        """Whether each edge is a self-loop, in shard order (loops only sit in the local block)."""
+        if "loop_mask" not in self.__dict__:
+            mask = torch.zeros(self.num_edges, dtype=torch.bool)
+            local = self.blocks[self.rank]
+            mask[self.edge_ptr[self.rank] : self.edge_ptr[self.rank + 1]] = local.col == local.row
+            self.__dict__["loop_mask"] = mask
+        return self.__dict__["loop_mask"]
+
     def remove_self_loops(self) -> "ShardGraph":
         """Without edges ``v -> v`` (cached). Self-loops only ever sit in the local block,
         so the halos and send lists stay the same."""
-        if "no_loops" not in self._derived:
-            self._derived["no_loops"] = self._with_local_loops(add=False)
-        return self._derived["no_loops"]
+        return self._local_loops(("no_loops", None), drop=True, add=False)
 
-    def with_self_loops(self) -> "ShardGraph":
-        """Exactly one self-loop per node, as :meth:`Graph.with_self_loops` (cached)."""
-        if "one_loop" not in self._derived:
-            self._derived["one_loop"] = self._with_local_loops(add=True)
-        return self._derived["one_loop"]
+    def with_self_loops(self, upto: int | None = None) -> "ShardGraph":
+        """Exactly one self-loop per node (with ``upto``, per node of a smaller global id),
+        as :meth:`Graph.with_self_loops` (cached)."""
+        return self._local_loops(("one_loop", upto), drop=True, add=True)
 
-    def _with_local_loops(self, add: bool) -> "ShardGraph":
-        """Rebuild the local block without its self-loops, then with one per node if ``add``."""
+    def plus_self_loops(self, upto: int | None = None) -> "ShardGraph":
+        """Every edge kept and one more self-loop per node (with ``upto``, per node of a
+        smaller global id), as :meth:`Graph.plus_self_loops` (cached)."""
+        return self._local_loops(("plus_loop", upto), drop=False, add=True)
+
+    def _local_loops(self, key: Any, drop: bool, add: bool) -> "ShardGraph":
+        """Rebuild the local block: without its self-loops if ``drop``, then with one more
+        per node if ``add`` (ids as :meth:`Graph.with_self_loops` gives them)."""
+        if key in self._derived:
+            return self._derived[key]
         local = self.blocks[self.rank]
         lo, hi = self.edge_ptr[self.rank], self.edge_ptr[self.rank + 1]
-        keep = local.col != local.row
+        keep = local.col != local.row if drop else torch.ones(local.num_edges, dtype=torch.bool)
         col, row, eids = local.col[keep], local.row[keep], self.edge_ids[lo:hi][keep]
+        space = self.edge_id_space
         if add:
             loops = torch.arange(self.num_nodes)
+            if key[1] is not None:
+                loops = loops[self.global_ids < key[1]]
             col, row = torch.cat([col, loops]), torch.cat([row, loops])
-            eids = torch.cat([eids, self.edge_id_space + self.global_ids])
+            eids = torch.cat([eids, space + self.global_ids[loops]])
+            space += self.num_global_nodes
             order = torch.sort(row, stable=True).indices
             col, row, eids = col[order], row[order], eids[order]
         counts = torch.bincount(row, minlength=self.num_nodes)
@@ -220,10 +239,11 @@ class ShardGraph:
         blocks = list(self.blocks)
         blocks[self.rank] = Block(indptr, col, local.num_src, local.src_gids)
         edge_ids = torch.cat([self.edge_ids[:lo], eids, self.edge_ids[hi:]])
-        return ShardGraph(
+        self._derived[key] = ShardGraph(
             self.rank, self.world_size, self.global_ids, blocks, self.send_index, edge_ids,
-            self.num_global_nodes, self.edge_id_space,
+            self.num_global_nodes, space,
         )
+        return self._derived[key]
 
     def edge_subset(self, mask: torch.Tensor) -> "ShardGraph":
         """The edges ``mask`` keeps (one bool per edge, in shard order), still in shard

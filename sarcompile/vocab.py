@@ -60,6 +60,7 @@ class Strategy(Vocab):
     ONESHOT = "oneshot"  # all halos fetched at once, kept for backward
     LOCAL = "local"  # no exchange (one machine, or an op that reads local rows only)
     ALLREDUCE = "allreduce"  # a collective: sums over every worker's rows
+    PUSH = "push"  # partial results for other workers' rows sent to their owners
 
     @property
     def keeps_blocks(self) -> bool:
@@ -128,6 +129,7 @@ class Exchange(Vocab):
     NONE = "none"  # reads its worker's rows only
     HALO = "halo"  # reads other workers' rows, block by block (sequential aggregation)
     ALLREDUCE = "allreduce"  # sums over every worker's rows (a collective)
+    PUSH = "push"  # reduces onto other workers' rows: sends them its partial results
 
 
 class LinkPolicy(NamedTuple):

@@ -299,3 +299,31 @@ def test_error_negative_num_nodes():
         sc.Graph.from_edges(torch.empty(0, dtype=torch.long), torch.empty(0, dtype=torch.long), -1)
     with pytest.raises(GraphError, match=r"num_nodes.*-2"):
         sc.Graph.from_edges(T([0]), T([0]), -2)
+
+
+@pytest.mark.parametrize("upto", [None, 3])
+@pytest.mark.parametrize("method", ["plus_self_loops", "with_self_loops", "remove_self_loops"])
+def test_derived_graphs_agree_on_a_graph_and_its_shards(method, upto):
+    """The edges (source, destination, edge id) of a derived graph are those of the whole
+    graph's, split by destination over the shards; loops added twice get distinct ids."""
+    from sarcompile.shard import ShardGraph, split_graph
+
+    g = sc.Graph.from_edges([0, 1, 2, 2, 4, 1], [1, 1, 2, 2, 0, 3], num_nodes=6)
+    args = () if method == "remove_self_loops" else (upto,)
+    whole = getattr(g, method)(*args)
+    want = Counter(zip(whole.src.tolist(), whole.dst.tolist(), whole.edge_ids.tolist()))
+    if method == "plus_self_loops":
+        assert sum(s == d for s, d, _ in want.elements()) == 3 + (6 if upto is None else 3)
+        twice = whole.plus_self_loops()
+        assert twice.edge_ids.unique().numel() == twice.num_edges
+    got = Counter()
+    for r, part in enumerate(split_graph(g, torch.tensor([0, 1, 0, 1, 1, 0]), 2)):
+        shard = getattr(ShardGraph.from_part(part, r, 2, g.num_nodes, g.num_edges), method)(*args)
+        for q, block in enumerate(shard.blocks):
+            lo = shard.edge_ptr[q]
+            for i in range(block.num_edges):
+                got[(int(block.src_gids[block.col[i]]), int(shard.global_ids[block.row[i]]),
+                     int(shard.edge_ids[lo + i]))] += 1
+        assert torch.equal(shard.loop_mask, torch.cat([b.src_gids[b.col] for b in shard.blocks])
+                           == shard.global_ids[shard.dst_index])
+    assert got == want

@@ -80,7 +80,7 @@ from ..ops import (
 )
 from ..lowering import declare, register_lowering
 from ..vocab import Residency
-from .pyg_utils import EdgeEnd, EdgeIndex, as_edge_index, intercepting
+from .pyg_utils import EdgeEnd, EdgeIndex, add_remaining_self_loops, as_edge_index, intercepting
 
 __all__ = ["SUPPORTED"]
 
@@ -224,29 +224,6 @@ def _looped_edge_index(graph, looped) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @torch.fx.wrap
-def _gcn_loop_weights(graph, looped, edge_weight, fill: float):
-    """``edge_weight`` (in ``graph``'s edge order) carried over to ``looped =
-    graph.with_self_loops()`` as PyG's ``add_remaining_self_loops`` does: other edges
-    keep their weight; each node's one self-loop gets the weight of its last existing
-    self-loop (by edge id), or ``fill``. None stays None (PyG then weighs every edge 1,
-    self-loops too, even with ``improved=True``). Local (see :func:`_looped_edge_index`).
-    """
-    if edge_weight is None:
-        return None
-    index, old_loop = _looped_edge_index(graph, looped)
-    ids, dst, n = graph.edge_ids, graph.dst_index, looped.num_dst
-    last = torch.full((n,), -1, dtype=torch.long).scatter_reduce(0, dst[old_loop], ids[old_loop], "amax")
-    chosen = old_loop & (ids == last[dst])
-    loop_weight = torch.full((n, *edge_weight.shape[1:]), fill, dtype=edge_weight.dtype)
-    loop_weight = loop_weight.index_put((dst[chosen],), edge_weight[chosen].detach())
-    # PyG writes the loop weights with an index assignment, whose backward gives *every*
-    # self-loop of a node the gradient of the one kept; adding exact zeros does the same.
-    old = edge_weight[old_loop]
-    loop_weight = loop_weight + torch.zeros_like(loop_weight).index_add(0, dst[old_loop], old - old.detach())
-    return torch.cat([edge_weight, loop_weight])[index]
-
-
-@torch.fx.wrap
 def _gcn_inv_sqrt_degree(graph, edge_weight, like: torch.Tensor) -> torch.Tensor:
     """``deg^-1/2`` per node as a column (0 where the degree is 0), the degree being the
     sum of the in-edge weights (the in-edge count without weights). Local: every in-edge
@@ -265,9 +242,8 @@ class _GCNConv(_StandIn):
         h = m.lin(_plain_call(x, "GCNConv"))
         if m.normalize:
             g, w = edge_index, edge_weight
-            if m.add_self_loops:
-                g = edge_index.with_self_loops()
-                w = _gcn_loop_weights(edge_index, g, edge_weight, 2.0 if m.improved else 1.0)
+            if m.add_self_loops:  # PyG's add_remaining_self_loops, edge weights carried
+                g, w = add_remaining_self_loops(as_edge_index(edge_index), edge_weight, 2.0 if m.improved else 1.0)
             # Scale at the source before the aggregation and at the destination after:
             # each node's own degree is all a worker needs.
             norm = _gcn_inv_sqrt_degree(g, w, h)
@@ -574,6 +550,13 @@ def _lower_message_passing(m: MessagePassing) -> nn.Module:
     Then the layer's ``update``."""
     # (message_and_aggregate only runs for SparseTensor adjacencies, never here.)
     _check_common(m, type(m))
+    if isinstance(m, gnn.ARMAConv):
+        raise CompileError(
+            f"{_name(m)} is not supported yet: it keeps its {m.num_stacks} stacks as one [stacks, nodes, channels] "
+            "tensor and aggregates over axis node_dim=-2, while sarcompile keeps the node axis first (axis 0) so "
+            "that each worker's rows are its own nodes; stack GCN-normalised layers (e.g. torch_geometric.nn.SGConv "
+            "with K=1) per stack instead"
+        )
     if getattr(m, "decomposed_layers", 1) != 1:
         raise _refuse(m, "decomposed_layers", m.decomposed_layers, "use decomposed_layers=1")
     view = copy.copy(m)  # shares parameters and submodules; gets its own submodule table below
@@ -587,6 +570,12 @@ def _lower_message_passing(m: MessagePassing) -> nn.Module:
         reduce = _reduce(m.aggr)
 
     def propagate(edge_index, size=None, **kwargs):
+        if _GRAD_AT_ENTRY and _GRAD_AT_ENTRY[-1] and not torch.is_grad_enabled():
+            raise CompileError(
+                f"{_name(m)} propagates under torch.no_grad() (its forward, or part of it, is decorated or wrapped "
+                "so): a traced program does not keep grad modes, so it would give gradients where PyG gives none; "
+                "not supported yet: call the model under torch.no_grad(), or detach what goes into the layer"
+            )
         graph = as_edge_index(edge_index)
         x = kwargs.get(fused[0]) if fused is not None else None
         if isinstance(x, (tuple, list)) and len(x) == 2 and x[0] is x[1]:
@@ -615,6 +604,9 @@ def _lower_message_passing(m: MessagePassing) -> nn.Module:
 
 
 _real_isinstance = builtins.isinstance
+# Whether grad was enabled when each layer being traced was called (innermost last): a
+# propagate that finds it off was put under torch.no_grad() by the layer itself.
+_GRAD_AT_ENTRY: list[bool] = []
 
 
 def _isinstance_seeing_proxies_as_tensors(obj, cls) -> bool:
@@ -645,6 +637,7 @@ def _tracing_type(cls: type) -> type:
         if "edge_index" in bound.arguments:  # the traced graph, answering what PyG asks of edge_index
             bound.arguments["edge_index"] = as_edge_index(bound.arguments["edge_index"])
         builtins.isinstance = _isinstance_seeing_proxies_as_tensors
+        _GRAD_AT_ENTRY.append(torch.is_grad_enabled())
         try:
             with intercepting(*(sys.modules[k.__module__].__dict__ for k in cls.__mro__ if k.__module__ in sys.modules)):
                 return original(*bound.args, **bound.kwargs)
@@ -658,6 +651,7 @@ def _tracing_type(cls: type) -> type:
             ) from None
         finally:
             builtins.isinstance = _real_isinstance
+            _GRAD_AT_ENTRY.pop()
 
     return type(cls.__name__, (cls,), {"forward": forward, "__module__": cls.__module__})
 
@@ -703,7 +697,6 @@ for _layer, _rule in (
 declare(_plain_call, "x")
 declare(_one_node_set, "value")
 declare(_no_weight_for, "x")
-declare(_gcn_loop_weights, Residency.EDGE)
 declare(_edge_features, "edge_attr")
 declare(_attention_loop_attr, Residency.EDGE)
 declare(_gcn_inv_sqrt_degree, Residency.NODE)

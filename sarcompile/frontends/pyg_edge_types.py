@@ -17,8 +17,6 @@ MessagePassing lowering (:func:`~sarcompile.frontends.pyg._lower_message_passing
 * ``torch.is_floating_point(features) == True``: the layers branch on it (node indices
   as features, ``in_channels = num_nodes``, take another path); the compiled program
   checks at its first call that the features are floating point, and refuses otherwise;
-* ``node_tensor[edge_index[1]]`` (``[edge_index[0]]``) is ``gather_dst`` (``gather_src``)
-  (for these layers only, until :mod:`.pyg_utils` lowers it for every layer);
 * ``torch.index_select`` is torch's own on traced tensors: PyG replaces it by a function
   that first compares ``dim`` with ``input.dim()``, a Python branch on a traced value.
 
@@ -41,9 +39,8 @@ from torch_geometric.nn.conv import rgcn_conv
 
 from ..errors import CompileError
 from ..lowering import declare, register_lowering
-from ..ops import gather_dst, gather_src
 from .pyg import _lower_message_passing, _name
-from .pyg_utils import EdgeEnd, EdgeIndex, handles
+from .pyg_utils import EdgeIndex, handles
 
 __all__: list[str] = []
 
@@ -73,7 +70,6 @@ def _one_hot(original, index, num_classes=None, dtype=None):
 
 # -- what holds while a relational layer is traced -------------------------------------------------
 _is_floating_point = torch.is_floating_point
-_proxy_getitem = torch.fx.Proxy.__getitem__
 
 
 def _traced_is_floating_point(t: Any) -> bool:
@@ -91,26 +87,18 @@ def _index_select_of(installed: Any) -> Any:
     return index_select
 
 
-def _getitem_gathering(self: torch.fx.Proxy, i: Any) -> Any:
-    if isinstance(i, EdgeEnd):  # x[edge_index[1]]: the row of every edge's destination (source)
-        return gather_dst(i.graph, self) if i.end == "dst" else gather_src(i.graph, self)
-    return _proxy_getitem(self, i)
-
-
 @contextlib.contextmanager
 def _relational_trace() -> Iterator[None]:
     """The settings of the module docstring, restored afterwards."""
     segment_matmul = torch_geometric.backend.use_segment_matmul
     torch_geometric.backend.use_segment_matmul = False
     torch.is_floating_point = _traced_is_floating_point
-    torch.fx.Proxy.__getitem__ = _getitem_gathering
     index_select = torch.index_select
     torch.index_select = _index_select_of(index_select)
     try:
         yield
     finally:
         torch.index_select = index_select
-        torch.fx.Proxy.__getitem__ = _proxy_getitem
         torch.is_floating_point = _is_floating_point
         torch_geometric.backend.use_segment_matmul = segment_matmul
 

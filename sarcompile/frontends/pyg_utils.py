@@ -10,25 +10,18 @@ other call to PyG. The rules are registered with :func:`handles`, one per PyG fu
 
 The graph a layer gets is an :class:`EdgeIndex` proxy: ``edge_index[0]`` and
 ``edge_index[1]`` (also ``row, col = edge_index``) are :class:`EdgeEnd` markers, the
-source or destination node of every edge. A marker only means something to the rules
-here; any other use of it (``x[col]``, arithmetic) is refused at compile time, since on
-a worker the edges index rows that live elsewhere.
+source or destination node of every edge. A marker only means something where this
+module gives it a meaning; any other use of it (arithmetic, ``index.max()``) is refused
+at compile time, since on a worker the edges index rows that live elsewhere.
 
-===============================================  ===========================================
-PyG call                                         becomes
-===============================================  ===========================================
-``scatter(e, edge_index[1], reduce=r)``          ``edge_reduce(g, e, r)`` (sum, mean, max,
-                                                 min, mul)
-``softmax(e, edge_index[1])``                    ``edge_softmax(g, e)``
-``degree(edge_index[1])``                        the in-degree of every node
-``edge_index[:, mask]``                          ``edge_subset(g, mask)``, a graph
-===============================================  ===========================================
-"""
+=================================================  =================================="""
 
 from __future__ import annotations
 
 import contextlib
+import operator
 import sys
+import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
@@ -37,16 +30,19 @@ import torch.fx
 from torch import nn
 from torch_geometric import utils as pyg_utils
 from torch_geometric.nn.aggr import Aggregation, MultiAggregation
+from torch_geometric.nn.conv.gcn_conv import gcn_norm
 
 from ..errors import CompileError
+from ..graph import Graph
 from ..lowering import declare
-from ..ops import edge_reduce, edge_softmax, edge_subset
+from ..ops import edge_max, edge_reduce, edge_reduce_src, edge_softmax, edge_subset, gather_dst, gather_src
+from ..runtime import comm
 from ..vocab import Residency
 
-__all__ = ["EdgeEnd", "EdgeIndex", "handles", "intercepting", "as_edge_index"]
+__all__ = ["EdgeEnd", "EdgeIndex", "handles", "intercepting", "as_edge_index", "add_remaining_self_loops"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class EdgeEnd:
     """``edge_index[0]`` (``end="src"``) or ``edge_index[1]`` (``end="dst"``) of the
     traced graph ``graph``: the source or destination of every edge, in the graph's edge
@@ -60,10 +56,23 @@ class EdgeEnd:
         name = "edge_index[0] (the source of every edge)" if self.end == "src" else "edge_index[1] (the destination)"
         return CompileError(
             f"{name} is used as a tensor; on N workers a worker holds only its own nodes' rows, so indexing or "
-            "computing with edge_index directly would not match one machine. sarcompile lowers PyG's "
-            "scatter/softmax/degree over it and gcn_norm / self-loop utilities; write the rest with message "
-            "arguments (x_j, x_i, index) or sarcompile's ops"
+            "computing with edge_index directly would not match one machine. sarcompile lowers x[edge_index[i]], "
+            "PyG's scatter/softmax/degree over it, edge_index[0] == edge_index[1], gcn_norm, get_laplacian and "
+            "the self-loop utilities; write the rest with message arguments (x_j, x_i, index) or sarcompile's ops"
         )
+
+    def _loops(self, other: Any, loops: bool) -> "LoopMask":
+        if not (isinstance(other, EdgeEnd) and other.graph is self.graph and other.end != self.end):
+            raise self.refusal()
+        return LoopMask.of(self.graph, loops)
+
+    def __eq__(self, other: Any) -> "LoopMask":  # type: ignore[override]
+        return self._loops(other, True)
+
+    def __ne__(self, other: Any) -> "LoopMask":  # type: ignore[override]
+        return self._loops(other, False)
+
+    __hash__ = object.__hash__
 
     def __fx_create_arg__(self, tracer: torch.fx.Tracer) -> Any:
         raise self.refusal()  # fx asks this when the marker reaches a traced op
@@ -76,7 +85,12 @@ class EdgeEnd:
 
 class EdgeIndex(torch.fx.Proxy):
     """The traced graph where a PyG layer takes ``edge_index``: an fx Proxy (IR ops take it
-    as their graph) that also answers what PyG code asks an ``edge_index`` tensor."""
+    as their graph) that also answers what PyG code asks an ``edge_index`` tensor.
+    ``loops`` says what is known of its self-loops at trace time: ``"one"`` per node (in
+    node order, as PyG appends them), ``"none"``, or ``"any"``."""
+
+    loops = "any"
+    layout = torch.strided  # an edge list, not a torch sparse matrix (PyG's is_torch_sparse_tensor asks)
 
     def __getitem__(self, i: Any) -> "EdgeEnd | EdgeIndex":
         if isinstance(i, int) and i in (0, 1, -1, -2):
@@ -95,12 +109,79 @@ class EdgeIndex(torch.fx.Proxy):
     def dim(self) -> int:
         return 2
 
+    def derive(self, method: str, loops: str, *args: Any) -> "EdgeIndex":
+        """The graph ``g.<method>(*args)`` (``with_self_loops``, ...), whose loops are ``loops``."""
+        derived = EdgeIndex(self.tracer.create_proxy("call_method", method, (self, *args), {}).node, self.tracer)
+        derived.loops = loops
+        return derived
+
 
 def as_edge_index(value: Any) -> Any:
     """``value`` as an :class:`EdgeIndex` where it is the traced graph (an fx Proxy)."""
     if isinstance(value, torch.fx.Proxy) and not isinstance(value, EdgeIndex):
         return EdgeIndex(value.node, value.tracer)
     return value
+
+
+class LoopMask(torch.fx.Proxy):
+    """``edge_index[0] == edge_index[1]`` (``loops``) or ``!=``: a per-edge bool tensor of
+    ``graph``. Indexing a per-edge tensor with it gives :class:`_LoopRows`, which may only
+    be updated in place (``e[mask] -= 1``, ``e[mask] += deg_inv``)."""
+
+    graph: EdgeIndex
+    loops: bool
+
+    @classmethod
+    def of(cls, graph: EdgeIndex, loops: bool) -> "LoopMask":
+        mask = cls(_loop_mask(graph, loops).node, graph.tracer)
+        mask.graph, mask.loops = graph, loops
+        return mask
+
+
+_UPDATES = {"set": None, "add": operator.add, "sub": operator.sub, "mul": operator.mul, "div": operator.truediv}
+
+
+@dataclass(frozen=True, eq=False)
+class _LoopRows:
+    """``e[mask]`` for a :class:`LoopMask`, with at most one pending arithmetic ``op``
+    (``e[mask] -= 1`` is ``e[mask] = e[mask] - 1``): written back by ``e[mask] = ...``."""
+
+    e: torch.fx.Proxy
+    mask: LoopMask
+    op: str | None = None
+    value: Any = None
+
+    def refusal(self) -> CompileError:
+        return CompileError(
+            "e[edge_index[0] == edge_index[1]] (the rows of a per-edge tensor on the self-loops) is supported only "
+            "as an in-place update (e[mask] -= 1, e[mask] += per_node_values, e[mask] = value): on N workers its "
+            "rows are not one machine's; write torch.where(mask, ..., e) instead"
+        )
+
+    def _with(self, op: str, value: Any) -> "_LoopRows":
+        if self.op is not None:
+            raise self.refusal()
+        return _LoopRows(self.e, self.mask, op, value)
+
+    def __add__(self, v: Any) -> "_LoopRows":
+        return self._with("add", v)
+
+    def __sub__(self, v: Any) -> "_LoopRows":
+        return self._with("sub", v)
+
+    def __mul__(self, v: Any) -> "_LoopRows":
+        return self._with("mul", v)
+
+    def __truediv__(self, v: Any) -> "_LoopRows":
+        return self._with("div", v)
+
+    def __fx_create_arg__(self, tracer: torch.fx.Tracer) -> Any:
+        raise self.refusal()
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise self.refusal()
 
 
 # -- the dispatch ------------------------------------------------------------------------------
@@ -135,8 +216,9 @@ def _namespaces(extra: tuple[dict, ...]) -> list[dict]:
 def intercepting(*namespaces: dict) -> Iterator[None]:
     """For the duration, every global name bound to a PyG function with a rule -- in the
     ``torch_geometric`` modules and in ``namespaces`` (the traced layer's own module
-    globals) -- is bound to its dispatcher, and aggregations take an :class:`EdgeEnd`
-    index. Restored afterwards; nesting is a no-op."""
+    globals) -- is bound to its dispatcher, aggregations take an :class:`EdgeEnd` index,
+    and fx proxies (node tensors) can be indexed by an :class:`EdgeEnd` and updated on a
+    :class:`LoopMask`. Restored afterwards; nesting is a no-op."""
     global _active
     if _active:
         yield
@@ -149,17 +231,23 @@ def intercepting(*namespaces: dict) -> Iterator[None]:
                 swapped.append((namespace, key, value))
                 namespace[key] = rule[1]
     Aggregation.__call__ = _aggregation_call
+    torch.fx.Proxy.__getitem__ = _proxy_getitem
+    torch.fx.Proxy.__setitem__ = _proxy_setitem
+    torch.fx.Proxy.index_select = _proxy_index_select
     _active = True
     try:
         yield
     finally:
         _active = False
         Aggregation.__call__ = _aggregation_call_of_pyg
+        torch.fx.Proxy.__getitem__ = _proxy_getitem_of_fx
+        del torch.fx.Proxy.__setitem__, torch.fx.Proxy.index_select
         for namespace, key, value in swapped:
             namespace[key] = value
 
 
 _aggregation_call_of_pyg = Aggregation.__call__
+_proxy_getitem_of_fx = torch.fx.Proxy.__getitem__
 
 
 def _aggregation_call(self: Aggregation, x: Any, index: Any = None, ptr: Any = None, dim_size: Any = None,
@@ -171,6 +259,50 @@ def _aggregation_call(self: Aggregation, x: Any, index: Any = None, ptr: Any = N
         return self.combine([aggr(x, index, dim_size=dim_size, dim=dim) for aggr in self.aggrs])
     # PyG's __call__ checks index.max() against dim_size; an EdgeEnd is right by construction.
     return nn.Module.__call__(self, x, index, ptr=None, dim_size=dim_size, dim=dim, **kwargs)
+
+
+def _gather(x: torch.fx.Proxy, end: EdgeEnd) -> torch.fx.Proxy:
+    """``x[edge_index[0]]`` / ``x[edge_index[1]]``: the rows of a node tensor onto the edges."""
+    return (gather_src if end.end == "src" else gather_dst)(end.graph, x)
+
+
+def _proxy_getitem(self: torch.fx.Proxy, i: Any) -> Any:
+    if isinstance(i, EdgeEnd):
+        return _gather(self, i)
+    if isinstance(i, LoopMask):
+        return _LoopRows(self, i)
+    return _proxy_getitem_of_fx(self, i)
+
+
+def _proxy_index_select(self: torch.fx.Proxy, dim: Any, index: Any) -> torch.fx.Proxy:
+    if isinstance(index, EdgeEnd):
+        if dim != 0:
+            raise CompileError(
+                f"index_select(dim={dim!r}, edge_index[i]) is not supported: sarcompile gathers node rows onto "
+                "edges along axis 0 (x.index_select(0, edge_index[i]) or x[edge_index[i]])"
+            )
+        return _gather(self, index)
+    return self.tracer.create_proxy("call_method", "index_select", (self, dim, index), {})
+
+
+def _proxy_setitem(self: torch.fx.Proxy, i: Any, value: Any) -> None:
+    if not isinstance(i, LoopMask):
+        raise TypeError("'Proxy' object does not support item assignment")
+    op, v = "set", value
+    if isinstance(value, _LoopRows):
+        if value.e is not self or value.mask is not i:
+            raise value.refusal()
+        if value.op is None:
+            return  # e[mask] = e[mask]
+        op, v = value.op, value.value
+    per_node = isinstance(v, torch.fx.Proxy)
+    if per_node and not (i.loops and i.graph.loops == "one"):
+        raise CompileError(
+            "e[edge_index[0] == edge_index[1]] updated with a tensor is supported where the graph has exactly one "
+            "self-loop per node (after add_self_loops on a graph without loops, or add_remaining_self_loops), "
+            "whose rows are then the nodes' rows; update it with a number, or use torch.where"
+        )
+    _update_loops_(i.graph, self, i.loops, op, v, per_node)
 
 
 # -- run-time helpers (one node each in the program) -------------------------------------------
@@ -192,42 +324,148 @@ def _in_degree(graph: Any, dtype: torch.dtype | None) -> torch.Tensor:
     return graph.in_degrees().to(dtype or torch.get_default_dtype())
 
 
-declare(_edge_axis, "e")
-declare(_in_degree, Residency.NODE)
+_SEEN: "weakref.WeakKeyDictionary[Any, int]" = weakref.WeakKeyDictionary()
 
 
-def _on_graph(index: Any, what: str) -> EdgeEnd | None:
-    """``index`` if it is the destination marker, None if it is no marker; refuses the source."""
-    if not isinstance(index, EdgeEnd):
-        return None
-    if index.end != "dst":
+@torch.fx.wrap
+def _seen_nodes(graph: Any) -> int:
+    """PyG's ``maybe_num_nodes(edge_index)``: one more than the largest node id of any edge
+    (so PyG adds no loop to the isolated nodes after it). On a worker, the largest over
+    every worker's edges: one all-reduce, the first time the graph is asked (cached)."""
+    if graph not in _SEEN:
+        if isinstance(graph, Graph):
+            _SEEN[graph] = int(torch.cat([graph.src, graph.dst]).max()) + 1 if graph.num_edges else 0
+        else:
+            ends = [graph.global_ids[graph.dst_index]] + [b.src_gids[b.col] for b in graph.blocks]
+            local = torch.cat(ends).max() if graph.num_edges else torch.tensor(-1)
+            _SEEN[graph] = int(comm.global_max(local.reshape(1))) + 1
+    return _SEEN[graph]
+
+
+@torch.fx.wrap
+def _ones_per_edge(graph: Any, dtype: torch.dtype | None) -> torch.Tensor:
+    """``torch.ones(edge_index.size(1), dtype=dtype)``: a weight of 1 for every edge."""
+    return torch.ones(graph.num_edges, dtype=dtype or torch.get_default_dtype())
+
+
+@torch.fx.wrap
+def _loop_mask(graph: Any, loops: bool) -> torch.Tensor:
+    """``edge_index[0] == edge_index[1]`` (``!=`` unless ``loops``), per edge."""
+    return graph.loop_mask if loops else ~graph.loop_mask
+
+
+@torch.fx.wrap
+def _update_loops_(graph: Any, e: torch.Tensor, loops: bool, op: str, value: Any, per_node: bool) -> torch.Tensor:
+    """``e[mask] op= value`` in place, ``mask`` being :func:`_loop_mask`; a ``per_node``
+    value has one row per node, which on a graph with one self-loop per node is the row of
+    that node's loop (as in PyG, whose loops are appended in node order)."""
+    mask = _loop_mask(graph, loops)
+    if per_node:
+        value = value[graph.dst_index[mask]]
+    e[mask] = value if _UPDATES[op] is None else _UPDATES[op](e[mask], value)
+    return e
+
+
+@torch.fx.wrap
+def _fill_loops(graph: Any, e: torch.Tensor, fill: Any) -> torch.Tensor:
+    """PyG's ``compute_loop_attr`` for a ``fill_value`` that is None (ones), a number or a
+    tensor: the value of every node's new self-loop, one row per node."""
+    size = (graph.num_dst, *e.shape[1:])
+    if fill is None:
+        return e.new_ones(size)
+    if isinstance(fill, (int, float)):
+        return e.new_full(size, fill)
+    loop = fill.to(e.device, e.dtype)
+    if e.dim() != loop.dim():
+        loop = loop.unsqueeze(0)
+    return loop.expand(size).contiguous()
+
+
+@torch.fx.wrap
+def _remaining_loops(graph: Any, e: torch.Tensor, fill: torch.Tensor) -> torch.Tensor:
+    """The value of each node's one self-loop under PyG's ``add_remaining_self_loops``:
+    its last existing self-loop's (by edge id, PyG's edge order), else ``fill``'s row.
+    Local: a node's self-loops are in-edges of it."""
+    loops, dst, ids = graph.loop_mask, graph.dst_index, graph.edge_ids
+    last = torch.full((graph.num_dst,), -1, dtype=torch.long).scatter_reduce(0, dst[loops], ids[loops], "amax")
+    chosen = loops & (ids == last[dst])
+    out = fill.index_put((dst[chosen],), e[chosen].detach())
+    # PyG writes the loop values with an index assignment, whose backward gives *every*
+    # self-loop of a node the gradient of the one kept; adding exact zeros does the same.
+    old = e[loops]
+    return out + torch.zeros_like(out).index_add(0, dst[loops], old - old.detach())
+
+
+@torch.fx.wrap
+def _carry(graph: Any, derived: Any, e: torch.Tensor, loops: torch.Tensor | None) -> torch.Tensor:
+    """``e`` (in ``graph``'s edge order) in the edge order of ``derived`` (a graph derived
+    from it): an edge both have (the same global edge id) keeps its row, a self-loop
+    ``derived`` added takes its node's row of ``loops``. Local on a shard: edges are
+    matched by global id and a node's loops are in-edges of it."""
+    ids, wanted, num_edges = graph.edge_ids, derived.edge_ids, graph.num_edges
+    index = num_edges + derived.dst_index  # a new loop reads its node's row of `loops`
+    if num_edges:
+        order = torch.argsort(ids)
+        pos = torch.searchsorted(ids[order], wanted).clamp(max=num_edges - 1)
+        index = torch.where(ids[order][pos] == wanted, order[pos], index)
+    rows = e if loops is None else torch.cat([e, loops.to(e.dtype)])
+    return rows[index]
+
+
+for _helper, _residency in ((_edge_axis, "e"), (_in_degree, Residency.NODE), (_ones_per_edge, Residency.EDGE),
+                            (_loop_mask, Residency.EDGE), (_seen_nodes, Residency.CONST), (_update_loops_, "e"), (_fill_loops, Residency.NODE),
+                            (_remaining_loops, Residency.NODE), (_carry, Residency.EDGE)):
+    declare(_helper, _residency)
+
+
+def _end(index: Any) -> EdgeEnd | None:
+    return index if isinstance(index, EdgeEnd) else None
+
+
+def _node_count(num_nodes: Any, what: str) -> None:
+    if isinstance(num_nodes, (tuple, list)):
         raise CompileError(
-            f"{what} over edge_index[0] (onto the source nodes) is not supported yet: a node's out-edges live on "
-            "other workers; reduce onto destinations (edge_index[1]) or reverse the graph"
+            f"{what} with num_nodes={num_nodes!r} (a bipartite size) is not supported: sarcompile adds a self-loop "
+            "to every node of the graph"
         )
-    return index
 
 
 # -- the rules ---------------------------------------------------------------------------------
 _PYG_REDUCES = {"sum": "sum", "add": "sum", "mean": "mean", "max": "max", "amax": "max", "min": "min",
                 "amin": "min", "mul": "mul"}
+_ALL_REDUCES = ("sum", "mean", "max", "min", "mul")  # edge_reduce's
+
+
+def _reduce_name(reduce: Any, what: str, allowed: tuple[str, ...]) -> str:
+    name = _PYG_REDUCES.get(reduce) if isinstance(reduce, str) else None
+    if name not in allowed:
+        raise CompileError(f"{what} with reduce={reduce!r} is not supported; use one of "
+                           f"{sorted(k for k, v in _PYG_REDUCES.items() if v in allowed)}")
+    return name
 
 
 @handles(pyg_utils.scatter)
 def _scatter(original, src, index, dim=0, dim_size=None, reduce="sum"):
-    end = _on_graph(index, "scatter")
+    end = _end(index)
     if end is None:
         return original(src, index, dim, dim_size, reduce)
-    if reduce not in _PYG_REDUCES:
-        raise CompileError(f"scatter(reduce={reduce!r}) over edges is not supported; use one of {sorted(_PYG_REDUCES)}")
-    return edge_reduce(end.graph, src, _PYG_REDUCES[reduce], dim)
+    if end.end == "dst":
+        return edge_reduce(end.graph, src, _reduce_name(reduce, "scatter", _ALL_REDUCES), dim)
+    # A node's out-edges live on other workers, which push their partial sums to it.
+    name = _reduce_name(reduce, "scatter over edge_index[0] (onto the sources)", ("sum", "mean"))
+    return edge_reduce_src(end.graph, _edge_axis(src, dim, "scatter"), name)
 
 
 @handles(pyg_utils.softmax)
 def _softmax(original, src, index=None, ptr=None, num_nodes=None, dim=0):
-    end = _on_graph(index, "softmax")
+    end = _end(index)
     if end is None:
         return original(src, index, ptr, num_nodes, dim)
+    if end.end != "dst":
+        raise CompileError(
+            "softmax over edge_index[0] (over the out-edges of each node) is not supported: a node's out-edges "
+            "live on other workers; take the softmax over edge_index[1] or reverse the graph"
+        )
     # PyG adds 1e-16 to the denominator, which is at least 1 (the largest score gives
     # exp(0)): a difference below float rounding.
     return edge_softmax(end.graph, _edge_axis(src, dim, "softmax"))
@@ -235,7 +473,130 @@ def _softmax(original, src, index=None, ptr=None, num_nodes=None, dim=0):
 
 @handles(pyg_utils.degree)
 def _degree(original, index, num_nodes=None, dtype=None):
-    end = _on_graph(index, "degree")
+    end = _end(index)
     if end is None:
         return original(index, num_nodes, dtype)
-    return _in_degree(end.graph, dtype)
+    if end.end == "dst":
+        return _in_degree(end.graph, dtype)
+    return edge_reduce_src(end.graph, _ones_per_edge(end.graph, dtype), "sum")
+
+
+def _loop_values(graph: EdgeIndex, edge_attr: Any, fill_value: Any) -> Any:
+    """PyG's ``compute_loop_attr``: one row per node, the value of its added self-loop."""
+    if isinstance(fill_value, str):
+        reduce = _reduce_name(fill_value, "a self-loop fill_value", _ALL_REDUCES)
+        return edge_reduce(graph, edge_attr, reduce)  # over each node's in-edges
+    if fill_value is not None and not isinstance(fill_value, (int, float, torch.Tensor, torch.fx.Proxy)):
+        raise CompileError(f"fill_value={fill_value!r} is not one PyG allows (a number, a tensor or a reduction)")
+    return _fill_loops(graph, edge_attr, fill_value)
+
+
+def _with_edges(graph: EdgeIndex, derived: EdgeIndex, edge_attr: Any, loops: Any = None) -> tuple:
+    return derived, None if edge_attr is None else _carry(graph, derived, edge_attr, loops)
+
+
+@handles(pyg_utils.remove_self_loops)
+def _remove_self_loops(original, edge_index, edge_attr=None):
+    if not isinstance(edge_index, EdgeIndex):
+        return original(edge_index, edge_attr)
+    return _with_edges(edge_index, edge_index.derive("remove_self_loops", "none"), edge_attr)
+
+
+@handles(pyg_utils.add_self_loops)
+def _add_self_loops(original, edge_index, edge_attr=None, fill_value=None, num_nodes=None):
+    if not isinstance(edge_index, EdgeIndex):
+        return original(edge_index, edge_attr, fill_value, num_nodes)
+    _node_count(num_nodes, "add_self_loops")
+    if num_nodes is None:  # PyG: loops up to the largest node id an edge has
+        derived = edge_index.derive("plus_self_loops", "any", _seen_nodes(edge_index))
+    else:
+        derived = edge_index.derive("plus_self_loops", "one" if edge_index.loops == "none" else "any")
+    loops = None if edge_attr is None else _loop_values(edge_index, edge_attr, fill_value)
+    return _with_edges(edge_index, derived, edge_attr, loops)
+
+
+@handles(pyg_utils.add_remaining_self_loops)
+def _add_remaining_self_loops(original, edge_index, edge_attr=None, fill_value=None, num_nodes=None):
+    if not isinstance(edge_index, EdgeIndex):
+        return original(edge_index, edge_attr, fill_value, num_nodes)
+    return add_remaining_self_loops(edge_index, edge_attr, fill_value, num_nodes is not None)
+
+
+def add_remaining_self_loops(edge_index: EdgeIndex, edge_attr: Any = None, fill_value: Any = None,
+                             every_node: bool = True) -> tuple:
+    """PyG's ``add_remaining_self_loops`` on the traced graph: ``g.with_self_loops()``,
+    and ``edge_attr`` in its edge order, each node's loop keeping the value of its last
+    existing self-loop, else getting ``fill_value``. Unless ``every_node`` (PyG given
+    ``num_nodes``), loops only up to the largest node id an edge has, as PyG.
+    (The GCN stand-in uses it too.)"""
+    if every_node:
+        derived = edge_index.derive("with_self_loops", "one")
+    else:
+        derived = edge_index.derive("with_self_loops", "any", _seen_nodes(edge_index))
+    if edge_attr is None:
+        return derived, None
+    loops = _remaining_loops(edge_index, edge_attr, _loop_values(edge_index, edge_attr, fill_value))
+    return _with_edges(edge_index, derived, edge_attr, loops)
+
+
+def _symmetric(graph: EdgeIndex, weight: Any, deg: Any) -> Any:
+    """``deg^-1/2[u] * w_uv * deg^-1/2[v]``, 0 where a degree is 0 (as PyG)."""
+    inv = deg.pow(-0.5)
+    inv = inv.masked_fill(inv == float("inf"), 0.0)
+    return gather_src(graph, inv) * weight * gather_dst(graph, inv)
+
+
+@handles(gcn_norm)
+def _gcn_norm(original, edge_index, edge_weight=None, num_nodes=None, improved=False, add_self_loops=True,
+              flow="source_to_target", dtype=None):
+    if not isinstance(edge_index, EdgeIndex):
+        return original(edge_index, edge_weight, num_nodes, improved, add_self_loops, flow, dtype)
+    if flow not in ("source_to_target", "target_to_source"):
+        raise CompileError(f"gcn_norm with flow={flow!r}: PyG allows 'source_to_target' or 'target_to_source'")
+    graph, weight = edge_index, edge_weight
+    if add_self_loops:
+        graph, weight = add_remaining_self_loops(edge_index, edge_weight, 2.0 if improved else 1.0, num_nodes is not None)
+    if weight is None:
+        weight = _ones_per_edge(graph, dtype)
+    deg = _scatter(pyg_utils.scatter, weight, graph[1 if flow == "source_to_target" else 0], 0, None, "sum")
+    return graph, _symmetric(graph, weight, deg)
+
+
+class _EdgeValues(torch.fx.Proxy):
+    """A per-edge tensor a rule returns: ``.max()`` over it is the maximum over every
+    edge of the graph (all workers), as ChebConv's ``lambda_max`` needs."""
+
+    graph: EdgeIndex
+
+    @classmethod
+    def of(cls, graph: EdgeIndex, e: torch.fx.Proxy) -> "_EdgeValues":
+        out = cls(e.node, e.tracer)
+        out.graph = graph
+        return out
+
+    def max(self, *args: Any, **kwargs: Any) -> torch.fx.Proxy:
+        if args or kwargs:
+            return self.tracer.create_proxy("call_method", "max", (self, *args), kwargs)
+        return edge_max(self.graph, self)
+
+
+@handles(pyg_utils.get_laplacian)
+def _get_laplacian(original, edge_index, edge_weight=None, normalization=None, dtype=None, num_nodes=None):
+    if not isinstance(edge_index, EdgeIndex):
+        return original(edge_index, edge_weight, normalization, dtype, num_nodes)
+    if normalization not in (None, "sym", "rw"):
+        raise CompileError(f"get_laplacian with normalization={normalization!r}: PyG allows None, 'sym' or 'rw'")
+    graph, weight = _remove_self_loops(pyg_utils.remove_self_loops, edge_index, edge_weight)
+    if weight is None:
+        weight = _ones_per_edge(graph, dtype)
+    deg = edge_reduce_src(graph, weight, "sum")  # PyG: scatter(edge_weight, row), the out-degree
+    if normalization is None:  # L = D - A: the degrees on the added self-loops
+        looped, _ = _add_self_loops(pyg_utils.add_self_loops, graph, None, None, num_nodes)
+        return looped, _EdgeValues.of(looped, _carry(graph, looped, -weight, deg))
+    if normalization == "sym":  # L = I - D^-1/2 A D^-1/2
+        weight = _symmetric(graph, weight, deg)
+    else:  # L = I - D^-1 A
+        inv = 1.0 / deg
+        weight = gather_src(graph, inv.masked_fill(inv == float("inf"), 0.0)) * weight
+    looped, weight = _add_self_loops(pyg_utils.add_self_loops, graph, -weight, 1.0, num_nodes)
+    return looped, _EdgeValues.of(looped, weight)

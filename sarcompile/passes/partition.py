@@ -6,7 +6,8 @@ Guarantees that every IR op whose definition exchanges halo rows (``spmm``, ``sd
 defaults filled) and a ``strategy`` keyword (``remat`` until the strategy pass decides);
 on a worker's shard the op then runs as a sequential aggregation over blocks. Collective
 ops (``batch_norm``) get ``strategy=Strategy.ALLREDUCE``: their statistics are summed over
-all workers. Ops that need no communication (``edge_softmax``, ``edge_dropout``) are left
+all workers; ops that reduce onto source rows (``edge_reduce_src``) get
+``strategy=Strategy.PUSH``. Ops that need no communication (``edge_softmax``, ``edge_dropout``) are left
 as they are. Each rewritten node records ``meta["ir_op"]`` (the
 :class:`~sarcompile.opdef.OpDef`) and ``meta["args"]`` (its bound arguments). Modules whose result would silently differ on a shard (torch's batch
 norm, over the local nodes only) are rejected with a :class:`CompileError`.
@@ -28,6 +29,10 @@ __all__ = ["partition"]
 _NODE_REDUCING = (nn.modules.batchnorm._BatchNorm, nn.modules.instancenorm._InstanceNorm)
 
 
+# The strategy each kind of exchanging op starts with (the strategy pass decides halo ops').
+_FIRST_STRATEGY = {Exchange.HALO: Strategy.REMAT, Exchange.ALLREDUCE: Strategy.ALLREDUCE, Exchange.PUSH: Strategy.PUSH}
+
+
 def partition(gm: fx.GraphModule, ctx: CompileOptions) -> fx.GraphModule:
     for node in gm.graph.nodes:
         if node.op == "call_module" and isinstance(gm.get_submodule(node.target), _NODE_REDUCING):
@@ -44,7 +49,7 @@ def partition(gm: fx.GraphModule, ctx: CompileOptions) -> fx.GraphModule:
         for keyword in PASS_KEYWORDS:  # set by this pass and those after it
             args.pop(keyword, None)
         node.args = tuple(args.values())
-        node.kwargs = {"strategy": Strategy.ALLREDUCE if op.kind is Exchange.ALLREDUCE else Strategy.REMAT}
+        node.kwargs = {"strategy": _FIRST_STRATEGY[op.kind]}
         node.meta["ir_op"] = op
         node.meta["args"] = args
     gm.graph.lint()

@@ -21,7 +21,7 @@ How residency flows:
   and of their result: they are where node and edge rows meet. ``message_passing``'s
   message function is traced and checked too, its inputs being per-edge rows.
 * Graph values may only be passed to IR ops, to graph methods (``with_self_loops``,
-  ``remove_self_loops`` give a graph, ``in_degrees`` per-node values), read for
+  ``remove_self_loops``, ``plus_self_loops`` give a graph, ``in_degrees`` per-node values), read for
   ``num_nodes`` / ``num_edges`` / ``global_ids`` / ``edge_ids``, or given to helpers that
   declared themselves row-local (:func:`sarcompile.lowering.declare`, used by the front-ends).
 * Torch code keeps the residency of its per-row inputs when it is row-local: pointwise
@@ -93,6 +93,7 @@ __all__ = ["residency", "listing", "Input"]
 NODE, EDGE, GRAPH, PARAM, CONST, ROWS = (Residency.NODE, Residency.EDGE, Residency.GRAPH, Residency.PARAM,
                                          Residency.CONST, Residency.ROWS)
 GRAPH_NAMES = ("g", "graph", "edge_index", "adj", "adj_t", "block")
+_DERIVED_GRAPHS = ("with_self_loops", "remove_self_loops", "plus_self_loops")  # graph methods giving a graph
 
 
 
@@ -469,8 +470,10 @@ class _Checker:
     # -- the graph ---------------------------------------------------------------------------
     def graph_use(self, node: fx.Node) -> _Val:
         first = node.args[0] if node.args else None
-        if node.op == "call_method" and self.val(first).res is GRAPH and len(node.all_input_nodes) == 1:
-            if node.target in ("with_self_loops", "remove_self_loops") and len(node.args) == 1:
+        others = [n for n in node.all_input_nodes if n is not first]
+        if node.op == "call_method" and self.val(first).res is GRAPH:
+            # a derived graph's arguments are constants (PyG's node count), the same on every worker
+            if node.target in _DERIVED_GRAPHS and all(self.val(n).res is CONST for n in others):
                 return _GRAPH
             if node.target == "in_degrees" and len(node.args) == 1:
                 return _Val(NODE)
@@ -632,6 +635,8 @@ class _Checker:
             return self.join(node, name, k)
         if name in ("matmul", "mm", "bmm", "linear", "einsum", "bilinear"):
             return self.matmul(node, name, k)
+        if name == "addmm":
+            return self.addmm(node, k)
         if name == "dropout" or name in ("alpha_dropout", "feature_alpha_dropout"):
             p, training = self.arg(node, 1, "p", 0.5), self.arg(node, 2, "training", True)
             if training and p and self.distributed:
@@ -891,6 +896,20 @@ class _Checker:
         if not ok:
             raise self.refuse(node, f"{name} contracts or mixes the {w_axis(k)} of a {k.word()} value",
                               "Multiply over the features: x @ W with x [rows, in], W [in, out] (or nn.Linear).")
+        return k
+
+    def addmm(self, node, k) -> _Val:
+        """``addmm(input, x, W)`` = ``beta * input + alpha * x @ W``: row-local for per-row
+        ``x [rows, in]`` and a parameter ``W``, with ``input`` rows of the same kind or a
+        vector of output features."""
+        inp, a, b = (list(node.args) + [node.kwargs.get(n) for n in ("input", "mat1", "mat2")][len(node.args):])[:3]
+        iv, av, bv = self.val(inp), self.val(a), self.val(b)
+        rows_ok = (iv.per_row and iv.res is av.res and self.ndim(node, inp, "addmm's input") == 2) or (
+            not iv.per_row and self.ndim(node, inp, "addmm's input") <= 1)
+        if not (av.per_row and not bv.per_row and self.ndim(node, a, "the contracted axis") == 2 and rows_ok):
+            raise self.refuse(node, f"addmm contracts or mixes the {w_axis(k)} of a {k.word()} value",
+                              "Multiply over the features: addmm(b, x, W) with x [rows, in], W [in, out], b [out] "
+                              "or rows like x.")
         return k
 
     def pointwise(self, node, name, k) -> _Val:

@@ -578,10 +578,14 @@ def offline():
         _offline = before
 
 
-def global_max(t: torch.Tensor) -> torch.Tensor:
-    """Elementwise maximum of ``t`` across workers (all-reduce MAX); returns a new tensor."""
+def global_max(t: torch.Tensor, phase: str | None = None) -> torch.Tensor:
+    """Elementwise maximum of ``t`` across workers (all-reduce MAX); returns a new tensor.
+    With a ``phase`` the bytes are counted in :data:`stats` under it."""
     out = t.detach().clone()
     if dist.is_initialized() and dist.get_world_size() > 1 and not _offline:
+        if phase is not None:
+            stats.sent[phase] += out.numel() * out.element_size()
+            stats.received[phase] += out.numel() * out.element_size()
         _wait([dist.all_reduce(out, op=dist.ReduceOp.MAX, async_op=True)], "global_max")
     return out
 

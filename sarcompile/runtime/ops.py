@@ -27,10 +27,13 @@ from ..errors import CompileError
 from ..rng import edge_keep
 from ..shard import ShardGraph
 from ..vocab import LinkPolicy, Strategy
-from .comm import global_sum, run_rounds
+from .comm import global_max, global_sum, run_rounds
 from .link import LinkState, Wire
 
-__all__ = ["sar_spmm", "sar_sddmm", "sar_gather_src", "sar_attention", "sar_message", "global_batch_norm"]
+__all__ = [
+    "sar_spmm", "sar_sddmm", "sar_gather_src", "sar_edge_reduce_src", "sar_attention", "sar_message", "sar_edge_max",
+    "global_batch_norm",
+]
 
 
 def _lookahead(shard: ShardGraph, strategy: Strategy) -> int:
@@ -355,6 +358,82 @@ def sar_sddmm(
     """Partitioned :func:`sarcompile.ops.sddmm`; the result is in shard edge order."""
     link, iteration = _link(shard, comm)
     return _SarSddmm.apply(a, b, shard, op, Strategy(strategy), link, iteration)
+
+
+class _SarEdgeReduceSrc(torch.autograd.Function):
+    """``out[u] = sum_{u->v} e_uv`` (mean: over the out-degree) onto source rows.
+
+    Forward: each worker sums its edges' values per source row of every block; the local
+    block's sums stay, each remote block's go to the block's owner, which adds them (one
+    round per peer, as a halo op's backward pushes gradients; the mean pushes a count
+    column along). Backward: ``d e_uv = d out[u]`` (over the count for mean), so every
+    worker fetches the halo rows of the output's gradient, as ``gather_src`` does."""
+
+    @staticmethod
+    def forward(ctx, e, shard: ShardGraph, reduce: str):
+        flat = e.reshape(e.shape[0], -1)
+        if reduce == "mean":
+            flat = torch.cat([flat, flat.new_ones((flat.shape[0], 1))], 1)
+        out = flat.new_zeros((shard.num_nodes, flat.shape[1]))
+
+        def visit(q: int, _rows: None) -> torch.Tensor:
+            block = shard.blocks[q]
+            return flat.new_zeros((block.num_src, flat.shape[1])).index_add_(0, block.col, _edge_slice(flat, shard, q))
+
+        run_rounds(shard, visit, push_into=out, phase="forward", what=f"edge_reduce_src({reduce})")
+        count = None
+        if reduce == "mean":
+            out, count = out[:, :-1], out[:, -1:].clamp(min=1)
+            out = out / count
+        ctx.shard, ctx.count, ctx.shape = shard, count, e.shape
+        return out.reshape((shard.num_nodes, *e.shape[1:]))
+
+    @staticmethod
+    def backward(ctx, g):
+        shard = ctx.shard
+        g = g.reshape(shard.num_nodes, -1)
+        if ctx.count is not None:
+            g = g / ctx.count
+        pieces: dict[int, torch.Tensor] = {}
+
+        def visit(q: int, gb: torch.Tensor) -> None:
+            pieces[q] = gb[shard.blocks[q].col]
+
+        run_rounds(shard, visit, fetch=g.contiguous(), what="edge_reduce_src backward", phase="backward")
+        ge = torch.cat([pieces[q] for q in range(shard.world_size)]).reshape(ctx.shape)
+        ctx.count = None
+        return ge, None, None
+
+
+@ir.edge_reduce_src.definition.implement
+def sar_edge_reduce_src(shard: ShardGraph, e: torch.Tensor, reduce: str) -> torch.Tensor:
+    """Partitioned :func:`sarcompile.ops.edge_reduce_src`; ``e`` in shard order."""
+    return _SarEdgeReduceSrc.apply(e, shard, reduce)
+
+
+class _GlobalMax(torch.autograd.Function):
+    """The largest element over every worker's rows; its gradient split evenly among the
+    elements equal to it on all workers (torch's rule for ``max()``)."""
+
+    @staticmethod
+    def forward(ctx, e):
+        local = e.detach().max() if e.numel() else e.new_tensor(float("-inf"))
+        top = global_max(local, phase="edge_max")
+        ties = e.detach() == top
+        ctx.save_for_backward(ties)
+        ctx.count = float(global_sum(ties.sum().double(), phase="edge_max"))
+        return top
+
+    @staticmethod
+    def backward(ctx, g):
+        (ties,) = ctx.saved_tensors
+        return ties.to(g.dtype) * (g / ctx.count)
+
+
+@ir.edge_max.definition.implement
+def sar_edge_max(e: torch.Tensor) -> torch.Tensor:
+    """Partitioned :func:`sarcompile.ops.edge_max`: two scalars all-reduced."""
+    return _GlobalMax.apply(e)
 
 
 _NO_EDGE = torch.iinfo(torch.int64).max
