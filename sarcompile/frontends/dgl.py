@@ -38,7 +38,7 @@ from torch import nn
 from ..errors import CompileError, GraphError
 from ..graph import Graph
 from ..nn import RandomStream
-from ..ops import edge_dropout, edge_reduce, edge_softmax, gather_dst, gather_src, sddmm, spmm
+from ..ops import edge_dropout, edge_reduce, edge_reduce_src, edge_softmax, gather_dst, gather_src, sddmm, spmm
 from ..lowering import declare, register_function_lowering, register_lowering
 from ..vocab import Residency
 from ..runtime import comm
@@ -55,53 +55,14 @@ _OUT_DEGREES: weakref.WeakKeyDictionary[Any, torch.Tensor] = weakref.WeakKeyDict
 
 
 def out_degrees(graph: Graph | ShardGraph) -> torch.Tensor:
-    """Out-degree of every node (local nodes on a worker), counting all its out-edges."""
+    """Out-degree of every node (local nodes on a worker), counting all its out-edges: the
+    ``edge_reduce_src`` op run once per graph (every worker reaches it at the same point of
+    the program, so its exchange lines up)."""
     cached = _OUT_DEGREES.get(graph)
     if cached is None:
-        cached = _source_sums(graph, torch.ones(graph.num_edges, dtype=torch.long), "out_degrees")
+        cached = edge_reduce_src(graph, torch.ones(graph.num_edges, dtype=torch.long))
         _OUT_DEGREES[graph] = cached
     return cached
-
-
-def _source_sums(graph: Graph | ShardGraph, values: torch.Tensor, what: str) -> torch.Tensor:
-    """``out[u] = sum over u->v of values[uv]`` for every (local) node, ``values`` per edge.
-
-    On a worker a node's out-edges live on the workers of their destinations, so each worker
-    sums the edges of every halo row it holds and sends the sums back to the row's owner:
-    the same exchange as the backward of ``spmm`` (every worker calls this at the same point
-    of the program, so the exchange lines up)."""
-    shape = (graph.num_nodes, *values.shape[1:])
-    if isinstance(graph, Graph):
-        return values.new_zeros(shape).index_add_(0, graph.src, values)
-    out = values.new_zeros(shape)
-
-    def block_sums(q: int, _rows: None) -> torch.Tensor:
-        block = graph.blocks[q]
-        mine = values[graph.edge_ptr[q]:graph.edge_ptr[q + 1]]
-        return values.new_zeros((block.num_src, *values.shape[1:])).index_add_(0, block.col, mine)
-
-    comm.run_rounds(graph, block_sums, push_into=out, phase="forward", what=what)
-    return out
-
-
-class _OutWeights(torch.autograd.Function):
-    """:func:`out_weights`, differentiable: the gradient of edge u->v is the one of row u,
-    gathered onto the edges by ``gather_src`` (the halo exchange of the forward, reversed)."""
-
-    @staticmethod
-    def forward(ctx, graph, weight):
-        ctx.graph = graph
-        return _source_sums(graph, weight, "out_weights")
-
-    @staticmethod
-    def backward(ctx, grad):
-        return None, gather_src(ctx.graph, grad)
-
-
-def out_weights(graph: Graph | ShardGraph, weight: torch.Tensor) -> torch.Tensor:
-    """Weighted out-degree of every node: ``sum over u->v of weight[uv]`` (DGL's
-    ``reverse(g).update_all(copy_e, sum)``)."""
-    return _OutWeights.apply(graph, weight)
 
 
 def check_edge_weights(graph: Graph | ShardGraph, weight: torch.Tensor, positive: bool) -> torch.Tensor:
@@ -175,11 +136,11 @@ def graph_device(graph: Graph | ShardGraph) -> torch.device:
     return graph.dst_index.device
 
 
-for _fn in ("out_degrees", "out_weights", "check_edge_weights", "require_in_edges", "check_in_edges", "scale_rows",
+for _fn in ("out_degrees", "check_edge_weights", "require_in_edges", "check_in_edges", "scale_rows",
             "check_call", "own_or_given", "matmul_opt", "graph_device"):
     torch.fx.wrap(_fn)
 # Each is row-local (the residency pass cannot look inside them): the result's residency.
-for _fn, _out in ((out_degrees, Residency.NODE), (out_weights, Residency.NODE),
+for _fn, _out in ((out_degrees, Residency.NODE),
                   (check_edge_weights, "weight"), (require_in_edges, "feat"), (check_in_edges, Residency.CONST), (scale_rows, "x"),
                   (check_call, "feat"), (own_or_given, Residency.PARAM), (matmul_opt, "x"),
                   (graph_device, Residency.CONST)):
@@ -318,7 +279,7 @@ class DGLEdgeWeightNorm(nn.Module):
         dst = gather_dst(graph, dst)
         if self.norm != "both":
             return dst * w  # DGL's 1 * dst * w
-        src = (out_weights(graph, w) + self.eps).pow(-0.5)
+        src = (edge_reduce_src(graph, w) + self.eps).pow(-0.5)  # weighted out-degrees
         return gather_src(graph, src) * dst * w  # src[u] * dst[v] * w_uv
 
 class DGLTypedLinear(nn.Module):
