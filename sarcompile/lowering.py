@@ -15,6 +15,7 @@ replacement wherever the traced code calls the original (see :mod:`sarcompile.tr
 from __future__ import annotations
 
 from types import ModuleType
+import sys
 from typing import Any, Callable
 
 from torch import nn
@@ -23,7 +24,7 @@ __all__ = ["register_lowering", "lowering_for", "declare", "declared_helpers", "
 
 _RULES: dict[type, Callable[[nn.Module], nn.Module]] = {}
 _FUNCTIONS: dict[int, tuple[Callable, Callable]] = {}  # id(original) -> (original, replacement)
-_HOMES: list[ModuleType] = []  # modules whose attributes are swapped too
+_HOMES: list[ModuleType | str] = []  # modules whose attributes are swapped too
 _DECLARED: dict[Callable, Any] = {}  # row-local helpers -> their output residency (see declare)
 
 
@@ -54,12 +55,16 @@ def declared_helpers() -> dict[Callable, Any]:
     return _DECLARED
 
 
-def register_function_lowering(original: Callable, replacement: Callable, homes: tuple[ModuleType, ...] = ()) -> None:
-    """While tracing, call ``replacement`` (same arguments, written with IR ops) where the
-    traced code calls ``original``: by a name it imported, or as an attribute of one of
-    ``homes`` (the modules users reach it through: ``dgl.ops.edge_softmax``)."""
+def register_function_lowering(
+    original: Callable, replacement: Callable, homes: tuple[ModuleType | str, ...] = ()
+) -> None:
+    """While tracing, call ``replacement`` (same arguments, written with IR ops, falling
+    back to ``original`` where a call is not on the traced graph) where the traced code
+    calls ``original``: by a name it imported, or as an attribute of one of ``homes``
+    (modules, or package names standing for every module of the package: where library
+    code and users reach it, ``dgl.ops.edge_softmax``, ``"torch_geometric"``)."""
     _FUNCTIONS[id(original)] = (original, replacement)
-    _HOMES.extend(homes)
+    _HOMES.extend(h for h in homes if h not in _HOMES)
 
 
 def function_lowerings() -> dict[int, tuple[Callable, Callable]]:
@@ -68,5 +73,13 @@ def function_lowerings() -> dict[int, tuple[Callable, Callable]]:
 
 
 def function_homes() -> list[ModuleType]:
-    """The modules named by the function rules as where users reach the originals."""
-    return _HOMES
+    """The modules named by the function rules as where the originals are reached (a
+    package's modules as loaded now)."""
+    loaded = list(sys.modules.items())
+    out: list[ModuleType] = []
+    for home in _HOMES:
+        if isinstance(home, str):
+            out.extend(m for name, m in loaded if m is not None and (name == home or name.startswith(home + ".")))
+        else:
+            out.append(home)
+    return out

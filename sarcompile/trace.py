@@ -55,6 +55,9 @@ class SarTracer(fx.Tracer):
             for home in function_homes():
                 self._swap_in(vars(home))
             self._swap_functions(getattr(root, "forward", root))
+            for cls in type(root).__mro__ if isinstance(root, nn.Module) else ():  # a layer's message() etc.
+                if cls.__module__ in sys.modules:
+                    self._swap_in(vars(sys.modules[cls.__module__]))
             return super().trace(root, concrete_args)
         finally:
             for frame, name, original in reversed(self._swapped):

@@ -639,7 +639,7 @@ def _tracing_type(cls: type) -> type:
         builtins.isinstance = _isinstance_seeing_proxies_as_tensors
         _GRAD_AT_ENTRY.append(torch.is_grad_enabled())
         try:
-            with intercepting(*(sys.modules[k.__module__].__dict__ for k in cls.__mro__ if k.__module__ in sys.modules)):
+            with intercepting():
                 return original(*bound.args, **bound.kwargs)
         except CompileError:
             raise

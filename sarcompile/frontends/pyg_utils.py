@@ -19,8 +19,8 @@ at compile time, since on a worker the edges index rows that live elsewhere.
 from __future__ import annotations
 
 import contextlib
+import functools
 import operator
-import sys
 import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
@@ -34,7 +34,7 @@ from torch_geometric.nn.conv.gcn_conv import gcn_norm
 
 from ..errors import CompileError
 from ..graph import Graph
-from ..lowering import declare
+from ..lowering import declare, register_function_lowering
 from ..ops import edge_max, edge_reduce, edge_reduce_src, edge_softmax, edge_subset, gather_dst, gather_src
 from ..runtime import comm
 from ..vocab import Residency
@@ -185,19 +185,18 @@ class _LoopRows:
 
 
 # -- the dispatch ------------------------------------------------------------------------------
-_RULES: dict[int, tuple[Callable, Callable]] = {}  # id(PyG function) -> (it, its dispatcher)
-
-
 def handles(original: Callable) -> Callable[[Callable], Callable]:
     """Register ``rule(original, *args, **kwargs)`` for the PyG function ``original``: it
-    returns the IR-op result for a call on the traced graph, or calls ``original``."""
+    returns the IR-op result for a call on the traced graph, or calls ``original``. The
+    tracer puts it in place of ``original`` in every ``torch_geometric`` module and in the
+    traced layer's own (:func:`sarcompile.lowering.register_function_lowering`)."""
 
     def register(rule: Callable) -> Callable:
+        @functools.wraps(original)
         def dispatch(*args: Any, **kwargs: Any) -> Any:
             return rule(original, *args, **kwargs)
 
-        dispatch.__wrapped__ = original  # type: ignore[attr-defined]
-        _RULES[id(original)] = (original, dispatch)
+        register_function_lowering(original, dispatch, homes=("torch_geometric",))
         return rule
 
     return register
@@ -206,30 +205,16 @@ def handles(original: Callable) -> Callable[[Callable], Callable]:
 _active = False
 
 
-def _namespaces(extra: tuple[dict, ...]) -> list[dict]:
-    pyg = [vars(m) for name, m in list(sys.modules.items())
-           if m is not None and (name == "torch_geometric" or name.startswith("torch_geometric."))]
-    return pyg + [ns for ns in extra if all(ns is not p for p in pyg)]
-
-
 @contextlib.contextmanager
-def intercepting(*namespaces: dict) -> Iterator[None]:
-    """For the duration, every global name bound to a PyG function with a rule -- in the
-    ``torch_geometric`` modules and in ``namespaces`` (the traced layer's own module
-    globals) -- is bound to its dispatcher, aggregations take an :class:`EdgeEnd` index,
+def intercepting() -> Iterator[None]:
+    """For the duration (a PyG layer's trace), aggregations take an :class:`EdgeEnd` index
     and fx proxies (node tensors) can be indexed by an :class:`EdgeEnd` and updated on a
-    :class:`LoopMask`. Restored afterwards; nesting is a no-op."""
+    :class:`LoopMask`. Restored afterwards; nesting is a no-op. (The PyG functions with a
+    rule are swapped by the tracer itself, see :func:`handles`.)"""
     global _active
     if _active:
         yield
         return
-    swapped: list[tuple[dict, str, Callable]] = []
-    for namespace in _namespaces(namespaces):
-        for key, value in list(namespace.items()):
-            rule = _RULES.get(id(value))
-            if rule is not None and rule[0] is value:
-                swapped.append((namespace, key, value))
-                namespace[key] = rule[1]
     Aggregation.__call__ = _aggregation_call
     torch.fx.Proxy.__getitem__ = _proxy_getitem
     torch.fx.Proxy.__setitem__ = _proxy_setitem
@@ -242,8 +227,6 @@ def intercepting(*namespaces: dict) -> Iterator[None]:
         Aggregation.__call__ = _aggregation_call_of_pyg
         torch.fx.Proxy.__getitem__ = _proxy_getitem_of_fx
         del torch.fx.Proxy.__setitem__, torch.fx.Proxy.index_select
-        for namespace, key, value in swapped:
-            namespace[key] = value
 
 
 _aggregation_call_of_pyg = Aggregation.__call__
