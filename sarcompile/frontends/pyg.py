@@ -70,7 +70,6 @@ import torch.nn.functional as F
 from torch import nn
 from torch_geometric import nn as gnn
 from torch_geometric.nn.conv import MessagePassing
-from torch_geometric.utils.loop import compute_loop_attr
 
 from ..errors import CompileError
 from ..trace import user_line
@@ -80,7 +79,7 @@ from ..ops import (
 )
 from ..lowering import declare, register_lowering
 from ..vocab import Residency
-from .pyg_utils import EdgeEnd, EdgeIndex, add_remaining_self_loops, as_edge_index, intercepting
+from .pyg_utils import EdgeEnd, EdgeIndex, add_remaining_self_loops, as_edge_index, intercepting, replace_self_loops
 
 __all__ = ["SUPPORTED"]
 
@@ -201,28 +200,6 @@ def _lower_sage(m: gnn.SAGEConv) -> nn.Module:
 
 
 # ----------------------------------------------------------------------------- GCNConv
-def _looped_edge_index(graph, looped) -> tuple[torch.Tensor, torch.Tensor]:
-    """How ``looped = graph.with_self_loops()`` is made of ``graph``'s edges: for each edge
-    of ``looped``, its position in ``graph``'s edge order, or ``graph.num_edges + v`` for
-    the new self-loop of node ``v``; and which edges of ``graph`` are the self-loops it
-    dropped. So ``torch.cat([edge_tensor, per_node_loop_values])[index]`` is an edge tensor
-    of ``looped``.
-
-    Works on a shard as on a whole graph: edges are matched by their global edge id and
-    a node's in-edges all live on its worker, so nothing crosses workers."""
-    ids, loop_ids = graph.edge_ids, looped.edge_ids
-    # The edges `looped` has that `graph` has not are its new self-loops (one per node);
-    # the edges `graph` has that `looped` has not are its old ones.
-    kept_ids = loop_ids[torch.isin(loop_ids, ids)]
-    new_loop = ~torch.isin(loop_ids, kept_ids)
-    old_loop = ~torch.isin(ids, kept_ids)
-    index = ids.numel() + looped.dst_index  # a new self-loop reads its node's value
-    if ids.numel():
-        order = torch.argsort(ids)
-        index[~new_loop] = order[torch.searchsorted(ids[order], loop_ids[~new_loop])]
-    return index, old_loop
-
-
 @torch.fx.wrap
 def _gcn_inv_sqrt_degree(graph, edge_weight, like: torch.Tensor) -> torch.Tensor:
     """``deg^-1/2`` per node as a column (0 where the degree is 0), the degree being the
@@ -329,20 +306,6 @@ def _edge_features(edge_attr, layer: str, edge_dim: int):
     return edge_attr.view(-1, 1) if edge_attr.dim() == 1 else edge_attr
 
 
-@torch.fx.wrap
-def _attention_loop_attr(graph, looped, edge_attr, fill_value):
-    """``edge_attr`` (in ``graph``'s edge order) carried over to ``looped =
-    graph.with_self_loops()`` as PyG's GATConv/GATv2Conv do it (``remove_self_loops``, then
-    ``add_self_loops(fill_value=...)``): other edges keep theirs; each node's new self-loop
-    gets PyG's ``compute_loop_attr`` of its remaining in-edges ('mean', 'add', 'max',
-    ...; 0 without any, 1 for 'mul'), or the given float or tensor. Local (see
-    :func:`_looped_edge_index`): a node's remaining in-edges all live on its worker."""
-    index, old_loop = _looped_edge_index(graph, looped)
-    kept, dst = ~old_loop, graph.dst_index[~old_loop]
-    loop_attr = compute_loop_attr(torch.stack([dst, dst]), edge_attr[kept], looped.num_dst, False, fill_value)
-    return torch.cat([edge_attr, loop_attr])[index]
-
-
 # The reductions a self-loop's edge features may be filled with: every in-edge of a node
 # is on its worker, and each of these gives the same whatever the order of the edges.
 _FILLS = ("mean", "add", "sum", "max", "min", "amax", "amin", "mul")
@@ -371,7 +334,7 @@ class _Attention(_StandIn):
         m = self.layer
         e = _edge_features(edge_attr, type(m).__name__, m.edge_dim)
         if m.add_self_loops:
-            e = _attention_loop_attr(edge_index, g, e, m.fill_value)
+            e = replace_self_loops(edge_index, g, e, m.fill_value)  # PyG: remove, then add with fill_value
         return m.lin_edge(e).view(-1, m.heads, m.out_channels)
 
     def _aggregate(self, g, score, h, x):
@@ -698,7 +661,6 @@ declare(_plain_call, "x")
 declare(_one_node_set, "value")
 declare(_no_weight_for, "x")
 declare(_edge_features, "edge_attr")
-declare(_attention_loop_attr, Residency.EDGE)
 declare(_gcn_inv_sqrt_degree, Residency.NODE)
 for _name_ in ("InstanceNorm", "GraphNorm", "PairNorm", "MeanSubtractionNorm", "DiffGroupNorm", "GraphSizeNorm",
                "HeteroBatchNorm", "LayerNorm"):

@@ -478,6 +478,17 @@ def _with_edges(graph: EdgeIndex, derived: EdgeIndex, edge_attr: Any, loops: Any
     return derived, None if edge_attr is None else _carry(graph, derived, edge_attr, loops)
 
 
+def replace_self_loops(graph: Any, looped: Any, edge_attr: Any, fill_value: Any) -> Any:
+    """``edge_attr`` carried over to ``looped = graph.with_self_loops()`` as PyG's
+    ``remove_self_loops`` then ``add_self_loops(fill_value=...)`` make it (GATConv's way):
+    other edges keep theirs; each node's new self-loop gets ``fill_value`` reduced over its
+    remaining in-edges ('mean', 'add', 'max', ...), or the given number or tensor."""
+    graph, looped = as_edge_index(graph), as_edge_index(looped)
+    removed = graph.derive("remove_self_loops", "none")
+    loops = _loop_values(removed, _carry(graph, removed, edge_attr, None), fill_value)
+    return _carry(graph, looped, edge_attr, loops)
+
+
 @handles(pyg_utils.remove_self_loops)
 def _remove_self_loops(original, edge_index, edge_attr=None):
     if not isinstance(edge_index, EdgeIndex):

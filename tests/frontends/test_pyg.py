@@ -176,8 +176,8 @@ def test_layer_matches_pyg(factory, weighted, eval_mode, graph, data):
     want = run(eager, x, torch.stack([src, dst]), edge_weight, weight)
     got = run(compiled, x, g, edge_weight, weight)
     for what, a, b in zip(("output", "x grad", "edge weight grad"), got[:3], want[:3]):
-        if b is None:
-            assert a is None, what
+        if b is None:  # (on a graph without edges, an empty gradient says the same as none)
+            assert a is None or (what == "edge weight grad" and a.numel() == 0), what
         else:
             assert_close(a, b, what)
     assert got[3].keys() == want[3].keys()
@@ -260,9 +260,12 @@ def check_distributed(pool, case, oracle: str = "eager"):
             got_ew_grad[r["edge_ids"]] = r["edge_weight_grad"]
         assert_close(got_ew_grad, extra[0].grad, "edge weight grad")
     for r in results:
-        assert r["grads"].keys() == {k for k, p in model.named_parameters() if p.grad is not None}
+        # (a parameter that met no edge -- a graph without any -- has no gradient in eager PyG
+        # and an all-zero one here)
         for k, p in model.named_parameters():
-            assert_close(r["grads"][k], p.grad, f"grad of {k}")
+            got = r["grads"].get(k)
+            want = torch.zeros_like(p) if p.grad is None else p.grad
+            assert_close(torch.zeros_like(p) if got is None else got, want, f"grad of {k}")
         for k, b in model.named_buffers():
             assert_close(r["buffers"][k], b, f"buffer {k}")
 
