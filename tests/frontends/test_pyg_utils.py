@@ -18,6 +18,7 @@ import torch_geometric.nn as gnn  # noqa: E402
 from torch_geometric.nn import MessagePassing  # noqa: E402
 from torch_geometric.nn.conv.gcn_conv import gcn_norm  # noqa: E402
 from torch_geometric.utils import (  # noqa: E402
+    add_remaining_self_loops,  # noqa: F401  (looked up by name, see test_self_loop_utilities_carry_edge_attributes_as_pyg)
     add_self_loops,
     degree,
     get_laplacian,
