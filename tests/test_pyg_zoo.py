@@ -1,5 +1,5 @@
 """benchmarks/pyg_zoo.py judges layers as it says: one exact, one refused, one not applicable,
-on one machine and on 1 and 2 gloo workers."""
+on one machine and on 2 gloo workers; and every case the saved sweep calls exact on 1, 2, 3."""
 
 from __future__ import annotations
 
@@ -27,12 +27,12 @@ def _zoo():
 
 def test_sweep_judges_exact_refused_and_not_applicable():
     zoo = _zoo()
-    records = {r.name: r for r in zoo.sweep(["SAGEConv", "GCNConv(cached=True)", "PointNetConv"], world_sizes=(1, 2),
+    records = {r.name: r for r in zoo.sweep(["SAGEConv", "GCNConv(cached=True)", "PointNetConv"], world_sizes=(2,),
                                             log=lambda s: None)}
 
     sage = records["SAGEConv"]
     assert sage.outcome == zoo.EXACT, sage
-    assert set(sage.diffs) == {"local", "1w", "2w"} and all(d <= 1e-9 for d in sage.diffs.values()), sage.diffs
+    assert set(sage.diffs) == {"local", "2w"} and all(d <= 1e-9 for d in sage.diffs.values()), sage.diffs
 
     cached = records["GCNConv(cached=True)"]
     assert cached.outcome == zoo.REFUSED, cached

@@ -46,7 +46,7 @@ def check(case: Case, world_size: int, pool) -> list:
     return results
 
 
-SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+SETTINGS = settings(max_examples=15, deadline=None, suppress_health_check=list(HealthCheck))
 
 
 @given(data=st.data())
