@@ -14,8 +14,9 @@ front-end                     library              layers
                                                    GATv2Conv, GraphConv, BatchNorm, and any
                                                    other MessagePassing layer it can trace
 ``frontends.pyg_edge_types``  ``torch_geometric``  RGCNConv, FastRGCNConv, RGATConv
-``frontends.dgl``             ``dgl``              SAGEConv (mean, gcn, pool), GraphConv,
-                                                   GATConv
+``frontends.dgl``             ``dgl``              SAGEConv, GraphConv, GATConv,
+                                                   EdgeWeightNorm, TypedLinear, and layers
+                                                   written with update_all / apply_edges
 ============================  ===================  ========================================
 """
 
