@@ -19,6 +19,8 @@ count re-fetched bytes: the runtime does what the plan prints.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .. import ops as ir
@@ -371,7 +373,7 @@ class _SarEdgeReduceSrc(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, e, shard: ShardGraph, reduce: str):
-        flat = e.reshape(e.shape[0], -1)
+        flat = e.reshape(e.shape[0], math.prod(e.shape[1:]))  # (not -1: a shard may have no edges)
         if reduce == "mean":
             flat = torch.cat([flat, flat.new_ones((flat.shape[0], 1))], 1)
         out = flat.new_zeros((shard.num_nodes, flat.shape[1]))
@@ -391,7 +393,7 @@ class _SarEdgeReduceSrc(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         shard = ctx.shard
-        g = g.reshape(shard.num_nodes, -1)
+        g = g.reshape(shard.num_nodes, math.prod(ctx.shape[1:]))  # (not -1: a shard may have no nodes)
         if ctx.count is not None:
             g = g / ctx.count
         pieces: dict[int, torch.Tensor] = {}
