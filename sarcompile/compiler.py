@@ -36,7 +36,9 @@ from .partitioning import read_manifest
 from .passes.context import CompileOptions
 from .passes.communication import communication
 from .passes.fuse import fuse
+from .passes.inplace import inplace
 from .passes.kernels import kernels
+from .passes.linear_first import linear_first
 from .passes.lower import lower
 from .passes.partition import partition
 from .passes.residency import GRAPH_NAMES, listing, residency
@@ -150,10 +152,10 @@ def compile_program(model: nn.Module, options: CompileOptions, partitioned: bool
             node.meta["input"] = inputs[name]
     stages = [("trace", gm.code)]
     check = functools.partial(residency, distributed=partitioned)
-    passes = [("lower", lower), ("fuse", fuse), ("residency", check)]
+    passes = [("lower", lower), ("fuse", fuse), ("linear_first", linear_first), ("residency", check)]
     if partitioned:
         passes += [("partition", partition), ("strategy", strategy), ("communication", communication)]
-    passes.append(("kernels", kernels))
+    passes += [("kernels", kernels), ("inplace", inplace)]
     for name, run in passes:
         gm = run(gm, options)
         stages.append((name, listing(gm) if run is check else gm.code))

@@ -73,6 +73,26 @@ class Block:
         counts = torch.bincount(self.col, minlength=self.num_src)
         return torch.cat([counts.new_zeros(1), torch.cumsum(counts, 0)])
 
+    def row_chunks(self, max_edges: int) -> list[tuple[int, int]]:
+        """Consecutive destination-row ranges ``[start, end)`` covering the block, each
+        with at most ``max_edges`` edges plus those of one row (rows stay whole): kernels
+        that work on one range at a time keep their per-edge temporaries bounded."""
+        key = ("row_chunks", max_edges)
+        if key not in self._cache:
+            marks = torch.arange(0, self.num_edges, max(max_edges, 1), device=self.indptr.device)
+            starts = torch.searchsorted(self.indptr, marks, right=True) - 1
+            bounds = torch.unique(torch.cat([starts, starts.new_tensor([self.num_dst])])).tolist()
+            bounds = [b for b in bounds if 0 <= b <= self.num_dst]
+            if bounds[0] != 0:
+                bounds.insert(0, 0)
+            self._cache[key] = [(a, b) for a, b in zip(bounds, bounds[1:]) if b > a]
+        return self._cache[key]
+
+    def rows(self, start: int, end: int) -> "Block":
+        """The block's destination rows ``[start, end)`` with their in-edges (views)."""
+        lo, hi = int(self.indptr[start]), int(self.indptr[end])
+        return Block(self.indptr[start : end + 1] - lo, self.col[lo:hi], self.num_src, self.src_gids)
+
     def on(self, device: torch.device) -> "Block":
         """This block with its index tensors on ``device`` (itself when they are there);
         made once per device, so the transfer happens once per graph, not per call."""

@@ -166,6 +166,10 @@ class PartInfo:
     num_edges: int
     sha256: str
     bytes: int
+    # What a plan needs besides the halos, so that planning reads no part file (None in
+    # manifests written before they were recorded: the plan then reads the parts).
+    self_loops: int | None = None  # edges u -> u among its in-edges
+    block_edges: list[int] | None = None  # of its in-edges, how many come from each part
 
 
 @dataclass
@@ -360,7 +364,14 @@ def _write_part(out: Path, rank: int, part: PartData) -> PartInfo:
         num_edges=part.edge_ids.numel(),
         sha256=_sha256(path),
         bytes=path.stat().st_size,
+        self_loops=part_self_loops(part, rank),
+        block_edges=torch.bincount(part.edge_src_part, minlength=len(part.send_index)).tolist(),
     )
+
+
+def part_self_loops(part: PartData, rank: int) -> int:
+    """The self-loops among a part's in-edges (they sit in its local block)."""
+    return int(((part.edge_src_part == rank) & (part.edge_src_local == part.edge_dst_local)).sum())
 
 
 def _atomic_write(path: Path, write: Callable[[IO[bytes]], Any]) -> None:

@@ -20,6 +20,7 @@ counters; the workspace of the kernels is a documented approximation.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,7 @@ from .graph import Graph, probe_graph
 from .opdef import AllReduce, Halo, OpDef, Push, definition
 from .runtime.comm import offline
 from .runtime.link import Wire
-from .shard import ShardGraph, split_graph
+from .shard import DERIVED_GRAPHS, ShardGraph, split_graph
 from .vocab import Exchange, Strategy
 
 __all__ = ["OpPlan", "Plan", "Kernel", "MemoryEstimate", "WorkerStats", "worker_stats", "build_plan"]
@@ -76,6 +77,7 @@ class WorkerStats:
     self_loops: int
     halo: list[int]  # rows received from each worker per aggregation (0 for itself)
     block_edges: list[int]  # of its in-edges, how many come from each worker's nodes
+    node_data_bytes: int = 0  # the node tensors its part file holds (features, labels, masks)
 
     def largest_block(self, rank: int) -> int:
         """Edges of its largest block, counting the local one as it is once self-loops
@@ -108,7 +110,9 @@ class Plan:
     warnings: list[str] = field(default_factory=list)  # e.g. stale or compressed attention
 
     def memory_estimate(self) -> list[MemoryEstimate]:
-        """Per worker: ``peak_bytes`` and a ``breakdown`` into parameters, gradients,
+        """Per worker: ``peak_bytes`` and a ``breakdown`` into node_data (the part's
+        node tensors; planned from a graph, the features ``x`` alone), graph (the shard's index tensors),
+        parameters, gradients,
         optimizer (if the plan was given one), saved_activations (what autograd keeps for
         backward, exact), remote_blocks (the most remote rows alive at once, exact),
         workspace (kernel temporaries and gradient buffers: an approximation) and, with
@@ -209,7 +213,7 @@ def worker_stats(
 ) -> list[WorkerStats]:
     """Shard sizes from a partition directory, or from partitioning a graph in memory with
     ``method`` (a partition method, or an explicit part-per-node tensor)."""
-    from .partitioning import assign, read_manifest, read_part
+    from .partitioning import assign, part_self_loops, read_manifest, read_part
 
     if isinstance(source, Graph):
         if num_parts is None:
@@ -218,16 +222,28 @@ def worker_stats(
         parts = split_graph(source, assignment, num_parts)
     else:
         manifest = read_manifest(Path(source))
+        if all(p.block_edges is not None for p in manifest.parts):  # every worker plans: read no part file
+            return _stats_from_manifest(manifest)
         num_parts = manifest.num_parts
         parts = [read_part(source, manifest, r) for r in range(num_parts)]
     stats = []
     for r, part in enumerate(parts):
-        local = part.edge_src_part == r
-        loops = int((local & (part.edge_src_local == part.edge_dst_local)).sum())
         halo = [len(parts[q].send_index[r]) for q in range(num_parts)]
         blocks = torch.bincount(part.edge_src_part, minlength=num_parts).tolist()
-        stats.append(WorkerStats(part.global_ids.numel(), part.edge_ids.numel(), loops, halo, blocks))
+        data = sum(t.numel() * t.element_size() for t in part.node_data.values())
+        stats.append(WorkerStats(part.global_ids.numel(), part.edge_ids.numel(), part_self_loops(part, r), halo,
+                                 blocks, data))
     return stats
+
+
+def _stats_from_manifest(manifest) -> list[WorkerStats]:
+    row_bytes = sum(math.prod(d["shape"]) * torch.empty(0, dtype=getattr(torch, d["dtype"])).element_size()
+                    for d in manifest.node_data.values())
+    return [
+        WorkerStats(p.num_nodes, p.num_edges, p.self_loops, list(manifest.halo_sizes[r]), list(p.block_edges),
+                    p.num_nodes * row_bytes)
+        for r, p in enumerate(manifest.parts)
+    ]
 
 
 class _Probe(fx.Interpreter):
@@ -365,10 +381,14 @@ def build_plan(
             row.saved = "no remote rows"
 
     params = sum(p.numel() * p.element_size() for p in gm.parameters())
+    derived = {n.target for n in gm.graph.nodes if n.op == "call_method" and n.target in DERIVED_GRAPHS}
     estimates = []
     for r, w in enumerate(workers):
         remote = _remote_peak([(c[0][r], c[1], c[2]) for c in comm])
         breakdown = {
+            # planned without a partition's files: the features alone
+            "node_data": w.node_data_bytes or w.nodes * math.prod(x.shape[1:]) * x.element_size(),
+            "graph": _graph_bytes(w, r, derived),
             "parameters": params,
             "gradients": params,
             "optimizer": params * _optimizer_factor(optimizer),
@@ -482,6 +502,20 @@ def _push_traffic(row: OpPlan, op: OpDef, args: dict[str, Any], workers: list[Wo
     row.round_bytes = [max(b, default=0) for b in blocks]
     row.reason = "partial results for other workers' rows go to their owners"
     return blocks, False, True, width, op.temporaries(args, width)  # backward holds fetched blocks
+
+
+def _graph_bytes(w: WorkerStats, r: int, derived: set[str]) -> int:
+    """The shard's int64 index tensors once a training step has built them all: node and
+    edge ids, the rows it sends, and per block the CSR (indptr, source rows, source ids),
+    the destination of every edge and the transpose (permutation, rows, indptr). Each
+    derived graph (with self-loops, say) has its own, with about one edge per node more."""
+    def one(edges: int) -> int:
+        sent = sum(w.halo)  # rows peers read from us are about the rows we read from them
+        blocks = len(w.block_edges)
+        sources = w.nodes + sum(w.halo)
+        return 8 * (w.nodes + edges + sent + blocks * (w.nodes + 1) + 4 * edges + 2 * sources + blocks)
+
+    return one(w.edges) + sum(one(w.edges - w.self_loops + w.nodes) for _ in derived)
 
 
 def _workspace(w: WorkerStats, comm: list, r: int) -> int:

@@ -21,7 +21,10 @@ import torch
 from .errors import PartitionError
 from .graph import Block, Graph, cached_subset
 
-__all__ = ["PartData", "ShardGraph", "split_graph"]
+__all__ = ["DERIVED_GRAPHS", "PartData", "ShardGraph", "split_graph"]
+
+# Graph methods whose result is another graph (with its own index tensors).
+DERIVED_GRAPHS = ("with_self_loops", "remove_self_loops", "plus_self_loops")
 
 
 @dataclass

@@ -92,7 +92,7 @@ from .partitioning import _atomic_write, load_partition, read_manifest
 from .rundir import lock_dir, remove_stale_temps
 from .runtime import failure
 from .runtime.comm import global_max, global_sum, init, shutdown, stats, sync_gradients, timeout
-from .runtime.memory import MemoryProbe
+from .runtime.memory import MemoryProbe, floor_bytes
 from .validate import check_node_data
 from .vocab import Compression, Mode
 
@@ -610,6 +610,7 @@ def _claim_out_dir(cfg: TrainConfig):
 def _train(cfg: TrainConfig, rank: int, world_size: int, manifest, out: Path, group: Any, ckpt_limit: float):
     log_path = Path(cfg.log) if cfg.log else out / "log.jsonl"
     ckpt_path = out / CHECKPOINT_NAME
+    floor = floor_bytes()
     part = load_partition(cfg.parts, allow_nonfinite=cfg.allow_nonfinite)
     x, y, masks = _node_tensors(part.node_data, where=f"partition '{cfg.parts}'")
     num_classes = int(global_max(y.max().reshape(1) if y.numel() else y.new_full((1,), -1))) + 1
@@ -665,6 +666,7 @@ def _train(cfg: TrainConfig, rank: int, world_size: int, manifest, out: Path, gr
     records: list[dict[str, Any]] = []
     stopped = False
     saved = start if state is not None else None  # the epoch of the checkpoint on disk
+    estimate = model.plan(cfg.parts, optimizer=opt).memory_estimate()[rank].peak_bytes
     probe = MemoryProbe()
     with contextlib.ExitStack() as stack:
         log = stack.enter_context(open(log_path, "a")) if show else None
@@ -708,7 +710,7 @@ def _train(cfg: TrainConfig, rank: int, world_size: int, manifest, out: Path, gr
         if show:
             print(f"stopped after epoch {records[-1]['epoch']} (--stop-after); continue with --resume", flush=True)
         return records
-    _report(records, probe, rank, world_size, start)
+    _report(records, probe, rank, world_size, start, floor, estimate)
     return records
 
 
@@ -796,10 +798,12 @@ def _epoch_line(rec: dict[str, Any]) -> str:
     )
 
 
-def _report(records: list[dict[str, Any]], probe: MemoryProbe, rank: int, world_size: int, start: int) -> None:
-    """Final accuracies and every worker's peak resident memory, printed by rank 0."""
-    mem = torch.zeros(world_size, 2, dtype=torch.float64)
-    mem[rank] = torch.tensor([probe.peak_bytes, probe.added_bytes], dtype=torch.float64) / 2**20
+def _report(records: list[dict[str, Any]], probe: MemoryProbe, rank: int, world_size: int, start: int, floor: int,
+            estimate: int) -> None:
+    """Final accuracies and every worker's peak memory above its floor (the resident size
+    after the imports) next to the plan's estimate of it, printed by rank 0."""
+    mem = torch.zeros(world_size, 3, dtype=torch.float64)
+    mem[rank] = torch.tensor([probe.peak_bytes - floor, estimate, probe.added_bytes], dtype=torch.float64) / 2**20
     mem = global_sum(mem)
     if rank != 0:
         return
@@ -814,7 +818,8 @@ def _report(records: list[dict[str, Any]], probe: MemoryProbe, rank: int, world_
         print(f"nothing to train: the checkpoint is at epoch {start}, --epochs asks for no more", flush=True)
         return
     for r in range(world_size):
-        print(f"worker {r}: peak resident {mem[r, 0]:.0f} MiB, +{mem[r, 1]:.0f} MiB during training", flush=True)
+        print(f"worker {r}: peak {mem[r, 0]:.0f} MiB above the imports (plan's estimate {mem[r, 1]:.0f} MiB), "
+              f"+{mem[r, 2]:.0f} MiB during training", flush=True)
     if world_size > 1:  # one worker communicates nothing
         for r in range(world_size):
             print(f"worker {r}: per epoch {_traffic_line(records, r)}", flush=True)

@@ -306,11 +306,13 @@ def gather_rows(case: Case, world_size: int, results: list[Result], attr: str) -
 
 
 class OneSage(nn.Module):
-    """One SAGE (sum) layer on a linear input map: remote rows matter directly."""
+    """One SAGE (sum) layer on a linear input map: remote rows matter directly. It widens
+    the rows, so the aggregation reads (and sends) x itself, not its projection
+    (passes/linear_first)."""
 
     def __init__(self, f_in: int = 6):
         super().__init__()
-        self.c = sc.nn.SAGEConv(f_in, 4, "sum")
+        self.c = sc.nn.SAGEConv(f_in, 8, "sum")
 
     def forward(self, g, x):
         return self.c(g, x)

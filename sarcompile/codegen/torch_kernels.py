@@ -9,6 +9,7 @@ trailing shape (``[n, F]`` or ``[n, heads, F]``); kernels flatten it to 2-D.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -56,12 +57,20 @@ def spmm(block: Block, x: torch.Tensor, weight: torch.Tensor | None) -> torch.Te
     block = block.on(x.device)
     if _scalar_weight(weight):
         out = block.sparse(weight, x.dtype) @ _flat(x)
-        return out.reshape(block.num_dst, *x.shape[1:])
+        return out if x.dim() == 2 else out.reshape(block.num_dst, *x.shape[1:])  # (2-D: no view, see passes/inplace)
     if _per_head(weight, x):
-        return torch.stack([block.sparse(weight[:, k], x.dtype) @ x[:, k] for k in range(x.shape[1])], 1)
+        return _heads(lambda k: block.sparse(weight[:, k], x.dtype) @ x[:, k], x.new_empty((block.num_dst, *x.shape[1:])))
     # Other broadcasts: materialise one message per edge.
     msg = x[block.col] * weight.reshape(*weight.shape, *([1] * (x.dim() - weight.dim())))
     return x.new_zeros((block.num_dst, *x.shape[1:])).index_add_(0, block.row, msg)
+
+
+def _heads(one, out: torch.Tensor) -> torch.Tensor:
+    """``out[:, k] = one(k)`` for every head: one head's rows alive at a time, not all of
+    them and their stack."""
+    for k in range(out.shape[1]):
+        out[:, k] = one(k)
+    return out
 
 
 def spmm_t(block: Block, g: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
@@ -71,7 +80,7 @@ def spmm_t(block: Block, g: torch.Tensor, weight: torch.Tensor | None) -> torch.
         out = block.sparse_t(weight, g.dtype) @ _flat(g)
         return out.reshape(block.num_src, *g.shape[1:])
     if _per_head(weight, g):
-        return torch.stack([block.sparse_t(weight[:, k], g.dtype) @ g[:, k] for k in range(g.shape[1])], 1)
+        return _heads(lambda k: block.sparse_t(weight[:, k], g.dtype) @ g[:, k], g.new_empty((block.num_src, *g.shape[1:])))
     msg = g[block.row] * weight.reshape(*weight.shape, *([1] * (g.dim() - weight.dim())))
     return g.new_zeros((block.num_src, *g.shape[1:])).index_add_(0, block.col, msg)
 
@@ -221,16 +230,23 @@ class AttentionState:
         if block.num_edges == 0:
             return
         block = block.on(h.device)
-        score = torch.nn.functional.leaky_relu(_pre_scores(block, a_src, a_dst, a_edge), negative_slope)
-        idx = block.row.unsqueeze(1).expand_as(score)
-        block_max = torch.full_like(self.m, float("-inf")).scatter_reduce(0, idx, score, "amax")
-        m_new = torch.maximum(self.m, block_max)
-        # Rows that have seen no edge yet keep m = -inf; rescaling them would give nan.
-        rescale = torch.where(torch.isinf(m_new), torch.ones_like(m_new), torch.exp(self.m - m_new))
-        e = torch.exp(score - m_new[block.row])
-        self.l = self.l * rescale + torch.zeros_like(self.l).index_add_(0, block.row, e)
-        self.acc = self.acc * rescale.unsqueeze(-1) + spmm(block, h, e if keep is None else e * keep)
-        self.m = m_new
+        for r0, r1 in block.row_chunks(_chunk_edges(h.shape[1])):
+            # Rows are independent: each range updates its slice of the state in place,
+            # computing exactly what one pass over the whole block would.
+            sub, lo, hi = block.rows(r0, r1), int(block.indptr[r0]), int(block.indptr[r1])
+            m, l, acc = self.m[r0:r1], self.l[r0:r1], self.acc[r0:r1]
+            pre = _pre_scores(sub, a_src, a_dst[r0:r1], None if a_edge is None else a_edge[lo:hi])
+            score = torch.nn.functional.leaky_relu(pre, negative_slope)
+            del pre
+            idx = sub.row.unsqueeze(1).expand_as(score)
+            block_max = torch.full_like(m, float("-inf")).scatter_reduce(0, idx, score, "amax")
+            m_new = torch.maximum(m, block_max)
+            # Rows that have seen no edge yet keep m = -inf; rescaling them would give nan.
+            rescale = torch.where(torch.isinf(m_new), torch.ones_like(m_new), torch.exp(m - m_new))
+            e = torch.exp(score - m_new[sub.row])
+            l.mul_(rescale).add_(torch.zeros_like(l).index_add_(0, sub.row, e))
+            acc.mul_(rescale.unsqueeze(-1)).add_(spmm(sub, h, e if keep is None else e * keep[lo:hi]))
+            m.copy_(m_new)
 
     def result(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The output ``[n, H, C]`` (0 where a row has no in-edge) and the per-row
@@ -269,18 +285,35 @@ def attention_grads(
     without ``a_edge``).
     """
     block = block.on(h.device)
-    pre = _pre_scores(block, a_src, a_dst, a_edge)
-    score = torch.nn.functional.leaky_relu(pre, negative_slope)
-    p = torch.exp(score - lse[block.row])
-    w = p if keep is None else p * keep
-    d_h = spmm_t(block, d_out, w)
-    d_w = edge_dot(block, d_out, h, w.shape)
-    d_p = d_w if keep is None else d_w * keep
-    d_score = p * (d_p - delta[block.row])
-    d_pre = torch.where(pre > 0, d_score, d_score * negative_slope)
-    d_src = pre.new_zeros((block.num_src, pre.shape[1])).index_add_(0, block.col, d_pre)
-    d_dst = pre.new_zeros((block.num_dst, pre.shape[1])).index_add_(0, block.row, d_pre)
-    return d_h, d_src, d_dst, (None if a_edge is None else d_pre)
+    heads = h.shape[1]
+    dtype = functools.reduce(torch.promote_types, [t.dtype for t in (a_src, a_dst, a_edge) if t is not None])
+    weights = torch.empty((block.num_edges, heads), dtype=dtype, device=h.device)  # the one [E, H] tensor
+    d_src = torch.zeros((block.num_src, heads), dtype=dtype, device=h.device)
+    d_dst = torch.zeros((block.num_dst, heads), dtype=dtype, device=h.device)
+    d_edge = None if a_edge is None else torch.empty((block.num_edges, heads), dtype=dtype, device=h.device)
+    for r0, r1 in block.row_chunks(_chunk_edges(heads)):
+        sub, lo, hi = block.rows(r0, r1), int(block.indptr[r0]), int(block.indptr[r1])
+        pre = _pre_scores(sub, a_src, a_dst[r0:r1], None if a_edge is None else a_edge[lo:hi])
+        score = torch.nn.functional.leaky_relu(pre, negative_slope)
+        p = torch.exp(score - lse[r0:r1][sub.row])
+        del score
+        chunk_keep = None if keep is None else keep[lo:hi]
+        weights[lo:hi] = p if chunk_keep is None else p * chunk_keep
+        d_w = edge_dot(sub, d_out[r0:r1], h, weights.shape)
+        d_p = d_w if chunk_keep is None else d_w * chunk_keep
+        d_score = p * (d_p - delta[r0:r1][sub.row])
+        del d_w, d_p, p
+        d_pre = torch.where(pre > 0, d_score, d_score * negative_slope)
+        d_src.index_add_(0, sub.col, d_pre)
+        d_dst[r0:r1] = torch.zeros_like(d_dst[r0:r1]).index_add_(0, sub.row, d_pre)
+        if d_edge is not None:
+            d_edge[lo:hi] = d_pre
+    return spmm_t(block, d_out, weights), d_src, d_dst, d_edge
+
+
+def _chunk_edges(heads: int) -> int:
+    """Edges per row range of the attention kernels: EDGE_CHUNK_ELEMENTS scores."""
+    return max(1, EDGE_CHUNK_ELEMENTS // max(heads, 1))
 
 
 # -- Compressed communication ------------------------------------------------------------

@@ -84,6 +84,7 @@ from ..ops import registry
 from ..nn import NodeDropout, RandomStream
 from ..probe import PROBES, Input, example
 from ..runtime.comm import offline
+from ..shard import DERIVED_GRAPHS
 from ..trace import ShapeTracer
 from ..lowering import declared_helpers
 from ..vocab import Residency
@@ -93,9 +94,6 @@ __all__ = ["residency", "listing", "Input"]
 NODE, EDGE, GRAPH, PARAM, CONST, ROWS = (Residency.NODE, Residency.EDGE, Residency.GRAPH, Residency.PARAM,
                                          Residency.CONST, Residency.ROWS)
 GRAPH_NAMES = ("g", "graph", "edge_index", "adj", "adj_t", "block")
-_DERIVED_GRAPHS = ("with_self_loops", "remove_self_loops", "plus_self_loops")  # graph methods giving a graph
-
-
 
 
 # -- values ------------------------------------------------------------------------------------
@@ -473,7 +471,7 @@ class _Checker:
         others = [n for n in node.all_input_nodes if n is not first]
         if node.op == "call_method" and self.val(first).res is GRAPH:
             # a derived graph's arguments are constants (PyG's node count), the same on every worker
-            if node.target in _DERIVED_GRAPHS and all(self.val(n).res is CONST for n in others):
+            if node.target in DERIVED_GRAPHS and all(self.val(n).res is CONST for n in others):
                 return _GRAPH
             if node.target == "in_degrees" and len(node.args) == 1:
                 return _Val(NODE)

@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 
 from ..errors import CommError
-from . import failure
+from . import failure, memory
 from .link import Pending
 
 __all__ = ["global_max", "global_sum", "init", "live", "run_rounds", "shutdown", "stats", "sync_gradients", "timeout"]
@@ -81,6 +81,7 @@ def init(backend: str | None = None, timeout_s: float | None = None) -> tuple[in
     """
     if dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
+    memory.tune_allocator()  # before the big allocations: glibc's thresholds apply to what comes after
     backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
     limit = timeout() if timeout_s is None else _check_timeout(timeout_s, "timeout_s")
     wait = timedelta(seconds=limit)

@@ -6,6 +6,11 @@ resident size, so ``VmHWM`` read afterwards is the peak since the reset. That co
 everything the process touches (allocator caches, libraries), as the OS sees it. On CUDA
 it is ``torch.cuda.max_memory_allocated`` (tensors only) after ``reset_peak_memory_stats``.
 
+glibc's allocator keeps freed memory of its heap and arenas for reuse, so on a CPU the
+resident peak also counts what earlier steps freed. :func:`tune_allocator` (called by
+``sc.init()``, opt-in) hands large frees back to the OS at once; :func:`malloc_stats`
+says how much freed memory glibc holds.
+
     >>> probe = MemoryProbe()
     >>> with probe:
     ...     x = torch.ones(1 << 20)  # 4 MiB
@@ -15,11 +20,22 @@ it is ``torch.cuda.max_memory_allocated`` (tensors only) after ``reset_peak_memo
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import os
 from dataclasses import dataclass
 
 import torch
 
-__all__ = ["MemoryProbe"]
+__all__ = ["MemoryProbe", "floor_bytes", "malloc_stats", "tune_allocator"]
+
+# mallopt parameters (malloc.h)
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+# Blocks of this size and more get their own mapping, returned to the OS on free. glibc's
+# default starts at 128 KiB but grows to the largest block freed (up to 32 MiB), so after
+# the first step every node-feature tensor lives on the heap, and a freed one stays
+# resident. 64 KiB keeps small tensors on the (fast) heap.
+MMAP_THRESHOLD = 64 << 10
 
 
 def _status_bytes(field: str) -> int:
@@ -28,6 +44,19 @@ def _status_bytes(field: str) -> int:
             if line.startswith(field + ":"):
                 return int(line.split()[1]) * 1024
     raise RuntimeError(f"{field} is not in /proc/self/status: this probe needs Linux")
+
+
+def floor_bytes() -> int:
+    """This process's resident size once the imports every training script pays for are
+    done -- torch's optimizers import more on their first step (about 50 MiB in torch 2.2,
+    130 in 2.13), so a throwaway one takes a step first. Memory above it is the run's own:
+    the data, the graph and training. Also resets the resident high-water mark (CPU)."""
+    p = torch.nn.Parameter(torch.zeros(4))
+    p.grad = torch.ones(4)
+    torch.optim.Adam([p], lr=0.1).step()
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    return _status_bytes("VmRSS")
 
 
 @dataclass
@@ -60,3 +89,49 @@ class MemoryProbe:
     def added_bytes(self) -> int:
         """Peak above what was in use at the start: what the work itself needed."""
         return max(self.peak_bytes - self.start_bytes, 0)
+
+
+def _libc():
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name) if name else None
+    except OSError:
+        return None
+    return libc if libc is not None and hasattr(libc, "mallopt") else None
+
+
+def tune_allocator() -> bool:
+    """With ``SARCOMPILE_MALLOC=lean``: fix glibc's mmap and trim thresholds at
+    :data:`MMAP_THRESHOLD`, unless the user set ``MALLOC_MMAP_THRESHOLD_`` or
+    ``MALLOC_TRIM_THRESHOLD_`` (theirs are kept). Off by default: it cuts the peak (a
+    third at 4 workers in benchmarks/vs_dgl.py) but every large tensor then costs fresh
+    page faults, which made epochs up to 2x slower there. Returns whether it changed
+    anything (False off glibc, e.g. macOS or musl, or when another allocator is preloaded)."""
+    if os.environ.get("SARCOMPILE_MALLOC", "default") != "lean":
+        return False
+    libc = _libc()
+    if libc is None:
+        return False
+    changed = False
+    for var, param in (("MALLOC_MMAP_THRESHOLD_", _M_MMAP_THRESHOLD), ("MALLOC_TRIM_THRESHOLD_", _M_TRIM_THRESHOLD)):
+        if var not in os.environ:
+            changed |= bool(libc.mallopt(param, MMAP_THRESHOLD))
+    return changed
+
+
+class _Mallinfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
+                 "keepcost")]
+
+
+def malloc_stats() -> dict[str, int]:
+    """glibc's view now: ``malloc_in_use`` (bytes in live blocks, heap and mmapped) and
+    ``malloc_free_held`` (freed bytes it keeps resident for reuse: the allocator's slack).
+    Empty where ``mallinfo2`` is missing (glibc < 2.33, other C libraries)."""
+    libc = _libc()
+    if libc is None or not hasattr(libc, "mallinfo2"):
+        return {}
+    libc.mallinfo2.restype = _Mallinfo2
+    m = libc.mallinfo2()
+    return {"malloc_in_use": m.uordblks + m.hblkhd, "malloc_free_held": m.fordblks}

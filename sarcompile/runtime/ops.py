@@ -81,7 +81,7 @@ class _SarSpmm(torch.autograd.Function):
         ctx.refetch = _refetch(ir.spmm, strategy, {"reduce": reduce}, wants)
         tail = tuple(x.shape[1:])
         kept: dict[int, torch.Tensor] = {}
-        out = x.new_zeros((shard.num_nodes, *tail))
+        acc: dict[str, torch.Tensor] = {}
         state = K.MaxState(shard.num_nodes, tail, x.dtype, x.device) if reduce == "max" else None
         offsets = _offsets(shard)
 
@@ -90,18 +90,23 @@ class _SarSpmm(torch.autograd.Function):
                 kept[q] = xb
             if state is not None:
                 state.update(shard.blocks[q], xb, offsets[q])
+            elif "out" not in acc:  # the local block comes first: its sums are the buffer
+                acc["out"] = K.spmm(shard.blocks[q], xb, _edge_slice(weight, shard, q))
             else:
-                out.add_(K.spmm(shard.blocks[q], xb, _edge_slice(weight, shard, q)))
+                acc["out"].add_(K.spmm(shard.blocks[q], xb, _edge_slice(weight, shard, q)))
 
         run_rounds(shard, visit, fetch=x, lookahead=_lookahead(shard, strategy), what=f"spmm({reduce})",
                    link=link, iteration=iteration)
+        # x itself only for the edge weights' gradient (<g[v], x[u]>); the rest needs its shape
+        keep_x = x if wants["edge_weight"] else None
         if state is not None:
             out = state.result()
-            ctx.save_for_backward(x, weight, state.pos)
+            ctx.save_for_backward(keep_x, weight, state.pos)
         else:
+            out = acc["out"]
             if reduce == "mean":
-                out = out / _bcast(shard.in_degrees(), out)
-            ctx.save_for_backward(x, weight)
+                out.div_(_bcast(shard.in_degrees(), out))
+            ctx.save_for_backward(keep_x, weight)
         ctx.shard, ctx.reduce, ctx.kept = shard, reduce, kept
         return out
 
@@ -110,24 +115,31 @@ class _SarSpmm(torch.autograd.Function):
         shard, reduce, K = ctx.shard, ctx.reduce, ctx.K
         x, weight, *pos = ctx.saved_tensors
         want_x, want_w = ctx.needs_input_grad[0], weight is not None and ctx.needs_input_grad[1]
-        gx = torch.zeros_like(x) if want_x else None
         gw = torch.zeros_like(weight) if want_w else None
-        if reduce == "mean":
+        # The mean's 1/deg: as the edges' weights where there are none (no [n, F] copy of g)
+        per_edge = reduce == "mean" and weight is None
+        if reduce == "mean" and not per_edge:
             g = g / _bcast(shard.in_degrees(), g)
         offsets = _offsets(shard)
         kept = ctx.kept
 
-        def visit(q: int, xb: torch.Tensor | None):
+        def grad_x(q: int) -> torch.Tensor:
             block = shard.blocks[q]
+            if reduce == "max":
+                return K.max_grad(pos[0], g, offsets[q], block.num_src)
+            if per_edge:
+                return K.spmm_t(block, g, (1.0 / shard.in_degrees().clamp(min=1).to(g.dtype))[block.row])
+            return K.spmm_t(block, g, _edge_slice(weight, shard, q))
+
+        # The local block's gradient is the buffer the peers' pushes add into: no zeroed copy.
+        gx = grad_x(shard.rank) if want_x else None
+
+        def visit(q: int, xb: torch.Tensor | None):
             if want_w:
                 xb = x if q == shard.rank else kept.get(q, xb)
                 lo, hi = shard.edge_ptr[q], shard.edge_ptr[q + 1]
-                gw[lo:hi] = K.edge_dot(block, g, xb, weight.shape)
-            if not want_x:
-                return None
-            if reduce == "max":
-                return K.max_grad(pos[0], g, offsets[q], block.num_src)
-            return K.spmm_t(block, g, _edge_slice(weight, shard, q))
+                gw[lo:hi] = K.edge_dot(shard.blocks[q], g, xb, weight.shape)
+            return grad_x(q) if want_x and q != shard.rank else None
 
         if want_x or want_w:
             run_rounds(
@@ -159,17 +171,22 @@ class _SarSddmm(torch.autograd.Function):
 
         run_rounds(shard, visit, fetch=a, lookahead=_lookahead(shard, strategy), what=f"sddmm({op})",
                    link=link, iteration=iteration)
-        ctx.save_for_backward(a, b)
+        # Only mul and dot read the inputs in backward (each the other's); the rest needs shapes.
+        product = op in ("mul", "dot")
+        ctx.save_for_backward(a if product and ctx.needs_input_grad[1] else None,
+                              b if product and ctx.needs_input_grad[0] else None)
+        ctx.like = [None if t is None else (t.new_empty((0,)), t.shape) for t in (a, b)]
         ctx.shard, ctx.op, ctx.kept = shard, op, kept
-        return torch.cat([pieces[q] for q in range(shard.world_size)])
+        return pieces[0] if shard.world_size == 1 else torch.cat([pieces[q] for q in range(shard.world_size)])
 
     @staticmethod
     def backward(ctx, g):
         shard, op = ctx.shard, ctx.op
         a, b = ctx.saved_tensors
         want_a, want_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        ga = torch.zeros_like(a) if want_a else None
-        gb = torch.zeros_like(b) if want_b else None
+        (like_a, shape_a), like_b = ctx.like
+        ga = like_a.new_zeros(shape_a) if want_a else None
+        gb = like_b[0].new_zeros(like_b[1]) if want_b else None
         kept = ctx.kept
 
         def visit(q: int, ab: torch.Tensor | None):
@@ -229,53 +246,65 @@ class _SarAttention(torch.autograd.Function):
         wants = dict(zip(("h", "a_src", "a_dst", "a_edge"), ctx.needs_input_grad))
         ctx.refetch = _refetch(ir.attention, strategy, {}, wants)
         n, heads, channels = h.shape
-        payload = torch.cat([h.reshape(n, heads * channels), a_src], 1)
+        payload = _payload(shard, h, a_src)
         state = K.AttentionState(shard.num_nodes, heads, channels, h.dtype, h.device)
         kept: dict[int, torch.Tensor] = {}
 
-        def visit(q: int, block_payload: torch.Tensor) -> None:
-            if strategy.keeps_blocks:
+        def visit(q: int, block_payload: torch.Tensor | None) -> None:
+            if strategy.keeps_blocks and q != shard.rank:
                 kept[q] = block_payload
             block = shard.blocks[q]
-            hb, ab = _split_payload(block_payload, heads, channels)
+            hb, ab = (h, a_src) if q == shard.rank else _split_payload(block_payload, heads, channels)
             keep = _keep(shard, q, heads, p, salt, h.dtype, h.device)
             state.update(block, hb, ab, a_dst, negative_slope, keep, _edge_slice(a_edge, shard, q))
 
         run_rounds(shard, visit, fetch=payload, lookahead=_lookahead(shard, strategy), what="attention",
                    link=link, iteration=iteration)
+        del payload  # only the peers needed it: backward keeps h and a_src, which their producers keep too
         out, lse = state.result()
-        ctx.save_for_backward(payload, a_dst, a_edge, out, lse, salt)
+        ctx.save_for_backward(h, a_src, a_dst, a_edge, out, lse, salt)
         ctx.shard, ctx.negative_slope, ctx.p, ctx.kept = shard, negative_slope, p, kept
         ctx.heads, ctx.channels = heads, channels
         return out
 
     @staticmethod
     def backward(ctx, d_out):
-        payload, a_dst, a_edge, out, lse, salt = ctx.saved_tensors
+        h, a_src, a_dst, a_edge, out, lse, salt = ctx.saved_tensors
         shard, heads, channels, K = ctx.shard, ctx.heads, ctx.channels, ctx.K
         delta = (d_out * out).sum(-1)
-        d_payload = torch.zeros_like(payload)
         d_a_dst = torch.zeros_like(a_dst)
         d_a_edge = None if a_edge is None or not ctx.needs_input_grad[3] else torch.zeros_like(a_edge)
         kept = ctx.kept
 
-        def visit(q: int, block_payload: torch.Tensor | None) -> torch.Tensor:
-            block_payload = payload if q == shard.rank else kept.get(q, block_payload)
+        def block_grads(q: int, hb: torch.Tensor, ab: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            """The gradients of the block's source rows of ``h`` and ``a_src``; the
+            destination and edge scores' gradients are added here."""
             block = shard.blocks[q]
-            hb, ab = _split_payload(block_payload, heads, channels)
-            keep = _keep(shard, q, heads, ctx.p, salt, payload.dtype, payload.device)
+            keep = _keep(shard, q, heads, ctx.p, salt, h.dtype, h.device)
             d_h, d_src, d_dst, d_edge = K.attention_grads(
                 block, hb, ab, a_dst, ctx.negative_slope, keep, lse, d_out, delta, _edge_slice(a_edge, shard, q)
             )
             d_a_dst.add_(d_dst)
             if d_a_edge is not None:  # the blocks' edge ranges cover the shard's edges once
                 d_a_edge[shard.edge_ptr[q] : shard.edge_ptr[q + 1]] = d_edge
-            return torch.cat([d_h.reshape(block.num_src, heads * channels), d_src], 1)
+            return d_h, d_src
+
+        local = block_grads(shard.rank, h, a_src)
+        if shard.world_size == 1:
+            return *local, d_a_dst, d_a_edge, None, None, None, None, None, None, None, None
+        # The local block's gradient is the buffer the peers' pushes add into: no zeroed copy.
+        d_payload = _payload(shard, *local)
+        del local
+
+        def visit(q: int, block_payload: torch.Tensor | None) -> torch.Tensor | None:
+            if q == shard.rank:
+                return None
+            return _payload(shard, *block_grads(q, *_split_payload(kept.get(q, block_payload), heads, channels)))
 
         run_rounds(
             shard,
             visit,
-            fetch=payload if ctx.refetch else None,
+            fetch=_payload(shard, h, a_src) if ctx.refetch else None,
             push_into=d_payload,
             phase="backward",
             what="attention backward",
@@ -285,6 +314,13 @@ class _SarAttention(torch.autograd.Function):
         ctx.kept = None
         d_h, d_a_src = _split_payload(d_payload, heads, channels)
         return d_h, d_a_src, d_a_dst, d_a_edge, None, None, None, None, None, None, None, None
+
+
+def _payload(shard: ShardGraph, h: torch.Tensor, a_src: torch.Tensor) -> torch.Tensor | None:
+    """``h`` and ``a_src`` side by side, the rows one round sends; None on one worker."""
+    if shard.world_size == 1:
+        return None
+    return torch.cat([h.reshape(h.shape[0], math.prod(h.shape[1:])), a_src], 1)  # (not -1: no rows is fine)
 
 
 def _split_payload(payload: torch.Tensor, heads: int, channels: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,0 +1,208 @@
+"""sarcompile against DGL, side by side in one run: peak memory above the floor and epoch time.
+
+    python benchmarks/vs_dgl.py                              # 100k nodes / 2M edges, N = 1, 2, 4, 8
+    python benchmarks/vs_dgl.py --nodes 20000 --workers 1 2 --models sage --epochs 3   # a quick look
+
+Generates one graph (a stochastic block model: symmetric, with self-loops, 128 features,
+16 classes), METIS-partitions it for every worker count, then runs each model in DGL (one
+process, in the project's DGL environment: scripts/dgl_env.sh) and in sarcompile (one
+plain process for N=1, torchrun for N>1), one after the other. Every run is its own
+process (benchmarks/vs_dgl_worker.py) and reports the peak resident size above its floor
+(after the imports and torch's lazy optimizer imports) and the median epoch; sarcompile's
+runs add a measured memory ledger per worker and the plan's estimate. Prints the table with
+ratios to DGL's one process; writes benchmarks/results/vs_dgl.json and vs_dgl.png.
+
+No allocator variables are set: this is the environment a user has (``--allocator lean``
+runs sarcompile with ``SARCOMPILE_MALLOC=lean``, see sarcompile.runtime.memory). Threads: the
+one process uses every core (``--threads``, default all); N workers split them (at least 1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+RESULTS = HERE / "results"
+MiB = 2**20
+
+
+def make_graph(path: Path, nodes: int, edges: int, features: int, classes: int) -> None:
+    """A learnable SBM graph with ``edges`` directed edges in all: both directions of
+    ``(edges - nodes) / 2`` random pairs, plus one self-loop per node."""
+    sys.path.insert(0, str(ROOT / "examples"))
+    from make_graph import sbm
+
+    data = sbm(nodes, classes, (edges - nodes) / 2 / nodes, 0.7, features, seed=0)
+    loops = torch.arange(nodes)
+    data["src"] = torch.cat([data["src"], loops])
+    data["dst"] = torch.cat([data["dst"], loops])
+    torch.save(data, path)
+
+
+def dgl_python() -> str:
+    done = subprocess.run(["bash", str(ROOT / "scripts" / "dgl_env.sh")], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"the DGL environment could not be made (scripts/dgl_env.sh):\n{done.stderr[-2000:]}")
+    return str(Path(done.stdout.strip()) / "bin" / "python")
+
+
+def run_one(cmd: list[str], out: Path, env: dict, timeout: float) -> list[dict] | None:
+    out.unlink(missing_ok=True)
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
+    if done.returncode != 0 or not out.exists():
+        print(f"FAILED (exit {done.returncode}): {' '.join(cmd)}\n{done.stderr[-3000:]}", flush=True)
+        return None
+    return json.loads(out.read_text())
+
+
+def measure(a: argparse.Namespace) -> list[dict]:
+    threads = a.threads or os.cpu_count() or 1
+    base = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        graph = tmp / "graph.pt"
+        make_graph(graph, a.nodes, a.edges, a.features, a.classes)
+        dgl = dgl_python() if not a.skip_dgl else None
+        worker = str(HERE / "vs_dgl_worker.py")
+        common = ["--hidden", str(a.hidden), "--classes", str(a.classes), "--epochs", str(a.epochs)]
+        for n in a.workers:
+            parts = tmp / f"parts{n}"
+            subprocess.run([sys.executable, "-m", "sarcompile", "partition", "--edges", str(graph), "--parts", str(n),
+                            "--out", str(parts)], check=True, capture_output=True, env=base)
+        for model in a.models:
+            out = tmp / "run.json"
+            if dgl:
+                env = {**base, "OMP_NUM_THREADS": str(threads), "DGLBACKEND": "pytorch",
+                       "PYTHONPATH": str(ROOT)}
+                rec = run_one([dgl, worker, "--engine", "dgl", "--model", model, "--graph", str(graph),
+                               "--out", str(out), *common], out, env, a.timeout)
+                if rec:
+                    rows.append({"engine": "dgl", "model": model, "workers": 1, "per_worker": rec})
+                    print(line(rows[-1]), flush=True)
+            for n in a.workers:
+                env = {**base, "OMP_NUM_THREADS": str(max(threads // n, 1)), "SARCOMPILE_MALLOC": a.allocator}
+                args = [worker, "--engine", "sarcompile", "--model", model, "--parts", str(tmp / f"parts{n}"),
+                        "--out", str(out), *common]
+                launch = [sys.executable] if n == 1 else [
+                    sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(n)]
+                rec = run_one(launch + args, out, env, a.timeout)
+                if rec:
+                    rows.append({"engine": "sarcompile", "model": model, "workers": n, "per_worker": rec})
+                    print(line(rows[-1]), flush=True)
+    return rows
+
+
+def peak(row: dict) -> int:
+    return max(w["peak_above_floor_bytes"] for w in row["per_worker"])
+
+
+def epoch(row: dict) -> float:
+    return max(w["epoch_s"] for w in row["per_worker"])
+
+
+def line(row: dict) -> str:
+    w = max(row["per_worker"], key=lambda w: w["peak_above_floor_bytes"])
+    text = f"{row['engine']:>10} {row['model']:>4} N={row['workers']}: peak {peak(row) / MiB:7.0f} MiB, " \
+           f"epoch {epoch(row):6.2f} s"
+    if "estimate" in w:
+        text += f", estimate {w['estimate']['peak_bytes'] / MiB:.0f} MiB"
+    return text
+
+
+def table(rows: list[dict]) -> str:
+    """Markdown: one line per (model, engine, N), ratios to DGL's one process."""
+    out = ["| model | engine | workers | peak above floor (MiB, per worker) | vs DGL | epoch (s) | vs DGL "
+           "| plan estimate (MiB) | estimate / measured |", "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for model in dict.fromkeys(r["model"] for r in rows):
+        ref = next((r for r in rows if r["model"] == model and r["engine"] == "dgl"), None)
+        for r in (r for r in rows if r["model"] == model):
+            w = max(r["per_worker"], key=lambda w: w["peak_above_floor_bytes"])
+            est = w.get("estimate", {}).get("peak_bytes")
+            mem_ratio = f"{peak(r) / peak(ref):.2f}x" if ref else "-"
+            time_ratio = f"{epoch(r) / epoch(ref):.2f}x" if ref and r["workers"] == 1 else "-"
+            out.append(f"| {model} | {r['engine']} | {r['workers']} | {peak(r) / MiB:.0f} | {mem_ratio} | "
+                       f"{epoch(r):.2f} | {time_ratio} | {'-' if est is None else f'{est / MiB:.0f}'} | "
+                       f"{'-' if est is None else f'{est / peak(r):.2f}'} |")
+    return "\n".join(out)
+
+
+def ledger(rows: list[dict]) -> str:
+    """Where each sarcompile run's largest worker's memory went, measured, next to the plan."""
+    out = []
+    for r in rows:
+        if r["engine"] != "sarcompile":
+            continue
+        w = max(r["per_worker"], key=lambda w: w["peak_above_floor_bytes"])
+        parts = ", ".join(f"{k} {v / MiB:.0f}" for k, v in w["ledger"].items())
+        plan = ", ".join(f"{k} {v / MiB:.0f}" for k, v in w["estimate"].items())
+        out.append(f"{r['model']} N={r['workers']} (MiB) measured: {parts}\n    plan: {plan}")
+    return "\n".join(out)
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    fig, axes = plt.subplots(1, len(models), figsize=(5 * len(models), 3.5), squeeze=False)
+    for ax, model in zip(axes[0], models):
+        ours = sorted((r["workers"], peak(r) / MiB) for r in rows if r["model"] == model and r["engine"] == "sarcompile")
+        ax.plot([p[0] for p in ours], [p[1] for p in ours], marker="o", label="sarcompile, per worker")
+        for r in rows:
+            if r["model"] == model and r["engine"] == "dgl":
+                ax.axhline(peak(r) / MiB, color="grey", linestyle="--", label="DGL, one process")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("workers")
+        ax.set_ylabel("peak above floor (MiB)")
+        ax.set_title(model)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--nodes", type=int, default=100_000)
+    ap.add_argument("--edges", type=int, default=2_000_000, help="directed edges, self-loops included")
+    ap.add_argument("--features", type=int, default=128)
+    ap.add_argument("--classes", type=int, default=16)
+    ap.add_argument("--hidden", type=int, default=256)
+    ap.add_argument("--models", nargs="+", default=["sage", "gat"], choices=["sage", "gat"])
+    ap.add_argument("--workers", nargs="+", type=int, default=[1, 2, 4, 8])
+    ap.add_argument("--epochs", type=int, default=5, help="timed epochs after one warm-up")
+    ap.add_argument("--threads", type=int, default=0, help="threads of the one process (default: all cores)")
+    ap.add_argument("--allocator", choices=["default", "lean"], default="default",
+                    help="sarcompile's SARCOMPILE_MALLOC (lean: glibc returns large frees at once)")
+    ap.add_argument("--skip-dgl", action="store_true", help="sarcompile only (no DGL environment)")
+    ap.add_argument("--timeout", type=float, default=1800)
+    ap.add_argument("--out", default=str(RESULTS / "vs_dgl.json"))
+    a = ap.parse_args()
+    rows = measure(a)
+    out = Path(a.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    config = {k: getattr(a, k) for k in ("nodes", "edges", "features", "classes", "hidden", "epochs", "threads",
+                                         "allocator")}
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"config": config, "rows": rows}, indent=1))
+    tmp.replace(out)
+    plot(rows, out.with_suffix(".png"))
+    print(table(rows))
+    print(ledger(rows))
+    print(f"wrote {out} and {out.with_suffix('.png')}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,239 @@
+"""One run of the DGL comparison (started by benchmarks/vs_dgl.py): one engine, one model.
+
+    python benchmarks/vs_dgl_worker.py --engine dgl --graph g.pt --model sage --out r.json      # DGL env
+    python benchmarks/vs_dgl_worker.py --engine sarcompile --parts parts1 --model gat --out r.json
+    torchrun --standalone --nproc-per-node 4 benchmarks/vs_dgl_worker.py --engine sarcompile --parts parts4 ...
+
+It reads its *floor* -- the resident size after importing torch and the engine and after
+torch's lazy optimizer imports (a throwaway optimizer takes a step) -- then loads the graph,
+builds the model and Adam, trains one warm-up epoch and ``--epochs`` timed ones, and records
+the peak resident size above the floor (``VmHWM`` since the floor was read), the median
+epoch, and, for sarcompile, a measured ledger of where the memory went next to the plan's
+estimate. Every process writes its own JSON record; the driver joins them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+from sarcompile.runtime.memory import floor_bytes, malloc_stats  # noqa: E402  (torch 2.2 too: no DGL import)
+
+
+def _status(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no {field} in /proc/self/status")
+
+
+def _tensor_bytes(tensors) -> int:
+    """Bytes of the distinct storages among ``tensors``."""
+    seen = {}
+    for t in tensors:
+        if isinstance(t, torch.Tensor) and not t.is_sparse:
+            s = t.untyped_storage()
+            seen[s.data_ptr()] = s.nbytes()
+    return sum(seen.values())
+
+
+# -- DGL ---------------------------------------------------------------------------------------
+
+def dgl_model(name: str, in_dim: int, hidden: int, classes: int):
+    import dgl.nn as dglnn
+    from torch import nn
+
+    class SAGE(nn.Module):
+        def __init__(self):
+            super().__init__()
+            dims = [in_dim, hidden, hidden, classes]
+            self.convs = nn.ModuleList(dglnn.SAGEConv(a, b, "mean") for a, b in zip(dims, dims[1:]))
+
+        def forward(self, g, x):
+            for i, conv in enumerate(self.convs):
+                x = conv(g, x)
+                x = torch.relu(x) if i < len(self.convs) - 1 else x
+            return x
+
+    class GAT(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.g1 = dglnn.GATConv(in_dim, hidden // 4, num_heads=4)
+            self.g2 = dglnn.GATConv(hidden, classes, num_heads=1)
+
+        def forward(self, g, x):
+            h = torch.nn.functional.elu(self.g1(g, x).flatten(1))
+            return self.g2(g, h).mean(1)
+
+    return {"sage": SAGE, "gat": GAT}[name]()
+
+
+def run_dgl(a) -> list[dict]:
+    import dgl
+
+    floor = floor_bytes()
+    data = torch.load(a.graph)
+    g = dgl.graph((data["src"], data["dst"]), num_nodes=data["num_nodes"])
+    x, y = data["x"], data["y"]
+    del data
+    torch.manual_seed(0)
+    model = dgl_model(a.model, x.shape[1], a.hidden, a.classes)
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+
+    def step() -> float:
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(g, x), y)
+        loss.backward()
+        opt.step()
+        return float(loss)
+
+    times, losses = _train(step, a.epochs)
+    return [{"engine": "dgl", "rank": 0, "world": 1, "floor_bytes": floor,
+             "peak_above_floor_bytes": _status("VmHWM") - floor, "epoch_s": statistics.median(times),
+             "losses": losses, "threads": torch.get_num_threads(), "torch": torch.__version__}]
+
+
+def _train(step, epochs: int) -> tuple[list[float], list[float]]:
+    losses = [step()]  # warm-up: caches, optimizer state
+    times = []
+    for _ in range(epochs):
+        t0 = time.perf_counter()
+        losses.append(step())
+        times.append(time.perf_counter() - t0)
+    return times, losses
+
+
+# -- sarcompile --------------------------------------------------------------------------------
+
+def sc_model(name: str, in_dim: int, hidden: int, classes: int):
+    import sarcompile as sc
+    from torch import nn
+
+    class SAGE(nn.Module):
+        def __init__(self):
+            super().__init__()
+            dims = [in_dim, hidden, hidden, classes]
+            self.convs = nn.ModuleList(sc.nn.SAGEConv(a, b, "mean") for a, b in zip(dims, dims[1:]))
+
+        def forward(self, g, x):
+            for i, conv in enumerate(self.convs):
+                x = conv(g, x)
+                x = torch.relu(x) if i < len(self.convs) - 1 else x
+            return x
+
+    class GAT(nn.Module):
+        def __init__(self):
+            super().__init__()
+            # The graph has its self-loops already, as DGL's GATConv expects
+            self.g1 = sc.nn.GATConv(in_dim, hidden // 4, heads=4, add_self_loops=False)
+            self.g2 = sc.nn.GATConv(hidden, classes, heads=1, add_self_loops=False)
+
+        def forward(self, g, x):
+            return self.g2(g, torch.nn.functional.elu(self.g1(g, x)))
+
+    return {"sage": SAGE, "gat": GAT}[name]()
+
+
+def _graph_tensors(graph) -> list:
+    """Index tensors of a shard, everything its blocks cached (CSR, transpose, rows) and
+    the graphs derived from it (with self-loops, edge subsets)."""
+    out = [graph.global_ids, graph.edge_ids, *graph.send_index]
+    for b in graph.blocks:
+        out += [v for v in vars(b).values() if isinstance(v, torch.Tensor)]
+        out += [v for v in b._cache.values() if isinstance(v, torch.Tensor)]
+    for d in graph._derived.values():
+        out += _graph_tensors(d)
+    return out
+
+
+def run_sarcompile(a) -> list[dict]:
+    import torch.distributed as dist
+
+    import sarcompile as sc
+    from sarcompile.partitioning import read_manifest
+
+    rank, world = sc.init()
+    floor = floor_bytes()
+    part = sc.load_partition(a.parts)
+    x, y = part.node_data["x"], part.node_data["y"]
+    loaded = _status("VmRSS") - floor
+    manifest = read_manifest(a.parts)
+    torch.manual_seed(0)
+    model = sc.distribute(sc_model(a.model, x.shape[1], a.hidden, a.classes))
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    estimate = model.plan(a.parts, optimizer=opt).memory_estimate()[rank]
+    total = sc.global_sum(torch.tensor(float(y.numel())))
+    saved = {"bytes": 0}
+
+    def count_saved(t):
+        saved["ids"].setdefault(t.untyped_storage().data_ptr(), t.untyped_storage().nbytes())
+        return t
+
+    def step() -> float:
+        opt.zero_grad()
+        saved["ids"] = {}
+        with torch.autograd.graph.saved_tensors_hooks(count_saved, lambda t: t):
+            out = model(part.graph, x)
+        saved["bytes"] = sum(saved["ids"].values())
+        loss = torch.nn.functional.cross_entropy(out, y, reduction="sum") / total
+        loss.backward()
+        sc.sync_gradients(model)
+        opt.step()
+        return float(sc.global_sum(loss.detach()))
+
+    times, losses = _train(step, a.epochs)
+    params = list(model.parameters())
+    state = [t for s in opt.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
+    ledger = {
+        "node_data": _tensor_bytes(part.node_data.values()),
+        "graph_structures": _tensor_bytes(_graph_tensors(part.graph)),
+        "parameters": _tensor_bytes(params),
+        "gradients": _tensor_bytes(p.grad for p in params),
+        "optimizer": _tensor_bytes(state),
+        "saved_activations": saved["bytes"],
+        "loaded_rss": loaded,
+    }
+    ledger.update(malloc_stats())
+    mine = {"engine": "sarcompile", "rank": rank, "world": world, "floor_bytes": floor,
+            "peak_above_floor_bytes": _status("VmHWM") - floor, "epoch_s": statistics.median(times),
+            "losses": losses, "threads": torch.get_num_threads(), "torch": torch.__version__,
+            "ledger": ledger, "estimate": {"peak_bytes": estimate.peak_bytes, **estimate.breakdown},
+            "num_nodes": manifest.num_nodes}
+    everyone = [mine]
+    if world > 1:
+        everyone = [None] * world
+        dist.all_gather_object(everyone, mine)
+    sc.shutdown()
+    return everyone
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--engine", choices=("dgl", "sarcompile"), required=True)
+    ap.add_argument("--model", choices=("sage", "gat"), required=True)
+    ap.add_argument("--graph", help="the generated graph (.pt), for DGL")
+    ap.add_argument("--parts", help="partition directory, for sarcompile")
+    ap.add_argument("--hidden", type=int, default=256)
+    ap.add_argument("--classes", type=int, default=16)
+    ap.add_argument("--epochs", type=int, default=5)
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args()
+    records = run_dgl(a) if a.engine == "dgl" else run_sarcompile(a)
+    if int(os.environ.get("RANK", "0")) == 0:
+        tmp = Path(a.out).with_suffix(".tmp")
+        tmp.write_text(json.dumps(records))
+        tmp.replace(a.out)
+
+
+if __name__ == "__main__":
+    main()
