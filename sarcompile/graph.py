@@ -23,7 +23,7 @@ import torch
 
 from .errors import GraphError
 
-__all__ = ["Graph", "Block", "probe_graph", "cached_subset"]
+__all__ = ["Graph", "Block", "csr_tensor", "probe_graph", "cached_subset"]
 
 # Edge subsets a graph keeps (one per relation, typically); past this many, the oldest goes.
 SUBSET_CACHE = 64
@@ -106,16 +106,16 @@ class Block:
     def sparse(self, weight: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
         """This block as a ``[num_dst, num_src]`` sparse CSR matrix (unit weights if None)."""
         values = torch.ones(self.num_edges, dtype=dtype, device=self.col.device) if weight is None else weight.to(dtype)
-        return _csr(self.indptr, self.col, values, (self.num_dst, self.num_src))
+        return csr_tensor(self.indptr, self.col, values, (self.num_dst, self.num_src))
 
     def sparse_t(self, weight: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
         """The transposed block, ``[num_src, num_dst]`` sparse CSR."""
         perm = self.transpose_perm
         values = torch.ones(self.num_edges, dtype=dtype, device=self.col.device) if weight is None else weight[perm].to(dtype)
-        return _csr(self.transpose_indptr, self.transpose_row, values, (self.num_src, self.num_dst))
+        return csr_tensor(self.transpose_indptr, self.transpose_row, values, (self.num_src, self.num_dst))
 
 
-def _csr(indptr: torch.Tensor, col: torch.Tensor, values: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+def csr_tensor(indptr: torch.Tensor, col: torch.Tensor, values: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
     # torch warns that sparse CSR is beta on construction; ours is valid by construction.
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)

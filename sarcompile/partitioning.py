@@ -43,6 +43,7 @@ import torch
 from .errors import GraphError, PartitionError
 from .graph import Graph
 from .rundir import lock_dir, remove_stale_temps
+from .runtime.memory import release_free
 from .shard import PartData, ShardGraph, split_graph
 from .validate import check_node_data
 
@@ -477,7 +478,10 @@ def load_partition(
         fix="re-run partition with corrected node data",
     )
     graph = ShardGraph.from_part(part, rank, world_size, manifest.num_nodes, manifest.num_edges)
-    return Partition(graph, part.node_data, part.global_ids, rank, manifest)
+    node_data, global_ids = part.node_data, part.global_ids
+    del part  # the file's edge lists: the shard's blocks replace them
+    release_free()
+    return Partition(graph, node_data, global_ids, rank, manifest)
 
 
 def load_whole_graph(out_dir: str | os.PathLike) -> tuple[Graph, dict[str, torch.Tensor]]:

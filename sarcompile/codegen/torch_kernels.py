@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..graph import Block
+from ..graph import Block, csr_tensor
 from ..opdef import EDGE_CHUNK_ELEMENTS
 
 __all__ = [
@@ -89,9 +89,20 @@ def spmm_t(block: Block, g: torch.Tensor, weight: torch.Tensor | None) -> torch.
 
 def edge_dot(block: Block, g: torch.Tensor, x: torch.Tensor, weight_shape: torch.Size) -> torch.Tensor:
     """Gradient of the edge weights of :func:`spmm`: ``<g[v], x[u]>`` per edge u->v,
-    summed over the dims the weight broadcast over. Works through the edges in chunks so
-    the per-edge products never exceed :data:`EDGE_CHUNK_ELEMENTS`."""
+    summed over the dims the weight broadcast over. A weight per edge, or per edge and
+    head, is a sampled dense product (torch's ``sampled_addmm`` on the CSR: no per-edge
+    rows at all); other shapes work through the edges in chunks so the per-edge products
+    never exceed :data:`EDGE_CHUNK_ELEMENTS`."""
     block = block.on(g.device)
+    # (sampled_addmm refuses more entries than the dense product has: a tiny multigraph block)
+    if 0 < block.num_edges <= block.num_dst * block.num_src and g.dtype == x.dtype:
+        if len(weight_shape) == 1:
+            return _sampled_dot(block, _flat(g), _flat(x))
+        if len(weight_shape) == 2 and x.dim() == 3 and g.dim() == 3 and weight_shape[1] == x.shape[1]:
+            out = g.new_empty((block.num_edges, *weight_shape[1:]))
+            for k in range(x.shape[1]):
+                out[:, k] = _sampled_dot(block, g[:, k], x[:, k])
+            return out
     rest = math.prod(g.shape[1:]) // math.prod(weight_shape[1:])
     out = g.new_empty((block.num_edges, *weight_shape[1:]))
     step = max(1, EDGE_CHUNK_ELEMENTS // max(math.prod(g.shape[1:]), 1))
@@ -100,6 +111,13 @@ def edge_dot(block: Block, g: torch.Tensor, x: torch.Tensor, weight_shape: torch
         prod = g[rows] * x[cols]
         out[lo : lo + step] = prod.reshape(rows.numel(), *weight_shape[1:], rest).sum(-1)
     return out
+
+
+def _sampled_dot(block: Block, g: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """``<g[v], x[u]>`` for every edge of the block, in CSR order (``g [num_dst, F]``,
+    ``x [num_src, F]``)."""
+    pattern = csr_tensor(block.indptr, block.col, g.new_zeros(block.num_edges), (block.num_dst, block.num_src))
+    return torch.sparse.sampled_addmm(pattern, g, x.t(), beta=0.0).values()
 
 
 class MaxState:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["MemoryProbe", "floor_bytes", "malloc_stats", "tune_allocator"]
+__all__ = ["MemoryProbe", "floor_bytes", "malloc_stats", "release_free", "tune_allocator"]
 
 # mallopt parameters (malloc.h)
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
@@ -117,6 +117,15 @@ def tune_allocator() -> bool:
         if var not in os.environ:
             changed |= bool(libc.mallopt(param, MMAP_THRESHOLD))
     return changed
+
+
+def release_free() -> None:
+    """Hand the freed memory glibc holds back to the OS (``malloc_trim``), after a one-off
+    phase that allocated and freed a lot (loading a part file): training would otherwise
+    start with it resident. A no-op off glibc."""
+    libc = _libc()
+    if libc is not None and hasattr(libc, "malloc_trim"):
+        libc.malloc_trim(0)
 
 
 class _Mallinfo2(ctypes.Structure):
