@@ -13,6 +13,7 @@ from torch import nn
 
 from .ops import batch_norm, edge_dropout, edge_softmax, sddmm, spmm
 from .lowering import register_lowering
+from .opdef import EDGE_CHUNK_ELEMENTS
 from .rng import mix32, uniform
 
 __all__ = ["SAGEConv", "GCNConv", "GINConv", "GATConv", "BatchNorm", "NodeDropout", "RandomStream"]
@@ -132,9 +133,16 @@ class NodeDropout(nn.Module):
         if not self.training or self.p == 0.0:
             return x
         width = x[0].numel() if x.shape[0] else 1
-        keys = graph.global_ids.unsqueeze(1) * width + torch.arange(width)
-        keep = uniform(keys, self.stream()) >= self.p
-        return x * keep.reshape(x.shape).to(x.dtype) / (1.0 - self.p)
+        salt = self.stream()
+        # A bool mask, hashed a bounded slice of rows at a time: the int64 keys and hash
+        # temporaries of all [n, F] entries at once were several times the layer's input.
+        keep = torch.empty((x.shape[0], width), dtype=torch.bool, device=x.device)
+        rows = max(1, EDGE_CHUNK_ELEMENTS // width)
+        for lo in range(0, x.shape[0], rows):
+            keys = graph.global_ids[lo : lo + rows].unsqueeze(1) * width + torch.arange(width)
+            keep[lo : lo + rows] = uniform(keys, salt) >= self.p
+        # masked_fill keeps the bool mask for backward, not a float copy of it
+        return x.masked_fill(~keep.reshape(x.shape), 0.0) / (1.0 - self.p)
 
     def extra_repr(self) -> str:
         return f"p={self.p}"
