@@ -506,16 +506,16 @@ def _push_traffic(row: OpPlan, op: OpDef, args: dict[str, Any], workers: list[Wo
 
 def _graph_bytes(w: WorkerStats, r: int, derived: set[str]) -> int:
     """The shard's int64 index tensors once a training step has built them all: node and
-    edge ids, the rows it sends, and per block the CSR (indptr, source rows, source ids),
-    the destination of every edge and the transpose (permutation, rows, indptr). Each
-    derived graph (with self-loops, say) has its own, with about one edge per node more."""
-    def one(edges: int) -> int:
-        sent = sum(w.halo)  # rows peers read from us are about the rows we read from them
-        blocks = len(w.block_edges)
-        sources = w.nodes + sum(w.halo)
-        return 8 * (w.nodes + edges + sent + blocks * (w.nodes + 1) + 4 * edges + 2 * sources + blocks)
-
-    return one(w.edges) + sum(one(w.edges - w.self_loops + w.nodes) for _ in derived)
+    edge ids, the rows it sends, and per block the CSR (indptr, source rows, remote source
+    ids), the destination of every edge and the transpose (permutation, rows, indptr).
+    A derived graph (with self-loops, say) shares the remote blocks and adds a local block
+    with one self-loop per node, and its own edge ids."""
+    blocks, halo = len(w.block_edges), sum(w.halo)
+    sent = halo  # the rows peers read from us: about as many as we read from them
+    base = w.nodes + w.edges + sent + blocks * (w.nodes + 1) + 4 * w.edges + halo + (w.nodes + halo + blocks)
+    local = w.block_edges[r] - w.self_loops + w.nodes if w.block_edges else w.nodes
+    extra = 2 * (w.nodes + 1) + 4 * local + (w.edges - w.self_loops + w.nodes)
+    return 8 * (base + len(derived) * extra)
 
 
 def _workspace(w: WorkerStats, comm: list, r: int) -> int:

@@ -119,3 +119,46 @@ def test_plan_lists_each_generated_kernel_with_its_source():
     # one source per kernel, with the ops that use it
     text = plan.kernel_sources()
     assert text.count("# =====") == len({k.name for k in plan.kernels})
+
+
+def test_a_manifest_without_block_sizes_is_planned_from_its_part_files(tmp_path):
+    """Manifests record each part's self-loops and block sizes, so planning reads no part
+    file; one written before they were recorded is planned from the parts, alike."""
+    import json
+
+    g = _graph()
+    x = torch.randn(g.num_nodes, 8)
+    sc.partition(g, 3, tmp_path, node_data={"x": x}, method="contiguous")
+    model = sc.distribute(Small())
+    new = str(model.plan(tmp_path))
+    path = tmp_path / "manifest.json"
+    manifest = json.loads(path.read_text())
+    for part in manifest["parts"]:
+        del part["self_loops"], part["block_edges"]
+    path.write_text(json.dumps(manifest))
+    assert str(model.plan(tmp_path)) == new
+
+
+def test_graph_estimate_counts_the_index_tensors_a_step_builds():
+    """The plan's ``graph`` term against the bytes of every index tensor a worker's shard
+    holds after a training step (its blocks' CSR, destinations, transpose; ids)."""
+    from sarcompile.shard import ShardGraph, split_graph
+
+    gen = torch.Generator().manual_seed(3)
+    n = 400
+    g = sc.Graph.from_edges(torch.randint(0, n, (3000,), generator=gen), torch.randint(0, n, (3000,), generator=gen), n)
+    assignment = torch.randint(0, 3, (n,), generator=gen)
+    model = sc.distribute(Small())
+    plan = model.plan(g, 3, x=torch.zeros(1, 8), method=assignment)
+    parts = split_graph(g, assignment, 3)
+    for r, part in enumerate(parts):
+        shard = ShardGraph.from_part(part, r, 3, n, g.num_edges)
+        tensors = []
+        for graph in (shard, shard.with_self_loops()):  # GAT and GCN add self-loops
+            for b in graph.blocks:  # what spmm, its transpose and the attention read
+                b.row, b.transpose_perm, b.transpose_row, b.transpose_indptr
+            tensors += [graph.global_ids, graph.edge_ids, *graph.send_index]
+            tensors += [t for b in graph.blocks for t in vars(b).values() if isinstance(t, torch.Tensor)]
+        held = sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}.values())
+        estimated = plan.memory_estimate()[r].breakdown["graph"]
+        assert 0.9 * held <= estimated <= 1.1 * held, (r, held, estimated)  # (sent rows are approximated)
