@@ -111,7 +111,10 @@ class Block:
     def sparse_t(self, weight: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
         """The transposed block, ``[num_src, num_dst]`` sparse CSR."""
         perm = self.transpose_perm
-        values = torch.ones(self.num_edges, dtype=dtype, device=self.col.device) if weight is None else weight[perm].to(dtype)
+        if weight is None:
+            values = torch.ones(self.num_edges, dtype=dtype, device=self.col.device)
+        else:  # (index_select: about twice as fast as weight[perm] on a CPU)
+            values = weight.index_select(0, perm).to(dtype)
         return csr_tensor(self.transpose_indptr, self.transpose_row, values, (self.num_src, self.num_dst))
 
 

@@ -128,7 +128,7 @@ class _SarSpmm(torch.autograd.Function):
             if reduce == "max":
                 return K.max_grad(pos[0], g, offsets[q], block.num_src)
             if per_edge:
-                return K.spmm_t(block, g, (1.0 / shard.in_degrees().clamp(min=1).to(g.dtype))[block.row])
+                return K.spmm_t(block, g, (1.0 / shard.in_degrees().clamp(min=1).to(g.dtype)).index_select(0, block.row))
             return K.spmm_t(block, g, _edge_slice(weight, shard, q))
 
         # The local block's gradient is the buffer the peers' pushes add into: no zeroed copy.
