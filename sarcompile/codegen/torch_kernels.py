@@ -59,25 +59,28 @@ def spmm(block: Block, x: torch.Tensor, weight: torch.Tensor | None) -> torch.Te
         out = _csr_mm(block.sparse(weight, x.dtype), _flat(x))
         return out if x.dim() == 2 else out.reshape(block.num_dst, *x.shape[1:])  # (2-D: no view, see passes/inplace)
     if _per_head(weight, x):
-        return _heads(lambda k: _csr_mm(block.sparse(weight[:, k], x.dtype), x[:, k]),
+        return _heads(lambda k, out: _csr_mm(block.sparse(weight[:, k], x.dtype), x[:, k], out),
                       x.new_empty((block.num_dst, *x.shape[1:])))
     # Other broadcasts: materialise one message per edge.
     msg = x[block.col] * weight.reshape(*weight.shape, *([1] * (x.dim() - weight.dim())))
     return x.new_zeros((block.num_dst, *x.shape[1:])).index_add_(0, block.row, msg)
 
 
-def _csr_mm(a: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """``a @ x`` for a sparse CSR ``a``, into a fresh buffer: ``@`` zero-fills its output
-    and copies the product into it, a quarter of the time of the product itself (beta=0
-    ignores the buffer's contents, NaN included)."""
-    return torch.addmm(x.new_empty((a.shape[0], x.shape[1])), a, x, beta=0.0)
+def _csr_mm(a: torch.Tensor, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``a @ x`` for a sparse CSR ``a``, written into ``out`` (a fresh buffer if None; a
+    strided view is fine): ``@`` zero-fills its output and copies the product into it, a
+    quarter of the time of the product itself (beta=0 ignores the buffer's contents)."""
+    if torch.is_grad_enabled() and (a.requires_grad or x.requires_grad):  # differentiated through: no out=
+        return a @ x if out is None else out.copy_(a @ x)
+    out = x.new_empty((a.shape[0], x.shape[1])) if out is None else out
+    return torch.addmm(out, a, x, beta=0.0, out=out)
 
 
 def _heads(one, out: torch.Tensor) -> torch.Tensor:
-    """``out[:, k] = one(k)`` for every head: one head's rows alive at a time, not all of
-    them and their stack."""
+    """``one(k, out[:, k])`` writes head ``k``'s rows into the output for every head: no
+    per-head buffers, no stack."""
     for k in range(out.shape[1]):
-        out[:, k] = one(k)
+        one(k, out[:, k])
     return out
 
 
@@ -88,7 +91,7 @@ def spmm_t(block: Block, g: torch.Tensor, weight: torch.Tensor | None) -> torch.
         out = _csr_mm(block.sparse_t(weight, g.dtype), _flat(g))
         return out if g.dim() == 2 else out.reshape(block.num_src, *g.shape[1:])
     if _per_head(weight, g):
-        return _heads(lambda k: _csr_mm(block.sparse_t(weight[:, k], g.dtype), g[:, k]),
+        return _heads(lambda k, out: _csr_mm(block.sparse_t(weight[:, k], g.dtype), g[:, k], out),
                       g.new_empty((block.num_src, *g.shape[1:])))
     msg = g[block.row] * weight.reshape(*weight.shape, *([1] * (g.dim() - weight.dim())))
     return g.new_zeros((block.num_src, *g.shape[1:])).index_add_(0, block.col, msg)
