@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from oracle import check_same
 from torch import fx, nn
 
 import sarcompile as sc
@@ -43,15 +44,6 @@ def targets(gm: fx.GraphModule) -> list:
     return [n.target for n in gm.graph.nodes if n.op == "call_function"]
 
 
-def run(fn, model, g, x):
-    xg = x.clone().requires_grad_()
-    out = fn(g, xg)
-    (out * torch.cos(torch.arange(out.numel(), dtype=DT)).reshape(out.shape)).sum().backward()
-    grads = [xg.grad] + [p.grad.clone() for p in model.parameters()]
-    model.zero_grad()
-    return out.detach(), grads
-
-
 def test_free_temporaries_are_written_and_nothing_else():
     torch.manual_seed(0)
     model = Layer().to(DT)
@@ -65,11 +57,7 @@ def test_free_temporaries_are_written_and_nothing_else():
     assert adds == ["l", "s", "add_3", "add_4", "add_5"], gm.code
     for seed in range(3):
         g = graph(seed)
-        x = torch.randn(g.num_nodes, 5, dtype=DT)
-        (want, want_grads), (got, got_grads) = run(model, model, g, x), run(gm, model, g, x)
-        torch.testing.assert_close(got, want)
-        for a, b in zip(got_grads, want_grads):
-            torch.testing.assert_close(a, b)
+        check_same(model, gm, g, torch.randn(g.num_nodes, 5, dtype=DT))
 
 
 def test_helpers_fall_back_out_of_place():
@@ -97,8 +85,4 @@ def test_compiled_model_with_an_empty_graph():
     model = Layer().to(DT)
     g = sc.Graph.from_edges(torch.tensor([], dtype=torch.long), torch.tensor([], dtype=torch.long), 4)
     x = torch.randn(4, 5, dtype=DT)
-    compiled = sc.distribute(model)
-    (want, want_grads), (got, got_grads) = run(model, model, g, x), run(compiled, model, g, x)
-    torch.testing.assert_close(got, want)
-    for a, b in zip(got_grads, want_grads):
-        torch.testing.assert_close(a, b)
+    check_same(model, sc.distribute(model), g, x)

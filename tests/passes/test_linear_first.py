@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from oracle import check_same
 from torch import fx, nn
 
 import sarcompile as sc
@@ -69,21 +70,6 @@ class Left(nn.Module):
 def spmm_widths(gm: fx.GraphModule) -> list[str]:
     """What each aggregation reads: the traced input's name."""
     return [n.args[1].name for n in gm.graph.nodes if n.op == "call_function" and n.target is sc.ops.spmm]
-
-
-def check_same(model: nn.Module, gm: fx.GraphModule, g: sc.Graph, x: torch.Tensor) -> None:
-    def run(fn):
-        xg = x.clone().requires_grad_()
-        out = fn(g, xg)
-        (out * torch.cos(torch.arange(out.numel(), dtype=DT)).reshape(out.shape)).sum().backward()
-        grads = [xg.grad] + [p.grad.clone() for p in model.parameters()]
-        model.zero_grad()
-        return out.detach(), grads
-
-    (want, want_grads), (got, got_grads) = run(model), run(gm)
-    torch.testing.assert_close(got, want)
-    for a, b in zip(got_grads, want_grads):
-        torch.testing.assert_close(a, b)
 
 
 @pytest.mark.parametrize("reduce", ["mean", "sum"])
