@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from .opdef import EDGE_CHUNK_ELEMENTS
+
 __all__ = ["edge_keep", "mix32", "uniform"]
 
 _MASK32 = 0xFFFFFFFF
@@ -33,6 +35,12 @@ def uniform(keys: torch.Tensor, salt: torch.Tensor) -> torch.Tensor:
 
 def edge_keep(edge_ids: torch.Tensor, heads: int, p: float, salt: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Dropout multiplier ``[E, heads]`` (0 or 1/(1-p)) keyed by global edge id and head, so
-    every worker draws the same mask for an edge and backward draws it again."""
-    keys = edge_ids.unsqueeze(1) * heads + torch.arange(heads)
-    return (uniform(keys, salt) >= p).to(dtype) / (1.0 - p)
+    every worker draws the same mask for an edge and backward draws it again. Hashed
+    :data:`~sarcompile.opdef.EDGE_CHUNK_ELEMENTS` entries at a time: the int64 keys and
+    hash temporaries of every edge at once would be several times the mask itself."""
+    out = torch.empty((edge_ids.numel(), heads), dtype=dtype, device=salt.device)
+    step = max(1, EDGE_CHUNK_ELEMENTS // max(heads, 1))
+    for lo in range(0, edge_ids.numel(), step):
+        keys = edge_ids[lo : lo + step].unsqueeze(1) * heads + torch.arange(heads)
+        out[lo : lo + step] = (uniform(keys, salt) >= p).to(dtype) / (1.0 - p)
+    return out
