@@ -26,15 +26,7 @@ import torch
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
-from sarcompile.runtime.memory import floor_bytes, malloc_stats  # noqa: E402  (torch 2.2 too: no DGL import)
-
-
-def _status(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError(f"no {field} in /proc/self/status")
+from sarcompile.runtime.memory import floor_bytes, malloc_stats, status_bytes  # noqa: E402  (torch 2.2 too: no DGL import)
 
 
 def _tensor_bytes(tensors) -> int:
@@ -108,7 +100,7 @@ def run_dgl(a) -> list[dict]:
 
     times, losses = _train(step, a.epochs)
     return [{"engine": "dgl", "rank": 0, "world": 1, "floor_bytes": floor,
-             "peak_above_floor_bytes": _status("VmHWM") - floor, "epoch_s": statistics.median(times),
+             "peak_above_floor_bytes": status_bytes("VmHWM") - floor, "epoch_s": statistics.median(times),
              "losses": losses, "threads": torch.get_num_threads(), "torch": torch.__version__}]
 
 
@@ -165,7 +157,7 @@ def run_sarcompile(a) -> list[dict]:
     floor = floor_bytes()
     part = sc.load_partition(a.parts)
     x, y = part.node_data["x"], part.node_data["y"]
-    loaded = _status("VmRSS") - floor
+    loaded = status_bytes("VmRSS") - floor
     manifest = read_manifest(a.parts)
     torch.manual_seed(0)
     model = sc.distribute(sc_model(a.model, x.shape[1], a.hidden, a.classes))
@@ -204,7 +196,7 @@ def run_sarcompile(a) -> list[dict]:
     }
     ledger.update(malloc_stats())
     mine = {"engine": "sarcompile", "rank": rank, "world": world, "floor_bytes": floor,
-            "peak_above_floor_bytes": _status("VmHWM") - floor, "epoch_s": statistics.median(times),
+            "peak_above_floor_bytes": status_bytes("VmHWM") - floor, "epoch_s": statistics.median(times),
             "losses": losses, "threads": torch.get_num_threads(), "torch": torch.__version__,
             "ledger": ledger, "estimate": {"peak_bytes": estimate.peak_bytes, **estimate.breakdown},
             "num_nodes": manifest.num_nodes}

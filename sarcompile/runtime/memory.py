@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["MemoryProbe", "floor_bytes", "malloc_stats", "release_free", "tune_allocator"]
+__all__ = ["MemoryProbe", "floor_bytes", "malloc_stats", "release_free", "status_bytes", "tune_allocator"]
 
 # mallopt parameters (malloc.h)
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
@@ -38,7 +38,7 @@ _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
 MMAP_THRESHOLD = 64 << 10
 
 
-def _status_bytes(field: str) -> int:
+def status_bytes(field: str) -> int:
     with open("/proc/self/status") as f:
         for line in f:
             if line.startswith(field + ":"):
@@ -56,7 +56,7 @@ def floor_bytes() -> int:
     torch.optim.Adam([p], lr=0.1).step()
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")
-    return _status_bytes("VmRSS")
+    return status_bytes("VmRSS")
 
 
 @dataclass
@@ -75,7 +75,7 @@ class MemoryProbe:
         else:
             with open("/proc/self/clear_refs", "w") as f:
                 f.write("5")
-            self.start_bytes = _status_bytes("VmRSS")
+            self.start_bytes = status_bytes("VmRSS")
         return self
 
     def __exit__(self, *exc) -> None:
@@ -83,7 +83,7 @@ class MemoryProbe:
             torch.cuda.synchronize()
             self.peak_bytes = torch.cuda.max_memory_allocated()
         else:
-            self.peak_bytes = _status_bytes("VmHWM")
+            self.peak_bytes = status_bytes("VmHWM")
 
     @property
     def added_bytes(self) -> int:
