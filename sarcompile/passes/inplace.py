@@ -30,7 +30,7 @@ from torch import nn
 from .. import ops
 from .context import CompileOptions
 
-__all__ = ["add_into", "elu_into", "inplace", "relu_into"]
+__all__ = ["activation", "add_into", "elu_into", "inplace", "relu_into"]
 
 _ADD = (operator.add, torch.add)
 
@@ -75,17 +75,22 @@ def _free(gm: fx.GraphModule, node, user: fx.Node) -> bool:
     return isinstance(node, fx.Node) and list(node.users) == [user] and _fresh(gm, node)
 
 
-def _activation(gm: fx.GraphModule, node: fx.Node) -> tuple[str, fx.Node, float] | None:
-    """(kind, input, alpha) for relu and elu applied out of place."""
+def activation(gm: fx.GraphModule, node: fx.Node) -> tuple[str, fx.Node, float, bool] | None:
+    """(kind, input, alpha, in place) for relu and elu: applied out of place, or written
+    into their input by this pass's helpers."""
+    if node.op == "call_function" and node.target is relu_into:
+        return "relu", node.args[0], 0.0, True
+    if node.op == "call_function" and node.target is elu_into:
+        return "elu", node.args[0], float(node.args[1]), True
     if node.op == "call_module" and type(gm.get_submodule(node.target)) is nn.ReLU:
-        return ("relu", node.args[0], 0.0) if not gm.get_submodule(node.target).inplace else None
+        return ("relu", node.args[0], 0.0, False) if not gm.get_submodule(node.target).inplace else None
     if node.op != "call_function" or not node.args:
         return None
     if node.target in (torch.relu, F.relu) and len(node.args) == 1 and not node.kwargs.get("inplace"):
-        return "relu", node.args[0], 0.0
+        return "relu", node.args[0], 0.0, False
     if node.target is F.elu and len(node.args) == 1 and not node.kwargs.get("inplace"):
         alpha = node.kwargs.get("alpha", 1.0)
-        return ("elu", node.args[0], float(alpha)) if isinstance(alpha, (int, float)) and alpha > 0 else None
+        return ("elu", node.args[0], float(alpha), False) if isinstance(alpha, (int, float)) and alpha > 0 else None
     return None
 
 
@@ -99,10 +104,10 @@ def inplace(gm: fx.GraphModule, ctx: CompileOptions | None = None) -> fx.GraphMo
             if a is not b and _free(gm, a, node):
                 node.target, node.args = add_into, (a, b)
             continue
-        act = _activation(gm, node)
-        if act is None or not _free(gm, act[1], node):
+        act = activation(gm, node)
+        if act is None or act[3] or not _free(gm, act[1], node):
             continue
-        kind, x, alpha = act
+        kind, x, alpha, _ = act
         with graph.inserting_before(node):
             new = graph.call_function(relu_into, (x,)) if kind == "relu" else graph.call_function(elu_into, (x, alpha))
         new.meta.update(node.meta)

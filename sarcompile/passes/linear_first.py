@@ -30,10 +30,10 @@ from torch import nn
 from .. import ops
 from .context import CompileOptions
 
-__all__ = ["linear_first"]
+__all__ = ["linear_first", "linear_of"]
 
 
-def _linear(gm: fx.GraphModule, node: fx.Node, x: fx.Node) -> tuple[fx.Node | str, fx.Node | str | None, int, int] | None:
+def linear_of(gm: fx.GraphModule, node: fx.Node, x: fx.Node) -> tuple[fx.Node | str, fx.Node | str | None, int, int] | None:
     """(weight, bias, in, out) if ``node`` is a linear layer applied to ``x`` alone; the
     weight and bias as attribute paths (modules) or the nodes given to F.linear."""
     if node.op == "call_module" and node.args == (x,) and not node.kwargs:
@@ -64,7 +64,7 @@ def linear_first(gm: fx.GraphModule, ctx: CompileOptions | None = None) -> fx.Gr
         if a["reduce"] not in ("sum", "mean") or a["edge_weight"] is not None or len(agg.users) != 1:
             continue
         (user,) = agg.users
-        found = _linear(gm, user, agg)
+        found = linear_of(gm, user, agg)
         if found is None or found[3] > found[2]:
             continue
         weight, bias, _, _ = found
