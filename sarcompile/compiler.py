@@ -39,6 +39,7 @@ from .passes.fuse import fuse
 from .passes.inplace import inplace
 from .passes.kernels import kernels
 from .passes.linear_first import linear_first
+from .passes.linear_groups import linear_groups
 from .passes.lower import lower
 from .passes.partition import partition
 from .passes.residency import GRAPH_NAMES, listing, residency
@@ -155,7 +156,7 @@ def compile_program(model: nn.Module, options: CompileOptions, partitioned: bool
     passes = [("lower", lower), ("fuse", fuse), ("linear_first", linear_first), ("residency", check)]
     if partitioned:
         passes += [("partition", partition), ("strategy", strategy), ("communication", communication)]
-    passes += [("kernels", kernels), ("inplace", inplace)]
+    passes += [("kernels", kernels), ("inplace", inplace), ("linear_groups", linear_groups)]
     for name, run in passes:
         gm = run(gm, options)
         stages.append((name, listing(gm) if run is check else gm.code))

@@ -1,0 +1,208 @@
+"""Pass ``linear_groups``: the linear layers that read one value, and the activation
+that made it, as one autograd op.
+
+Contract. Expects the GraphModule after ``inplace``. Finds every value ``h`` read by
+linear layers (nn.Linear, or F.linear of a parameter) -- by two or more, or by one when
+``h`` is a relu or elu whose result nothing else reads but its shape -- and rewrites
+
+    h = act(p);  y_i = linear(h, W_i, b_i)        (act: relu, elu or none)
+
+as ``(h,) y_1, ..., y_k = linear_group(p, act, ...)``, the same values (the activation
+in place exactly where ``inplace`` had put it in place). What changes is backward's
+memory. Autograd gives the input's gradient one ``[n, in]`` buffer per linear, adds
+them, and makes one more for the activation's derivative; here they all land in one
+buffer, scaled by the derivative in place. And an output whose one reader is an
+aggregation (``spmm``, whose backward returns a fresh buffer nobody else holds) *donates*
+that gradient: when it has the input's shape, the input's gradient is written into it,
+a bounded block of rows at a time. A SAGE layer's backward then holds two ``[n, F]``
+buffers where autograd held four.
+
+Off the fused path -- no gradient wanted, autocast, inputs that are not plain 2-D
+strided tensors -- the helper runs the plain ops, as before the pass.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+import torch.fx as fx
+import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
+
+from .. import ops
+from ..vocab import Residency
+from .context import CompileOptions
+from .inplace import activation, elu_into, relu_into
+from .linear_first import linear_of
+
+__all__ = ["linear_group", "linear_groups"]
+
+ROW_BLOCK_BYTES = 1 << 23  # rows of the gradient rewritten at once in a donated buffer (8 MiB)
+
+
+def _autocasting() -> bool:
+    try:
+        return torch.is_autocast_enabled("cpu") or torch.is_autocast_enabled()
+    except TypeError:  # torch < 2.4: no device argument
+        return torch.is_autocast_cpu_enabled() or torch.is_autocast_enabled()
+
+
+def _act(p: torch.Tensor, act: str, alpha: float, in_place: bool) -> torch.Tensor:
+    if act == "relu":
+        return relu_into(p) if in_place else torch.relu(p)
+    if act == "elu":
+        return elu_into(p, alpha) if in_place else F.elu(p, alpha)
+    return p
+
+
+def _derivative_into(grad: torch.Tensor, h: torch.Tensor, act: str, alpha: float) -> None:
+    """``grad *= act'``, read from the activation's result ``h`` by torch's own backward
+    kernels (the ones autograd runs), written over ``grad``."""
+    if act == "relu":
+        torch.ops.aten.threshold_backward.grad_input(grad, h, 0, grad_input=grad)
+    elif act == "elu":
+        torch.ops.aten.elu_backward.grad_input(grad, alpha, 1, 1, True, h, grad_input=grad)
+
+
+def _row_blocks(rows: int, width: int, itemsize: int):
+    step = max(1, ROW_BLOCK_BYTES // max(1, width * itemsize))
+    for lo in range(0, rows, step):
+        yield slice(lo, min(lo + step, rows))
+
+
+class _LinearGroup(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, p, act: str, alpha: float, in_place: bool, donated: tuple[bool, ...], *params):
+        ctx.set_materialize_grads(False)
+        h = _act(p, act, alpha, in_place)
+        if h is p and act != "none":
+            ctx.mark_dirty(p)
+        weights, biases = params[0::2], params[1::2]
+        outs = tuple(F.linear(h, w, b) for w, b in zip(weights, biases))
+        ctx.save_for_backward(h, *weights)
+        ctx.act, ctx.alpha, ctx.donated = act, alpha, donated
+        ctx.has_bias = tuple(b is not None for b in biases)
+        return (h, *outs) if act != "none" else outs
+
+    @staticmethod
+    @once_differentiable  # in-place ops on the gradients: refuse double backward clearly
+    def backward(ctx, *grads):
+        h, *weights = ctx.saved_tensors
+        gys = grads[1:] if ctx.act != "none" else grads  # h's own gradient: nothing reads h but the group
+        param_grads = []
+        for i, (g, w, has_b) in enumerate(zip(gys, weights, ctx.has_bias)):
+            want_w, want_b = ctx.needs_input_grad[5 + 2 * i], has_b and ctx.needs_input_grad[6 + 2 * i]
+            param_grads.append(g.t().mm(h) if g is not None and want_w else None)
+            param_grads.append(g.sum(0) if g is not None and want_b else None)
+        live = [(i, g, w) for i, (g, w) in enumerate(zip(gys, weights)) if g is not None]
+        if not ctx.needs_input_grad[0] or not live:
+            return (None, None, None, None, None, *param_grads)
+        # After the parameters' gradients: a donated buffer is overwritten from here on
+        into = next((g for i, g, _ in live if ctx.donated[i] and g.shape == h.shape and g.dtype == h.dtype
+                     and g.is_contiguous() and g._base is None), None)
+        if into is None:
+            gp = None
+            for _, g, w in live:
+                gp = g.mm(w) if gp is None else gp.addmm_(g, w)
+            for r in _row_blocks(h.shape[0], h.shape[1], h.element_size()) if ctx.act != "none" else ():
+                _derivative_into(gp[r], h[r], ctx.act, ctx.alpha)
+            return (gp, None, None, None, None, *param_grads)
+        for r in _row_blocks(h.shape[0], h.shape[1], h.element_size()):
+            block = None
+            for _, g, w in live:
+                block = g[r].mm(w) if block is None else block.addmm_(g[r], w)
+            _derivative_into(block, h[r], ctx.act, ctx.alpha)
+            into[r] = block  # rows r of `into` are read above, before this write
+        return (into, None, None, None, None, *param_grads)
+
+
+def linear_group(p: torch.Tensor, act: str, alpha: float, in_place: bool, donated: tuple[bool, ...], *params):
+    """``h = act(p)`` and ``F.linear(h, W_i, b_i)`` for ``params = (W_1, b_1, W_2, ...)``:
+    ``(h, y_1, ...)``, or ``(y_1, ...)`` when ``act`` is ``"none"``. ``donated[i]``: the
+    gradient of ``y_i`` is a buffer nobody else holds (the pass proved it)."""
+    tensors = [p, *(t for t in params if t is not None)]
+    fused = (
+        torch.is_grad_enabled()
+        and any(t.requires_grad for t in tensors)
+        and not _autocasting()
+        and all(t.layout is torch.strided and t.dtype == p.dtype and t.device == p.device for t in tensors)
+        and p.dim() == 2
+    )
+    if fused:
+        return _LinearGroup.apply(p, act, alpha, in_place, donated, *params)
+    h = _act(p, act, alpha, in_place)
+    outs = tuple(F.linear(h, w, b) for w, b in zip(params[0::2], params[1::2]))
+    return (h, *outs) if act != "none" else outs
+
+
+def _param(gm: fx.GraphModule, ref) -> str | None:
+    """The attribute path of a weight or bias given as a path or a get_attr node."""
+    if isinstance(ref, str):
+        return ref
+    return ref.target if isinstance(ref, fx.Node) and ref.op == "get_attr" else None
+
+
+def _donates(node: fx.Node) -> bool:
+    """Whether ``node``'s gradient arrives as a fresh buffer nobody else holds: its one
+    reader is an aggregation of it (spmm's backward returns a new tensor for ``x``)."""
+    if len(node.users) != 1:
+        return False
+    (user,) = node.users
+    if user.op != "call_function" or user.target is not ops.spmm:
+        return False
+    a = ops.registry()[ops.spmm].bind(user.args, user.kwargs)
+    return a["x"] is node and a["reduce"] in ("sum", "mean", "max")
+
+
+def _shape_only(node: fx.Node) -> bool:
+    """Whether ``node`` reads only its input's shape (``h.size(0)``, ``h.shape``, ``h.dim()``)."""
+    if node.op == "call_method":
+        return node.target in ("size", "dim")
+    return node.op == "call_function" and node.target is getattr and node.args[1:] in (("shape",), ("ndim",))
+
+
+def linear_groups(gm: fx.GraphModule, ctx: CompileOptions | None = None) -> fx.GraphModule:
+    graph = gm.graph
+    for h in list(graph.nodes):
+        if h.graph is not graph or h.op == "output":  # erased by an earlier rewrite
+            continue
+        found = [(u, linear_of(gm, u, h)) for u in h.users]
+        lins = [(u, f) for u, f in found if f is not None and _param(gm, f[0]) is not None
+                and (f[1] is None or _param(gm, f[1]) is not None)]
+        shapes = [u for u in h.users if _shape_only(u)]
+        act = activation(gm, h)
+        fuse_act = act is not None and lins and len(lins) + len(shapes) == len(h.users)
+        if not fuse_act and len(lins) < 2:
+            continue
+        kind, src, alpha, in_place = act if fuse_act else ("none", h, 0.0, False)
+        order = {n: i for i, n in enumerate(graph.nodes)}
+        first = min([u for u, _ in lins] + (shapes if fuse_act else []), key=order.__getitem__)
+        with graph.inserting_before(first):
+            params = []
+            for _, (w, b, _, _) in lins:
+                params += [graph.get_attr(_param(gm, t)) if t is not None else None for t in (w, b)]
+            for node in filter(None, params):
+                node.meta["residency"] = Residency.PARAM
+            donated = tuple(_donates(u) for u, _ in lins)
+            group = graph.call_function(linear_group, (src, kind, alpha, in_place, donated, *params))
+            offset = 1 if fuse_act else 0
+            outs = [graph.call_function(operator.getitem, (group, i + offset)) for i in range(len(lins))]
+            if fuse_act:  # what reads only h's shape reads the group's h
+                h_out = graph.call_function(operator.getitem, (group, 0))
+                h_out.meta.update(h.meta)
+                h.replace_all_uses_with(h_out, delete_user_cb=lambda u: u in shapes)
+        group.meta.update(lins[0][0].meta)
+        for (u, _), out in zip(lins, outs):
+            out.meta.update(u.meta)
+            u.replace_all_uses_with(out)
+            graph.erase_node(u)
+        if fuse_act:
+            graph.erase_node(h)
+        for _, (w, b, _, _) in lins:  # F.linear's own get_attr nodes, now read by nobody
+            for old in (w, b):
+                if isinstance(old, fx.Node) and not old.users:
+                    graph.erase_node(old)
+    graph.lint()
+    gm.recompile()
+    return gm
