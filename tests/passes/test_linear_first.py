@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from oracle import check_same
+from oracle import Sage, check_same
 from torch import fx, nn
 
 import sarcompile as sc
@@ -26,20 +26,6 @@ def graph(seed: int, n: int = 17, e: int = 60) -> sc.Graph:
     src, dst = torch.randint(0, n - 3, (e,), generator=gen), torch.randint(0, n - 3, (e,), generator=gen)
     src, dst = torch.cat([src, src[:5], torch.arange(4)]), torch.cat([dst, dst[:5], torch.arange(4)])
     return sc.Graph.from_edges(src, dst, n)
-
-
-class Sage(nn.Module):
-    def __init__(self, dims: list[int], reduce: str = "mean", bias: bool = True):
-        super().__init__()
-        self.reduce = reduce
-        self.lin_l = nn.ModuleList(nn.Linear(a, b, bias=bias) for a, b in zip(dims, dims[1:]))
-        self.lin_r = nn.ModuleList(nn.Linear(a, b, bias=False) for a, b in zip(dims, dims[1:]))
-
-    def forward(self, g, x):
-        for i, (l, r) in enumerate(zip(self.lin_l, self.lin_r)):
-            x = l(sc.ops.spmm(g, x, self.reduce)) + r(x)
-            x = torch.relu(x) if i < len(self.lin_l) - 1 else x
-        return x
 
 
 class Functional(nn.Module):

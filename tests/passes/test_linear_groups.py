@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from oracle import check_same
+from oracle import Sage, check_same
 from torch import fx, nn
 
 import sarcompile as sc
@@ -45,20 +45,6 @@ def graph(seed: int, n: int = 17, e: int = 60) -> sc.Graph:
     src, dst = torch.randint(0, n - 3, (e,), generator=gen), torch.randint(0, n - 3, (e,), generator=gen)
     src, dst = torch.cat([src, src[:5], torch.arange(4)]), torch.cat([dst, dst[:5], torch.arange(4)])
     return sc.Graph.from_edges(src, dst, n)
-
-
-class Sage(nn.Module):
-    def __init__(self, dims: list[int], reduce: str = "mean", act=torch.relu):
-        super().__init__()
-        self.reduce, self.act = reduce, act
-        self.lin_l = nn.ModuleList(nn.Linear(a, b) for a, b in zip(dims, dims[1:]))
-        self.lin_r = nn.ModuleList(nn.Linear(a, b, bias=False) for a, b in zip(dims, dims[1:]))
-
-    def forward(self, g, x):
-        for i, (l, r) in enumerate(zip(self.lin_l, self.lin_r)):
-            x = l(sc.ops.spmm(g, x, self.reduce)) + r(x)
-            x = self.act(x) if i < len(self.lin_l) - 1 else x
-        return x
 
 
 class Shared(nn.Module):
