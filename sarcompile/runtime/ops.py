@@ -120,6 +120,7 @@ class _SarSpmm(torch.autograd.Function):
         per_edge = reduce == "mean" and weight is None
         if reduce == "mean" and not per_edge:
             g = g / _bcast(shard.in_degrees(), g)
+        inv_deg = 1.0 / shard.in_degrees().clamp(min=1).to(g.dtype) if per_edge else None  # once, not per block
         offsets = _offsets(shard)
         kept = ctx.kept
 
@@ -128,7 +129,7 @@ class _SarSpmm(torch.autograd.Function):
             if reduce == "max":
                 return K.max_grad(pos[0], g, offsets[q], block.num_src)
             if per_edge:
-                return K.spmm_t(block, g, (1.0 / shard.in_degrees().clamp(min=1).to(g.dtype)).index_select(0, block.row))
+                return K.spmm_t(block, g, inv_deg.index_select(0, block.row))
             return K.spmm_t(block, g, _edge_slice(weight, shard, q))
 
         # The local block's gradient is the buffer the peers' pushes add into: no zeroed copy.
