@@ -75,15 +75,14 @@ class _LinearGroup(torch.autograd.Function):
     @staticmethod
     def forward(ctx, p, act: str, alpha: float, in_place: bool, donated: tuple[bool, ...], *params):
         ctx.set_materialize_grads(False)
-        h = _act(p, act, alpha, in_place)
+        out = _plain(p, act, alpha, in_place, params)
+        h = out[0] if act != "none" else p
         if h is p and act != "none":
             ctx.mark_dirty(p)
-        weights, biases = params[0::2], params[1::2]
-        outs = tuple(F.linear(h, w, b) for w, b in zip(weights, biases))
-        ctx.save_for_backward(h, *weights)
+        ctx.save_for_backward(h, *params[0::2])
         ctx.act, ctx.alpha, ctx.donated = act, alpha, donated
-        ctx.has_bias = tuple(b is not None for b in biases)
-        return (h, *outs) if act != "none" else outs
+        ctx.has_bias = tuple(b is not None for b in params[1::2])
+        return out
 
     @staticmethod
     @once_differentiable  # in-place ops on the gradients: refuse double backward clearly
@@ -131,6 +130,11 @@ def linear_group(p: torch.Tensor, act: str, alpha: float, in_place: bool, donate
     )
     if fused:
         return _LinearGroup.apply(p, act, alpha, in_place, donated, *params)
+    return _plain(p, act, alpha, in_place, params)
+
+
+def _plain(p: torch.Tensor, act: str, alpha: float, in_place: bool, params: tuple) -> tuple:
+    """The group's values, op by op: what it returns, fused or not."""
     h = _act(p, act, alpha, in_place)
     outs = tuple(F.linear(h, w, b) for w, b in zip(params[0::2], params[1::2]))
     return (h, *outs) if act != "none" else outs
@@ -168,8 +172,8 @@ def linear_groups(gm: fx.GraphModule, ctx: CompileOptions | None = None) -> fx.G
         if h.graph is not graph or h.op == "output":  # erased by an earlier rewrite
             continue
         found = [(u, linear_of(gm, u, h)) for u in h.users]
-        lins = [(u, f) for u, f in found if f is not None and _param(gm, f[0]) is not None
-                and (f[1] is None or _param(gm, f[1]) is not None)]
+        # (linear_of's weight is always a parameter; F.linear's bias may be computed)
+        lins = [(u, f) for u, f in found if f is not None and (f[1] is None or _param(gm, f[1]) is not None)]
         shapes = [u for u in h.users if _shape_only(u)]
         act = activation(gm, h)
         fuse_act = act is not None and lins and len(lins) + len(shapes) == len(h.users)
