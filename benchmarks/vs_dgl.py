@@ -12,9 +12,12 @@ process (benchmarks/vs_dgl_worker.py) and reports the peak resident size above i
 runs add a measured memory ledger per worker and the plan's estimate. Prints the table with
 ratios to DGL's one process; writes benchmarks/results/vs_dgl.json and vs_dgl.png.
 
-No allocator variables are set: this is the environment a user has (``--allocator lean``
-runs sarcompile with ``SARCOMPILE_MALLOC=lean``, see sarcompile.runtime.memory). Threads: the
-one process uses every core (``--threads``, default all); N workers split them (at least 1).
+By default no allocator variables are set: this is the environment a user has.
+``--allocator default tcmalloc`` runs everything twice, the second time with tcmalloc
+preloaded into DGL's and sarcompile's processes alike (``sarcompile allocator``); ratios
+compare runs with the same allocator. ``lean`` runs sarcompile with
+``SARCOMPILE_MALLOC=lean`` (see sarcompile.runtime.memory). Threads: the one process uses
+every core (``--threads``, default all); N workers split them (at least 1).
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ import tempfile
 from pathlib import Path
 
 import torch
+
+from sarcompile.runtime.memory import find_allocator
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -64,9 +69,24 @@ def run_one(cmd: list[str], out: Path, env: dict, timeout: float) -> list[dict] 
     return json.loads(out.read_text())
 
 
+def allocator_env(allocator: str) -> dict[str, str]:
+    """What a run with ``allocator`` adds to the environment: tcmalloc and jemalloc are
+    preloaded into every process (DGL's too: the same allocator on both sides); lean is
+    sarcompile's own setting (SARCOMPILE_MALLOC, ignored by DGL)."""
+    if allocator == "default":
+        return {}
+    if allocator == "lean":
+        return {"SARCOMPILE_MALLOC": "lean"}
+    path = find_allocator(allocator)
+    if path is None:
+        sys.exit(f"--allocator {allocator}: it is not installed here (python -m sarcompile allocator {allocator} "
+                 "says how to install it)")
+    return {"LD_PRELOAD": path}
+
+
 def measure(a: argparse.Namespace) -> list[dict]:
     threads = a.threads or os.cpu_count() or 1
-    base = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    base = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "LD_PRELOAD"}
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
@@ -79,27 +99,38 @@ def measure(a: argparse.Namespace) -> list[dict]:
             parts = tmp / f"parts{n}"
             subprocess.run([sys.executable, "-m", "sarcompile", "partition", "--edges", str(graph), "--parts", str(n),
                             "--out", str(parts)], check=True, capture_output=True, env=base)
-        for model in a.models:
-            out = tmp / "run.json"
-            if dgl:
-                env = {**base, "OMP_NUM_THREADS": str(threads), "DGLBACKEND": "pytorch",
-                       "PYTHONPATH": str(ROOT)}
-                rec = run_one([dgl, worker, "--engine", "dgl", "--model", model, "--graph", str(graph),
-                               "--out", str(out), *common], out, env, a.timeout)
-                if rec:
-                    rows.append({"engine": "dgl", "model": model, "workers": 1, "per_worker": rec})
-                    print(line(rows[-1]), flush=True)
-            for n in a.workers:
-                env = {**base, "OMP_NUM_THREADS": str(max(threads // n, 1)), "SARCOMPILE_MALLOC": a.allocator}
-                args = [worker, "--engine", "sarcompile", "--model", model, "--parts", str(tmp / f"parts{n}"),
-                        "--out", str(out), *common]
-                launch = [sys.executable] if n == 1 else [
-                    sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(n)]
-                rec = run_one(launch + args, out, env, a.timeout)
-                if rec:
-                    rows.append({"engine": "sarcompile", "model": model, "workers": n, "per_worker": rec})
-                    print(line(rows[-1]), flush=True)
+        for allocator in a.allocator:
+            extra = allocator_env(allocator)
+            for model in a.models:
+                out = tmp / "run.json"
+                tag = {"model": model, "allocator": allocator}
+                if dgl and allocator != "lean":
+                    env = {**base, **extra, "OMP_NUM_THREADS": str(threads), "DGLBACKEND": "pytorch",
+                           "PYTHONPATH": str(ROOT)}
+                    rec = run_one([dgl, worker, "--engine", "dgl", "--model", model, "--graph", str(graph),
+                                   "--out", str(out), *common], out, env, a.timeout)
+                    if rec:
+                        rows.append({"engine": "dgl", **tag, "workers": 1, "per_worker": rec})
+                        print(line(rows[-1]), flush=True)
+                for n in a.workers:
+                    env = {**base, **extra, "OMP_NUM_THREADS": str(max(threads // n, 1))}
+                    args = [worker, "--engine", "sarcompile", "--model", model, "--parts", str(tmp / f"parts{n}"),
+                            "--out", str(out), *common]
+                    launch = [sys.executable] if n == 1 else [
+                        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(n)]
+                    rec = run_one(launch + args, out, env, a.timeout)
+                    if rec:
+                        rows.append({"engine": "sarcompile", **tag, "workers": n, "per_worker": rec})
+                        print(line(rows[-1]), flush=True)
     return rows
+
+
+def reference(rows: list[dict], row: dict) -> dict | None:
+    """The DGL run a row is compared with: same model, same allocator (lean is
+    sarcompile's own setting, so its reference is DGL as a user runs it)."""
+    allocator = "default" if row["allocator"] == "lean" else row["allocator"]
+    return next((r for r in rows if r["engine"] == "dgl" and r["model"] == row["model"]
+                 and r["allocator"] == allocator), None)
 
 
 def peak(row: dict) -> int:
@@ -112,7 +143,7 @@ def epoch(row: dict) -> float:
 
 def line(row: dict) -> str:
     w = max(row["per_worker"], key=lambda w: w["peak_above_floor_bytes"])
-    text = f"{row['engine']:>10} {row['model']:>4} N={row['workers']}: peak {peak(row) / MiB:7.0f} MiB, " \
+    text = f"{row['engine']:>10} {row['model']:>4} {row['allocator']:>8} N={row['workers']}: peak {peak(row) / MiB:7.0f} MiB, " \
            f"epoch {epoch(row):6.2f} s"
     if "estimate" in w:
         text += f", estimate {w['estimate']['peak_bytes'] / MiB:.0f} MiB"
@@ -120,18 +151,19 @@ def line(row: dict) -> str:
 
 
 def table(rows: list[dict]) -> str:
-    """Markdown: one line per (model, engine, N), ratios to DGL's one process."""
-    out = ["| model | engine | workers | peak above floor (MiB, per worker) | vs DGL | epoch (s) | vs DGL "
-           "| plan estimate (MiB) | estimate / measured |", "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    """Markdown: one line per (model, allocator, engine, N), ratios to DGL's one process."""
+    out = ["| model | malloc | engine | workers | peak above floor (MiB, per worker) | vs DGL | epoch (s) | vs DGL "
+           "| plan estimate (MiB) | estimate / measured |",
+           "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for model in dict.fromkeys(r["model"] for r in rows):
-        ref = next((r for r in rows if r["model"] == model and r["engine"] == "dgl"), None)
         for r in (r for r in rows if r["model"] == model):
+            ref = reference(rows, r)
             w = max(r["per_worker"], key=lambda w: w["peak_above_floor_bytes"])
             est = w.get("estimate", {}).get("peak_bytes")
             mem_ratio = f"{peak(r) / peak(ref):.2f}x" if ref else "-"
             time_ratio = f"{epoch(r) / epoch(ref):.2f}x" if ref and r["workers"] == 1 else "-"
-            out.append(f"| {model} | {r['engine']} | {r['workers']} | {peak(r) / MiB:.0f} | {mem_ratio} | "
-                       f"{epoch(r):.2f} | {time_ratio} | {'-' if est is None else f'{est / MiB:.0f}'} | "
+            out.append(f"| {model} | {r['allocator']} | {r['engine']} | {r['workers']} | {peak(r) / MiB:.0f} | "
+                       f"{mem_ratio} | {epoch(r):.2f} | {time_ratio} | {'-' if est is None else f'{est / MiB:.0f}'} | "
                        f"{'-' if est is None else f'{est / peak(r):.2f}'} |")
     return "\n".join(out)
 
@@ -145,7 +177,7 @@ def ledger(rows: list[dict]) -> str:
         w = max(r["per_worker"], key=lambda w: w["peak_above_floor_bytes"])
         parts = ", ".join(f"{k} {v / MiB:.0f}" for k, v in w["ledger"].items())
         plan = ", ".join(f"{k} {v / MiB:.0f}" for k, v in w["estimate"].items())
-        out.append(f"{r['model']} N={r['workers']} (MiB) measured: {parts}\n    plan: {plan}")
+        out.append(f"{r['model']} {r['allocator']} N={r['workers']} (MiB) measured: {parts}\n    plan: {plan}")
     return "\n".join(out)
 
 
@@ -158,16 +190,19 @@ def plot(rows: list[dict], path: Path) -> None:
     models = list(dict.fromkeys(r["model"] for r in rows))
     fig, axes = plt.subplots(1, len(models), figsize=(5 * len(models), 3.5), squeeze=False)
     for ax, model in zip(axes[0], models):
-        ours = sorted((r["workers"], peak(r) / MiB) for r in rows if r["model"] == model and r["engine"] == "sarcompile")
-        ax.plot([p[0] for p in ours], [p[1] for p in ours], marker="o", label="sarcompile, per worker")
-        for r in rows:
-            if r["model"] == model and r["engine"] == "dgl":
-                ax.axhline(peak(r) / MiB, color="grey", linestyle="--", label="DGL, one process")
+        for allocator in dict.fromkeys(r["allocator"] for r in rows):
+            mine = [r for r in rows if r["model"] == model and r["allocator"] == allocator]
+            ours = sorted((r["workers"], peak(r) / MiB) for r in mine if r["engine"] == "sarcompile")
+            line_ = ax.plot([p[0] for p in ours], [p[1] for p in ours], marker="o",
+                            label=f"sarcompile ({allocator}), per worker")[0]
+            for r in mine:
+                if r["engine"] == "dgl":
+                    ax.axhline(peak(r) / MiB, color=line_.get_color(), linestyle="--", label=f"DGL ({allocator})")
         ax.set_xscale("log", base=2)
         ax.set_xlabel("workers")
         ax.set_ylabel("peak above floor (MiB)")
         ax.set_title(model)
-        ax.legend()
+        ax.legend(fontsize="small")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -184,8 +219,11 @@ def main() -> None:
     ap.add_argument("--workers", nargs="+", type=int, default=[1, 2, 4, 8])
     ap.add_argument("--epochs", type=int, default=5, help="timed epochs after one warm-up")
     ap.add_argument("--threads", type=int, default=0, help="threads of the one process (default: all cores)")
-    ap.add_argument("--allocator", choices=["default", "lean"], default="default",
-                    help="sarcompile's SARCOMPILE_MALLOC (lean: glibc returns large frees at once)")
+    ap.add_argument("--allocator", nargs="+", choices=["default", "tcmalloc", "jemalloc", "lean"],
+                    default=["default"],
+                    help="malloc of the runs, each in turn: default (glibc, as a user has it), tcmalloc or "
+                    "jemalloc (LD_PRELOAD'ed into DGL's and sarcompile's processes alike), lean "
+                    "(sarcompile's SARCOMPILE_MALLOC=lean)")
     ap.add_argument("--skip-dgl", action="store_true", help="sarcompile only (no DGL environment)")
     ap.add_argument("--timeout", type=float, default=1800)
     ap.add_argument("--out", default=str(RESULTS / "vs_dgl.json"))

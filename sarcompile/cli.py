@@ -6,6 +6,8 @@ instead, and ``--dgl-partition CONFIG.json --out DIR`` converts a partition made
 ``partition_graph`` (keeping its assignment). ``sarcompile partition --help`` lists the
 edge file formats.
 ``sarcompile plan MODULE:FACTORY --parts DIR`` prints what a model will do on them.
+``sarcompile allocator`` prints the path of tcmalloc's library, for
+``LD_PRELOAD=$(sarcompile allocator) torchrun ...``.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from .datasets import SUPPORTED, load_ogb
 from .errors import DatasetError, GraphError, PartitionError, SarcompileError
 from .graph import Graph
 from .partitioning import METHODS, partition, summary
+from .runtime import memory
 from .vocab import Mode
 
 __all__ = ["load_edge_file", "main"]
@@ -144,7 +147,35 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--dot", metavar="FILE", help="also write the plan as Graphviz source to FILE")
     p.set_defaults(run=_plan)
+
+    p = commands.add_parser(
+        "allocator",
+        help="print the path of an allocator library to LD_PRELOAD (less memory, faster epochs)",
+        description="Print the path of tcmalloc's (or jemalloc's) shared library, for "
+        "LD_PRELOAD=$(sarcompile allocator) torchrun ... : glibc's allocator keeps freed tensors' memory "
+        "resident in holes of its heap; tcmalloc reuses it (see the README's benchmarks).",
+    )
+    p.add_argument("name", nargs="?", choices=tuple(memory.ALLOCATORS), default="tcmalloc",
+                   help="which allocator (default: tcmalloc)")
+    p.set_defaults(run=_allocator)
     return parser
+
+
+_INSTALL = {
+    "tcmalloc": "Debian/Ubuntu: apt install libtcmalloc-minimal4; Fedora: dnf install gperftools-libs; "
+    "conda: conda install -c conda-forge gperftools",
+    "jemalloc": "Debian/Ubuntu: apt install libjemalloc2; Fedora: dnf install jemalloc; "
+    "conda: conda install -c conda-forge jemalloc",
+}
+
+
+def _allocator(args: argparse.Namespace) -> int:
+    path = memory.find_allocator(args.name)
+    if path is None:
+        raise SarcompileError(f"{args.name} is not installed here; install it ({_INSTALL[args.name]}), "
+                              f"or run without LD_PRELOAD (glibc's allocator: more memory held, same results)")
+    print(path)
+    return 0
 
 
 MODEL_SPEC = """\

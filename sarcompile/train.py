@@ -92,7 +92,7 @@ from .partitioning import _atomic_write, load_partition, read_manifest
 from .rundir import lock_dir, remove_stale_temps
 from .runtime import failure
 from .runtime.comm import global_max, global_sum, init, shutdown, stats, sync_gradients, timeout
-from .runtime.memory import MemoryProbe, floor_bytes
+from .runtime.memory import MemoryProbe, active_allocator, find_allocator, floor_bytes
 from .validate import check_node_data
 from .vocab import Compression, Mode
 
@@ -820,9 +820,20 @@ def _report(records: list[dict[str, Any]], probe: MemoryProbe, rank: int, world_
     for r in range(world_size):
         print(f"worker {r}: peak {mem[r, 0]:.0f} MiB above the imports (plan's estimate {mem[r, 1]:.0f} MiB), "
               f"+{mem[r, 2]:.0f} MiB during training", flush=True)
+    print(f"allocator: {_allocator_line()}", flush=True)
     if world_size > 1:  # one worker communicates nothing
         for r in range(world_size):
             print(f"worker {r}: per epoch {_traffic_line(records, r)}", flush=True)
+
+
+def _allocator_line() -> str:
+    """Which malloc the workers ran with, and how to run with tcmalloc when they did not."""
+    name = active_allocator()
+    if name != "glibc":
+        return name
+    hint = "LD_PRELOAD=$(sarcompile allocator) before torchrun" if find_allocator() else \
+        "install tcmalloc and LD_PRELOAD=$(sarcompile allocator)"
+    return f"glibc's malloc (it keeps freed memory in heap holes; {hint} for less memory, see README)"
 
 
 def _traffic_line(records: list[dict[str, Any]], rank: int) -> str:

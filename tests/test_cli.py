@@ -265,3 +265,20 @@ def test_dgl_partition_without_dgl_says_so(tmp_path, capsys):
 def test_parts_needed_without_dgl_partition(tmp_path, capsys):
     assert main(["partition", "--edges", "g.pt", "--out", str(tmp_path)]) == 2
     assert "--parts N is needed" in capsys.readouterr().err
+
+
+def test_allocator_command_prints_the_library_to_preload(monkeypatch, capsys):
+    monkeypatch.setattr("sarcompile.runtime.memory.find_allocator", lambda name: f"/opt/lib/lib{name}.so.4")
+    assert main(["allocator"]) == 0
+    assert capsys.readouterr().out == "/opt/lib/libtcmalloc.so.4\n"
+    assert main(["allocator", "jemalloc"]) == 0
+    assert capsys.readouterr().out == "/opt/lib/libjemalloc.so.4\n"
+
+
+def test_allocator_command_says_how_to_install_a_missing_one(monkeypatch, capsys):
+    monkeypatch.setattr("sarcompile.runtime.memory.find_allocator", lambda name: None)
+    assert main(["allocator"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""  # nothing for LD_PRELOAD=$(...) to pick up
+    assert captured.err.startswith("sarcompile allocator: error: tcmalloc is not installed here")
+    assert "apt install libtcmalloc-minimal4" in captured.err and "conda install" in captured.err

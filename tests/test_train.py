@@ -21,6 +21,7 @@ from sarcompile.checkpoint import load_checkpoint, save_checkpoint
 from sarcompile.codegen.torch_kernels import packed_row_bytes
 from sarcompile.errors import CheckpointError, SarcompileError
 from sarcompile.runtime.link import WIRE_SCALE
+from sarcompile.runtime.memory import active_allocator
 from sarcompile.train import build_model, evaluate, load_trained, parse_args
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -385,6 +386,7 @@ def test_cli_under_torchrun(parts, tmp_path):
     final = next(line for line in lines if line.startswith("final (epoch 4):"))
     assert f"test_acc {log[-1]['test_acc']:.4f}" in final
     assert sum(line.startswith(("worker 0: peak ", "worker 1: peak ")) and "plan's estimate" in line for line in lines) == 2
+    assert any(line.startswith(f"allocator: {active_allocator()}") for line in lines)  # the workers' malloc
     traffic = [line for line in lines if line.startswith(("worker 0: per epoch sent fwd", "worker 1: per epoch sent fwd"))]
     assert len(traffic) == 2 and all("; received fwd" in line and "allreduce" in line for line in traffic)
     assert "epoch" in done.stderr  # the progress bar

@@ -11,6 +11,13 @@ resident peak also counts what earlier steps freed. :func:`tune_allocator` (call
 ``sc.init()``, opt-in) hands large frees back to the OS at once; :func:`malloc_stats`
 says how much freed memory glibc holds.
 
+Another allocator can replace glibc's for the whole process: ``LD_PRELOAD`` of tcmalloc
+(or jemalloc) before the process starts -- for example
+``LD_PRELOAD=$(sarcompile allocator) torchrun ...``. :func:`find_allocator` finds its
+library, :func:`active_allocator` says which one a process runs with. tcmalloc keeps
+freed blocks in size classes and reuses them, where glibc's heap leaves holes resident:
+in benchmarks/vs_dgl.py it both cut the peak and sped up the epoch (README, Benchmarks).
+
     >>> probe = MemoryProbe()
     >>> with probe:
     ...     x = torch.ones(1 << 20)  # 4 MiB
@@ -23,11 +30,23 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import os
+import sys
+from pathlib import Path
 from dataclasses import dataclass
 
 import torch
 
-__all__ = ["MemoryProbe", "floor_bytes", "malloc_stats", "release_free", "status_bytes", "tune_allocator"]
+__all__ = [
+    "ALLOCATORS",
+    "MemoryProbe",
+    "active_allocator",
+    "find_allocator",
+    "floor_bytes",
+    "malloc_stats",
+    "release_free",
+    "status_bytes",
+    "tune_allocator",
+]
 
 # mallopt parameters (malloc.h)
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
@@ -36,6 +55,13 @@ _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
 # the first step every node-feature tensor lives on the heap, and a freed one stays
 # resident. 64 KiB keeps small tensors on the (fast) heap.
 MMAP_THRESHOLD = 64 << 10
+
+# Allocators that can be preloaded, with their library names (libNAME.so*) in the order
+# looked for: gperftools' minimal tcmalloc has no heap profiler, so nothing else changes.
+ALLOCATORS: dict[str, tuple[str, ...]] = {"tcmalloc": ("tcmalloc_minimal", "tcmalloc"), "jemalloc": ("jemalloc",)}
+# Where Linux distributions put shared libraries (Debian's multiarch directory first).
+_SYSTEM_LIB_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib",
+                    "/usr/local/lib", "/lib/x86_64-linux-gnu", "/lib64")
 
 
 def status_bytes(field: str) -> int:
@@ -100,6 +126,42 @@ def _libc():
     return libc if libc is not None and hasattr(libc, "mallopt") else None
 
 
+def find_allocator(name: str = "tcmalloc") -> str | None:
+    """The path of allocator ``name``'s shared library (a key of :data:`ALLOCATORS`), for
+    ``LD_PRELOAD``; None when it is not installed. Looks in this Python environment's
+    ``lib`` (a conda env's gperftools or jemalloc), then the system's library directories
+    (Debian/Ubuntu: ``apt install libtcmalloc-minimal4`` or ``libjemalloc2``)."""
+    if name not in ALLOCATORS:
+        raise ValueError(f"unknown allocator {name!r}: one of {', '.join(ALLOCATORS)}")
+    prefixes = [os.environ.get("CONDA_PREFIX"), sys.prefix, sys.base_prefix]
+    dirs = [str(Path(p) / "lib") for p in prefixes if p] + list(_SYSTEM_LIB_DIRS)
+    for lib in ALLOCATORS[name]:
+        for d in dict.fromkeys(dirs):  # in order, once each
+            # The versioned file (libtcmalloc_minimal.so.4) is what a runtime package
+            # installs; the bare .so link comes only with the -dev package.
+            found = sorted(Path(d).glob(f"lib{lib}.so*")) if Path(d).is_dir() else []
+            if found:
+                return str(found[0])
+        soname = ctypes.util.find_library(lib)  # ldconfig's cache: other directories
+        if soname:
+            return soname
+    return None
+
+
+def active_allocator() -> str:
+    """Which allocator serves this process's ``malloc``: a key of :data:`ALLOCATORS` when
+    its library is loaded (preloaded, it replaces glibc's for everything), else ``"glibc"``."""
+    try:
+        with open("/proc/self/maps") as f:
+            libs = {Path(line.split()[-1]).name for line in f if ".so" in line}
+    except OSError:  # not Linux
+        return "glibc"
+    for name, names in ALLOCATORS.items():
+        if any(lib.startswith(f"lib{n}.so") for lib in libs for n in names):
+            return name
+    return "glibc"
+
+
 def tune_allocator() -> bool:
     """With ``SARCOMPILE_MALLOC=lean``: fix glibc's mmap and trim thresholds at
     :data:`MMAP_THRESHOLD`, unless the user set ``MALLOC_MMAP_THRESHOLD_`` or
@@ -107,7 +169,7 @@ def tune_allocator() -> bool:
     third at 4 workers in benchmarks/vs_dgl.py) but every large tensor then costs fresh
     page faults, which made epochs up to 2x slower there. Returns whether it changed
     anything (False off glibc, e.g. macOS or musl, or when another allocator is preloaded)."""
-    if os.environ.get("SARCOMPILE_MALLOC", "default") != "lean":
+    if os.environ.get("SARCOMPILE_MALLOC", "default") != "lean" or active_allocator() != "glibc":
         return False
     libc = _libc()
     if libc is None:
@@ -122,9 +184,15 @@ def tune_allocator() -> bool:
 def release_free() -> None:
     """Hand the freed memory glibc holds back to the OS (``malloc_trim``), after a one-off
     phase that allocated and freed a lot (loading a part file): training would otherwise
-    start with it resident. A no-op off glibc."""
+    start with it resident. With tcmalloc preloaded, its own call for the same; a no-op
+    off glibc otherwise."""
     libc = _libc()
-    if libc is not None and hasattr(libc, "malloc_trim"):
+    if active_allocator() == "tcmalloc":
+        # gperftools' C entry point; the preloaded library's symbols are the process's.
+        release = getattr(ctypes.CDLL(None), "MallocExtension_ReleaseFreeMemory", None)
+        if release is not None:
+            release()
+    elif libc is not None and hasattr(libc, "malloc_trim"):
         libc.malloc_trim(0)
 
 
@@ -137,9 +205,10 @@ class _Mallinfo2(ctypes.Structure):
 def malloc_stats() -> dict[str, int]:
     """glibc's view now: ``malloc_in_use`` (bytes in live blocks, heap and mmapped) and
     ``malloc_free_held`` (freed bytes it keeps resident for reuse: the allocator's slack).
-    Empty where ``mallinfo2`` is missing (glibc < 2.33, other C libraries)."""
+    Empty where ``mallinfo2`` is missing (glibc < 2.33, other C libraries) or another
+    allocator is preloaded (glibc's figures would then be about an unused heap)."""
     libc = _libc()
-    if libc is None or not hasattr(libc, "mallinfo2"):
+    if libc is None or not hasattr(libc, "mallinfo2") or active_allocator() != "glibc":
         return {}
     libc.mallinfo2.restype = _Mallinfo2
     m = libc.mallinfo2()

@@ -1,5 +1,11 @@
+import os
+import subprocess
+import sys
+
+import pytest
 import torch
 
+from sarcompile.runtime import memory
 from sarcompile.runtime.memory import MemoryProbe
 
 
@@ -12,3 +18,49 @@ def test_probe_sees_a_large_temporary_and_resets_between_uses():
     with probe:  # the peak was reset: a small step shows a small peak
         torch.ones(1 << 10)
     assert probe.added_bytes < 32 << 20
+
+
+@pytest.fixture
+def no_system_libs(monkeypatch):
+    """find_allocator sees only what a test puts in CONDA_PREFIX."""
+    monkeypatch.setattr(memory, "_SYSTEM_LIB_DIRS", ())
+    monkeypatch.setattr(memory.ctypes.util, "find_library", lambda name: None)
+    monkeypatch.delenv("CONDA_PREFIX", raising=False)
+
+
+def test_find_allocator_takes_the_environments_library_first(tmp_path, monkeypatch, no_system_libs):
+    assert memory.find_allocator("tcmalloc") is None
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    (lib / "libtcmalloc_minimal_debug.so.4").touch()  # not the allocator itself
+    assert memory.find_allocator("tcmalloc") is None
+    (lib / "libtcmalloc.so.4").touch()
+    (lib / "libjemalloc.so.2").touch()
+    monkeypatch.setenv("CONDA_PREFIX", str(tmp_path))
+    assert memory.find_allocator("tcmalloc") == str(lib / "libtcmalloc.so.4")
+    (lib / "libtcmalloc_minimal.so.4").touch()  # preferred: no profiler
+    assert memory.find_allocator("tcmalloc") == str(lib / "libtcmalloc_minimal.so.4")
+    assert memory.find_allocator("jemalloc") == str(lib / "libjemalloc.so.2")
+    with pytest.raises(ValueError, match="unknown allocator 'hoard'"):
+        memory.find_allocator("hoard")
+
+
+def test_this_process_runs_on_glibc():
+    if "LD_PRELOAD" in os.environ:
+        pytest.skip("the tests run with an LD_PRELOAD")
+    assert memory.active_allocator() == "glibc"
+    assert set(memory.malloc_stats()) in ({"malloc_in_use", "malloc_free_held"}, set())
+
+
+@pytest.mark.parametrize("name", sorted(memory.ALLOCATORS))
+def test_a_preloaded_allocator_is_seen_and_glibc_left_alone(name):
+    path = memory.find_allocator(name)
+    if path is None:
+        pytest.skip(f"{name} is not installed here")
+    code = ("from sarcompile.runtime import memory; import torch; torch.ones(1 << 20).sum(); "
+            "print(memory.active_allocator(), memory.malloc_stats(), memory.tune_allocator())")
+    env = {**os.environ, "LD_PRELOAD": path, "SARCOMPILE_MALLOC": "lean"}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    # glibc's statistics would describe an unused heap, and its mallopt would tune nothing.
+    assert done.stdout.split() == [name, "{}", "False"]
