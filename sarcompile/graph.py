@@ -54,9 +54,15 @@ class Block:
 
     @cached_property
     def row(self) -> torch.Tensor:
-        """Destination row of every edge (CSR expanded)."""
+        """Destination row of every edge (CSR expanded). Kept once made: an int64 per edge,
+        so what needs only a value per edge uses :meth:`per_edge` instead."""
+        return self.per_edge(torch.arange(self.num_dst, device=self.indptr.device))
+
+    def per_edge(self, dst_values: torch.Tensor) -> torch.Tensor:
+        """``dst_values[row]``: each edge's value of its destination row (``dst_values`` has
+        ``num_dst`` rows), without making or keeping :attr:`row`."""
         counts = self.indptr[1:] - self.indptr[:-1]
-        return torch.repeat_interleave(torch.arange(self.num_dst, device=counts.device), counts)
+        return torch.repeat_interleave(dst_values, counts, dim=0, output_size=self.num_edges)
 
     @cached_property
     def transpose_perm(self) -> torch.Tensor:
@@ -66,7 +72,10 @@ class Block:
     @cached_property
     def transpose_row(self) -> torch.Tensor:
         """Destination row of every edge in CSC order (the transposed block's column index)."""
-        return self.row[self.transpose_perm]
+        row = self.__dict__.get("row")  # made already, or made here and let go
+        if row is None:
+            row = self.per_edge(torch.arange(self.num_dst, device=self.indptr.device))
+        return row[self.transpose_perm]
 
     @cached_property
     def transpose_indptr(self) -> torch.Tensor:

@@ -190,7 +190,11 @@ class ShardGraph:
     def in_degrees(self) -> torch.Tensor:
         """Full (global) in-degree of each local node: all its in-edges live on this shard."""
         if "_in_degrees" not in self.__dict__:
-            self.__dict__["_in_degrees"] = torch.bincount(self.dst_index, minlength=self.num_nodes)
+            # From each block's CSR offsets: no per-edge index made (or kept) for it.
+            degrees = torch.zeros(self.num_nodes, dtype=torch.long)
+            for b in self.blocks:
+                degrees[: b.num_dst] += b.indptr[1:] - b.indptr[:-1]
+            self.__dict__["_in_degrees"] = degrees
         return self.__dict__["_in_degrees"].clone()  # a copy: the cached one must survive in-place edits
 
     @property

@@ -13,6 +13,7 @@ from torch_geometric.data import Data
 
 import sarcompile as sc
 from sarcompile.errors import GraphError
+from sarcompile.graph import Block
 
 
 def T(values):
@@ -327,3 +328,21 @@ def test_derived_graphs_agree_on_a_graph_and_its_shards(method, upto):
         assert torch.equal(shard.loop_mask, torch.cat([b.src_gids[b.col] for b in shard.blocks])
                            == shard.global_ids[shard.dst_index])
     assert got == want
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 6), st.integers(0, 5), st.data())
+def test_block_per_edge_values_and_transpose_without_keeping_rows(num_dst, num_src, data):
+    edges = data.draw(st.lists(st.tuples(st.integers(0, max(num_dst - 1, 0)), st.integers(0, max(num_src - 1, 0))),
+                               max_size=12 if num_dst and num_src else 0))
+    edges.sort(key=lambda e: e[0])  # CSR by destination, rows with no edges included
+    dst, src = T([e[0] for e in edges]), T([e[1] for e in edges])
+    indptr = torch.cat([T([0]), torch.cumsum(torch.bincount(dst, minlength=num_dst), 0)])
+    values = torch.randn(num_dst, 3)
+    b = Block(indptr, src, num_src, torch.arange(num_src))
+    assert torch.equal(b.per_edge(values), values[dst])
+    # The transpose's rows without the per-edge destination index made and kept for it.
+    order = sorted(range(len(edges)), key=lambda i: (edges[i][1], i))
+    assert b.transpose_row.tolist() == [edges[i][0] for i in order]
+    assert "row" not in vars(b)
+    assert b.row.tolist() == dst.tolist()

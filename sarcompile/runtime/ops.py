@@ -129,7 +129,7 @@ class _SarSpmm(torch.autograd.Function):
             if reduce == "max":
                 return K.max_grad(pos[0], g, offsets[q], block.num_src)
             if per_edge:
-                return K.spmm_t(block, g, inv_deg.index_select(0, block.row))
+                return K.spmm_t(block, g, block.per_edge(inv_deg[: block.num_dst]))
             return K.spmm_t(block, g, _edge_slice(weight, shard, q))
 
         # The local block's gradient is the buffer the peers' pushes add into: no zeroed copy.
