@@ -508,8 +508,9 @@ def _graph_bytes(w: WorkerStats, r: int, derived: set[str]) -> int:
     """The shard's int64 index tensors once a training step has built them all: node and
     edge ids, the rows it sends, and per block the CSR (indptr, source rows, remote source
     ids), the destination of every edge and the transpose (permutation, rows, indptr).
-    The destinations are only made by the kernels that gather by them (attention, max,
-    messages; not a sum or mean product), so for those this is 8 bytes per edge high.
+    The destinations are kept only by kernels that gather by them across a whole block
+    (max, messages); sum and mean products, and attention (one row range at a time), make
+    none to keep, so for those this is 8 bytes per edge high.
     A derived graph (with self-loops, say) shares the remote blocks and adds a local block
     with one self-loop per node, and its own edge ids."""
     blocks, halo = len(w.block_edges), sum(w.halo)
