@@ -161,19 +161,12 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-_INSTALL = {
-    "tcmalloc": "Debian/Ubuntu: apt install libtcmalloc-minimal4; Fedora: dnf install gperftools-libs; "
-    "conda: conda install -c conda-forge gperftools",
-    "jemalloc": "Debian/Ubuntu: apt install libjemalloc2; Fedora: dnf install jemalloc; "
-    "conda: conda install -c conda-forge jemalloc",
-}
-
-
 def _allocator(args: argparse.Namespace) -> int:
     path = memory.find_allocator(args.name)
     if path is None:
-        raise SarcompileError(f"{args.name} is not installed here; install it ({_INSTALL[args.name]}), "
-                              f"or run without LD_PRELOAD (glibc's allocator: more memory held, same results)")
+        raise SarcompileError(f"{args.name} is not installed here; install it "
+                              f"({memory.ALLOCATORS[args.name].install}), or run without LD_PRELOAD "
+                              "(glibc's allocator: more memory held, same results)")
     print(path)
     return 0
 

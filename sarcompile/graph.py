@@ -56,6 +56,10 @@ class Block:
     def row(self) -> torch.Tensor:
         """Destination row of every edge (CSR expanded). Kept once made: an int64 per edge,
         so what needs only a value per edge uses :meth:`per_edge` instead."""
+        return self._rows()
+
+    def _rows(self) -> torch.Tensor:
+        """:attr:`row`, made afresh and not kept."""
         return self.per_edge(torch.arange(self.num_dst, device=self.indptr.device))
 
     def per_edge(self, dst_values: torch.Tensor) -> torch.Tensor:
@@ -73,9 +77,7 @@ class Block:
     def transpose_row(self) -> torch.Tensor:
         """Destination row of every edge in CSC order (the transposed block's column index)."""
         row = self.__dict__.get("row")  # made already, or made here and let go
-        if row is None:
-            row = self.per_edge(torch.arange(self.num_dst, device=self.indptr.device))
-        return row[self.transpose_perm]
+        return (self._rows() if row is None else row)[self.transpose_perm]
 
     @cached_property
     def transpose_indptr(self) -> torch.Tensor:

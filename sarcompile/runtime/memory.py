@@ -31,13 +31,14 @@ import ctypes
 import ctypes.util
 import os
 import sys
-from pathlib import Path
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 __all__ = [
     "ALLOCATORS",
+    "Allocator",
     "MemoryProbe",
     "active_allocator",
     "find_allocator",
@@ -56,9 +57,23 @@ _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
 # resident. 64 KiB keeps small tensors on the (fast) heap.
 MMAP_THRESHOLD = 64 << 10
 
-# Allocators that can be preloaded, with their library names (libNAME.so*) in the order
-# looked for: gperftools' minimal tcmalloc has no heap profiler, so nothing else changes.
-ALLOCATORS: dict[str, tuple[str, ...]] = {"tcmalloc": ("tcmalloc_minimal", "tcmalloc"), "jemalloc": ("jemalloc",)}
+
+@dataclass(frozen=True)
+class Allocator:
+    """A malloc that can be preloaded in place of glibc's."""
+
+    libs: tuple[str, ...]  # library names (libNAME.so*), in the order looked for
+    install: str  # how to install it, for the message that says it is missing
+
+
+# gperftools' minimal tcmalloc comes first: it has no heap profiler, so nothing else changes.
+ALLOCATORS: dict[str, Allocator] = {
+    "tcmalloc": Allocator(("tcmalloc_minimal", "tcmalloc"),
+                          "Debian/Ubuntu: apt install libtcmalloc-minimal4; Fedora: dnf install gperftools-libs; "
+                          "conda: conda install -c conda-forge gperftools"),
+    "jemalloc": Allocator(("jemalloc",), "Debian/Ubuntu: apt install libjemalloc2; Fedora: dnf install jemalloc; "
+                          "conda: conda install -c conda-forge jemalloc"),
+}
 # Where Linux distributions put shared libraries (Debian's multiarch directory first).
 _SYSTEM_LIB_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib",
                     "/usr/local/lib", "/lib/x86_64-linux-gnu", "/lib64")
@@ -135,7 +150,7 @@ def find_allocator(name: str = "tcmalloc") -> str | None:
         raise ValueError(f"unknown allocator {name!r}: one of {', '.join(ALLOCATORS)}")
     prefixes = [os.environ.get("CONDA_PREFIX"), sys.prefix, sys.base_prefix]
     dirs = [str(Path(p) / "lib") for p in prefixes if p] + list(_SYSTEM_LIB_DIRS)
-    for lib in ALLOCATORS[name]:
+    for lib in ALLOCATORS[name].libs:
         for d in dict.fromkeys(dirs):  # in order, once each
             # The versioned file (libtcmalloc_minimal.so.4) is what a runtime package
             # installs; the bare .so link comes only with the -dev package.
@@ -156,8 +171,8 @@ def active_allocator() -> str:
             libs = {Path(line.split()[-1]).name for line in f if ".so" in line}
     except OSError:  # not Linux
         return "glibc"
-    for name, names in ALLOCATORS.items():
-        if any(lib.startswith(f"lib{n}.so") for lib in libs for n in names):
+    for name, allocator in ALLOCATORS.items():
+        if any(lib.startswith(f"lib{n}.so") for lib in libs for n in allocator.libs):
             return name
     return "glibc"
 
