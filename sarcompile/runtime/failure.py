@@ -124,7 +124,10 @@ def _flush_and_exit(code: int) -> None:
 
 def _say(rank: int, text: str) -> None:
     try:
-        print(f"[rank {rank}] error: {text}", file=sys.stderr, flush=True)
+        # One write, newline included: print() writes the end separately, and on an
+        # unbuffered stream another rank's line can land between the two.
+        sys.stderr.write(f"[rank {rank}] error: {text}\n")
+        sys.stderr.flush()
     except Exception:  # noqa: BLE001
         pass
 
