@@ -36,6 +36,8 @@ from .partitioning import read_manifest
 from .passes.context import CompileOptions
 from .passes.communication import communication
 from .passes.fuse import fuse
+from .passes.accumulate import accumulate
+from .passes.head_dot import head_dot
 from .passes.inplace import inplace
 from .passes.kernels import kernels
 from .passes.linear_first import linear_first
@@ -156,7 +158,8 @@ def compile_program(model: nn.Module, options: CompileOptions, partitioned: bool
     passes = [("lower", lower), ("fuse", fuse), ("linear_first", linear_first), ("residency", check)]
     if partitioned:
         passes += [("partition", partition), ("strategy", strategy), ("communication", communication)]
-    passes += [("kernels", kernels), ("inplace", inplace), ("linear_groups", linear_groups)]
+    passes += [("kernels", kernels), ("inplace", inplace), ("linear_groups", linear_groups), ("accumulate", accumulate),
+               ("head_dot", head_dot)]
     for name, run in passes:
         gm = run(gm, options)
         stages.append((name, listing(gm) if run is check else gm.code))

@@ -36,6 +36,11 @@ class Block:
     ``col[i]`` is the source row of the i-th edge in CSR order, ``row[i]`` its destination.
     ``src_gids`` holds the global node id of each source row: the max reduction breaks
     ties by the smallest global id, so its result does not depend on how nodes are split.
+
+    The CSR and its transpose are int32 whenever the block's rows and edges fit (they
+    are the largest index tensors a worker keeps: half the bytes, and torch's CSR product
+    -- MKL's, int32 -- would otherwise convert them on every call). Kernels index with
+    them as they are; Triton kernels widen what they load to int64 before any offset.
     """
 
     indptr: torch.Tensor  # [num_dst + 1]
@@ -43,6 +48,15 @@ class Block:
     num_src: int
     src_gids: torch.Tensor  # [num_src]
     _cache: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        self.indptr, self.col = self.indptr.to(self.index_dtype), self.col.to(self.index_dtype)
+
+    @property
+    def index_dtype(self) -> torch.dtype:
+        """int32 when every row and edge number of the block fits, else int64."""
+        fits = max(self.col.numel(), self.num_src, self.indptr.numel()) < 2**31
+        return torch.int32 if fits else torch.int64
 
     @property
     def num_dst(self) -> int:
@@ -71,18 +85,18 @@ class Block:
     @cached_property
     def transpose_perm(self) -> torch.Tensor:
         """Edge permutation that sorts the edges by source row (CSC order, stable)."""
-        return torch.sort(self.col, stable=True).indices
+        return torch.sort(self.col, stable=True).indices.to(self.index_dtype)
 
     @cached_property
     def transpose_row(self) -> torch.Tensor:
         """Destination row of every edge in CSC order (the transposed block's column index)."""
         row = self.__dict__.get("row")  # made already, or made here and let go
-        return (self._rows() if row is None else row)[self.transpose_perm]
+        return (self._rows() if row is None else row)[self.transpose_perm].to(self.index_dtype)
 
     @cached_property
     def transpose_indptr(self) -> torch.Tensor:
         counts = torch.bincount(self.col, minlength=self.num_src)
-        return torch.cat([counts.new_zeros(1), torch.cumsum(counts, 0)])
+        return torch.cat([counts.new_zeros(1), torch.cumsum(counts, 0)]).to(self.index_dtype)
 
     def row_chunks(self, max_edges: int) -> list[tuple[int, int]]:
         """Consecutive destination-row ranges ``[start, end)`` covering the block, each

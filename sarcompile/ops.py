@@ -115,12 +115,15 @@ def _heads(a: torch.Tensor) -> int:
 
 
 # ---------------------------------------------------------------------------------- spmm
-def _check_spmm(g, x, reduce, edge_weight) -> None:
+def _check_spmm(g, x, reduce, edge_weight, into=None) -> None:
     _graph_kind(g)
     if reduce not in REDUCES:
         raise GraphError(f"spmm reduce must be one of {REDUCES}, got {reduce!r}")
     if reduce in ("max", "min") and edge_weight is not None:
         raise GraphError(f"spmm(reduce={reduce!r}) takes no edge_weight; scale the features before it instead")
+    if into is not None and not (reduce == "sum" or (reduce == "mean" and edge_weight is None)):
+        raise GraphError(f"spmm(into=...) adds sums or unweighted means, not reduce={reduce!r}"
+                         f"{' with an edge_weight' if edge_weight is not None else ''}; add the result instead")
 
 
 def _spmm_temporaries(a: Args, row: int) -> Temporaries:
@@ -159,19 +162,27 @@ def spmm(
     strategy: Strategy = Strategy.REMAT,
     executor: Executor = Executor.AUTO,
     comm: LinkPolicy | None = None,
+    into: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Aggregate ``x`` over in-edges: ``out[v] = reduce_{u->v} w_uv * x[u]``.
 
     ``min`` is ``-max(-x)``, exactly (negation rounds nothing): the winner, hence the
-    gradient, is the smallest value, ties going to the smallest global id as for max."""
+    gradient, is the smallest value, ties going to the smallest global id as for max.
+
+    ``into`` (sum, or mean without weights): the result is ``into + out``, written into
+    ``into`` when it is a contiguous tensor of the result's shape and dtype that autograd
+    lets be modified (not a view, not a leaf that requires grad), else a new tensor --
+    use the returned value. A layer's ``aggregate + root`` then needs no buffer for the
+    aggregate (the pass ``accumulate`` writes it so); a mean is then summed with weights
+    ``1/deg`` per edge, which rounds differently from dividing the sum."""
     if reduce == "min":
         return -spmm(g, -x, "max", strategy=strategy, executor=executor, comm=comm)
     _check_rows(g, x, "x", g.num_nodes)
     if edge_weight is not None:
         _check_rows(g, edge_weight, "edge_weight", g.num_edges)
     if isinstance(g, Graph):
-        return spmm.definition.run(_single(g), x, reduce, _to_csr_order(g, edge_weight), executor=executor)
-    return spmm.definition.run(g, x, reduce, edge_weight, strategy=strategy, executor=executor, comm=comm)
+        return spmm.definition.run(_single(g), x, reduce, _to_csr_order(g, edge_weight), executor=executor, into=into)
+    return spmm.definition.run(g, x, reduce, edge_weight, strategy=strategy, executor=executor, comm=comm, into=into)
 
 
 # --------------------------------------------------------------------------------- sddmm

@@ -505,20 +505,22 @@ def _push_traffic(row: OpPlan, op: OpDef, args: dict[str, Any], workers: list[Wo
 
 
 def _graph_bytes(w: WorkerStats, r: int, derived: set[str]) -> int:
-    """The shard's int64 index tensors once a training step has built them all: node and
-    edge ids, the rows it sends, and per block the CSR (indptr, source rows, remote source
-    ids), the destination of every edge and the transpose (permutation, rows, indptr).
-    The destinations are kept only by kernels that gather by them across a whole block
-    (max, messages); sum and mean products, and attention (one row range at a time), make
-    none to keep, so for those this is 8 bytes per edge high.
+    """The shard's index tensors once a training step has built them all: node and edge
+    ids, the rows it sends and the remote source ids (int64); per block the CSR (indptr,
+    source rows) and the transpose (permutation, rows, indptr), int32 as graph.Block
+    keeps them; and the destination of every edge (int64). The destinations are kept
+    only by kernels that gather by them across a whole block (max, messages); sum and
+    mean products, and attention (one row range at a time), make none to keep, so for
+    those this is 8 bytes per edge high.
     A derived graph (with self-loops, say) shares the remote blocks and adds a local block
     with one self-loop per node, and its own edge ids."""
     blocks, halo = len(w.block_edges), sum(w.halo)
     sent = halo  # the rows peers read from us: about as many as we read from them
-    base = w.nodes + w.edges + sent + blocks * (w.nodes + 1) + 4 * w.edges + halo + (w.nodes + halo + blocks)
+    wide = w.nodes + w.edges + sent + halo + w.edges
+    narrow = blocks * (w.nodes + 1) + 3 * w.edges + (w.nodes + halo + blocks)
     local = w.block_edges[r] - w.self_loops + w.nodes if w.block_edges else w.nodes
-    extra = 2 * (w.nodes + 1) + 4 * local + (w.edges - w.self_loops + w.nodes)
-    return 8 * (base + len(derived) * extra)
+    wide_extra, narrow_extra = local + (w.edges - w.self_loops + w.nodes), 2 * (w.nodes + 1) + 3 * local
+    return 8 * (wide + len(derived) * wide_extra) + 4 * (narrow + len(derived) * narrow_extra)
 
 
 def _workspace(w: WorkerStats, comm: list, r: int) -> int:

@@ -532,3 +532,28 @@ def test_attention_grads_over_blocks_equal_autograd(slope, dropout, edge_score):
         d_a_dst += d_dst
     torch.testing.assert_close(d_a_dst, exp_grads[6])
     assert torch.equal(d_a_dst[2], torch.zeros(H, dtype=DT))
+
+
+def _attention_inputs():
+    g = sc.Graph.from_edges(torch.tensor([0, 1, 2, 2, 3]), torch.tensor([1, 2, 0, 3, 3]), 4)
+    gen = torch.Generator().manual_seed(0)
+    h = torch.randn(4, 2, 3, generator=gen, requires_grad=True)
+    a_src, a_dst = (torch.randn(4, 2, generator=gen, requires_grad=True) for _ in range(2))
+    return g, h, a_src, a_dst
+
+
+def test_attention_lets_its_output_go_so_a_second_backward_is_refused_clearly():
+    g, h, a_src, a_dst = _attention_inputs()
+    out = sc.ops.attention(g, h, a_src, a_dst)
+    (out * 2).sum().backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="retain_graph"):
+        out.sum().backward()
+
+
+def test_attention_output_changed_in_place_is_refused_in_backward():
+    g, h, a_src, a_dst = _attention_inputs()
+    out = sc.ops.attention(g, h, a_src, a_dst)
+    with torch.no_grad():
+        out.mul_(2)  # hidden from autograd: what save_for_backward's version check would catch
+    with pytest.raises(RuntimeError, match="modified in place"):
+        out.sum().backward()

@@ -50,7 +50,8 @@ def test_printed_plan_is_stable(mode):
 def test_stages_are_readable_python():
     plan = sc.distribute(Small()).plan(_graph(), 2, x=torch.zeros(1, 8), method="contiguous")
     assert [s for s, _ in plan.stages] == ["trace", "lower", "fuse", "linear_first", "residency", "partition",
-                                           "strategy", "communication", "kernels", "inplace", "linear_groups"]
+                                           "strategy", "communication", "kernels", "inplace", "linear_groups",
+                                           "accumulate", "head_dot"]
     assert "# node" in plan.stage("residency") and "# graph" in plan.stage("residency")
     compile(plan.stage("residency"), "<plan>", "exec")  # still Python: residencies are comments
     assert "self.gat(" in plan.stage("trace")  # layers are leaves before lowering

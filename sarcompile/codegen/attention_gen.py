@@ -139,8 +139,8 @@ def kernel(indptr, col, keep, a_edge, h, a_src, a_dst, m, l, acc, negative_slope
     cc = tl.arange(0, {pow2(C)})
     h_ok = hh < {H}
     hc_ok = h_ok[:, None] & (cc < {C})[None, :]
-    start = tl.load(indptr + v)
-    end = tl.load(indptr + v + 1)
+    start = tl.load(indptr + v).to(tl.int64)
+    end = tl.load(indptr + v + 1).to(tl.int64)
     # The row's running state: max, sum of exp(score - max), weighted sum.
     m_run = tl.load(m + v * {H} + hh, mask=h_ok, other=float("-inf")).to({acc_t})
     l_run = tl.load(l + v * {H} + hh, mask=h_ok, other=0.0).to({acc_t})
@@ -150,7 +150,7 @@ def kernel(indptr, col, keep, a_edge, h, a_src, a_dst, m, l, acc, negative_slope
         e = e0 + tl.arange(0, BLOCK_E)
         e_ok = e < end
         eh_ok = e_ok[:, None] & h_ok[None, :]
-        u = tl.load(col + e, mask=e_ok, other=0)
+        u = tl.load(col + e, mask=e_ok, other=0).to(tl.int64)
         pre = tl.load(a_src + u[:, None] * {H} + hh[None, :], mask=eh_ok, other=0.0).to({acc_t}) + a_v[None, :]
 {self._edge_term("e", acc_t)}        score = tl.where(pre > 0, pre, pre * negative_slope)
         score = tl.where(eh_ok, score, float("-inf"))  # padding takes no share
@@ -235,7 +235,7 @@ class AttentionBackwardSpec(_AttentionSpec):
         )
         # The CSR position of the CSC walk's edges: where keep and a_edge are indexed.
         position = (
-            "        pos = tl.load(t_perm + e, mask=e_ok, other=0)  # CSR position\n"
+            "        pos = tl.load(t_perm + e, mask=e_ok, other=0).to(tl.int64)  # CSR position\n"
             if self.dropout or self.edge_score else ""
         )
         store_edge = (
@@ -251,8 +251,8 @@ class AttentionBackwardSpec(_AttentionSpec):
         dst = f'''@triton.jit
 def kernel_dst(indptr, col, keep, a_edge, h, a_src, a_dst, lse, d_out, delta, d_dst, d_edge, {slope}, num_rows, BLOCK_E: tl.constexpr):
     v = tl.program_id(0).to(tl.int64)
-{common}    start = tl.load(indptr + v)
-    end = tl.load(indptr + v + 1)
+{common}    start = tl.load(indptr + v).to(tl.int64)
+    end = tl.load(indptr + v + 1).to(tl.int64)
     a_v = tl.load(a_dst + v * {H} + hh, mask=h_ok, other=0.0).to({acc_t})
     lse_v = tl.load(lse + v * {H} + hh, mask=h_ok, other=0.0).to({acc_t})
     delta_v = tl.load(delta + v * {H} + hh, mask=h_ok, other=0.0).to({acc_t})
@@ -262,7 +262,7 @@ def kernel_dst(indptr, col, keep, a_edge, h, a_src, a_dst, lse, d_out, delta, d_
         e = e0 + tl.arange(0, BLOCK_E)
         e_ok = e < end
         eh_ok = e_ok[:, None] & h_ok[None, :]
-        u = tl.load(col + e, mask=e_ok, other=0)
+        u = tl.load(col + e, mask=e_ok, other=0).to(tl.int64)
         a_u = tl.load(a_src + u[:, None] * {H} + hh[None, :], mask=eh_ok, other=0.0).to({acc_t})
 {edge_terms("a_u", "a_v[None, :]", "lse_v[None, :]", "e")}        x = tl.load(
             h + u[:, None, None] * {H * C} + hh[None, :, None] * {C} + cc[None, None, :],
@@ -276,8 +276,8 @@ def kernel_dst(indptr, col, keep, a_edge, h, a_src, a_dst, lse, d_out, delta, d_
         src = f'''@triton.jit
 def kernel_src(t_indptr, t_row, t_perm, keep, a_edge, h, a_src, a_dst, lse, d_out, delta, d_h, d_src, {slope}, num_rows, BLOCK_E: tl.constexpr):
     u = tl.program_id(0).to(tl.int64)
-{common}    start = tl.load(t_indptr + u)
-    end = tl.load(t_indptr + u + 1)
+{common}    start = tl.load(t_indptr + u).to(tl.int64)
+    end = tl.load(t_indptr + u + 1).to(tl.int64)
     a_u = tl.load(a_src + u * {H} + hh, mask=h_ok, other=0.0).to({acc_t})
     x = tl.load(h + u * {H * C} + hh[:, None] * {C} + cc[None, :], mask=hc_ok, other=0.0).to({acc_t})
     d_x = tl.zeros([{pow2(H)}, {pow2(C)}], dtype={acc_t})
@@ -286,7 +286,7 @@ def kernel_src(t_indptr, t_row, t_perm, keep, a_edge, h, a_src, a_dst, lse, d_ou
         e = e0 + tl.arange(0, BLOCK_E)  # positions in CSC order
         e_ok = e < end
         eh_ok = e_ok[:, None] & h_ok[None, :]
-        v = tl.load(t_row + e, mask=e_ok, other=0)
+        v = tl.load(t_row + e, mask=e_ok, other=0).to(tl.int64)
         a_v = tl.load(a_dst + v[:, None] * {H} + hh[None, :], mask=eh_ok, other=0.0).to({acc_t})
         lse_v = tl.load(lse + v[:, None] * {H} + hh[None, :], mask=eh_ok, other=0.0).to({acc_t})
         delta_v = tl.load(delta + v[:, None] * {H} + hh[None, :], mask=eh_ok, other=0.0).to({acc_t})

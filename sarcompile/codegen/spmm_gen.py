@@ -60,7 +60,7 @@ class SpmmSpec(KernelSpec):
         f, w = self.width, self.weight_cols
         weight = ""
         if w:
-            at = "tl.load(perm + e, mask=e_ok, other=0)" if self.permuted else "e"
+            at = "tl.load(perm + e, mask=e_ok, other=0).to(tl.int64)" if self.permuted else "e"
             weight = (
                 f"        w_at = {at}\n"
                 f"        w = tl.load(weight + w_at[:, None] * {w} + (f // {f // w})[None, :], mask=ok, other=0.0)\n"
@@ -77,14 +77,14 @@ def kernel(indptr, col, perm, weight, x, out, num_rows, BLOCK_E: tl.constexpr, B
     v = tl.program_id(0).to(tl.int64)
     f = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
     f_ok = f < {f}
-    start = tl.load(indptr + v)
-    end = tl.load(indptr + v + 1)
+    start = tl.load(indptr + v).to(tl.int64)
+    end = tl.load(indptr + v + 1).to(tl.int64)
     acc = tl.zeros([BLOCK_F], dtype={acc_type(self.dtype)})
     for e0 in range(start, end, BLOCK_E):
         e = e0 + tl.arange(0, BLOCK_E)
         e_ok = e < end
         ok = e_ok[:, None] & f_ok[None, :]
-        u = tl.load(col + e, mask=e_ok, other=0)
+        u = tl.load(col + e, mask=e_ok, other=0).to(tl.int64)
         vals = tl.load(x + u[:, None] * {f} + f[None, :], mask=ok, other=0.0).to({acc_type(self.dtype)})
 {weight}        acc += tl.sum(vals, axis=0)
     tl.store(out + v * {f} + f, acc.to(out.dtype.element_ty), mask=f_ok)
@@ -115,15 +115,15 @@ def kernel(indptr, col, x, best_out, row_out, num_rows, BLOCK_E: tl.constexpr, B
     v = tl.program_id(0).to(tl.int64)
     f = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
     f_ok = f < {f}
-    start = tl.load(indptr + v)
-    end = tl.load(indptr + v + 1)
+    start = tl.load(indptr + v).to(tl.int64)
+    end = tl.load(indptr + v + 1).to(tl.int64)
     best = tl.full([BLOCK_F], float("-inf"), {acc_type(self.dtype)})
     arg = tl.full([BLOCK_F], 9223372036854775807, tl.int64)  # no candidate (int64 max): larger than any row
     for e0 in range(start, end, BLOCK_E):
         e = e0 + tl.arange(0, BLOCK_E)
         e_ok = e < end
         ok = e_ok[:, None] & f_ok[None, :]
-        u = tl.load(col + e, mask=e_ok, other=0)
+        u = tl.load(col + e, mask=e_ok, other=0).to(tl.int64)
         vals = tl.load(x + u[:, None] * {f} + f[None, :], mask=ok, other=float("-inf")).to({acc_type(self.dtype)})
         chunk_best = tl.max(vals, axis=0)
         # Ties go to the smallest source row (rows are sorted by global id).
@@ -194,8 +194,8 @@ def kernel(row, col, g, x, out, num_edges, BLOCK_E: tl.constexpr, BLOCK_C: tl.co
     e = tl.program_id(0).to(tl.int64) * BLOCK_E + tl.arange(0, BLOCK_E)
     k = tl.program_id(1)
     e_ok = e < num_edges
-    v = tl.load(row + e, mask=e_ok, other=0)
-    u = tl.load(col + e, mask=e_ok, other=0)
+    v = tl.load(row + e, mask=e_ok, other=0).to(tl.int64)
+    u = tl.load(col + e, mask=e_ok, other=0).to(tl.int64)
     acc = tl.zeros([BLOCK_E], dtype={acc_type(self.dtype)})
     for c0 in range(0, {c}, BLOCK_C):
         c = c0 + tl.arange(0, BLOCK_C)

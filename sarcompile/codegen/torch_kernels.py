@@ -52,28 +52,37 @@ def _per_head(weight: torch.Tensor | None, x: torch.Tensor) -> bool:
     return weight is not None and weight.dim() == 2 and x.dim() == 3 and weight.shape[1] == x.shape[1]
 
 
-def spmm(block: Block, x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
-    """``out[v] = sum over edges u->v of w_e * x[u]`` for the block's destination rows."""
+def spmm(block: Block, x: torch.Tensor, weight: torch.Tensor | None, into: torch.Tensor | None = None) -> torch.Tensor:
+    """``out[v] = sum over edges u->v of w_e * x[u]`` for the block's destination rows;
+    with ``into`` (``[num_dst, ...]``, contiguous), added into it and returned: a remote
+    block's sums land in the local block's result with no buffer of their own."""
     block = block.on(x.device)
     if _scalar_weight(weight):
+        if into is not None:
+            _csr_mm(block.sparse(weight, x.dtype), _flat(x), _flat(into), accumulate=True)
+            return into
         out = _csr_mm(block.sparse(weight, x.dtype), _flat(x))
         return out if x.dim() == 2 else out.reshape(block.num_dst, *x.shape[1:])  # (2-D: no view, see passes/inplace)
     if _per_head(weight, x):
-        return _heads(lambda k, out: _csr_mm(block.sparse(weight[:, k], x.dtype), x[:, k], out),
-                      x.new_empty((block.num_dst, *x.shape[1:])))
+        return _heads(lambda k, out: _csr_mm(block.sparse(weight[:, k], x.dtype), x[:, k], out, accumulate=into is not None),
+                      x.new_empty((block.num_dst, *x.shape[1:])) if into is None else into)
     # Other broadcasts: materialise one message per edge.
     msg = x[block.col] * weight.reshape(*weight.shape, *([1] * (x.dim() - weight.dim())))
-    return x.new_zeros((block.num_dst, *x.shape[1:])).index_add_(0, block.row, msg)
+    out = x.new_zeros((block.num_dst, *x.shape[1:])) if into is None else into
+    return out.index_add_(0, block.row, msg)
 
 
-def _csr_mm(a: torch.Tensor, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+def _csr_mm(a: torch.Tensor, x: torch.Tensor, out: torch.Tensor | None = None, accumulate: bool = False) -> torch.Tensor:
     """``a @ x`` for a sparse CSR ``a``, written into ``out`` (a fresh buffer if None; a
-    strided view is fine): ``@`` zero-fills its output and copies the product into it, a
-    quarter of the time of the product itself (beta=0 ignores the buffer's contents)."""
+    strided view is fine), or added to it with ``accumulate``: ``@`` zero-fills its
+    output and copies the product into it, a quarter of the time of the product itself
+    (beta=0 ignores the buffer's contents)."""
     if torch.is_grad_enabled() and (a.requires_grad or x.requires_grad):  # differentiated through: no out=
-        return a @ x if out is None else out.copy_(a @ x)
+        if out is None:
+            return a @ x
+        return out.add_(a @ x) if accumulate else out.copy_(a @ x)
     out = x.new_empty((a.shape[0], x.shape[1])) if out is None else out
-    return torch.addmm(out, a, x, beta=0.0, out=out)
+    return torch.addmm(out, a, x, beta=1.0 if accumulate else 0.0, out=out)
 
 
 def _heads(one, out: torch.Tensor) -> torch.Tensor:
@@ -167,7 +176,7 @@ class MaxState:
         bmax = torch.full_like(self.value, float("-inf")).scatter_reduce(0, idx, msg, "amax")
         # Source rows of a block are sorted by global id, so the smallest row among the
         # tied edges is the smallest global id.
-        cand = torch.where(msg == bmax[block.row], block.col.unsqueeze(1).expand_as(msg), _NO_ROW)
+        cand = torch.where(msg == bmax[block.row], block.col.long().unsqueeze(1).expand_as(msg), _NO_ROW)
         return bmax, torch.full_like(self.pos, _NO_ROW).scatter_reduce(0, idx, cand, "amin")
 
     def result(self) -> torch.Tensor:

@@ -83,12 +83,15 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def spmm(block: Block, x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
+def spmm(block: Block, x: torch.Tensor, weight: torch.Tensor | None, into: torch.Tensor | None = None) -> torch.Tensor:
+    """As torch_kernels.spmm; ``into`` gets the block's sums added (from a buffer of
+    their own: the kernel writes its rows, it does not read them)."""
     cols = weight_cols(x.shape, None if weight is None else tuple(weight.shape))
     if cols is None:
-        return T.spmm(block, x, weight)
+        return T.spmm(block, x, weight, into)
     b = block.on(x.device)
-    return _aggregate(b.indptr, b.col, b.col, weight, cols, x, block.num_dst, permuted=False)
+    out = _aggregate(b.indptr, b.col, b.col, weight, cols, x, block.num_dst, permuted=False)
+    return out if into is None else into.add_(out)
 
 
 def spmm_t(block: Block, g: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:

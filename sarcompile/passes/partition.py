@@ -15,6 +15,8 @@ norm, over the local nodes only) are rejected with a :class:`CompileError`.
 
 from __future__ import annotations
 
+import inspect
+
 import torch.fx as fx
 from torch import nn
 
@@ -48,8 +50,11 @@ def partition(gm: fx.GraphModule, ctx: CompileOptions) -> fx.GraphModule:
         args = op.bind(node.args, node.kwargs)
         for keyword in PASS_KEYWORDS:  # set by this pass and those after it
             args.pop(keyword, None)
-        node.args = tuple(args.values())
-        node.kwargs = {"strategy": _FIRST_STRATEGY[op.kind]}
+        params = op.signature.parameters
+        keyword = {k: v for k, v in args.items() if params[k].kind is inspect.Parameter.KEYWORD_ONLY}
+        node.args = tuple(v for k, v in args.items() if k not in keyword)
+        node.kwargs = {**{k: v for k, v in keyword.items() if v is not params[k].default},
+                       "strategy": _FIRST_STRATEGY[op.kind]}
         node.meta["ir_op"] = op
         node.meta["args"] = args
     gm.graph.lint()

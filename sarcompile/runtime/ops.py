@@ -26,6 +26,7 @@ import torch
 from .. import ops as ir
 from ..codegen import kernels_for, torch_kernels
 from ..errors import CompileError
+from ..opdef import EDGE_CHUNK_ELEMENTS
 from ..rng import edge_keep
 from ..shard import ShardGraph
 from ..vocab import LinkPolicy, Strategy
@@ -74,7 +75,8 @@ def _bcast(deg: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 
 class _SarSpmm(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, shard: ShardGraph, reduce: str, strategy: Strategy, executor: str, link, iteration: int):
+    def forward(ctx, x, weight, shard: ShardGraph, reduce: str, strategy: Strategy, executor: str, link, iteration: int,
+                into=None):
         K = ctx.K = kernels_for(executor, x.device)
         ctx.link, ctx.iteration = link, iteration
         wants = {"x": ctx.needs_input_grad[0], "edge_weight": weight is not None and ctx.needs_input_grad[1]}
@@ -84,16 +86,20 @@ class _SarSpmm(torch.autograd.Function):
         acc: dict[str, torch.Tensor] = {}
         state = K.MaxState(shard.num_nodes, tail, x.dtype, x.device) if reduce == "max" else None
         offsets = _offsets(shard)
+        # Added into a buffer that holds more than sums: the mean's 1/deg goes on the edges
+        inv_deg = 1.0 / shard.in_degrees().clamp(min=1).to(x.dtype) if into is not None and reduce == "mean" else None
+        if into is not None:
+            acc["out"] = into
 
         def visit(q: int, xb: torch.Tensor) -> None:
             if strategy.keeps_blocks:
                 kept[q] = xb
+            block = shard.blocks[q]
+            w = _edge_slice(weight, shard, q) if inv_deg is None else block.per_edge(inv_deg[: block.num_dst])
             if state is not None:
-                state.update(shard.blocks[q], xb, offsets[q])
-            elif "out" not in acc:  # the local block comes first: its sums are the buffer
-                acc["out"] = K.spmm(shard.blocks[q], xb, _edge_slice(weight, shard, q))
-            else:
-                acc["out"].add_(K.spmm(shard.blocks[q], xb, _edge_slice(weight, shard, q)))
+                state.update(block, xb, offsets[q])
+            else:  # the local block comes first: its sums are the buffer, unless given one
+                acc["out"] = K.spmm(block, xb, w, into=acc.get("out"))
 
         run_rounds(shard, visit, fetch=x, lookahead=_lookahead(shard, strategy), what=f"spmm({reduce})",
                    link=link, iteration=iteration)
@@ -104,9 +110,11 @@ class _SarSpmm(torch.autograd.Function):
             ctx.save_for_backward(keep_x, weight, state.pos)
         else:
             out = acc["out"]
-            if reduce == "mean":
+            if reduce == "mean" and into is None:
                 out.div_(_bcast(shard.in_degrees(), out))
             ctx.save_for_backward(keep_x, weight)
+        if into is not None:
+            ctx.mark_dirty(into)
         ctx.shard, ctx.reduce, ctx.kept = shard, reduce, kept
         return out
 
@@ -115,6 +123,7 @@ class _SarSpmm(torch.autograd.Function):
         shard, reduce, K = ctx.shard, ctx.reduce, ctx.K
         x, weight, *pos = ctx.saved_tensors
         want_x, want_w = ctx.needs_input_grad[0], weight is not None and ctx.needs_input_grad[1]
+        g_into = g if ctx.needs_input_grad[8] else None  # d(into + sums)/d(into): g as it is
         gw = torch.zeros_like(weight) if want_w else None
         # The mean's 1/deg: as the edges' weights where there are none (no [n, F] copy of g)
         per_edge = reduce == "mean" and weight is None
@@ -154,7 +163,7 @@ class _SarSpmm(torch.autograd.Function):
                 iteration=ctx.iteration,
             )
         ctx.kept = None
-        return gx, gw, None, None, None, None, None, None
+        return gx, gw, None, None, None, None, None, None, g_into
 
 
 class _SarSddmm(torch.autograd.Function):
@@ -263,16 +272,20 @@ class _SarAttention(torch.autograd.Function):
                    link=link, iteration=iteration)
         del payload  # only the peers needed it: backward keeps h and a_src, which their producers keep too
         out, lse = state.result()
-        ctx.save_for_backward(h, a_src, a_dst, a_edge, out, lse, salt)
+        ctx.save_for_backward(h, a_src, a_dst, a_edge, lse, salt)
+        # The output only for backward's row term delta; held by reference, not saved, so
+        # backward lets it go once delta is made, before the gradients' [n, H, C] buffers
+        # (a detached alias: no cycle through the output's grad_fn; same version counter).
+        ctx.out, ctx.out_version = out.detach(), out._version
         ctx.shard, ctx.negative_slope, ctx.p, ctx.kept = shard, negative_slope, p, kept
         ctx.heads, ctx.channels = heads, channels
         return out
 
     @staticmethod
     def backward(ctx, d_out):
-        h, a_src, a_dst, a_edge, out, lse, salt = ctx.saved_tensors
+        h, a_src, a_dst, a_edge, lse, salt = ctx.saved_tensors
         shard, heads, channels, K = ctx.shard, ctx.heads, ctx.channels, ctx.K
-        delta = (d_out * out).sum(-1)
+        delta = _row_term(ctx, d_out)
         d_a_dst = torch.zeros_like(a_dst)
         d_a_edge = None if a_edge is None or not ctx.needs_input_grad[3] else torch.zeros_like(a_edge)
         kept = ctx.kept
@@ -315,6 +328,28 @@ class _SarAttention(torch.autograd.Function):
         ctx.kept = None
         d_h, d_a_src = _split_payload(d_payload, heads, channels)
         return d_h, d_a_src, d_a_dst, d_a_edge, None, None, None, None, None, None, None, None
+
+
+def _row_term(ctx, d_out: torch.Tensor) -> torch.Tensor:
+    """``delta[v, k] = sum_c dOut[v, k, c] * Out[v, k, c]`` a bounded block of rows at a
+    time (no ``[n, H, C]`` product), after which the forward's output is let go."""
+    out = ctx.out
+    if out is None:
+        raise RuntimeError(
+            "sarcompile's attention backward ran twice for one forward (retain_graph=True): it lets its "
+            "output go after the first backward. Run the forward again for a second backward."
+        )
+    if out._version != ctx.out_version:
+        raise RuntimeError(
+            "the output of sarcompile's attention was modified in place after the forward, and its backward "
+            "reads it: write the change out of place (y = out + 1, not out += 1)."
+        )
+    ctx.out = None
+    delta = out.new_empty(out.shape[:2])
+    step = max(1, EDGE_CHUNK_ELEMENTS // max(1, math.prod(out.shape[1:])))
+    for lo in range(0, out.shape[0], step):
+        delta[lo : lo + step] = (d_out[lo : lo + step] * out[lo : lo + step]).sum(-1)
+    return delta
 
 
 def _payload(shard: ShardGraph, h: torch.Tensor, a_src: torch.Tensor) -> torch.Tensor | None:
@@ -369,10 +404,19 @@ def sar_spmm(
     strategy: Strategy = Strategy.REMAT,
     executor: str = "auto",
     comm: LinkPolicy | None = None,
+    into: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Partitioned :func:`sarcompile.ops.spmm`; edge weights in shard order."""
     link, iteration = _link(shard, comm)
-    return _SarSpmm.apply(x, edge_weight, shard, reduce, Strategy(strategy), executor, link, iteration)
+    if into is not None and not _writable_into(into, (shard.num_nodes, *x.shape[1:]), x.dtype):
+        return into + _SarSpmm.apply(x, edge_weight, shard, reduce, Strategy(strategy), executor, link, iteration, None)
+    return _SarSpmm.apply(x, edge_weight, shard, reduce, Strategy(strategy), executor, link, iteration, into)
+
+
+def _writable_into(t: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype) -> bool:
+    """Whether spmm may add into ``t`` in place (see :func:`sarcompile.ops.spmm`)."""
+    return (isinstance(t, torch.Tensor) and tuple(t.shape) == shape and t.dtype == dtype and t.is_contiguous()
+            and t._base is None and not (t.is_leaf and t.requires_grad))
 
 
 @ir.gather_src.definition.implement

@@ -72,7 +72,11 @@ def test_the_triton_executor_really_runs_generated_kernels(monkeypatch):
     from sarcompile.codegen import triton_kernels
 
     want = single_machine(_case("mix", "torch"))
-    monkeypatch.setattr(triton_kernels, "spmm", lambda block, x, w: torch_kernels.spmm(block, x, w) * 2)
+    def broken(block, x, w, into=None):
+        out = torch_kernels.spmm(block, x, w) * 2
+        return out if into is None else into.add_(out)
+
+    monkeypatch.setattr(triton_kernels, "spmm", broken)
     with pytest.raises(AssertionError):
         _assert_same(single_machine(_case("mix", "triton")), want)
     _assert_same(single_machine(_case("mix", "torch")), want)

@@ -132,6 +132,30 @@ def test_spmm(data, block, tail, dtype):
 
 @SETTINGS
 @given(data=st.data(), block=blocks(), tail=tails, dtype=st.sampled_from([torch.float32, torch.float64]))
+def test_spmm_into_adds_to_the_buffer_it_returns(data, block, tail, dtype):
+    """Both executors' ``spmm(..., into=buf)``: ``buf + spmm(...)``, in ``buf`` itself."""
+    kind = data.draw(weight_kinds(tail))
+    gen = torch.Generator().manual_seed(data.draw(st.integers(0, 2**31 - 1)))
+    x = randn((block.num_src, *tail), dtype, gen)
+    w = make_weight(kind, block, tail, dtype, gen)
+    base = randn((block.num_dst, *tail), dtype, gen)
+    want = base + T.spmm(block, x, w)
+    magnitude = base.abs().double() + T.spmm(block, x.abs().double(), abs_or_none(w))
+    for spmm, dev, undev in ((T.spmm, lambda t: t, lambda t: t), (K.spmm, to_dev, back)):
+        buf = dev(base.clone())
+        out = spmm(block, dev(x), dev(w), into=buf)
+        assert out is buf
+        assert_sum_close(undev(out), want, magnitude, *EXACT[dtype])
+
+
+def test_block_indices_are_int32_where_they_fit():
+    b = Block(torch.tensor([0, 2, 3]), torch.tensor([1, 0, 1]), 2, torch.tensor([4, 9]))
+    assert {t.dtype for t in (b.indptr, b.col, b.transpose_perm, b.transpose_row, b.transpose_indptr)} == {torch.int32}
+    assert b.transpose_row.tolist() == [0, 0, 1] and b.transpose_indptr.tolist() == [0, 1, 3]
+
+
+@SETTINGS
+@given(data=st.data(), block=blocks(), tail=tails, dtype=st.sampled_from([torch.float32, torch.float64]))
 def test_spmm_t(data, block, tail, dtype):
     """The transpose runs over the CSC view and reads the weights through its permutation."""
     kind = data.draw(weight_kinds(tail))
