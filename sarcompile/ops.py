@@ -130,14 +130,17 @@ def _spmm_temporaries(a: Args, row: int) -> Temporaries:
     # Calibrated against measurement with benchmarks/scaling.py (20k nodes, SAGE and GAT,
     # 1 to 4 workers), then benchmarks/vs_dgl.py (100k nodes; the local block's result now
     # is the gradient buffer, and the mean's 1/deg no copy of it): the gradient arriving
-    # and the gradients of the input and of the layer around it; per edge the sparse CSR
-    # values, forward and transposed.
+    # and the input's gradient -- the layer around it writes its own into that one (a
+    # donated buffer, passes/linear_groups), and forward adds into the root linear's
+    # output (passes/accumulate): a SAGE step's live peak is then in backward with two
+    # [n, F] buffers beside the saved ones; per edge the sparse CSR values, forward and
+    # transposed.
     x, w = a["x"], a["edge_weight"]
     chunks = 3 * EDGE_CHUNK_ELEMENTS * x.element_size() if w is not None and w.requires_grad else 0
     if a["reduce"] in ("max", "min"):  # messages, candidate rows (int64) and their index
         negated = 2 if a["reduce"] == "min" else 0  # min is -max(-x): -x and the result
         return Temporaries(5 + negated, row + 2 * 8 * (row // x.element_size()), chunks)
-    return Temporaries(3, 2 * x.element_size(), chunks)
+    return Temporaries(2, 2 * x.element_size(), chunks)
 
 
 @ir_op(
