@@ -93,17 +93,19 @@ def _heads(one, out: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def spmm_t(block: Block, g: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
-    """Transpose of :func:`spmm`: gradient rows for the block's source rows."""
+def spmm_t(block: Block, g: torch.Tensor, weight: torch.Tensor | None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Transpose of :func:`spmm`: gradient rows for the block's source rows, written into
+    ``out`` (``[num_src, ...]``, a strided view is fine) when given."""
     block = block.on(g.device)
     if _scalar_weight(weight):
-        out = _csr_mm(block.sparse_t(weight, g.dtype), _flat(g))
-        return out if g.dim() == 2 else out.reshape(block.num_src, *g.shape[1:])
+        flat = _csr_mm(block.sparse_t(weight, g.dtype), _flat(g), None if out is None else out.flatten(1))
+        return out if out is not None else flat if g.dim() == 2 else flat.reshape(block.num_src, *g.shape[1:])
     if _per_head(weight, g):
-        return _heads(lambda k, out: _csr_mm(block.sparse_t(weight[:, k], g.dtype), g[:, k], out),
-                      g.new_empty((block.num_src, *g.shape[1:])))
+        return _heads(lambda k, o: _csr_mm(block.sparse_t(weight[:, k], g.dtype), g[:, k], o),
+                      g.new_empty((block.num_src, *g.shape[1:])) if out is None else out)
     msg = g[block.row] * weight.reshape(*weight.shape, *([1] * (g.dim() - weight.dim())))
-    return g.new_zeros((block.num_src, *g.shape[1:])).index_add_(0, block.col, msg)
+    out = g.new_zeros((block.num_src, *g.shape[1:])) if out is None else out.zero_()
+    return out.index_add_(0, block.col, msg)
 
 
 
@@ -314,6 +316,7 @@ def attention_grads(
     d_out: torch.Tensor,
     delta: torch.Tensor,
     a_edge: torch.Tensor | None = None,
+    into: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Gradients for one block (inputs as for :meth:`AttentionState.update`) from the
     recomputed probabilities ``P = exp(score - lse[v])``.
@@ -321,13 +324,17 @@ def attention_grads(
     ``delta[v] = sum_c dOut[v] * Out[v]`` is FlashAttention's D: the softmax backward's
     row term, without storing P. Returns (grad of the block's source features, of its
     source scores, of the local destination scores, of the block's edge scores -- None
-    without ``a_edge``).
+    without ``a_edge``). With ``into`` (``[num_src, H*C + H]``, the scores' dtype), the
+    first two are written into its columns -- the payload a worker sends its peers, with
+    no copy -- and returned as views of it.
     """
     block = block.on(h.device)
     heads = h.shape[1]
     dtype = functools.reduce(torch.promote_types, [t.dtype for t in (a_src, a_dst, a_edge) if t is not None])
     weights = torch.empty((block.num_edges, heads), dtype=dtype, device=h.device)  # the one [E, H] tensor
-    d_src = torch.zeros((block.num_src, heads), dtype=dtype, device=h.device)
+    width = heads * h.shape[2]
+    d_h_out = None if into is None else into[:, :width].view(block.num_src, heads, h.shape[2])
+    d_src = torch.zeros((block.num_src, heads), dtype=dtype, device=h.device) if into is None else into[:, width:].zero_()
     d_dst = torch.zeros((block.num_dst, heads), dtype=dtype, device=h.device)
     d_edge = None if a_edge is None else torch.empty((block.num_edges, heads), dtype=dtype, device=h.device)
     for r0, r1 in block.row_chunks(_chunk_edges(heads)):
@@ -347,7 +354,7 @@ def attention_grads(
         d_dst[r0:r1] = torch.zeros_like(d_dst[r0:r1]).index_add_(0, sub.row, d_pre)
         if d_edge is not None:
             d_edge[lo:hi] = d_pre
-    return spmm_t(block, d_out, weights), d_src, d_dst, d_edge
+    return spmm_t(block, d_out, weights, d_h_out), d_src, d_dst, d_edge
 
 
 def _chunk_edges(heads: int) -> int:

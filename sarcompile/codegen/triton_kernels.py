@@ -179,10 +179,22 @@ def attention_grads(
     d_out: torch.Tensor,
     delta: torch.Tensor,
     a_edge: torch.Tensor | None = None,
+    into: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """:func:`torch_kernels.attention_grads` by two generated passes: over the CSR for the
     destination scores (and the edge terms), over the CSC view for the source features
-    and scores (each output row owned by one program: no atomics)."""
+    and scores (each output row owned by one program: no atomics). ``into`` gets the
+    source gradients copied in (the kernels write contiguous buffers)."""
+    d_h, d_src, d_dst, d_edge = _attention_grads(block, h, a_src, a_dst, negative_slope, keep, lse, d_out, delta, a_edge)
+    if into is None:
+        return d_h, d_src, d_dst, d_edge
+    width = d_h.shape[1] * d_h.shape[2]
+    into[:, :width].copy_(d_h.reshape(d_h.shape[0], width))
+    into[:, width:].copy_(d_src)
+    return into[:, :width].view(d_h.shape), into[:, width:], d_dst, d_edge
+
+
+def _attention_grads(block, h, a_src, a_dst, negative_slope, keep, lse, d_out, delta, a_edge):
     heads, channels = h.shape[1], h.shape[2]
     parts = (a_src, a_dst) if a_edge is None else (a_src, a_dst, a_edge)
     score_dtype = functools.reduce(torch.promote_types, (t.dtype for t in parts))

@@ -291,29 +291,34 @@ class _SarAttention(torch.autograd.Function):
         kept = ctx.kept
 
         def block_grads(q: int, hb: torch.Tensor, ab: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            """The gradients of the block's source rows of ``h`` and ``a_src``; the
-            destination and edge scores' gradients are added here."""
+            """The gradients of the block's source rows of ``h`` and ``a_src`` -- on N
+            workers written into one payload (as views of it), what is pushed to the rows'
+            owner; the destination and edge scores' gradients are added here."""
             block = shard.blocks[q]
             keep = _keep(shard, q, heads, ctx.p, salt, h.dtype, h.device)
+            packed = shard.world_size > 1 and d_out.dtype == d_a_dst.dtype
+            into = d_out.new_empty((block.num_src, heads * channels + heads)) if packed else None
             d_h, d_src, d_dst, d_edge = K.attention_grads(
-                block, hb, ab, a_dst, ctx.negative_slope, keep, lse, d_out, delta, _edge_slice(a_edge, shard, q)
+                block, hb, ab, a_dst, ctx.negative_slope, keep, lse, d_out, delta, _edge_slice(a_edge, shard, q), into
             )
             d_a_dst.add_(d_dst)
             if d_a_edge is not None:  # the blocks' edge ranges cover the shard's edges once
                 d_a_edge[shard.edge_ptr[q] : shard.edge_ptr[q + 1]] = d_edge
             return d_h, d_src
 
-        local = block_grads(shard.rank, h, a_src)
+        def block_payload_grads(q: int, hb: torch.Tensor, ab: torch.Tensor) -> torch.Tensor:
+            d_h, d_src = block_grads(q, hb, ab)
+            return d_h._base if d_h._base is not None and d_h._base is d_src._base else _payload(shard, d_h, d_src)
+
         if shard.world_size == 1:
-            return *local, d_a_dst, d_a_edge, None, None, None, None, None, None, None, None
+            return *block_grads(shard.rank, h, a_src), d_a_dst, d_a_edge, None, None, None, None, None, None, None, None
         # The local block's gradient is the buffer the peers' pushes add into: no zeroed copy.
-        d_payload = _payload(shard, *local)
-        del local
+        d_payload = block_payload_grads(shard.rank, h, a_src)
 
         def visit(q: int, block_payload: torch.Tensor | None) -> torch.Tensor | None:
             if q == shard.rank:
                 return None
-            return _payload(shard, *block_grads(q, *_split_payload(kept.get(q, block_payload), heads, channels)))
+            return block_payload_grads(q, *_split_payload(kept.get(q, block_payload), heads, channels))
 
         run_rounds(
             shard,
