@@ -124,6 +124,14 @@ def run_both(blocks, a_dst, slope, dtype, heads, channels, seed, rtol):
                 assert a is None, f"block {i} {name}"
             else:
                 assert_close(a, e, rtol, f"block {i} {name}")
+        # Into a payload's columns (what a worker pushes), as the torch kernels do
+        into = on(torch.empty(block.num_src, heads * channels + heads, dtype=dtype))
+        packed = K.attention_grads(
+            block, on(h), on(a_src), on(a_dst), slope, on(keep), on(lse), on(d_out), on(delta), on(a_edge), into
+        )
+        assert packed[0]._base is into and packed[1]._base is into
+        assert_close(packed[0], expected[0], rtol, f"block {i} d_h into")
+        assert_close(packed[1], expected[1], rtol, f"block {i} d_src into")
 
 
 @settings(max_examples=15, deadline=None)

@@ -101,3 +101,23 @@ def test_row_chunks_cover_every_row_once_within_the_bound(degrees, bound):
         top = max(degrees)
         assert all(int(indptr[b] - indptr[a]) <= bound + top for a, b in chunks)
         assert chunks[0][0] == 0 and chunks[-1][1] == len(degrees)
+
+
+@settings(max_examples=20, deadline=None)
+@given(cases())
+def test_gradients_written_into_a_payload_are_the_same(case):
+    """``into``: the source gradients land in the columns of the payload a worker pushes
+    (features, then scores), equal to the ones made in buffers of their own."""
+    pairs, num_dst, num_src, heads, dropout, edge_score, seed = case
+    block = block_from(pairs, num_dst, num_src)
+    (h, a_src, a_dst, a_edge, keep), out, lse, grads = run(block, heads, dropout, edge_score, seed)
+    gen = torch.Generator().manual_seed(seed + 1)
+    d_out = torch.randn(out.shape, generator=gen, dtype=DT)
+    delta = (d_out * out).sum(-1)
+    want = T.attention_grads(block, h, a_src, a_dst, 0.2, keep, lse, d_out, delta, a_edge)
+    into = torch.full((num_src, heads * 4 + heads), float("nan"), dtype=DT)  # nothing may be read from it
+    got = T.attention_grads(block, h, a_src, a_dst, 0.2, keep, lse, d_out, delta, a_edge, into)
+    assert got[0]._base is into and got[1]._base is into
+    torch.testing.assert_close(into, torch.cat([want[0].reshape(num_src, -1), want[1]], 1), rtol=0, atol=0)
+    for a, b in zip(got[2:], want[2:]):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
