@@ -357,6 +357,13 @@ def attention_grads(
     return spmm_t(block, d_out, weights, d_h_out), d_src, d_dst, d_edge
 
 
+def row_blocks(t: torch.Tensor):
+    """Slices of ``t``'s rows, each of at most :data:`EDGE_CHUNK_ELEMENTS` entries (one row
+    at least): what a row-wise product is computed in, so its temporaries stay bounded."""
+    step = max(1, EDGE_CHUNK_ELEMENTS // max(1, math.prod(t.shape[1:])))
+    return (slice(lo, lo + step) for lo in range(0, t.shape[0], step))
+
+
 def _chunk_edges(heads: int) -> int:
     """Edges per row range of the attention kernels: EDGE_CHUNK_ELEMENTS scores."""
     return max(1, EDGE_CHUNK_ELEMENTS // max(heads, 1))

@@ -23,15 +23,10 @@ import torch
 import torch.fx as fx
 from torch.autograd.function import once_differentiable
 
-from ..opdef import EDGE_CHUNK_ELEMENTS
+from ..codegen.torch_kernels import row_blocks
 from .context import CompileOptions
 
 __all__ = ["head_dot"]
-
-
-def _row_blocks(h: torch.Tensor):
-    step = max(1, EDGE_CHUNK_ELEMENTS // max(1, math.prod(h.shape[1:])))
-    return (slice(lo, lo + step) for lo in range(0, h.shape[0], step))
 
 
 class _HeadDot(torch.autograd.Function):
@@ -39,7 +34,7 @@ class _HeadDot(torch.autograd.Function):
     def forward(ctx, h, att):
         ctx.save_for_backward(h if ctx.needs_input_grad[1] else None, att)
         out = h.new_empty(h.shape[:2])
-        for r in _row_blocks(h):
+        for r in row_blocks(h):
             out[r] = (h[r] * att).sum(-1)
         return out
 
@@ -51,7 +46,7 @@ class _HeadDot(torch.autograd.Function):
         d_att = None
         if ctx.needs_input_grad[1]:
             d_att = torch.zeros_like(att, dtype=torch.promote_types(d.dtype, h.dtype))
-            for r in _row_blocks(h):
+            for r in row_blocks(h):
                 d_att += (d[r].unsqueeze(-1) * h[r]).sum(0).reshape(att.shape)
             d_att = d_att.to(att.dtype)
         return d_h, d_att

@@ -20,13 +20,14 @@ count re-fetched bytes: the runtime does what the plan prints.
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import torch
 
 from .. import ops as ir
 from ..codegen import kernels_for, torch_kernels
 from ..errors import CompileError
-from ..opdef import EDGE_CHUNK_ELEMENTS
+from ..graph import Block
 from ..rng import edge_keep
 from ..shard import ShardGraph
 from ..vocab import LinkPolicy, Strategy
@@ -69,6 +70,13 @@ def _edge_slice(t: torch.Tensor | None, shard: ShardGraph, q: int) -> torch.Tens
     return None if t is None else t[shard.edge_ptr[q] : shard.edge_ptr[q + 1]]
 
 
+def _mean_weights(shard: ShardGraph, dtype: torch.dtype) -> Callable[[Block], torch.Tensor]:
+    """The mean's ``1/deg`` as a block's edge weights: the degrees once, spread over each
+    block's edges from its CSR offsets when asked."""
+    inv_deg = 1.0 / shard.in_degrees().clamp(min=1).to(dtype)
+    return lambda block: block.per_edge(inv_deg[: block.num_dst])
+
+
 def _bcast(deg: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return deg.clamp(min=1).to(like.device, like.dtype).reshape(-1, *([1] * (like.dim() - 1)))
 
@@ -87,7 +95,7 @@ class _SarSpmm(torch.autograd.Function):
         state = K.MaxState(shard.num_nodes, tail, x.dtype, x.device) if reduce == "max" else None
         offsets = _offsets(shard)
         # Added into a buffer that holds more than sums: the mean's 1/deg goes on the edges
-        inv_deg = 1.0 / shard.in_degrees().clamp(min=1).to(x.dtype) if into is not None and reduce == "mean" else None
+        mean_weights = _mean_weights(shard, x.dtype) if into is not None and reduce == "mean" else None
         if into is not None:
             acc["out"] = into
 
@@ -95,7 +103,7 @@ class _SarSpmm(torch.autograd.Function):
             if strategy.keeps_blocks:
                 kept[q] = xb
             block = shard.blocks[q]
-            w = _edge_slice(weight, shard, q) if inv_deg is None else block.per_edge(inv_deg[: block.num_dst])
+            w = _edge_slice(weight, shard, q) if mean_weights is None else mean_weights(block)
             if state is not None:
                 state.update(block, xb, offsets[q])
             else:  # the local block comes first: its sums are the buffer, unless given one
@@ -129,7 +137,7 @@ class _SarSpmm(torch.autograd.Function):
         per_edge = reduce == "mean" and weight is None
         if reduce == "mean" and not per_edge:
             g = g / _bcast(shard.in_degrees(), g)
-        inv_deg = 1.0 / shard.in_degrees().clamp(min=1).to(g.dtype) if per_edge else None  # once, not per block
+        mean_weights = _mean_weights(shard, g.dtype) if per_edge else None
         offsets = _offsets(shard)
         kept = ctx.kept
 
@@ -138,7 +146,7 @@ class _SarSpmm(torch.autograd.Function):
             if reduce == "max":
                 return K.max_grad(pos[0], g, offsets[q], block.num_src)
             if per_edge:
-                return K.spmm_t(block, g, block.per_edge(inv_deg[: block.num_dst]))
+                return K.spmm_t(block, g, mean_weights(block))
             return K.spmm_t(block, g, _edge_slice(weight, shard, q))
 
         # The local block's gradient is the buffer the peers' pushes add into: no zeroed copy.
@@ -290,14 +298,12 @@ class _SarAttention(torch.autograd.Function):
         d_a_edge = None if a_edge is None or not ctx.needs_input_grad[3] else torch.zeros_like(a_edge)
         kept = ctx.kept
 
-        def block_grads(q: int, hb: torch.Tensor, ab: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            """The gradients of the block's source rows of ``h`` and ``a_src`` -- on N
-            workers written into one payload (as views of it), what is pushed to the rows'
-            owner; the destination and edge scores' gradients are added here."""
+        def block_grads(q: int, hb: torch.Tensor, ab: torch.Tensor, into: torch.Tensor | None = None):
+            """The gradients of the block's source rows of ``h`` and ``a_src`` (written
+            into ``into``'s columns when given); the destination and edge scores'
+            gradients are added here."""
             block = shard.blocks[q]
             keep = _keep(shard, q, heads, ctx.p, salt, h.dtype, h.device)
-            packed = shard.world_size > 1 and d_out.dtype == d_a_dst.dtype
-            into = d_out.new_empty((block.num_src, heads * channels + heads)) if packed else None
             d_h, d_src, d_dst, d_edge = K.attention_grads(
                 block, hb, ab, a_dst, ctx.negative_slope, keep, lse, d_out, delta, _edge_slice(a_edge, shard, q), into
             )
@@ -306,19 +312,24 @@ class _SarAttention(torch.autograd.Function):
                 d_a_edge[shard.edge_ptr[q] : shard.edge_ptr[q + 1]] = d_edge
             return d_h, d_src
 
-        def block_payload_grads(q: int, hb: torch.Tensor, ab: torch.Tensor) -> torch.Tensor:
-            d_h, d_src = block_grads(q, hb, ab)
-            return d_h._base if d_h._base is not None and d_h._base is d_src._base else _payload(shard, d_h, d_src)
+        def pushed_grads(q: int, hb: torch.Tensor, ab: torch.Tensor) -> torch.Tensor:
+            """The block's source gradients as the payload pushed to the rows' owner:
+            written straight into it where features and scores share a dtype."""
+            if d_out.dtype != d_a_dst.dtype:
+                return _payload(shard, *block_grads(q, hb, ab))
+            into = d_out.new_empty((shard.blocks[q].num_src, heads * channels + heads))
+            block_grads(q, hb, ab, into)
+            return into
 
         if shard.world_size == 1:
             return *block_grads(shard.rank, h, a_src), d_a_dst, d_a_edge, None, None, None, None, None, None, None, None
         # The local block's gradient is the buffer the peers' pushes add into: no zeroed copy.
-        d_payload = block_payload_grads(shard.rank, h, a_src)
+        d_payload = pushed_grads(shard.rank, h, a_src)
 
         def visit(q: int, block_payload: torch.Tensor | None) -> torch.Tensor | None:
             if q == shard.rank:
                 return None
-            return block_payload_grads(q, *_split_payload(kept.get(q, block_payload), heads, channels))
+            return pushed_grads(q, *_split_payload(kept.get(q, block_payload), heads, channels))
 
         run_rounds(
             shard,
@@ -351,9 +362,8 @@ def _row_term(ctx, d_out: torch.Tensor) -> torch.Tensor:
         )
     ctx.out = None
     delta = out.new_empty(out.shape[:2])
-    step = max(1, EDGE_CHUNK_ELEMENTS // max(1, math.prod(out.shape[1:])))
-    for lo in range(0, out.shape[0], step):
-        delta[lo : lo + step] = (d_out[lo : lo + step] * out[lo : lo + step]).sum(-1)
+    for r in torch_kernels.row_blocks(out):
+        delta[r] = (d_out[r] * out[r]).sum(-1)
     return delta
 
 

@@ -11,6 +11,7 @@ from test_linear_groups import graph
 from torch import nn
 
 import sarcompile as sc
+from sarcompile.codegen import torch_kernels as T
 from sarcompile.passes import head_dot as hd
 from sarcompile.passes.lower import lower
 from sarcompile.trace import trace
@@ -45,7 +46,7 @@ def test_scores_become_one_op_and_match_the_eager_model():
 
 @pytest.mark.parametrize("rows", [1, 7, 40])
 def test_row_blocks_give_autograds_gradients(rows, monkeypatch):
-    monkeypatch.setattr(hd, "EDGE_CHUNK_ELEMENTS", 12)  # two rows of 2 x 3 per block
+    monkeypatch.setattr(T, "EDGE_CHUNK_ELEMENTS", 12)  # two rows of 2 x 3 per block
     gen = torch.Generator().manual_seed(rows)
     h = torch.randn(rows, 2, 3, dtype=DT, generator=gen, requires_grad=True)
     att = torch.randn(1, 2, 3, dtype=DT, generator=gen, requires_grad=True)
