@@ -12,12 +12,14 @@ process (benchmarks/vs_dgl_worker.py) and reports the peak resident size above i
 runs add a measured memory ledger per worker and the plan's estimate. Prints the table with
 ratios to DGL's one process; writes benchmarks/results/vs_dgl.json and vs_dgl.png.
 
-By default no allocator variables are set: this is the environment a user has.
-``--allocator default tcmalloc`` runs everything twice, the second time with tcmalloc
-preloaded into DGL's and sarcompile's processes alike (``sarcompile allocator``); ratios
-compare runs with the same allocator. ``lean`` runs sarcompile with
-``SARCOMPILE_MALLOC=lean`` (see sarcompile.runtime.memory). Threads: the one process uses
-every core (``--threads``, default all); N workers split them (at least 1).
+By default no allocator variables are set: this is the environment a user has (where
+``sc.init()`` fixes glibc's mmap threshold on more than one worker, see
+sarcompile.runtime.memory). ``--allocator default tcmalloc`` runs everything twice, the
+second time with tcmalloc preloaded into DGL's and sarcompile's processes alike
+(``sarcompile allocator``); ratios compare runs with the same allocator. ``off`` and
+``lean`` run sarcompile with ``SARCOMPILE_MALLOC=off`` (glibc's own thresholds on any
+number of workers) or ``=lean`` (fixed on any number), against DGL as a user runs it.
+Threads: the one process uses every core (``--threads``, default all); N workers split them (at least 1).
 """
 
 from __future__ import annotations
@@ -69,14 +71,18 @@ def run_one(cmd: list[str], out: Path, env: dict, timeout: float) -> list[dict] 
     return json.loads(out.read_text())
 
 
+# --allocator values that are sarcompile's own SARCOMPILE_MALLOC setting (DGL runs as is).
+OWN_SETTINGS = ("off", "lean")
+
+
 def allocator_env(allocator: str) -> dict[str, str]:
     """What a run with ``allocator`` adds to the environment: tcmalloc and jemalloc are
-    preloaded into every process (DGL's too: the same allocator on both sides); lean is
-    sarcompile's own setting (SARCOMPILE_MALLOC, ignored by DGL)."""
+    preloaded into every process (DGL's too: the same allocator on both sides); off and
+    lean are sarcompile's own setting (SARCOMPILE_MALLOC, ignored by DGL)."""
     if allocator == "default":
         return {}
-    if allocator == "lean":
-        return {"SARCOMPILE_MALLOC": "lean"}
+    if allocator in OWN_SETTINGS:
+        return {"SARCOMPILE_MALLOC": allocator}
     path = find_allocator(allocator)
     if path is None:
         sys.exit(f"--allocator {allocator}: it is not installed here (python -m sarcompile allocator {allocator} "
@@ -86,7 +92,8 @@ def allocator_env(allocator: str) -> dict[str, str]:
 
 def measure(a: argparse.Namespace) -> list[dict]:
     threads = a.threads or os.cpu_count() or 1
-    base = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "LD_PRELOAD"}
+    base = {k: v for k, v in os.environ.items()
+            if not k.startswith("MALLOC_") and k not in ("LD_PRELOAD", "SARCOMPILE_MALLOC")}
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
@@ -104,7 +111,7 @@ def measure(a: argparse.Namespace) -> list[dict]:
             for model in a.models:
                 out = tmp / "run.json"
                 tag = {"model": model, "allocator": allocator}
-                if dgl and allocator != "lean":
+                if dgl and allocator not in OWN_SETTINGS:
                     env = {**base, **extra, "OMP_NUM_THREADS": str(threads), "DGLBACKEND": "pytorch",
                            "PYTHONPATH": str(ROOT)}
                     rec = run_one([dgl, worker, "--engine", "dgl", "--model", model, "--graph", str(graph),
@@ -126,9 +133,9 @@ def measure(a: argparse.Namespace) -> list[dict]:
 
 
 def reference(rows: list[dict], row: dict) -> dict | None:
-    """The DGL run a row is compared with: same model, same allocator (lean is
-    sarcompile's own setting, so its reference is DGL as a user runs it)."""
-    allocator = "default" if row["allocator"] == "lean" else row["allocator"]
+    """The DGL run a row is compared with: same model, same allocator (off and lean are
+    sarcompile's own setting, so their reference is DGL as a user runs it)."""
+    allocator = "default" if row["allocator"] in OWN_SETTINGS else row["allocator"]
     return next((r for r in rows if r["engine"] == "dgl" and r["model"] == row["model"]
                  and r["allocator"] == allocator), None)
 
@@ -219,11 +226,11 @@ def main() -> None:
     ap.add_argument("--workers", nargs="+", type=int, default=[1, 2, 4, 8])
     ap.add_argument("--epochs", type=int, default=5, help="timed epochs after one warm-up")
     ap.add_argument("--threads", type=int, default=0, help="threads of the one process (default: all cores)")
-    ap.add_argument("--allocator", nargs="+", choices=["default", "tcmalloc", "jemalloc", "lean"],
+    ap.add_argument("--allocator", nargs="+", choices=["default", "tcmalloc", "jemalloc", *OWN_SETTINGS],
                     default=["default"],
                     help="malloc of the runs, each in turn: default (glibc, as a user has it), tcmalloc or "
-                    "jemalloc (LD_PRELOAD'ed into DGL's and sarcompile's processes alike), lean "
-                    "(sarcompile's SARCOMPILE_MALLOC=lean)")
+                    "jemalloc (LD_PRELOAD'ed into DGL's and sarcompile's processes alike), off / lean "
+                    "(sarcompile's SARCOMPILE_MALLOC=off / lean)")
     ap.add_argument("--skip-dgl", action="store_true", help="sarcompile only (no DGL environment)")
     ap.add_argument("--timeout", type=float, default=1800)
     ap.add_argument("--out", default=str(RESULTS / "vs_dgl.json"))

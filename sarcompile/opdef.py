@@ -43,7 +43,7 @@ Wants = frozenset[str]
 
 # Kernels that build one row per edge (edge-weight gradients) handle at most this many
 # elements at once, whatever the graph's size: it bounds their temporaries.
-EDGE_CHUNK_ELEMENTS = 1 << 20
+EDGE_CHUNK_ELEMENTS = 1 << 17
 
 # Keywords the passes set on an op; its checks never see them.
 PASS_KEYWORDS = ("strategy", "executor", "comm")

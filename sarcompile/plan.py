@@ -30,7 +30,7 @@ import torch.fx as fx
 
 from .errors import CompileError
 from .graph import Graph, probe_graph
-from .opdef import AllReduce, Halo, OpDef, Push, definition
+from .opdef import AllReduce, Halo, OpDef, Push, Temporaries, definition
 from .runtime.comm import offline
 from .runtime.link import Wire
 from .shard import DERIVED_GRAPHS, ShardGraph, split_graph
@@ -115,6 +115,8 @@ class Plan:
         parameters, gradients,
         optimizer (if the plan was given one), saved_activations (what autograd keeps for
         backward, exact), remote_blocks (the most remote rows alive at once, exact),
+        exchange_buffers (besides those, the rows gathered to send and the gradients on
+        their way back at the exchange's peak; close, the runtime's order of frees aside),
         workspace (kernel temporaries and gradient buffers: an approximation) and, with
         ``staleness`` or ``bounded_staleness``, link_cache (the remote blocks each such op
         keeps between iterations). With ``compress``, traffic is counted as sent (packed)."""
@@ -322,23 +324,54 @@ def _optimizer_factor(optimizer: Any) -> int:
     raise ValueError(f"unknown optimizer {name!r}: give 'adam', 'sgd' or an optimizer instance")
 
 
-def _pair_peak(blocks: list[int]) -> int:
-    """Most bytes alive at once when blocks arrive in this order, each with the next one
-    prefetched: the largest sum of two consecutive blocks (or the largest one)."""
-    pairs = [a + b for a, b in zip(blocks, blocks[1:])]
-    return max(pairs + blocks, default=0)
+@dataclass
+class _Exchange:
+    """What the memory estimate needs of one exchanging op, per worker in round order
+    (q = r-1, r-2, ...): the bytes of each block received and of the rows sent in the same
+    round, and which directions move blocks (fetch) or gradients (push)."""
+
+    blocks: list[list[int]]
+    sends: list[list[int]]
+    keeps: bool  # the remote blocks stay for backward
+    forward: tuple[bool, bool]  # (fetches, pushes)
+    backward: tuple[bool, bool]
+    row_bytes: int
+    temporaries: Temporaries
 
 
-def _remote_peak(ops: list[tuple[list[int], bool, bool]]) -> int:
-    """Most remote bytes alive at once over a step. ``ops`` in program order: (blocks in
-    round order, keeps them for backward, fetches them again in backward)."""
+def _round_peak(blocks: list[int], sends: list[int], fetch: bool, push: bool) -> int:
+    """Most bytes alive at once over one exchange's rounds. Round k holds the block it
+    visits and, when gradients go back, that block's gradient (then the owner's gradient
+    for the rows sent, arriving); with the next block being received and the rows sent
+    for it gathered into their own buffer."""
+    peak = 0
+    for k, block in enumerate(blocks):
+        here = block if fetch else 0
+        if push:
+            here = max(here, sends[k]) + block
+        ahead = blocks[k + 1] + sends[k + 1] if fetch and k + 1 < len(blocks) else 0
+        peak = max(peak, here + ahead)
+    return peak
+
+
+def _remote_peak(ops: list[_Exchange], r: int, buffers: bool) -> int:
+    """Most remote bytes alive at worker ``r`` at once over a step, ``ops`` in program
+    order: the blocks received alone, or with ``buffers`` also the rows gathered to send
+    and the gradients on their way back."""
     kept, peak = 0, 0
-    for blocks, keeps, _ in ops:  # forward: kept blocks pile up until backward
-        peak = max(peak, kept + (sum(blocks) if keeps else _pair_peak(blocks)))
-        kept += sum(blocks) if keeps else 0
-    for blocks, keeps, refetch in reversed(ops):  # backward: each op frees its own
-        peak = max(peak, kept + (_pair_peak(blocks) if refetch else 0))
-        kept -= sum(blocks) if keeps else 0
+
+    def rounds(op: _Exchange, fetch: bool, push: bool, blocks: list[int]) -> int:
+        sends = op.sends[r] if buffers else [0] * len(blocks)
+        return _round_peak(blocks, sends, fetch, push and buffers)
+
+    for op in ops:  # forward: kept blocks pile up until backward
+        blocks = op.blocks[r]
+        now = sum(blocks) + rounds(op, False, op.forward[1], blocks) if op.keeps else rounds(op, *op.forward, blocks)
+        peak = max(peak, kept + now)
+        kept += sum(blocks) if op.keeps else 0
+    for op in reversed(ops):  # backward: each op frees its own
+        peak = max(peak, kept + rounds(op, *op.backward, op.blocks[r]))
+        kept -= sum(op.blocks[r]) if op.keeps else 0
     return peak
 
 
@@ -384,7 +417,7 @@ def build_plan(
     derived = {n.target for n in gm.graph.nodes if n.op == "call_method" and n.target in DERIVED_GRAPHS}
     estimates = []
     for r, w in enumerate(workers):
-        remote = _remote_peak([(c[0][r], c[1], c[2]) for c in comm])
+        remote = _remote_peak(comm, r, buffers=False)
         breakdown = {
             # planned without a partition's files: the features alone
             "node_data": w.node_data_bytes or w.nodes * math.prod(x.shape[1:]) * x.element_size(),
@@ -394,6 +427,7 @@ def build_plan(
             "optimizer": params * _optimizer_factor(optimizer),
             "saved_activations": _scale_saved(probe.saved, w),
             "remote_blocks": remote,
+            "exchange_buffers": _remote_peak(comm, r, buffers=True) - remote,
             "workspace": _workspace(w, comm, r),
         }
         if any(link_cache):
@@ -480,13 +514,22 @@ def _halo_traffic(row: OpPlan, node: fx.Node, op: OpDef, args: dict[str, Any], w
             link_cache[r] += sum(w.halo) * width if cached else 0
     recv = [sum(w.halo) * wire_row for w in workers]
     sent_rows = [sum(workers[p].halo[r] for p in range(n)) * wire_row for r in range(n)]
-    # Blocks a worker receives, in round order (q = r-1, r-2, ...).
-    blocks = [[workers[r].halo[(r - k) % n] * width for k in range(1, n)] for r in range(n)]
+    blocks, sends = _round_bytes(workers, width)
     row.row_bytes = wire_row
     row.forward_bytes = recv
     row.backward_bytes = [(sent_rows[r] if pushes else 0) + (recv[r] if refetch else 0) for r in range(n)]
     row.round_bytes = [max(b, default=0) for b in blocks]
-    return blocks, strategy.keeps_blocks, refetch, width, op.temporaries(args, width)
+    return _Exchange(blocks, sends, strategy.keeps_blocks, (True, False), (refetch, pushes), width,
+                     op.temporaries(args, width))
+
+
+def _round_bytes(workers: list[WorkerStats], width: int) -> tuple[list[list[int]], list[list[int]]]:
+    """Per worker, in round order k = 1..N-1: the block received (from q = r-k) and the
+    rows sent (to p = r+k), in bytes."""
+    n = len(workers)
+    blocks = [[workers[r].halo[(r - k) % n] * width for k in range(1, n)] for r in range(n)]
+    sends = [[workers[(r + k) % n].halo[r] * width for k in range(1, n)] for r in range(n)]
+    return blocks, sends
 
 
 def _push_traffic(row: OpPlan, op: OpDef, args: dict[str, Any], workers: list[WorkerStats]) -> tuple:
@@ -497,11 +540,12 @@ def _push_traffic(row: OpPlan, op: OpDef, args: dict[str, Any], workers: list[Wo
     n, width = len(workers), op.exchange.row_bytes(args)
     halo = [sum(w.halo) * width for w in workers]
     owned = [sum(workers[p].halo[r] for p in range(n)) * width for r in range(n)]
-    blocks = [[workers[r].halo[(r - k) % n] * width for k in range(1, n)] for r in range(n)]
+    blocks, sends = _round_bytes(workers, width)
     row.row_bytes, row.forward_bytes, row.backward_bytes = width, owned, halo
     row.round_bytes = [max(b, default=0) for b in blocks]
     row.reason = "partial results for other workers' rows go to their owners"
-    return blocks, False, True, width, op.temporaries(args, width)  # backward holds fetched blocks
+    # Forward sends partial results for the halo rows (a push); backward fetches them.
+    return _Exchange(blocks, sends, False, (False, True), (True, False), width, op.temporaries(args, width))
 
 
 def _graph_bytes(w: WorkerStats, r: int, derived: set[str]) -> int:
@@ -523,15 +567,15 @@ def _graph_bytes(w: WorkerStats, r: int, derived: set[str]) -> int:
     return 8 * (wide + len(derived) * wide_extra) + 4 * (narrow + len(derived) * narrow_extra)
 
 
-def _workspace(w: WorkerStats, comm: list, r: int) -> int:
+def _workspace(w: WorkerStats, comm: list[_Exchange], r: int) -> int:
     """Temporaries of the most demanding op -- an approximation: node-row gradient
     buffers, per-edge temporaries of the worker's largest block (kernels run one block at
     a time) and bounded per-edge chunks.
 
-    Gradients on their way back to their owners are not counted: measured with
-    benchmarks/scaling.py they are gone before the node-row buffers peak."""
+    Gradients on their way back to their owners are remote bytes (:func:`_round_peak`)."""
     edges = w.largest_block(r)
     return max(
-        (t.node_rows * w.nodes * row + edges * t.edge_bytes + t.chunk_bytes for *_, row, t in comm),
+        (e.temporaries.node_rows * w.nodes * e.row_bytes + edges * e.temporaries.edge_bytes
+         + e.temporaries.chunk_bytes for e in comm),
         default=0,
     )

@@ -92,7 +92,7 @@ from .partitioning import _atomic_write, load_partition, read_manifest
 from .rundir import lock_dir, remove_stale_temps
 from .runtime import failure
 from .runtime.comm import global_max, global_sum, init, shutdown, stats, sync_gradients, timeout
-from .runtime.memory import MemoryProbe, active_allocator, find_allocator, floor_bytes
+from .runtime.memory import MMAP_THRESHOLD, MemoryProbe, active_allocator, allocator_tuned, find_allocator, floor_bytes
 from .validate import check_node_data
 from .vocab import Compression, Mode
 
@@ -831,6 +831,9 @@ def _allocator_line() -> str:
     name = active_allocator()
     if name != "glibc":
         return name
+    if allocator_tuned():
+        return (f"glibc's malloc; sc.init() fixed its mmap threshold at {MMAP_THRESHOLD >> 10} KiB, so freed "
+                "tensors go back to the OS (SARCOMPILE_MALLOC=off: glibc's own, faster on some graphs, see README)")
     hint = "LD_PRELOAD=$(sarcompile allocator) before torchrun" if find_allocator() else \
         "install tcmalloc and LD_PRELOAD=$(sarcompile allocator)"
     return f"glibc's malloc (it keeps freed memory in heap holes; {hint} for less memory, see README)"

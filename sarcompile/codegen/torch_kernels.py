@@ -122,9 +122,12 @@ def edge_dot(block: Block, g: torch.Tensor, x: torch.Tensor, weight_shape: torch
         if len(weight_shape) == 1:
             return _sampled_dot(block, _flat(g), _flat(x))
         if len(weight_shape) == 2 and x.dim() == 3 and g.dim() == 3 and weight_shape[1] == x.shape[1]:
+            # sampled_addmm wants contiguous operands (else it clones them): each head's
+            # columns are copied into one pair of buffers, reused across heads.
             out = g.new_empty((block.num_edges, *weight_shape[1:]))
+            g_k, x_k = g.new_empty((g.shape[0], g.shape[2])), x.new_empty((x.shape[0], x.shape[2]))
             for k in range(x.shape[1]):
-                out[:, k] = _sampled_dot(block, g[:, k], x[:, k])
+                out[:, k] = _sampled_dot(block, g_k.copy_(g[:, k]), x_k.copy_(x[:, k]))
             return out
     rest = math.prod(g.shape[1:]) // math.prod(weight_shape[1:])
     out = g.new_empty((block.num_edges, *weight_shape[1:]))
@@ -286,7 +289,7 @@ class AttentionState:
             rescale = torch.where(torch.isinf(m_new), torch.ones_like(m_new), torch.exp(m - m_new))
             e = torch.exp(score - m_new[sub.row])
             l.mul_(rescale).add_(torch.zeros_like(l).index_add_(0, sub.row, e))
-            acc.mul_(rescale.unsqueeze(-1)).add_(spmm(sub, h, e if keep is None else e * keep[lo:hi]))
+            spmm(sub, h, e if keep is None else e * keep[lo:hi], into=acc.mul_(rescale.unsqueeze(-1)))
             m.copy_(m_new)
 
     def result(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -336,7 +339,11 @@ def attention_grads(
     d_h_out = None if into is None else into[:, :width].view(block.num_src, heads, h.shape[2])
     d_src = torch.zeros((block.num_src, heads), dtype=dtype, device=h.device) if into is None else into[:, width:].zero_()
     d_dst = torch.zeros((block.num_dst, heads), dtype=dtype, device=h.device)
-    d_edge = None if a_edge is None else torch.empty((block.num_edges, heads), dtype=dtype, device=h.device)
+    # dP = <dOut[v], h[u]> for the whole block at once: sampled_addmm copies each head's
+    # columns of both to contiguous buffers, once per block here rather than once per row
+    # range. Each range turns its slice into dScore in place; with edge scores it ends as
+    # their gradient (no second [E, H] tensor).
+    d_w = edge_dot(block, d_out, h, weights.shape).to(dtype)
     for r0, r1 in block.row_chunks(_chunk_edges(heads)):
         sub, lo, hi = block.rows(r0, r1), int(block.indptr[r0]), int(block.indptr[r1])
         pre = _pre_scores(sub, a_src, a_dst[r0:r1], None if a_edge is None else a_edge[lo:hi])
@@ -345,16 +352,17 @@ def attention_grads(
         del score
         chunk_keep = None if keep is None else keep[lo:hi]
         weights[lo:hi] = p if chunk_keep is None else p * chunk_keep
-        d_w = edge_dot(sub, d_out[r0:r1], h, weights.shape)
-        d_p = d_w if chunk_keep is None else d_w * chunk_keep
-        d_score = p * (d_p - delta[r0:r1][sub.row])
-        del d_w, d_p, p
+        d_score = d_w[lo:hi]
+        if chunk_keep is not None:
+            d_score.mul_(chunk_keep)
+        d_score.sub_(delta[r0:r1][sub.row]).mul_(p)
+        del p
         d_pre = torch.where(pre > 0, d_score, d_score * negative_slope)
         d_src.index_add_(0, sub.col, d_pre)
         d_dst[r0:r1] = torch.zeros_like(d_dst[r0:r1]).index_add_(0, sub.row, d_pre)
-        if d_edge is not None:
-            d_edge[lo:hi] = d_pre
-    return spmm_t(block, d_out, weights, d_h_out), d_src, d_dst, d_edge
+        if a_edge is not None:
+            d_score.copy_(d_pre)
+    return spmm_t(block, d_out, weights, d_h_out), d_src, d_dst, (None if a_edge is None else d_w)
 
 
 def row_blocks(t: torch.Tensor):

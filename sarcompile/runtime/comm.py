@@ -35,7 +35,9 @@ from ..errors import CommError
 from . import failure, memory
 from .link import Pending
 
-__all__ = ["global_max", "global_sum", "init", "live", "run_rounds", "shutdown", "stats", "sync_gradients", "timeout"]
+__all__ = [
+    "Columns", "global_max", "global_sum", "init", "live", "run_rounds", "shutdown", "stats", "sync_gradients", "timeout",
+]
 
 TAG_FEATURES, TAG_GRADS = 11, 12
 _DEFAULT_TIMEOUT_S = 300.0
@@ -69,6 +71,17 @@ def _under_torchrun() -> bool:
     return "TORCHELASTIC_RUN_ID" in os.environ
 
 
+def _env_world_size() -> int:
+    """The group's size as the environment describes it, before the group exists (1 when
+    it does not say; a malformed value is init_process_group's to report)."""
+    if "MASTER_ADDR" not in os.environ:
+        return 1
+    try:
+        return int(os.environ.get("WORLD_SIZE", "1"))
+    except ValueError:
+        return 1
+
+
 def init(backend: str | None = None, timeout_s: float | None = None) -> tuple[int, int]:
     """Join the process group torchrun describes in the environment; returns (rank, world size).
 
@@ -81,7 +94,8 @@ def init(backend: str | None = None, timeout_s: float | None = None) -> tuple[in
     """
     if dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
-    memory.tune_allocator()  # before the big allocations: glibc's thresholds apply to what comes after
+    # Before the big allocations: glibc's thresholds apply to what comes after.
+    memory.tune_allocator(_env_world_size())
     backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
     limit = timeout() if timeout_s is None else _check_timeout(timeout_s, "timeout_s")
     wait = timedelta(seconds=limit)
@@ -318,6 +332,38 @@ def _wait(works: list, what: str) -> None:
 # -- the rounds -----------------------------------------------------------------------------
 Visit = Callable[[int, "torch.Tensor | None"], "torch.Tensor | None"]
 
+
+@dataclass(frozen=True)
+class Columns:
+    """Node tensors side by side, as the one ``[n, sum of widths]`` tensor a round sends,
+    without making it: ``columns[rows]`` gathers the rows straight into one buffer.
+    (Attention sends ``h`` with ``a_src``; a whole concatenated copy would be one more
+    ``[n, H*C]`` buffer next to the exchange's own, at its peak.)"""
+
+    parts: tuple[torch.Tensor, ...]  # 2-D, the same rows and dtype
+
+    @property
+    def shape(self) -> torch.Size:
+        return torch.Size((self.parts[0].shape[0], sum(p.shape[1] for p in self.parts)))
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.parts[0].dtype
+
+    def __getitem__(self, rows: torch.Tensor) -> torch.Tensor:
+        out = self.new_empty((rows.numel(), self.shape[1]))
+        start = 0
+        for p in self.parts:
+            torch.index_select(p, 0, rows, out=out[:, start : start + p.shape[1]])
+            start += p.shape[1]
+        return out
+
+    def new_empty(self, shape: tuple[int, ...]) -> torch.Tensor:
+        return self.parts[0].new_empty(shape)
+
+    def detach(self) -> "Columns":
+        return Columns(tuple(p.detach() for p in self.parts))
+
 TAG_PIPELINE = 1000  # + 2 * site (+1 for gradients): pipelined exchanges of one site
 
 
@@ -347,8 +393,8 @@ def run_rounds(
 ) -> None:
     """Visit every source partition once, local first, then ``q = r-1, r-2, ...``.
 
-    ``fetch``: a node tensor whose rows each peer needs; ``visit(q, block)`` then gets
-    ``q``'s halo rows of it (the local block gets ``fetch`` itself), with ``lookahead``
+    ``fetch``: a node tensor (or :class:`Columns`) whose rows each peer needs; ``visit(q,
+    block)`` then gets ``q``'s halo rows of it (the local block gets ``fetch`` itself), with ``lookahead``
     rounds posted ahead (1 for SAR; N-1 fetches everything at once, as domain parallel).
     ``push_into``: if given, what ``visit`` returns for ``q`` (gradient rows for ``q``'s
     halo) is sent back to ``q``, and what peers return for our rows is summed into it.
@@ -440,6 +486,11 @@ def _sync_rounds(shard, visit, fetch, push_into, lookahead, phase, what, link, i
         push_into += local
     in_flight = None
     for k in range(1, n):
+        if in_flight is not None:
+            # The last round's gradients are added before this block's are made: two pushes
+            # in flight would hold four more [rows, F] buffers at the exchange's peak.
+            finish_push(in_flight)
+            in_flight = None
         if fetch_remote is not None:
             p, q, buf, works = pending.popleft()
             _wait(works, f"{what}: features to worker {p} / from worker {q}")
@@ -460,11 +511,8 @@ def _sync_rounds(shard, visit, fetch, push_into, lookahead, phase, what, link, i
         out = visit(q, buf)
         del buf  # the block is freed here unless visit (stash) or the link's cache kept it
         if push_into is not None:
-            posted = post_push(k, out)
+            in_flight = post_push(k, out)
             del out
-            if in_flight is not None:
-                finish_push(in_flight)
-            in_flight = posted
     if in_flight is not None:
         finish_push(in_flight)
     return received

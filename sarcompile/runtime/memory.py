@@ -8,8 +8,8 @@ it is ``torch.cuda.max_memory_allocated`` (tensors only) after ``reset_peak_memo
 
 glibc's allocator keeps freed memory of its heap and arenas for reuse, so on a CPU the
 resident peak also counts what earlier steps freed. :func:`tune_allocator` (called by
-``sc.init()``, opt-in) hands large frees back to the OS at once; :func:`malloc_stats`
-says how much freed memory glibc holds.
+``sc.init()``; by default on more than one worker) hands large frees back to the OS at
+once; :func:`malloc_stats` says how much freed memory glibc holds.
 
 Another allocator can replace glibc's for the whole process: ``LD_PRELOAD`` of tcmalloc
 (or jemalloc) before the process starts -- for example
@@ -31,6 +31,7 @@ import ctypes
 import ctypes.util
 import os
 import sys
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,6 +42,7 @@ __all__ = [
     "Allocator",
     "MemoryProbe",
     "active_allocator",
+    "allocator_tuned",
     "find_allocator",
     "floor_bytes",
     "malloc_stats",
@@ -52,10 +54,14 @@ __all__ = [
 # mallopt parameters (malloc.h)
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
 # Blocks of this size and more get their own mapping, returned to the OS on free. glibc's
-# default starts at 128 KiB but grows to the largest block freed (up to 32 MiB), so after
-# the first step every node-feature tensor lives on the heap, and a freed one stays
-# resident. 64 KiB keeps small tensors on the (fast) heap.
-MMAP_THRESHOLD = 64 << 10
+# default starts at 128 KiB but grows to the largest block freed (up to 32 MiB), so once a
+# worker's node tensors are under 32 MiB (a few workers on a mid-sized graph) they live on
+# the heap, and the holes freed ones leave stay resident. The kernels' bounded temporaries
+# (opdef.EDGE_CHUNK_ELEMENTS entries: at most 1 MiB, of int64) stay under this, on the
+# heap, where they are reused without page faults.
+MMAP_THRESHOLD = 5 << 18  # 1.25 MiB
+# SARCOMPILE_MALLOC: when sc.init() fixes the thresholds (see tune_allocator).
+MALLOC_MODES = ("auto", "lean", "off")
 
 
 @dataclass(frozen=True)
@@ -177,14 +183,30 @@ def active_allocator() -> str:
     return "glibc"
 
 
-def tune_allocator() -> bool:
-    """With ``SARCOMPILE_MALLOC=lean``: fix glibc's mmap and trim thresholds at
-    :data:`MMAP_THRESHOLD`, unless the user set ``MALLOC_MMAP_THRESHOLD_`` or
-    ``MALLOC_TRIM_THRESHOLD_`` (theirs are kept). Off by default: it cuts the peak (a
-    third at 4 workers in benchmarks/vs_dgl.py) but every large tensor then costs fresh
-    page faults, which made epochs up to 2x slower there. Returns whether it changed
-    anything (False off glibc, e.g. macOS or musl, or when another allocator is preloaded)."""
-    if os.environ.get("SARCOMPILE_MALLOC", "default") != "lean" or active_allocator() != "glibc":
+def tune_allocator(world_size: int = 1) -> bool:
+    """Fix glibc's mmap and trim thresholds at :data:`MMAP_THRESHOLD` (``mallopt``), so a
+    freed tensor of that size or more goes back to the OS at once, per ``SARCOMPILE_MALLOC``:
+
+    * ``auto`` (the default): when ``world_size`` > 1. A worker's node tensors are then
+      small enough for glibc's heap, where its slack was a third of a worker's peak at 4
+      workers (benchmarks/vs_dgl.py); the price is a page fault for each fresh page of
+      them (epochs there were 30-45% longer). On one process the node tensors of a graph
+      worth the memory are above glibc's own 32 MiB limit anyway, and its reuse of the
+      rest is faster.
+    * ``lean``: on any number of workers. ``off``: glibc's own (dynamic) thresholds.
+
+    A threshold the user set (``MALLOC_MMAP_THRESHOLD_``, ``MALLOC_TRIM_THRESHOLD_``) is
+    kept. Returns whether it changed anything (False off glibc, e.g. macOS or musl, or when
+    another allocator is preloaded)."""
+    mode = os.environ.get("SARCOMPILE_MALLOC", "auto")
+    if mode == "default":  # the name of "off" before auto existed
+        warnings.warn("SARCOMPILE_MALLOC=default is deprecated: it means 'off' (glibc's own thresholds); "
+                      "set SARCOMPILE_MALLOC=off", DeprecationWarning, stacklevel=2)
+        mode = "off"
+    if mode not in MALLOC_MODES:
+        raise ValueError(f"SARCOMPILE_MALLOC={mode!r} is not one of {', '.join(MALLOC_MODES)} "
+                         "(auto: fixed thresholds on more than one worker; lean: always; off: glibc's own)")
+    if mode == "off" or (mode == "auto" and world_size < 2) or active_allocator() != "glibc":
         return False
     libc = _libc()
     if libc is None:
@@ -193,7 +215,17 @@ def tune_allocator() -> bool:
     for var, param in (("MALLOC_MMAP_THRESHOLD_", _M_MMAP_THRESHOLD), ("MALLOC_TRIM_THRESHOLD_", _M_TRIM_THRESHOLD)):
         if var not in os.environ:
             changed |= bool(libc.mallopt(param, MMAP_THRESHOLD))
+    global _tuned
+    _tuned = _tuned or changed
     return changed
+
+
+_tuned = False  # whether tune_allocator changed glibc's thresholds in this process
+
+
+def allocator_tuned() -> bool:
+    """Whether :func:`tune_allocator` fixed glibc's thresholds in this process."""
+    return _tuned
 
 
 def release_free() -> None:

@@ -31,7 +31,7 @@ from ..graph import Block
 from ..rng import edge_keep
 from ..shard import ShardGraph
 from ..vocab import LinkPolicy, Strategy
-from .comm import global_max, global_sum, run_rounds
+from .comm import Columns, global_max, global_sum, run_rounds
 from .link import LinkState, Wire
 
 __all__ = [
@@ -316,7 +316,8 @@ class _SarAttention(torch.autograd.Function):
             """The block's source gradients as the payload pushed to the rows' owner:
             written straight into it where features and scores share a dtype."""
             if d_out.dtype != d_a_dst.dtype:
-                return _payload(shard, *block_grads(q, hb, ab))
+                d_h, d_src = block_grads(q, hb, ab)
+                return torch.cat([d_h.reshape(d_h.shape[0], heads * channels), d_src], 1)
             into = d_out.new_empty((shard.blocks[q].num_src, heads * channels + heads))
             block_grads(q, hb, ab, into)
             return into
@@ -367,11 +368,12 @@ def _row_term(ctx, d_out: torch.Tensor) -> torch.Tensor:
     return delta
 
 
-def _payload(shard: ShardGraph, h: torch.Tensor, a_src: torch.Tensor) -> torch.Tensor | None:
+def _payload(shard: ShardGraph, h: torch.Tensor, a_src: torch.Tensor) -> Columns | None:
     """``h`` and ``a_src`` side by side, the rows one round sends; None on one worker."""
     if shard.world_size == 1:
         return None
-    return torch.cat([h.reshape(h.shape[0], math.prod(h.shape[1:])), a_src], 1)  # (not -1: no rows is fine)
+    dtype = torch.promote_types(h.dtype, a_src.dtype)
+    return Columns((h.reshape(h.shape[0], math.prod(h.shape[1:])).to(dtype), a_src.to(dtype)))  # (not -1: no rows is fine)
 
 
 def _split_payload(payload: torch.Tensor, heads: int, channels: int) -> tuple[torch.Tensor, torch.Tensor]:

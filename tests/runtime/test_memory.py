@@ -64,3 +64,49 @@ def test_a_preloaded_allocator_is_seen_and_glibc_left_alone(name):
     assert done.returncode == 0, done.stderr
     # glibc's statistics would describe an unused heap, and its mallopt would tune nothing.
     assert done.stdout.split() == [name, "{}", "False"]
+
+
+# A fresh process per case: glibc's thresholds, once set, stay set for the process. It
+# frees a 24 MiB tensor first (which raises glibc's own dynamic threshold to 24 MiB),
+# then reports how much of a live 4 MiB tensor glibc gave its own mapping (mallinfo2's
+# hblkhd), and what tune_allocator returned.
+_MAPPED = """
+import ctypes, torch
+from sarcompile.runtime import memory
+tuned = memory.tune_allocator({world})
+big = torch.ones(6 << 20); del big
+x = torch.ones(1 << 20)
+libc = memory._libc(); libc.mallinfo2.restype = memory._Mallinfo2
+print(tuned, memory.allocator_tuned(), libc.mallinfo2().hblkhd >= 4 << 20)
+"""
+
+
+def _mapped(world: int, **env: str) -> list[str]:
+    if "LD_PRELOAD" in os.environ or memory._libc() is None or not hasattr(memory._libc(), "mallinfo2"):
+        pytest.skip("needs glibc >= 2.33 and no preloaded allocator")
+    full = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "SARCOMPILE_MALLOC"}
+    done = subprocess.run([sys.executable, "-c", _MAPPED.format(world=world)], env={**full, **env},
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.split()
+
+
+@pytest.mark.parametrize(("world", "env", "expected"), [
+    (1, {}, ["False", "False", "False"]),  # auto, one process: glibc's own (the 4 MiB block sits on the heap)
+    (4, {}, ["True", "True", "True"]),  # auto, workers: its own mapping, returned to the OS on free
+    (4, {"SARCOMPILE_MALLOC": "off"}, ["False", "False", "False"]),
+    (1, {"SARCOMPILE_MALLOC": "lean"}, ["True", "True", "True"]),
+    (4, {"MALLOC_MMAP_THRESHOLD_": str(64 << 20), "MALLOC_TRIM_THRESHOLD_": str(64 << 20)},
+     ["False", "False", "False"]),  # the user's own thresholds are kept
+])
+def test_tune_allocator_fixes_glibcs_threshold_on_workers_by_default(world, env, expected):
+    assert _mapped(world, **env) == expected
+
+
+def test_tune_allocator_names_bad_and_deprecated_settings(monkeypatch):
+    monkeypatch.setenv("SARCOMPILE_MALLOC", "small")
+    with pytest.raises(ValueError, match="SARCOMPILE_MALLOC='small' is not one of auto, lean, off"):
+        memory.tune_allocator(2)
+    monkeypatch.setenv("SARCOMPILE_MALLOC", "default")
+    with pytest.warns(DeprecationWarning, match="SARCOMPILE_MALLOC=off"):
+        assert memory.tune_allocator(2) is False  # "off": nothing changed
