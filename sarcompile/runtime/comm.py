@@ -90,7 +90,9 @@ def init(backend: str | None = None, timeout_s: float | None = None) -> tuple[in
 
     On more than one worker it also starts the failure watchdog
     (:mod:`sarcompile.runtime.failure`): a worker that fails makes every other one exit
-    within seconds, and under torchrun a worker dies with its agent.
+    within seconds, and under torchrun a worker dies with its agent; and it fixes glibc's
+    mmap threshold, so freed node tensors leave the resident set
+    (:func:`~sarcompile.runtime.memory.tune_allocator`, ``SARCOMPILE_MALLOC``).
     """
     if dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
