@@ -163,3 +163,17 @@ def test_graph_estimate_counts_the_index_tensors_a_step_builds():
         held = sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}.values())
         estimated = plan.memory_estimate()[r].breakdown["graph"]
         assert 0.9 * held <= estimated <= 1.1 * held, (r, held, estimated)  # (sent rows are approximated)
+
+
+def test_round_peak_counts_the_buffers_each_round_holds():
+    from sarcompile.plan import _round_peak
+
+    blocks, sends = [10, 30, 20], [1, 2, 3]
+    # Fetch: the block visited, the next one arriving and the rows gathered for it.
+    assert _round_peak(blocks, sends, fetch=True, push=False) == max(10 + 30 + 2, 30 + 20 + 3, 20)
+    assert _round_peak(blocks, [0, 0, 0], fetch=True, push=False) == 50  # the pair of blocks alone
+    # Backward that fetches again and pushes: each block's gradient too.
+    assert _round_peak(blocks, sends, fetch=True, push=True) == max(20 + 32, 60 + 23, 40)
+    # Push only (blocks kept, or forward of a push op): the gradient and the owner's arriving.
+    assert _round_peak(blocks, sends, fetch=False, push=True) == max(11, 32, 23)
+    assert _round_peak([], [], fetch=True, push=True) == 0

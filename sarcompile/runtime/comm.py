@@ -353,11 +353,14 @@ class Columns:
         return self.parts[0].dtype
 
     def __getitem__(self, rows: torch.Tensor) -> torch.Tensor:
+        """The rows, as data to send: autograd does not see the gather (out= cannot be
+        differentiated)."""
         out = self.new_empty((rows.numel(), self.shape[1]))
         start = 0
-        for p in self.parts:
-            torch.index_select(p, 0, rows, out=out[:, start : start + p.shape[1]])
-            start += p.shape[1]
+        with torch.no_grad():
+            for p in self.parts:
+                torch.index_select(p, 0, rows, out=out[:, start : start + p.shape[1]])
+                start += p.shape[1]
         return out
 
     def new_empty(self, shape: tuple[int, ...]) -> torch.Tensor:
