@@ -375,13 +375,23 @@ TAG_PIPELINE = 1000  # + 2 * site (+1 for gradients): pipelined exchanges of one
 def _isend(t: torch.Tensor, peer: int, tag: int, phase: str):
     """Post a send, counting its bytes under ``phase``."""
     stats.sent[phase] += t.numel() * t.element_size()
-    return dist.isend(t, peer, tag=tag)
+    return _post(dist.isend, t, peer, tag)
 
 
 def _irecv(buf: torch.Tensor, peer: int, tag: int, phase: str):
     """Post a receive into ``buf``, counting its bytes under ``phase``."""
     stats.received[phase] += buf.numel() * buf.element_size()
-    return dist.irecv(buf, peer, tag=tag)
+    return _post(dist.irecv, buf, peer, tag)
+
+
+def _post(op, t: torch.Tensor, peer: int, tag: int):
+    try:
+        return op(t, peer, tag=tag)
+    except RuntimeError as e:  # gloo refuses at once when the peer's connection is already closed
+        raise CommError(
+            f"worker {peer} did not answer: its connection is closed ({str(e).splitlines()[0][:300]}). "
+            "It has most likely exited; check its log."
+        ) from None
 
 
 def run_rounds(

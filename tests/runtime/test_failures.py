@@ -24,10 +24,12 @@ def _worker(rank: int, store_path: str, behaviour: str, results) -> None:
     parts = split_graph(g, torch.tensor([0, 0, 1, 1]), 2)
     shard = ShardGraph.from_part(parts[rank], rank, 2, 4, 4)
     if rank == 1:
-        if behaviour == "die":
+        if behaviour in ("die", "dead"):
             os._exit(3)
         time.sleep(30)  # alive but silent
         os._exit(0)
+    if behaviour == "dead":
+        time.sleep(2)  # rank 1 is gone before the exchange: gloo then refuses the send itself
     start = time.monotonic()
     try:
         sc.spmm(shard, torch.randn(2, 3), "sum")
@@ -39,7 +41,7 @@ def _worker(rank: int, store_path: str, behaviour: str, results) -> None:
     os._exit(0)
 
 
-@pytest.mark.parametrize("behaviour", ["die", "hang"])
+@pytest.mark.parametrize("behaviour", ["die", "dead", "hang"])
 def test_peer_failure_raises_comm_error_within_timeout(behaviour):
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
