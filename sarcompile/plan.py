@@ -492,11 +492,10 @@ def _layer(node: fx.Node) -> str:
 
 
 def _halo_traffic(row: OpPlan, node: fx.Node, op: OpDef, args: dict[str, Any], workers: list[WorkerStats],
-                  link_cache: list[int]) -> tuple:
+                  link_cache: list[int]) -> _Exchange:
     """Fill in the traffic of an op that exchanges halo rows, by its definition: which rows
     it sends, whether backward pushes gradients and reads the remote rows again, as the
-    runtime decides it. Returns what the memory estimate needs: (blocks per worker in round
-    order, keeps them, fetches again, row bytes, temporaries)."""
+    runtime decides it. Returns what the memory estimate needs of it."""
     n, strategy = len(workers), row.strategy
     wants = _wants(op, args)
     width = op.exchange.row_bytes(args)
@@ -532,7 +531,7 @@ def _round_bytes(workers: list[WorkerStats], width: int) -> tuple[list[list[int]
     return blocks, sends
 
 
-def _push_traffic(row: OpPlan, op: OpDef, args: dict[str, Any], workers: list[WorkerStats]) -> tuple:
+def _push_traffic(row: OpPlan, op: OpDef, args: dict[str, Any], workers: list[WorkerStats]) -> _Exchange:
     """An op that reduces onto source rows: forward, each worker receives the partial
     results for its rows that its peers hold (the rows it would send in a halo fetch);
     backward, the halo rows of the gradient, as a halo op's forward. As

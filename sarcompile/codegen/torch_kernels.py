@@ -334,7 +334,7 @@ def attention_grads(
     block = block.on(h.device)
     heads = h.shape[1]
     dtype = functools.reduce(torch.promote_types, [t.dtype for t in (a_src, a_dst, a_edge) if t is not None])
-    weights = torch.empty((block.num_edges, heads), dtype=dtype, device=h.device)  # the one [E, H] tensor
+    weights = torch.empty((block.num_edges, heads), dtype=dtype, device=h.device)  # with d_w below: two [E, H]
     width = heads * h.shape[2]
     d_h_out = None if into is None else into[:, :width].view(block.num_src, heads, h.shape[2])
     d_src = torch.zeros((block.num_src, heads), dtype=dtype, device=h.device) if into is None else into[:, width:].zero_()

@@ -369,6 +369,7 @@ class Columns:
     def detach(self) -> "Columns":
         return Columns(tuple(p.detach() for p in self.parts))
 
+
 TAG_PIPELINE = 1000  # + 2 * site (+1 for gradients): pipelined exchanges of one site
 
 
@@ -385,9 +386,11 @@ def _irecv(buf: torch.Tensor, peer: int, tag: int, phase: str):
 
 
 def _post(op, t: torch.Tensor, peer: int, tag: int):
+    """``op`` (isend or irecv) of ``t`` with ``peer``. gloo refuses at once when the peer's
+    connection is already closed: a CommError naming it, as :func:`_wait` gives for a wait."""
     try:
         return op(t, peer, tag=tag)
-    except RuntimeError as e:  # gloo refuses at once when the peer's connection is already closed
+    except RuntimeError as e:
         raise CommError(
             f"worker {peer} did not answer: its connection is closed ({str(e).splitlines()[0][:300]}). "
             "It has most likely exited; check its log."

@@ -190,7 +190,7 @@ def tune_allocator(world_size: int = 1) -> bool:
     * ``auto`` (the default): when ``world_size`` > 1. A worker's node tensors are then
       small enough for glibc's heap, where its slack was a third of a worker's peak at 4
       workers (benchmarks/vs_dgl.py); the price is a page fault for each fresh page of
-      them (epochs there were 30-45% longer). On one process the node tensors of a graph
+      them (epochs there were 37-45% longer). On one process the node tensors of a graph
       worth the memory are above glibc's own 32 MiB limit anyway, and its reuse of the
       rest is faster.
     * ``lean``: on any number of workers. ``off``: glibc's own (dynamic) thresholds.
