@@ -155,6 +155,7 @@ def run_sarcompile(a) -> list[dict]:
 
     rank, world = sc.init()
     floor = floor_bytes()
+    code_floor = status_bytes("RssFile")
     part = sc.load_partition(a.parts)
     x, y = part.node_data["x"], part.node_data["y"]
     loaded = status_bytes("VmRSS") - floor
@@ -193,6 +194,9 @@ def run_sarcompile(a) -> list[dict]:
         "optimizer": _tensor_bytes(state),
         "saved_activations": saved["bytes"],
         "loaded_rss": loaded,
+        # file-backed pages that came in since the floor: the libraries' code the kernels
+        # run for the first time (libtorch's sparse and scatter paths, gloo), not data
+        "code_pages": status_bytes("RssFile") - code_floor,
     }
     ledger.update(malloc_stats())
     mine = {"engine": "sarcompile", "rank": rank, "world": world, "floor_bytes": floor,

@@ -117,7 +117,8 @@ class Plan:
         backward, exact), remote_blocks (the most remote rows alive at once, exact),
         exchange_buffers (besides those, the rows gathered to send and the gradients on
         their way back at the exchange's peak; close, the runtime's order of frees aside),
-        workspace (kernel temporaries and gradient buffers: an approximation) and, with
+        workspace (kernel temporaries and gradient buffers: an approximation), kernel_code
+        (the libraries' code pages a step maps in on first use: a measured constant) and, with
         ``staleness`` or ``bounded_staleness``, link_cache (the remote blocks each such op
         keeps between iterations). With ``compress``, traffic is counted as sent (packed)."""
         return list(self.estimates)
@@ -282,6 +283,13 @@ class _Probe(fx.Interpreter):
 # node counts and the edge counts of every graph variant are distinct numbers.
 _PROBE_NODES, _PROBE_EDGES, _PROBE_LOOPS = 101, 307, 7
 
+# The libraries' code a training step runs for the first time (libtorch's sparse, scatter
+# and autograd paths, gloo) is paged in from disk and counts in the resident size like data:
+# 11-14 MiB per process with torch 2.13 on CPU, whatever the graph or the number of workers
+# (benchmarks/vs_dgl.py's ledger, "code_pages"). Without it the estimate was 18% low at
+# N = 8, where the data is small.
+KERNEL_CODE_BYTES = 12 * 2**20
+
 
 def _scale_saved(saved: dict[int, tuple[int, tuple[int, ...]]], w: WorkerStats) -> int:
     """Bytes the probe's saved tensors take on worker ``w``: each scales with the size
@@ -429,6 +437,7 @@ def build_plan(
             "remote_blocks": remote,
             "exchange_buffers": _remote_peak(comm, r, buffers=True) - remote,
             "workspace": _workspace(w, comm, r),
+            "kernel_code": KERNEL_CODE_BYTES,
         }
         if any(link_cache):
             breakdown["link_cache"] = link_cache[r]
