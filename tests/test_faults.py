@@ -242,6 +242,28 @@ def test_sigkill_of_a_rank_mid_training_ends_the_job(parts, job):
     print(f"SIGKILL of rank 1: job gone {took:.1f}s later")
 
 
+def test_sigterm_of_a_rank_mid_training_is_named_by_every_worker(parts, job):
+    """SIGTERM (a scheduler's, or a user's `kill`) of rank 1: it says so and exits 143,
+    rank 0 prints the same cause and follows, within seconds."""
+    j = job(parts[2], 2, "--epochs", "100000")
+    workers = j.find_workers()
+    j.wait_for_epochs()
+    start = time.monotonic()
+    os.kill(workers[1], signal.SIGTERM)
+    rc = j.wait(within=30)
+    took = time.monotonic() - start
+    out = j.output()
+    assert rc == 1, out
+    errors = _error_lines(out)
+    assert errors[1].startswith("stopped by SIGTERM"), out
+    assert errors[0] == "rank 1 was stopped by SIGTERM", out
+    root = _root_cause(out)
+    assert "rank      : 1 (local_rank: 1)" in root and "exitcode  : 143" in root, root
+    assert j.wait_gone(workers.values(), within=5) < 5
+    assert took < 10, f"took {took:.1f}s"
+    print(f"SIGTERM of rank 1: job gone {took:.1f}s later")
+
+
 def test_sigstop_of_a_rank_is_blamed_the_same_by_every_survivor(parts, job):
     """Rank 1 of 3 stopped: once the timeout (4 s here) runs out, every survivor names
     rank 1 in the same words, and the survivors are gone seconds later."""

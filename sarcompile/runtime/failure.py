@@ -31,13 +31,22 @@ TCPStore; a FileStore or HashStore works the same):
   main thread's ``KeyboardInterrupt`` exits :data:`EXIT_INTERRUPTED` at once; if the main
   thread is blocked in a collective and cannot raise it, the watchdog (woken by the
   signal through :func:`signal.set_wakeup_fd`) exits for it after :data:`INTERRUPT_GRACE_S`.
+* **SIGTERM is answered, not just suffered.** torchrun sends it to a host's other workers
+  the moment one of them exits with an error, and a scheduler sends it to stop a job. By
+  default it would kill the worker mid-sentence: one that was still agreeing with its
+  peers on why its own wait failed (after a cut link every store call waits its own
+  timeout) would die without a word. A listener thread of its own (it never touches the
+  store, so nothing can hold it up) prints that pending error, or that the worker was
+  stopped by SIGTERM, publishes the latter for the others within :data:`TERM_PUBLISH_S`,
+  and exits :data:`EXIT_TERMINATED` (or the pending error's code) at once.
 
 Exit codes of a worker (``python -m sarcompile.train``; the same through
 :func:`report` in any script): 0 success; :data:`EXIT_FAILED` (1) this worker's own
 error: it is the root cause; 2 a bad command line (argparse); :data:`EXIT_PEER_FAILED`
 (3) stopped because another worker failed first; :data:`EXIT_PEER_LOST` (4) a peer
 went away or stopped answering (this worker named it); :data:`EXIT_AGENT_GONE` (5) the
-launcher that started this worker is gone; :data:`EXIT_INTERRUPTED` (130) SIGINT.
+launcher that started this worker is gone; :data:`EXIT_INTERRUPTED` (130) SIGINT;
+:data:`EXIT_TERMINATED` (143) SIGTERM.
 
 A failing worker leaves with ``os._exit`` after flushing its output: no shutdown barrier
 to wait in, and no gloo tear-down with peers mid-exchange (which can abort the process).
@@ -65,6 +74,7 @@ __all__ = [
     "EXIT_INTERRUPTED",
     "EXIT_PEER_FAILED",
     "EXIT_PEER_LOST",
+    "EXIT_TERMINATED",
     "Watchdog",
     "active",
     "describe",
@@ -77,6 +87,7 @@ EXIT_PEER_FAILED = 3
 EXIT_PEER_LOST = 4
 EXIT_AGENT_GONE = 5
 EXIT_INTERRUPTED = 130
+EXIT_TERMINATED = 143  # 128 + SIGTERM, what a shell reports for a worker the signal killed
 
 POLL_S = 0.25  # how often a watchdog looks for a published failure
 BEAT_S = 0.5  # how often it bumps its heartbeat counter
@@ -84,6 +95,7 @@ BLAME_WINDOW_S = 3.0  # how long a worker whose exchange failed watches the hear
 ACK_WAIT_S = 3.0  # how long a failing worker waits for the others to print its failure
 EXIT_LAG_S = 1.0  # how long after the failing worker the others exit (torchrun polls every 0.1 s)
 INTERRUPT_GRACE_S = 1.0  # how long the watchdog lets the main thread handle a SIGINT itself
+TERM_PUBLISH_S = 1.0  # how long a worker stopped by SIGTERM tries to tell the others (torchrun kills at 30 s)
 # The most a failing worker spends agreeing with the others before it exits anyway: when
 # the store itself is out of reach (a cut link), each store call would wait its own timeout.
 LEAVE_LIMIT_S = BLAME_WINDOW_S + ACK_WAIT_S + EXIT_LAG_S + 2.0
@@ -108,6 +120,8 @@ def describe(record: dict[str, Any]) -> str:
         return f"rank {rank} stopped answering (no heartbeat for {BLAME_WINDOW_S:.0f}s; noticed by rank {by}): {message}"
     if kind == "interrupted":
         return f"rank {rank} was interrupted ({message})"
+    if kind == "terminated":
+        return f"rank {rank} was stopped by {message}"
     if kind == "agent":
         return f"rank {rank}'s launcher (the torchrun agent) is gone: {message}"
     return f"rank {rank} failed: {message}"
@@ -130,6 +144,11 @@ def _say(rank: int, text: str) -> None:
         sys.stderr.flush()
     except Exception:  # noqa: BLE001
         pass
+
+
+def _leave_it_to_the_listener(signum: int, frame: Any) -> None:
+    """SIGTERM's handler while a watchdog runs: the signal has already woken its listener
+    thread (through the wakeup fd), which exits the process."""
 
 
 def die_with_parent() -> None:
@@ -163,10 +182,15 @@ class Watchdog:
         self._lock = threading.Lock()
         self._seen = False  # a peer's record was printed and acknowledged
         self.failing = False  # this worker is in its own failure path: its code wins
+        # The main thread's own error while report() agrees on it: (message, exit code).
+        self.pending: tuple[str, int] | None = None
+        self.said = False  # this worker's own failure line was printed
         self.signalled_at: float | None = None
         self._thread: threading.Thread | None = None
+        self._listener: threading.Thread | None = None
         self._wake_r = self._wake_w = None
         self._old_wakeup = -1
+        self._old_sigterm: Any = None
 
     # -- the thread ----------------------------------------------------------------------------
     def start(self) -> "Watchdog":
@@ -174,15 +198,21 @@ class Watchdog:
         self._beat()
         self._thread = threading.Thread(target=self._run, name="sarcompile-watchdog", daemon=True)
         self._thread.start()
+        if self._wake_r is not None:
+            self._listener = threading.Thread(target=self._listen, name="sarcompile-signals", daemon=True)
+            self._listener.start()
         return self
 
     def stop(self) -> None:
         self._stop.set()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout=2 * POLL_S + 1)
+        for thread in (self._thread, self._listener):
+            if thread is not None and thread is not threading.current_thread():
+                thread.join(timeout=2 * POLL_S + 1)
         if self._wake_w is not None and threading.current_thread() is threading.main_thread():
             try:
                 signal.set_wakeup_fd(self._old_wakeup)
+                if self._old_sigterm is not None:
+                    signal.signal(signal.SIGTERM, self._old_sigterm)
             except (ValueError, OSError):
                 pass
             self._wake_w.close()
@@ -209,11 +239,15 @@ class Watchdog:
             w.close()
             return
         self._wake_r, self._wake_w, self._old_wakeup = r, w, old
+        # A Python handler, so that SIGTERM reaches the wakeup fd instead of killing the
+        # process; the listener thread acts on it. A handler somebody else set is theirs.
+        if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+            self._old_sigterm = signal.signal(signal.SIGTERM, _leave_it_to_the_listener)
 
     def _run(self) -> None:
         next_beat = time.monotonic() + BEAT_S
         while not self._stop.is_set():
-            self._sleep(POLL_S)
+            self._stop.wait(POLL_S)
             if self._stop.is_set():
                 return
             now = time.monotonic()
@@ -231,18 +265,19 @@ class Watchdog:
             if self.signalled_at is not None and time.monotonic() - self.signalled_at > INTERRUPT_GRACE_S:
                 self._interrupted_for_main()
 
-    def _sleep(self, seconds: float) -> None:
-        if self._wake_r is None:
-            self._stop.wait(seconds)
-            return
-        try:
-            ready, _, _ = select.select([self._wake_r], [], [], seconds)
-            if ready:
-                got = self._wake_r.recv(64)
-                if (signal.SIGINT in got or signal.SIGTERM in got) and self.signalled_at is None:
-                    self.signalled_at = time.monotonic()
-        except (OSError, ValueError):
-            self._stop.wait(seconds)
+    def _listen(self) -> None:
+        """The signals' thread: wakes on each signal the process gets, whatever the main
+        thread and the watchdog's store calls are blocked in."""
+        while not self._stop.is_set():
+            try:
+                ready, _, _ = select.select([self._wake_r], [], [], POLL_S)
+                got = self._wake_r.recv(64) if ready else b""
+            except (OSError, ValueError):  # closed by stop()
+                return
+            if signal.SIGINT in got and self.signalled_at is None:
+                self.signalled_at = time.monotonic()  # the watchdog's loop gives main its grace
+            if signal.SIGTERM in got:
+                self._terminated()
 
     def _beat(self) -> None:
         try:
@@ -331,6 +366,35 @@ class Watchdog:
             pass
         self._exit(code)
 
+    def _terminated(self) -> None:
+        """SIGTERM: leave now, saying why (see the module docstring)."""
+        if self.parent is not None and os.getppid() != self.parent:
+            self._agent_gone()  # PR_SET_PDEATHSIG's signal
+            return
+        if self.pending is not None:  # the main thread is still agreeing on its own error
+            message, code = self.pending
+            if not self.said:
+                self.say(f"{message} (stopped by SIGTERM before the other workers could be reached to agree "
+                         "on the cause)")
+            self._exit(code)
+            return
+        if self._seen:  # a peer's failure was printed: that is the cause
+            self._exit(EXIT_PEER_FAILED)
+            return
+        self.failing = True
+        self.say("stopped by SIGTERM (torchrun sends it to a host's other workers once one of them has "
+                 "failed: that worker's error is the cause)")
+        record = {"kind": "terminated", "rank": self.rank, "by": self.rank, "message": "SIGTERM"}
+        publisher = threading.Thread(target=self.publish, args=(record,), daemon=True)
+        publisher.start()
+        publisher.join(TERM_PUBLISH_S)  # a store behind a cut link must not keep us here
+        self._exit(EXIT_TERMINATED)
+
+    def say(self, text: str) -> None:
+        """Print this worker's failure line."""
+        self.said = True
+        _say(self.rank, text)
+
     def _agent_gone(self) -> None:
         message = f"parent process {self.parent} exited; this worker stops too"
         self._stop_alone("agent", message, describe({"kind": "agent", "rank": self.rank, "message": message}),
@@ -346,7 +410,7 @@ class Watchdog:
             if self.failing:
                 return
             self.failing = True
-        _say(self.rank, said)
+        self.say(said)
         self.publish({"kind": kind, "rank": self.rank, "by": self.rank, "message": message})
         self._exit(code)
 
@@ -427,8 +491,12 @@ def report(exc: BaseException, *, rank: int = 0, distributed: bool = False, prin
     # timeout), this worker is gone within LEAVE_LIMIT_S.
     interrupted = isinstance(exc, KeyboardInterrupt) or wd.signalled_at is not None
     code = EXIT_INTERRUPTED if interrupted else EXIT_PEER_LOST if is_consequence(exc) else EXIT_FAILED
+    wd.pending = (message_of(exc), code)
+    if printed and not is_consequence(exc):
+        wd.said = True  # its traceback is on screen
+
     def give_up() -> None:
-        _say(wd.rank, f"{message_of(exc)} (the other workers could not be reached to agree on the cause)")
+        wd.say(f"{message_of(exc)} (the other workers could not be reached to agree on the cause)")
         wd._exit(code)
 
     limit = threading.Timer(LEAVE_LIMIT_S, give_up)
@@ -454,7 +522,7 @@ def _report(exc: BaseException, rank: int, distributed: bool, printed: bool) -> 
     if interrupted:
         wd.failing = True
         if not printed:
-            _say(wd.rank, "interrupted (SIGINT); stopping")
+            wd.say("interrupted (SIGINT); stopping")
         wd.leave({"kind": "interrupted", "rank": wd.rank, "by": wd.rank, "message": "SIGINT"},
                  EXIT_INTERRUPTED, acks=False)
         return EXIT_INTERRUPTED  # only with a test's exit
@@ -463,7 +531,7 @@ def _report(exc: BaseException, rank: int, distributed: bool, printed: bool) -> 
         if not printed:
             if not known:
                 traceback.print_exception(type(exc), exc, exc.__traceback__)
-            _say(wd.rank, message_of(exc))
+            wd.say(message_of(exc))
         wd.leave({"kind": "error", "rank": wd.rank, "by": wd.rank, "message": message_of(exc)}, EXIT_FAILED)
         return EXIT_FAILED
     # A consequence: somebody else failed. Follow their record if one comes; else name the silent.
@@ -483,7 +551,7 @@ def _report(exc: BaseException, rank: int, distributed: bool, printed: bool) -> 
         wd.failing = False
         wd.follow(standing)
         wd._park()
-    _say(wd.rank, describe(standing))
+    wd.say(describe(standing))
     wd.leave(standing, EXIT_PEER_LOST)
     return EXIT_PEER_LOST
 

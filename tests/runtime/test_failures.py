@@ -218,3 +218,76 @@ def test_a_worker_that_cannot_reach_the_store_still_leaves_in_bounded_time(monke
     assert failure.LEAVE_LIMIT_S - 0.5 < took < failure.LEAVE_LIMIT_S + 2
     err = capsys.readouterr().err
     assert "[rank 2] error: spmm(mean): worker 0 did not answer within 5s" in err and "could not be reached" in err
+
+
+# A worker whose main thread is blocked in C (as in a gloo wait) gets SIGTERM. "idle": it
+# was training; "agreeing": it was agreeing with its peers on its own failed wait, and
+# the store does not answer (a cut link). The store hangs in both: nothing may wait on it.
+_SIGTERMED = """
+import ctypes, sys, threading
+import sarcompile as sc
+from sarcompile.runtime import failure
+
+cut = threading.Event()
+
+class CutStore:
+    # answers until the link is cut, then hangs as a TCPStore behind a cut link
+    def add(self, key, value):
+        if cut.is_set():
+            threading.Event().wait(600)
+        return 0
+    get = compare_set = set = add
+
+wd = failure.start(CutStore(), 2, 4)
+cut.set()
+if sys.argv[1] == "agreeing":
+    threading.Thread(target=failure.report, args=(sc.CommError("spmm(mean): worker 0 did not answer within 5s"),),
+                     kwargs={"rank": 2, "distributed": True}, daemon=True).start()
+print("ready", flush=True)
+libc = ctypes.CDLL(None)
+for _ in range(30):
+    libc.sleep(1)  # C, not Python: the main thread runs no handler while in here
+print("still alive", flush=True)
+"""
+
+
+@pytest.mark.parametrize("case", ["idle", "agreeing"])
+def test_sigterm_is_answered_with_the_cause_at_once(case):
+    """torchrun SIGTERMs a host's other workers as soon as one fails: the worker says why
+    (its own pending error, or the SIGTERM) and exits within a second, though its main
+    thread is blocked and the store is out of reach."""
+    import select
+    import signal
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", _SIGTERMED, case], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        ready, _, _ = select.select([proc.stdout], [], [], 60)
+        assert ready and proc.stdout.readline().strip() == "ready", "the child did not start within 60 s"
+        time.sleep(0.5)
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(timeout=20)
+        took = time.monotonic() - sent
+    finally:
+        proc.kill()
+    out, err = proc.stdout.read(), proc.stderr.read()
+    assert "still alive" not in out
+    if case == "idle":
+        assert rc == failure_codes()["EXIT_TERMINATED"] == 143, (rc, err)
+        assert err.strip() == ("[rank 2] error: stopped by SIGTERM (torchrun sends it to a host's other workers "
+                               "once one of them has failed: that worker's error is the cause)"), err
+    else:
+        assert rc == failure_codes()["EXIT_PEER_LOST"], (rc, err)
+        assert err.strip() == ("[rank 2] error: spmm(mean): worker 0 did not answer within 5s (stopped by SIGTERM "
+                               "before the other workers could be reached to agree on the cause)"), err
+    # idle: TERM_PUBLISH_S trying the store; agreeing: at once, well before LEAVE_LIMIT_S
+    assert took < 2.5, f"took {took:.1f}s"
+
+
+def failure_codes() -> dict[str, int]:
+    from sarcompile.runtime import failure
+
+    return {name: getattr(failure, name) for name in failure.__all__ if name.startswith("EXIT_")}
