@@ -204,15 +204,18 @@ class Watchdog:
         return self
 
     def stop(self) -> None:
+        main = threading.current_thread() is threading.main_thread()
+        if main and self._old_sigterm is not None:
+            # Before the listener goes: no moment in which SIGTERM is silently ignored.
+            signal.signal(signal.SIGTERM, self._old_sigterm)
+            self._old_sigterm = None
         self._stop.set()
         for thread in (self._thread, self._listener):
             if thread is not None and thread is not threading.current_thread():
                 thread.join(timeout=2 * POLL_S + 1)
-        if self._wake_w is not None and threading.current_thread() is threading.main_thread():
+        if self._wake_w is not None and main:
             try:
                 signal.set_wakeup_fd(self._old_wakeup)
-                if self._old_sigterm is not None:
-                    signal.signal(signal.SIGTERM, self._old_sigterm)
             except (ValueError, OSError):
                 pass
             self._wake_w.close()
@@ -378,8 +381,8 @@ class Watchdog:
                          "on the cause)")
             self._exit(code)
             return
-        if self._seen:  # a peer's failure was printed: that is the cause
-            self._exit(EXIT_PEER_FAILED)
+        if self._seen or self.said:  # a peer's failure, or this worker's own, is on screen
+            self._exit(EXIT_PEER_FAILED if self._seen else EXIT_TERMINATED)
             return
         self.failing = True
         self.say("stopped by SIGTERM (torchrun sends it to a host's other workers once one of them has "
