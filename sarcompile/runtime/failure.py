@@ -374,6 +374,9 @@ class Watchdog:
         if self.parent is not None and os.getppid() != self.parent:
             self._agent_gone()  # PR_SET_PDEATHSIG's signal
             return
+        if self._seen:  # a peer's failure is on screen: that is the cause
+            self._exit(EXIT_PEER_FAILED)
+            return
         if self.pending is not None:  # the main thread is still agreeing on its own error
             message, code = self.pending
             if not self.said:
@@ -381,8 +384,8 @@ class Watchdog:
                          "on the cause)")
             self._exit(code)
             return
-        if self._seen or self.said:  # a peer's failure, or this worker's own, is on screen
-            self._exit(EXIT_PEER_FAILED if self._seen else EXIT_TERMINATED)
+        if self.said:  # this worker's own line is on screen
+            self._exit(EXIT_TERMINATED)
             return
         self.failing = True
         self.say("stopped by SIGTERM (torchrun sends it to a host's other workers once one of them has "
