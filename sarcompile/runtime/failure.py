@@ -37,7 +37,7 @@ TCPStore; a FileStore or HashStore works the same):
   peers on why its own wait failed (after a cut link every store call waits its own
   timeout) would die without a word. A listener thread of its own (it never touches the
   store, so nothing can hold it up) prints that pending error, or that the worker was
-  stopped by SIGTERM, publishes the latter for the others within :data:`TERM_PUBLISH_S`,
+  stopped by SIGTERM, publishes the latter for the others within :data:`ALONE_PUBLISH_S`,
   and exits :data:`EXIT_TERMINATED` (or the pending error's code) at once.
 
 Exit codes of a worker (``python -m sarcompile.train``; the same through
@@ -95,7 +95,7 @@ BLAME_WINDOW_S = 3.0  # how long a worker whose exchange failed watches the hear
 ACK_WAIT_S = 3.0  # how long a failing worker waits for the others to print its failure
 EXIT_LAG_S = 1.0  # how long after the failing worker the others exit (torchrun polls every 0.1 s)
 INTERRUPT_GRACE_S = 1.0  # how long the watchdog lets the main thread handle a SIGINT itself
-TERM_PUBLISH_S = 1.0  # how long a worker stopped by SIGTERM tries to tell the others (torchrun kills at 30 s)
+ALONE_PUBLISH_S = 1.0  # how long a worker leaving on its own (SIGTERM, SIGINT, agent gone) tries to tell the others
 # The most a failing worker spends agreeing with the others before it exits anyway: when
 # the store itself is out of reach (a cut link), each store call would wait its own timeout.
 LEAVE_LIMIT_S = BLAME_WINDOW_S + ACK_WAIT_S + EXIT_LAG_S + 2.0
@@ -387,14 +387,8 @@ class Watchdog:
         if self.said:  # this worker's own line is on screen
             self._exit(EXIT_TERMINATED)
             return
-        self.failing = True
-        self.say("stopped by SIGTERM (torchrun sends it to a host's other workers once one of them has "
-                 "failed: that worker's error is the cause)")
-        record = {"kind": "terminated", "rank": self.rank, "by": self.rank, "message": "SIGTERM"}
-        publisher = threading.Thread(target=self.publish, args=(record,), daemon=True)
-        publisher.start()
-        publisher.join(TERM_PUBLISH_S)  # a store behind a cut link must not keep us here
-        self._exit(EXIT_TERMINATED)
+        self._stop_alone("terminated", "SIGTERM", "stopped by SIGTERM (torchrun sends it to a host's other workers "
+                         "once one of them has failed: that worker's error is the cause)", EXIT_TERMINATED)
 
     def say(self, text: str) -> None:
         """Print this worker's failure line."""
@@ -417,7 +411,10 @@ class Watchdog:
                 return
             self.failing = True
         self.say(said)
-        self.publish({"kind": kind, "rank": self.rank, "by": self.rank, "message": message})
+        record = {"kind": kind, "rank": self.rank, "by": self.rank, "message": message}
+        publisher = threading.Thread(target=self.publish, args=(record,), daemon=True)
+        publisher.start()
+        publisher.join(ALONE_PUBLISH_S)  # a store behind a cut link must not keep us here
         self._exit(code)
 
     # -- blame ----------------------------------------------------------------------------------------

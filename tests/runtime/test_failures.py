@@ -283,7 +283,7 @@ def test_sigterm_is_answered_with_the_cause_at_once(case):
         assert rc == failure_codes()["EXIT_PEER_LOST"], (rc, err)
         assert err.strip() == ("[rank 2] error: spmm(mean): worker 0 did not answer within 5s (stopped by SIGTERM "
                                "before the other workers could be reached to agree on the cause)"), err
-    # idle: TERM_PUBLISH_S trying the store; agreeing: at once, well before LEAVE_LIMIT_S
+    # idle: ALONE_PUBLISH_S trying the store; agreeing: at once, well before LEAVE_LIMIT_S
     assert took < 2.5, f"took {took:.1f}s"
 
 
