@@ -3,7 +3,7 @@ training with Sequential Aggregation and Rematerialization (SAR)."""
 
 from . import nn, ops
 from .compiler import DistributedModule, distribute
-from .datasets import Dataset, load_ogb
+from .datasets import Dataset, HeteroDataset, load_ogb, load_ogb_mag
 from .errors import (
     CheckpointError,
     CommError,
@@ -17,8 +17,10 @@ from .errors import (
 )
 from .estimate import EstimateTable, estimate
 from .graph import Graph
+from .hetero import HeteroGraph, HeteroShard
 from .ops import edge_softmax, sddmm, spmm
 from .partitioning import Manifest, Partition, load_partition, load_whole_graph, partition
+from . import hetero_partition as _typed_partitions  # noqa: F401  registers typed partitioning (partitioning.typed)
 from .plan import MemoryEstimate, OpPlan, Plan
 from .runtime import ops as _shard_implementations  # noqa: F401  registers each IR op's shard implementation
 from .runtime.comm import global_max, global_sum, init, shutdown, sync_gradients
@@ -27,6 +29,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Graph",
+    "HeteroGraph",
+    "HeteroShard",
     "distribute",
     "DistributedModule",
     "Plan",
@@ -46,6 +50,8 @@ __all__ = [
     "Manifest",
     "load_ogb",
     "Dataset",
+    "load_ogb_mag",
+    "HeteroDataset",
     "init",
     "shutdown",
     "sync_gradients",

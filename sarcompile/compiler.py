@@ -32,6 +32,7 @@ from torch import nn
 from .errors import CompileError
 from .frontends import load_available
 from .graph import Graph
+from .hetero import HeteroGraph, HeteroShard
 from .partitioning import read_manifest
 from .passes.context import CompileOptions
 from .passes.communication import communication
@@ -171,6 +172,13 @@ def _find_graph(args: tuple, kwargs: dict) -> tuple[Graph | ShardGraph, int | st
     for where, v in list(enumerate(args)) + list(kwargs.items()):
         if isinstance(v, (Graph, ShardGraph)):
             return v, where
+        if isinstance(v, (HeteroGraph, HeteroShard)):
+            raise CompileError(
+                "compiling a model over a heterogeneous graph (node types and relations) is not supported yet: "
+                "sc.distribute takes one-type graphs for now. A typed graph's relations are graphs that the IR ops "
+                "take as they are (sc.spmm(g['writes'], x['author'], 'mean') on one machine and on part.graph in a "
+                "worker computes the same rows), so a model written with those ops runs exactly without compiling"
+            )
     raise CompileError(
         "no graph argument: call the model with a sarcompile Graph (one machine) or a worker's "
         "part.graph, e.g. model(part.graph, part.node_data['x'])"

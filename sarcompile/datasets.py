@@ -6,6 +6,13 @@
     >>> sorted(ds.node_data)
     ['test_mask', 'train_mask', 'val_mask', 'x', 'y']
 
+The heterogeneous ogbn-mag has its own loader, :func:`load_ogb_mag`, giving a
+:class:`HeteroDataset` (node tensors per node type)::
+
+    >>> mag = load_ogb_mag("dataset")  # doctest: +SKIP
+    >>> mag.graph.node_types, mag.num_classes, tuple(mag.node_data["paper"]["x"].shape)  # doctest: +SKIP
+    (('author', 'field_of_study', 'institution', 'paper'), 349, (736389, 128))
+
 The files are read by the ``ogb`` package itself, from ``<root>/<name with - as _>/``
 laid out as OGB's zip extracts. This module never downloads: it checks the files are in
 place first and otherwise raises a :class:`DatasetError` naming the missing path, the URL
@@ -19,20 +26,25 @@ import functools
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
 
-from .errors import DatasetError
+from .errors import DatasetError, GraphError
 from .graph import Graph
+from .hetero import HeteroGraph, Relation
 
-__all__ = ["SUPPORTED", "Dataset", "load_ogb", "symmetrize_edges"]
+__all__ = ["SUPPORTED", "Dataset", "HeteroDataset", "load_ogb", "load_ogb_mag", "add_reverse_relations",
+           "symmetrize_edges"]
 
 SUPPORTED = ("ogbn-arxiv", "ogbn-products", "ogbn-papers100M")
 CSV_FILES = ("edge", "num-node-list", "num-edge-list", "node-feat", "node-label")
 BINARY_FILES = ("data.npz", "node-label.npz")
 SPLIT_FILES = ("train.csv.gz", "valid.csv.gz", "test.csv.gz")
+MAG = "ogbn-mag"
+MAG_TARGET = "paper"  # the one node type of ogbn-mag with features, labels and a split
+MASKS = {"train_mask": "train", "val_mask": "valid", "test_mask": "test"}  # mask name -> OGB split part
 
 
 @dataclass
@@ -52,6 +64,23 @@ class Dataset:
     symmetrized: bool = False
 
 
+@dataclass
+class HeteroDataset:
+    """A typed graph with node tensors per node type, ready for :func:`sarcompile.partition`.
+
+    ``node_data[t]`` has one row per node of type ``t``. The ``target_type`` (the type
+    whose class is predicted) has ``x`` (float32 features), ``y`` (int64 class) and the
+    bool ``train_mask``, ``val_mask`` and ``test_mask``; types without stored values have
+    an empty dict.
+    """
+
+    name: str
+    graph: HeteroGraph
+    node_data: dict[str, dict[str, torch.Tensor]] = field(repr=False)
+    num_classes: int
+    target_type: str = MAG_TARGET
+
+
 def load_ogb(name: str, root: str | Path, symmetrize: bool | None = None) -> Dataset:
     """Load OGB dataset ``name`` (one of :data:`SUPPORTED`) from ``root/<name with - as _>/``.
 
@@ -67,7 +96,7 @@ def load_ogb(name: str, root: str | Path, symmetrize: bool | None = None) -> Dat
     """
     meta = _meta(name)
     folder = Path(root) / name.replace("-", "_")
-    _check_files(name, folder, meta)
+    _check_files(name, folder, meta, _needed_files)
     ogb_data, split = _read(name, Path(root), folder)
 
     num_nodes = int(ogb_data.graph["num_nodes"])
@@ -89,6 +118,71 @@ def load_ogb(name: str, root: str | Path, symmetrize: bool | None = None) -> Dat
     return Dataset(name, graph, node_data, int(ogb_data.num_classes), bool(symmetrize))
 
 
+def load_ogb_mag(root: str | Path, add_reverse: bool = True) -> HeteroDataset:
+    """Load ogbn-mag from ``root/ogbn_mag/`` (OGB's mag.zip extracted there, csv format).
+
+    Node types and relations come in ogb's order (sorted), each relation's edges as
+    stored. ``add_reverse`` adds ``(dst, "rev_" + name, src)`` for every relation between
+    two different types (see :func:`add_reverse_relations`), so authors, institutions and
+    fields of study receive messages too; ``paper cites paper`` stays directed as stored.
+    Only papers carry values: ``x`` (128 float32 features), ``y`` (the venue, one of 349)
+    and the masks of OGB's time split (train up to 2017, valid 2018, test 2019).
+
+    Caching, trust and errors are as in :func:`load_ogb`: a :class:`DatasetError` names
+    any missing file, the URL and where to unzip; nothing is downloaded.
+    """
+    meta = _master_column(MAG)
+    folder = Path(root) / "ogbn_mag"
+    _check_files(MAG, folder, meta, _mag_needed_files)
+    ogb_data, split = _read(MAG, Path(root), folder)
+
+    graph = ogb_data.graph
+    num_nodes = {str(t): int(n) for t, n in graph["num_nodes_dict"].items()}
+    edges: dict[Relation, tuple[torch.Tensor, torch.Tensor]] = {
+        tuple(rel): tuple(torch.from_numpy(np.ascontiguousarray(ei)))
+        for rel, ei in graph["edge_index_dict"].items()
+    }
+    if add_reverse:
+        edges = add_reverse_relations(edges)
+    try:
+        hetero = HeteroGraph.from_edges(edges, num_nodes)
+    except GraphError as e:
+        raise DatasetError(
+            f"{MAG}: the files in '{folder}' do not form a graph ({e}); re-extract OGB's zip there"
+        ) from None
+
+    n = num_nodes.get(MAG_TARGET, 0)
+    paper = {
+        "x": _features((graph["node_feat_dict"] or {}).get(MAG_TARGET), n, MAG),
+        "y": _labels(ogb_data.labels.get(MAG_TARGET), n, MAG),
+        **{mask: _mask(_typed_split(split, part), n, MAG, part) for mask, part in MASKS.items()},
+    }
+    node_data = {t: (paper if t == MAG_TARGET else {}) for t in hetero.node_types}
+    return HeteroDataset(MAG, hetero, node_data, int(ogb_data.num_classes), MAG_TARGET)
+
+
+def add_reverse_relations(
+    edges: dict[Relation, tuple[torch.Tensor, torch.Tensor]],
+) -> dict[Relation, tuple[torch.Tensor, torch.Tensor]]:
+    """``edges`` followed by ``(d, "rev_" + r, s)`` with the same edges reversed, for every
+    relation ``(s, r, d)`` with ``s != d``: the relations PyG's ``ToUndirected`` adds to
+    ogbn-mag. A relation within one type has no other type to reach, so it gets none.
+    Raises :class:`GraphError` if a reverse relation already exists under that name.
+
+    >>> add_reverse_relations({("a", "r", "b"): (torch.tensor([0]), torch.tensor([1]))})
+    {('a', 'r', 'b'): (tensor([0]), tensor([1])), ('b', 'rev_r', 'a'): (tensor([1]), tensor([0]))}
+    """
+    out = dict(edges)
+    for (s, r, d), (src, dst) in edges.items():
+        if s == d:
+            continue
+        rev = (d, f"rev_{r}", s)
+        if rev in edges:
+            raise GraphError(f"cannot add the reverse of {(s, r, d)}: the edges already have a relation {rev}")
+        out[rev] = (dst, src)
+    return out
+
+
 def symmetrize_edges(src: torch.Tensor, dst: torch.Tensor, num_nodes: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Every edge in both directions, each ``(u, v)`` pair once, sorted by ``(u, v)``.
 
@@ -105,23 +199,32 @@ def symmetrize_edges(src: torch.Tensor, dst: torch.Tensor, num_nodes: int) -> tu
 
 # -- checking the files before ogb sees them ---------------------------------------------------
 def _meta(name: str) -> dict[str, str]:
-    """The dataset's column of ogb's own master.csv (file names, URL, version, split)."""
+    """:func:`_master_column` of a dataset :func:`load_ogb` supports."""
     if name not in SUPPORTED:
+        hint = f"; {MAG} is heterogeneous: load it with load_ogb_mag" if name == MAG else ""
         raise DatasetError(
             f"dataset {name!r} is not supported; choose one of {', '.join(SUPPORTED)} "
-            "(homogeneous OGB node property prediction)"
+            f"(homogeneous OGB node property prediction){hint}"
         )
+    return _master_column(name)
+
+
+def _master_column(name: str) -> dict[str, str]:
+    """The dataset's column of ogb's own master.csv (file names, URL, version, split)."""
     import pandas as pd  # an ogb dependency; read master.csv exactly as ogb does
 
     master = Path(_ogb().__file__).with_name("master.csv")
     return dict(pd.read_csv(master, index_col=0, keep_default_na=False)[name])
 
 
-def _check_files(name: str, folder: Path, meta: dict[str, str]) -> None:
+def _check_files(
+    name: str, folder: Path, meta: dict[str, str], needed_files: Callable[[Path, dict[str, str]], list[Path]]
+) -> None:
     """Raise :class:`DatasetError` unless ogb will find everything without downloading or asking.
 
     ogb asks on stdin whether to re-download when the folder lacks its RELEASE file, and
-    downloads when the raw files (or its processed cache) are missing.
+    downloads when the raw files (or its processed cache) are missing. ``needed_files``
+    lists the files ogb reads for this dataset; it runs once the folder is known to exist.
     """
     url = meta["url"]
     fetch = (
@@ -137,7 +240,7 @@ def _check_files(name: str, folder: Path, meta: dict[str, str]) -> None:
             f"re-extract {url} into '{folder}', or create that empty file if the files there are OGB's "
             f"version {meta['version']}"
         )
-    missing = [str(p) for p in _needed_files(folder, meta) if not p.exists()]
+    missing = [str(p) for p in needed_files(folder, meta) if not p.exists()]
     if missing:
         raise DatasetError(f"{name}: missing {', '.join(repr(p) for p in missing)}; {fetch}")
 
@@ -155,6 +258,37 @@ def _needed_files(folder: Path, meta: dict[str, str]) -> list[Path]:
     if not (split / "split_dict.pt").is_file():  # ogb's shortcut replaces the three lists
         needed += [split / f for f in SPLIT_FILES]
     return needed
+
+
+def _mag_needed_files(folder: Path, meta: dict[str, str]) -> list[Path]:
+    """What ogb's heterogeneous csv reader opens for ogbn-mag. ogb turns a missing file into
+    a bare "No necessary file" (or skips it silently: paper features), so each is checked here."""
+    needed = []
+    if not (folder / "processed" / "data_processed").is_file():
+        raw = folder / "raw"
+        triplets = raw / "triplet-type-list.csv.gz"
+        needed += [raw / "num-node-dict.csv.gz", triplets, raw / "nodetype-has-label.csv.gz",
+                   raw / "node-feat" / MAG_TARGET / "node-feat.csv.gz",
+                   raw / "node-label" / MAG_TARGET / "node-label.csv.gz"]
+        if triplets.is_file():  # it names the relation folders; its absence is reported above
+            for triplet in _read_triplets(triplets):
+                rel = raw / "relations" / "___".join(triplet)
+                needed += [rel / "edge.csv.gz", rel / "num-edge-list.csv.gz"]
+    split = folder / "split" / meta["split"]
+    if not (split / "split_dict.pt").is_file():
+        needed += [split / "nodetype-has-split.csv.gz", *(split / MAG_TARGET / f for f in SPLIT_FILES)]
+    return needed
+
+
+def _read_triplets(path: Path) -> list[Relation]:
+    """The ``(src, name, dst)`` rows of a ``triplet-type-list.csv.gz``, read as ogb reads them."""
+    import pandas as pd
+
+    try:
+        rows = pd.read_csv(path, compression="gzip", header=None)
+        return [(str(s), str(r), str(d)) for s, r, d in zip(rows[0], rows[1], rows[2])]
+    except Exception as e:  # noqa: BLE001 -- pandas raises many types for a damaged file
+        raise DatasetError(f"cannot read '{path}' ({type(e).__name__}: {e}); re-extract OGB's zip") from None
 
 
 # -- reading through ogb ----------------------------------------------------------------------
@@ -219,6 +353,14 @@ def _read(name: str, root: Path, folder: Path) -> tuple[Any, dict[str, Any]]:
 
 
 # -- node tensors ------------------------------------------------------------------------------
+def _typed_split(split: dict[str, Any], part: str) -> Any:
+    """The target type's indices in one part of a heterogeneous split (``split[part][type]``)."""
+    try:
+        return split[part][MAG_TARGET]
+    except (KeyError, TypeError):
+        raise DatasetError(f"{MAG}: the split has no {part!r} indices for node type {MAG_TARGET!r}") from None
+
+
 def _features(feat: np.ndarray | None, num_nodes: int, name: str) -> torch.Tensor:
     if feat is None or len(feat) != num_nodes:
         raise DatasetError(f"{name}: expected node features with {num_nodes} rows, got {_shape(feat)}")

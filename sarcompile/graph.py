@@ -165,19 +165,28 @@ class Graph:
     """A directed graph on one machine. Build it with :meth:`from_edges`, :meth:`from_pyg`
     or :meth:`from_networkx`.
 
+    With ``num_src_nodes`` it is *bipartite*: sources and destinations are two node sets
+    (``src`` ids in ``[0, num_src_nodes)``, ``dst`` ids in ``[0, num_nodes)``), as one
+    relation of a :class:`~sarcompile.hetero.HeteroGraph` is. ``num_nodes`` is always the
+    destinations' count: the rows an aggregation produces; source-side inputs (``spmm``'s
+    ``x``) have ``num_src_nodes`` rows.
+
     >>> g = Graph.from_edges(torch.tensor([0, 1, 2]), torch.tensor([1, 2, 1]), num_nodes=4)
     >>> g.num_nodes, g.num_edges, g.in_degrees().tolist()
     (4, 3, [0, 2, 1, 0])
     """
 
-    def __init__(self, src: torch.Tensor, dst: torch.Tensor, num_nodes: int):
+    def __init__(self, src: torch.Tensor, dst: torch.Tensor, num_nodes: int, num_src_nodes: int | None = None):
         src, dst = _as_index(src, "src"), _as_index(dst, "dst")
         if src.numel() != dst.numel():
             raise GraphError(f"src has {src.numel()} entries but dst has {dst.numel()}; they must pair up")
         num_nodes = int(num_nodes)
-        if num_nodes < 0:
-            raise GraphError(f"num_nodes must be >= 0, got {num_nodes}")
-        if src.numel():
+        self.bipartite = num_src_nodes is not None
+        num_src_nodes = num_nodes if num_src_nodes is None else int(num_src_nodes)
+        for name, count in (("num_nodes", num_nodes), ("num_src_nodes", num_src_nodes)):
+            if count < 0:
+                raise GraphError(f"{name} must be >= 0, got {count}")
+        if not self.bipartite and src.numel():
             lo = min(int(src.min()), int(dst.min()))
             hi = max(int(src.max()), int(dst.max()))
             if lo < 0 or hi >= num_nodes:
@@ -185,7 +194,13 @@ class Graph:
                     f"edge endpoints must lie in [0, {num_nodes}), found ids from {lo} to {hi}; "
                     "pass the right num_nodes"
                 )
-        self.src, self.dst, self.num_nodes = src, dst, num_nodes
+        for ids, count, end in ((src, num_src_nodes, "source"), (dst, num_nodes, "destination")):
+            if self.bipartite and ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= count):
+                raise GraphError(
+                    f"{end} ids must lie in [0, {count}), found ids from {int(ids.min())} to {int(ids.max())}; "
+                    f"pass the right number of {end} nodes"
+                )
+        self.src, self.dst, self.num_nodes, self.num_src_nodes = src, dst, num_nodes, num_src_nodes
         # Global id of every edge (keys edge dropout). Self-loops a derived graph adds for
         # node v get id ``edge_id_space + v``, beyond every original edge's id.
         self.edge_ids = torch.arange(src.numel())
@@ -268,6 +283,11 @@ class Graph:
     def global_ids(self) -> torch.Tensor:
         return torch.arange(self.num_nodes)
 
+    @property
+    def src_global_ids(self) -> torch.Tensor:
+        """Global id of every source row (those of :attr:`global_ids` unless bipartite)."""
+        return torch.arange(self.num_src_nodes)
+
     @cached_property
     def loop_mask(self) -> torch.Tensor:
         """Whether each edge is a self-loop ``v -> v``, in edge order."""
@@ -290,6 +310,7 @@ class Graph:
         return self._loops(("plus_loop", upto), drop=False, add=True)
 
     def _loops(self, key: Any, drop: bool, add: bool) -> "Graph":
+        _no_loops_on_bipartite(self)
         if key not in self._derived:
             keep = ~self.loop_mask if drop else torch.ones_like(self.loop_mask)
             src, dst, ids = self.src[keep], self.dst[keep], self.edge_ids[keep]
@@ -309,7 +330,7 @@ class Graph:
 
     def _derive(self, src: torch.Tensor, dst: torch.Tensor, edge_ids: torch.Tensor,
                 edge_id_space: int | None = None) -> "Graph":
-        g = Graph(src, dst, self.num_nodes)
+        g = Graph(src, dst, self.num_nodes, self.num_src_nodes if self.bipartite else None)
         g.edge_ids = edge_ids
         g.edge_id_space = self.edge_id_space if edge_id_space is None else edge_id_space
         return g
@@ -327,13 +348,24 @@ class Graph:
 
     @cached_property
     def block(self) -> Block:
-        """The whole graph as one CSR block (sources are all nodes)."""
+        """The whole graph as one CSR block (sources are all source nodes)."""
         counts = torch.bincount(self.dst, minlength=self.num_nodes)
         indptr = torch.cat([torch.zeros(1, dtype=torch.long), torch.cumsum(counts, 0)])
-        return Block(indptr, self.src[self.csr_perm], self.num_nodes, self.global_ids)
+        return Block(indptr, self.src[self.csr_perm], self.num_src_nodes, self.src_global_ids)
 
     def __repr__(self) -> str:
+        if self.bipartite:
+            return f"Graph(num_src_nodes={self.num_src_nodes}, num_nodes={self.num_nodes}, num_edges={self.num_edges})"
         return f"Graph(num_nodes={self.num_nodes}, num_edges={self.num_edges})"
+
+
+def _no_loops_on_bipartite(g: Any) -> None:
+    """Self-loops join a node to itself: a relation between two node sets has none to add."""
+    if getattr(g, "bipartite", False):
+        raise GraphError(
+            "self-loops need one node set, but this graph is bipartite (a relation between two node types); "
+            "layers on such a relation must not add self-loops (PyG: add_self_loops=False)"
+        )
 
 
 def cached_subset(derived: dict, mask: torch.Tensor, build: Callable[[torch.Tensor], Any]) -> Any:

@@ -95,6 +95,14 @@ def _check_rows(g, t: torch.Tensor, what: str, rows: int) -> None:
         raise GraphError(f"{what} has {t.shape[0]} rows but the graph needs {rows}")
 
 
+def _one_node_set(g, op: str) -> None:
+    """Ops whose message reads both ends' rows from one tensor need one node set."""
+    if getattr(g, "bipartite", False):
+        raise GraphError(f"{op} reads source and destination rows from one tensor, so it needs one node set, but "
+                         "this graph is a relation between two node types; use spmm / sddmm / attention, which take "
+                         "the two ends' rows separately")
+
+
 def _single(g: Graph) -> ShardGraph:
     """``g`` as a one-worker shard (made once per graph), so one machine runs the code N do."""
     if "_shard" not in g.__dict__:
@@ -180,7 +188,7 @@ def spmm(
     ``1/deg`` per edge, which rounds differently from dividing the sum."""
     if reduce == "min":
         return -spmm(g, -x, "max", strategy=strategy, executor=executor, comm=comm)
-    _check_rows(g, x, "x", g.num_nodes)
+    _check_rows(g, x, "x", g.num_src_nodes)
     if edge_weight is not None:
         _check_rows(g, edge_weight, "edge_weight", g.num_edges)
     if isinstance(g, Graph):
@@ -219,7 +227,7 @@ def sddmm(
     comm: LinkPolicy | None = None,
 ) -> torch.Tensor:
     """One value per edge u->v from ``a[u]`` and ``b[v]``."""
-    _check_rows(g, a, "a", g.num_nodes)
+    _check_rows(g, a, "a", g.num_src_nodes)
     _check_rows(g, b, "b", g.num_nodes)
     if isinstance(g, Graph):
         return _from_csr_order(g, sddmm.definition.run(_single(g), a, b, op))
@@ -251,7 +259,7 @@ def gather_src(
     (PyG's ``x_j``). On a worker, remote sources arrive through the halo exchange; the
     result is a per-edge tensor, so it costs ``E x F`` where the fused ops cost nothing
     per edge: the front-ends use it only for messages the fused ops cannot express."""
-    _check_rows(g, x, "x", g.num_nodes)
+    _check_rows(g, x, "x", g.num_src_nodes)
     if isinstance(g, Graph):
         return _from_csr_order(g, gather_src.definition.run(_single(g), x))
     return gather_src.definition.run(g, x, strategy=strategy, comm=comm)
@@ -278,6 +286,7 @@ def gather_table(g, table: torch.Tensor, end: str = "src") -> torch.Tensor:
     (a parameter, like LINKX's node embedding). Local: nothing crosses workers; each
     worker's gradient holds its edges' share, and summing the parameter gradients over
     workers, as data-parallel training does, gives one machine's."""
+    _one_node_set(g, "gather_table")
     total = g.num_nodes if isinstance(g, Graph) else g.num_global_nodes
     probe = getattr(g, "is_probe", False) and table.shape[0] > 0  # a shape probe: any table size will do
     if table.shape[0] != total and not probe:
@@ -501,7 +510,7 @@ def attention(
     :mod:`sarcompile.runtime.ops`). ``a_edge``: an optional per-edge score added before
     the leaky ReLU (GATConv's edge features), in the graph's edge order."""
     for name, t in (("h", h), ("a_src", a_src), ("a_dst", a_dst)):
-        _check_rows(g, t, name, g.num_nodes)
+        _check_rows(g, t, name, g.num_nodes if name == "a_dst" else g.num_src_nodes)
     salt = torch.zeros((), dtype=torch.long) if salt is None else salt
     if not _fusable_shapes(g, h, a_src, a_dst, a_edge):  # e.g. one score per edge shared by all heads
         score = sddmm(g, a_src, a_dst, "add", comm=comm)
@@ -637,6 +646,7 @@ def message_passing(
     its messages (SAR's rematerialization), so ``fn`` must be deterministic. An empty
     neighbourhood gives 0; max picks, among equal messages, the edge with the smallest id.
     """
+    _one_node_set(g, "message_passing")
     _check_rows(g, x, "x", g.num_nodes)
     if edge_attr is not None:
         _check_rows(g, edge_attr, "edge_attr", g.num_edges)

@@ -32,7 +32,7 @@ import hashlib
 import json
 import os
 import secrets
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import IO, Any, Callable
@@ -42,6 +42,7 @@ import torch
 
 from .errors import GraphError, PartitionError
 from .graph import Graph
+from .hetero import HeteroGraph, HeteroShard
 from .rundir import lock_dir, remove_stale_temps
 from .runtime.memory import release_free
 from .shard import PartData, ShardGraph, split_graph
@@ -66,6 +67,20 @@ __all__ = [
 METHODS = ("metis", "random", "contiguous")
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
+
+
+@dataclass
+class TypedHooks:
+    """Where typed graphs go: :mod:`sarcompile.hetero_partition` builds on this module
+    (its writing, reading and checks), so it cannot be imported from here; it registers
+    its functions when the package is imported, as the runtime registers op kernels."""
+
+    partition: Callable[..., "Manifest"] | None = None
+    load: Callable[..., "Partition"] | None = None
+    load_whole: Callable[..., tuple] | None = None
+
+
+typed = TypedHooks()
 
 
 # -- node assignment -------------------------------------------------------------------------
@@ -171,6 +186,7 @@ class PartInfo:
     # manifests written before they were recorded: the plan then reads the parts).
     self_loops: int | None = None  # edges u -> u among its in-edges
     block_edges: list[int] | None = None  # of its in-edges, how many come from each part
+    type_nodes: dict[str, int] | None = None  # a typed partition's nodes per type
 
 
 @dataclass
@@ -197,6 +213,15 @@ class Manifest:
     created: str
     format_version: int = FORMAT_VERSION
     graph_sha256: str | None = None
+    # A typed partition (sarcompile.hetero): per node type its node count and node data
+    # ({"num_nodes", "node_data"}), per relation key (src__name__dst) its edge count, halo
+    # sizes and edge cut ({"num_edges", "halo_sizes", "edge_cut"}); None for one type.
+    node_types: dict[str, dict[str, Any]] | None = None
+    edge_types: dict[str, dict[str, Any]] | None = None
+
+    @property
+    def typed(self) -> bool:
+        return self.node_types is not None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
@@ -225,22 +250,24 @@ class Manifest:
 
 @dataclass
 class Partition:
-    """One worker's share of a partitioned graph, as :func:`load_partition` returns it."""
+    """One worker's share of a partitioned graph, as :func:`load_partition` returns it.
+    Of a typed partition: ``graph`` is a :class:`~sarcompile.hetero.HeteroShard`, and
+    ``node_data`` and ``global_ids`` are dicts by node type (``node_data["paper"]["x"]``)."""
 
-    graph: ShardGraph
-    node_data: dict[str, torch.Tensor] = field(repr=False)  # local rows, local order
-    global_ids: torch.Tensor = field(repr=False)  # original node id of every local row
+    graph: ShardGraph | HeteroShard
+    node_data: dict[str, Any] = field(repr=False)  # local rows, local order
+    global_ids: torch.Tensor | dict[str, torch.Tensor] = field(repr=False)  # original id of every local row
     rank: int
     manifest: Manifest = field(repr=False)
 
 
 # -- writing ---------------------------------------------------------------------------------
 def partition(
-    g: Graph,
+    g: Graph | HeteroGraph,
     num_parts: int,
     out_dir: str | os.PathLike,
-    node_data: dict[str, torch.Tensor] | None = None,
-    method: str | torch.Tensor = "metis",
+    node_data: dict[str, Any] | None = None,
+    method: str | torch.Tensor | dict[str, torch.Tensor] = "metis",
     seed: int = 0,
     name: str = "graph",
     allow_nonfinite: bool = False,
@@ -256,27 +283,22 @@ def partition(
     floating-point tensor unless ``allow_nonfinite``); a violation raises
     :class:`GraphError` naming the node and column. While it writes, the directory is
     locked: another partition run on it raises :class:`~sarcompile.errors.RunDirError`.
+
+    A :class:`~sarcompile.hetero.HeteroGraph` takes ``node_data`` per node type
+    (``{"paper": {"x": X, "y": Y}}``) and splits every type across all parts (see
+    :mod:`sarcompile.hetero_partition`).
     """
+    if isinstance(g, HeteroGraph):
+        return typed.partition(g, num_parts, out_dir, node_data, method, seed, name, allow_nonfinite)
     _check_graph(g)
     _check_num_parts(num_parts)
     node_data = _check_node_data(g, node_data)
     check_node_data(node_data, allow_nonfinite=allow_nonfinite)
     assignment = assign(g, num_parts, method, seed)
     parts = split_graph(g, assignment, num_parts, node_data)
-    identity = graph_sha256(g, node_data)
 
-    out = Path(out_dir)
-    with lock_dir(out, "partition run"):  # creates out
-        # Temporary files of a killed run can go: nobody else writes here while we hold the lock.
-        remove_stale_temps(out, ["part-*.pt", MANIFEST])
-        # From here until the new manifest lands the directory must not load: drop the old
-        # manifest first (durably) so old and new part files can never be read as one set.
-        (out / MANIFEST).unlink(missing_ok=True)
-        _fsync_dir(out)
-        _remove_stale_parts(out, num_parts)
-        infos = [_write_part(out, r, part) for r, part in enumerate(parts)]
-
-        manifest = Manifest(
+    def manifest(infos: list[PartInfo]) -> Manifest:
+        return Manifest(
             num_parts=num_parts,
             num_nodes=g.num_nodes,
             num_edges=g.num_edges,
@@ -286,15 +308,51 @@ def partition(
             parts=infos,
             halo_sizes=[[len(parts[q].send_index[r]) for q in range(num_parts)] for r in range(num_parts)],
             edge_cut=int((assignment[g.src] != assignment[g.dst]).sum()),
-            node_data={
-                k: {"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape[1:])}
-                for k, t in node_data.items()
-            },
-            created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            graph_sha256=identity,
+            node_data=describe_node_data(node_data),
+            created=now(),
+            graph_sha256=graph_sha256(g, node_data),
         )
+
+    return write_directory(Path(out_dir), [(part.to_dict(), _part_info(part)) for part in parts], manifest)
+
+
+def write_directory(
+    out: Path, parts: list[tuple[dict, Callable[[int], PartInfo]]], manifest_of: Callable[[list[PartInfo]], Manifest]
+) -> Manifest:
+    """Write every part (its saved dict, and what makes its manifest entry once written)
+    and then the manifest, atomically and under the directory's lock (see the module
+    docstring); returns the manifest."""
+    with lock_dir(out, "partition run"):  # creates out
+        # Temporary files of a killed run can go: nobody else writes here while we hold the lock.
+        remove_stale_temps(out, ["part-*.pt", MANIFEST])
+        # From here until the new manifest lands the directory must not load: drop the old
+        # manifest first (durably) so old and new part files can never be read as one set.
+        (out / MANIFEST).unlink(missing_ok=True)
+        _fsync_dir(out)
+        _remove_stale_parts(out, len(parts))
+        infos = []
+        for r, (payload, info) in enumerate(parts):
+            path = _write_part(out, r, payload)
+            infos.append(replace(info(r), file=path.name, sha256=_sha256(path), bytes=path.stat().st_size))
+        manifest = manifest_of(infos)
         _atomic_write(out / MANIFEST, lambda f: f.write(manifest.to_json().encode()))
     return manifest
+
+
+def _write_part(out: Path, rank: int, payload: dict) -> Path:
+    """Write ``part-{rank}.pt`` atomically; its path."""
+    path = out / f"part-{rank}.pt"
+    _atomic_write(path, lambda f: torch.save(payload, f))
+    return path
+
+
+def describe_node_data(node_data: dict[str, torch.Tensor]) -> dict[str, dict[str, Any]]:
+    """The manifest's record of node tensors: dtype and trailing shape by name."""
+    return {k: {"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape[1:])} for k, t in node_data.items()}
+
+
+def now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
 def _check_graph(g: Graph) -> None:
@@ -355,16 +413,14 @@ def _remove_stale_parts(out: Path, num_parts: int) -> None:
             path.unlink()
 
 
-def _write_part(out: Path, rank: int, part: PartData) -> PartInfo:
-    """Write ``part-{rank}.pt`` atomically and describe it for the manifest."""
-    path = out / f"part-{rank}.pt"
-    _atomic_write(path, lambda f: torch.save(part.to_dict(), f))
-    return PartInfo(
-        file=path.name,
+def _part_info(part: PartData) -> Callable[[int], PartInfo]:
+    """What the manifest records of a part, given its rank (file and checksum come once written)."""
+    return lambda rank: PartInfo(
+        file="",
         num_nodes=part.global_ids.numel(),
         num_edges=part.edge_ids.numel(),
-        sha256=_sha256(path),
-        bytes=path.stat().st_size,
+        sha256="",
+        bytes=0,
         self_loops=part_self_loops(part, rank),
         block_edges=torch.bincount(part.edge_src_part, minlength=len(part.send_index)).tolist(),
     )
@@ -471,6 +527,8 @@ def load_partition(
         )
     if not 0 <= rank < world_size:
         raise PartitionError(f"rank {rank} is outside [0, {world_size})")
+    if manifest.typed:
+        return typed.load(out_dir, manifest, rank, allow_nonfinite)
     part = read_part(out_dir, manifest, rank)
     check_node_data(
         part.node_data, ids=part.global_ids, allow_nonfinite=allow_nonfinite, error=PartitionError,
@@ -484,10 +542,13 @@ def load_partition(
     return Partition(graph, node_data, global_ids, rank, manifest)
 
 
-def load_whole_graph(out_dir: str | os.PathLike) -> tuple[Graph, dict[str, torch.Tensor]]:
+def load_whole_graph(out_dir: str | os.PathLike) -> tuple[Graph | HeteroGraph, dict[str, Any]]:
     """Reassemble the original graph (edges in their original order) and node tensors
-    from every part of a partition directory: the single-machine reference of a run."""
+    from every part of a partition directory: the single-machine reference of a run.
+    A typed partition gives a :class:`~sarcompile.hetero.HeteroGraph` and node tensors per type."""
     manifest = read_manifest(out_dir)
+    if manifest.typed:
+        return typed.load_whole(out_dir, manifest)
     parts = [read_part(out_dir, manifest, r) for r in range(manifest.num_parts)]
     src = torch.empty(manifest.num_edges, dtype=torch.long)
     dst = torch.empty(manifest.num_edges, dtype=torch.long)
@@ -504,6 +565,15 @@ def load_whole_graph(out_dir: str | os.PathLike) -> tuple[Graph, dict[str, torch
 
 def read_part(out_dir: str | os.PathLike, manifest: Manifest, rank: int) -> PartData:
     """Part ``rank``, after checking it exists and matches the manifest's checksum and halos."""
+    path, saved = read_part_file(out_dir, manifest, rank)
+    part = _as_part(saved, path)
+    _check_halos(part, manifest.halo_sizes, rank, path)
+    return part
+
+
+def read_part_file(out_dir: str | os.PathLike, manifest: Manifest, rank: int) -> tuple[Path, dict]:
+    """The path and saved contents of part ``rank``'s file, after checking it exists and
+    matches the manifest's checksum."""
     info = manifest.parts[rank]
     path = Path(out_dir) / info.file
     if not path.is_file():
@@ -513,9 +583,21 @@ def read_part(out_dir: str | os.PathLike, manifest: Manifest, rank: int) -> Part
             f"part file '{path}' does not match the manifest's checksum: "
             "file corrupt or from another partitioning; re-run partition"
         )
-    part = _read_part(path)
-    _check_halos(part, manifest, rank, path)
-    return part
+    try:
+        # weights_only (in every torch >= 2.2 this package supports) refuses arbitrary pickles.
+        saved = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # unpickling raises many types; every one means the same here
+        raise PartitionError(f"cannot read part file '{path}' ({type(e).__name__}: {e}); re-run partition") from None
+    if not isinstance(saved, dict):
+        raise PartitionError(f"part file '{path}' holds a {type(saved).__name__}, not a part; re-run partition")
+    return path, saved
+
+
+def _as_part(saved: dict, path: Path) -> PartData:
+    try:
+        return PartData(**saved)
+    except TypeError as e:
+        raise PartitionError(f"part file '{path}' is not a part of this format ({e}); re-run partition") from None
 
 
 def _rank_and_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -528,21 +610,14 @@ def _rank_and_world(rank: int | None, world_size: int | None) -> tuple[int, int]
     return rank, world_size
 
 
-def _read_part(path: Path) -> PartData:
-    try:
-        # weights_only (in every torch >= 2.2 this package supports) refuses arbitrary pickles.
-        return PartData(**torch.load(path, map_location="cpu", weights_only=True))
-    except Exception as e:  # unpickling raises many types; every one means the same here
-        raise PartitionError(f"cannot read part file '{path}' ({type(e).__name__}: {e}); re-run partition") from None
-
-
-def _check_halos(part: PartData, manifest: Manifest, rank: int, path: Path) -> None:
+def _check_halos(part: PartData, halo_sizes: list[list[int]], rank: int, path: Path, what: str = "") -> None:
     """The rows this part sends to each peer must be the halo sizes the manifest promises."""
     sent = [len(s) for s in part.send_index]
-    promised = [manifest.halo_sizes[q][rank] for q in range(manifest.num_parts)]
+    promised = [halo_sizes[q][rank] for q in range(len(halo_sizes))]
     if sent != promised:
         raise PartitionError(
-            f"part file '{path}' sends {sent} rows to its peers but the manifest says {promised}; re-run partition"
+            f"part file '{path}' sends {sent} rows{what} to its peers but the manifest says {promised}; "
+            "re-run partition"
         )
 
 
@@ -569,6 +644,10 @@ def summary(manifest: Manifest, max_matrix: int = 8) -> str:
     ]
     cut = 100.0 * m.edge_cut / m.num_edges if m.num_edges else 0.0
     lines.append(f"edge cut: {m.edge_cut} of {m.num_edges} edges ({cut:.1f}%)")
+    if m.typed:  # every type is split across all parts: how evenly
+        lines.append("nodes of each type per part:")
+        lines += _table(("type", *map(str, range(m.num_parts))),
+                        [(t, *(str(p.type_nodes[t]) for p in m.parts)) for t in m.node_types])
     if 1 < m.num_parts <= max_matrix:
         lines.append("halo sizes (row r: nodes of part q that r receives):")
         matrix = [(str(r), *map(str, row)) for r, row in enumerate(m.halo_sizes)]

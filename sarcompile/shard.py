@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from .errors import PartitionError
-from .graph import Block, Graph, cached_subset
+from .graph import Block, Graph, _no_loops_on_bipartite, cached_subset
 
 __all__ = ["DERIVED_GRAPHS", "PartData", "ShardGraph", "split_graph"]
 
@@ -48,37 +48,63 @@ class PartData:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
 
 
-def split_graph(
-    g: Graph, assignment: torch.Tensor, num_parts: int, node_data: dict[str, torch.Tensor] | None = None
-) -> list[PartData]:
-    """Cut ``g`` into ``num_parts`` pieces by ``assignment[v]`` (the part of node v)."""
-    if num_parts < 1:
-        raise PartitionError(f"num_parts must be >= 1, got {num_parts}")
+def _local_rows(assignment: torch.Tensor, num_parts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(order, counts, starts, local)``: the nodes sorted by (part, id), the count of each
+    part, where each part starts in ``order``, and every node's local row in its part
+    (its rank among the part's nodes by global id)."""
+    n = assignment.numel()
+    order = torch.argsort(assignment * max(n, 1) + torch.arange(n))
+    counts = torch.bincount(assignment, minlength=num_parts)
+    starts = torch.cumsum(counts, 0) - counts
+    local = torch.empty(n, dtype=torch.long)
+    local[order] = torch.arange(n) - starts[assignment[order]]
+    return order, counts, starts, local
+
+
+def _check_assignment(assignment: Any, num_nodes: int, num_parts: int) -> torch.Tensor:
     assignment = torch.as_tensor(assignment)
     if assignment.is_floating_point():
         raise PartitionError(f"assignment must hold integer part ids, got dtype {assignment.dtype}")
     assignment = assignment.long()
-    if assignment.shape != (g.num_nodes,):
-        raise PartitionError(f"assignment must have one entry per node ({g.num_nodes}), got {tuple(assignment.shape)}")
-    if g.num_nodes and (int(assignment.min()) < 0 or int(assignment.max()) >= num_parts):
+    if assignment.shape != (num_nodes,):
+        raise PartitionError(f"assignment must have one entry per node ({num_nodes}), got {tuple(assignment.shape)}")
+    if num_nodes and (int(assignment.min()) < 0 or int(assignment.max()) >= num_parts):
         raise PartitionError(f"assignment values must lie in [0, {num_parts})")
+    return assignment
+
+
+def split_graph(
+    g: Graph,
+    assignment: torch.Tensor,
+    num_parts: int,
+    node_data: dict[str, torch.Tensor] | None = None,
+    src_assignment: torch.Tensor | None = None,
+) -> list[PartData]:
+    """Cut ``g`` into ``num_parts`` pieces by ``assignment[v]`` (the part of node v).
+
+    A bipartite ``g`` (one relation of a heterogeneous graph) needs ``src_assignment``
+    too, the part of every source node: sources are then named by their local row in
+    their own node set's part, which is what the source type's tensors hold there."""
+    if num_parts < 1:
+        raise PartitionError(f"num_parts must be >= 1, got {num_parts}")
+    assignment = _check_assignment(assignment, g.num_nodes, num_parts)
+    if g.bipartite != (src_assignment is not None):
+        raise PartitionError("a bipartite graph is split with src_assignment (the sources' parts), another without")
+    src_assignment = assignment if src_assignment is None else _check_assignment(
+        src_assignment, g.num_src_nodes, num_parts)
     node_data = node_data or {}
     for name, t in node_data.items():
         if t.shape[0] != g.num_nodes:
             raise PartitionError(f"node_data[{name!r}] has {t.shape[0]} rows but the graph has {g.num_nodes} nodes")
-    # Local row of every node inside its part: rank among the part's nodes by global id.
-    order = torch.argsort(assignment * max(g.num_nodes, 1) + torch.arange(g.num_nodes))
-    counts = torch.bincount(assignment, minlength=num_parts)
-    starts = torch.cumsum(counts, 0) - counts
-    local = torch.empty(g.num_nodes, dtype=torch.long)
-    local[order] = torch.arange(g.num_nodes) - starts[assignment[order]]
+    order, counts, starts, local = _local_rows(assignment, num_parts)
+    src_local = local if src_assignment is assignment else _local_rows(src_assignment, num_parts)[3]
 
-    src_part, dst_part = assignment[g.src], assignment[g.dst]
+    src_part, dst_part = src_assignment[g.src], assignment[g.dst]
     # Send lists: distinct (owner, reader, row) triples over the edges that cross parts,
     # sorted, so each list comes out as the sorted halo its reader will compute.
-    n = max(g.num_nodes, 1)
+    n = max(g.num_src_nodes, 1)
     cross = src_part != dst_part
-    keys = torch.unique((src_part[cross] * num_parts + dst_part[cross]) * n + local[g.src[cross]])
+    keys = torch.unique((src_part[cross] * num_parts + dst_part[cross]) * n + src_local[g.src[cross]])
     pair, rows = keys // n, keys % n
     pair_counts = torch.bincount(pair, minlength=num_parts * num_parts).tolist()
     send_lists = list(torch.split(rows, pair_counts))
@@ -91,7 +117,7 @@ def split_graph(
             PartData(
                 global_ids=ids,
                 edge_src_part=src_part[eids],
-                edge_src_local=local[g.src[eids]],
+                edge_src_local=src_local[g.src[eids]],
                 edge_src_gid=g.src[eids],
                 edge_dst_local=local[g.dst[eids]],
                 edge_ids=eids,
@@ -119,8 +145,13 @@ class ShardGraph:
         edge_ids: torch.Tensor,
         num_global_nodes: int,
         edge_id_space: int,
+        src_global_ids: torch.Tensor | None = None,
     ):
         self.rank, self.world_size = rank, world_size
+        # A relation between two node types: its local block's sources are the source
+        # type's local rows (src_global_ids), not this shard's destinations.
+        self.bipartite = src_global_ids is not None
+        self.src_global_ids = global_ids if src_global_ids is None else src_global_ids
         self.global_ids = global_ids
         self.blocks = blocks
         self.send_index = send_index
@@ -137,14 +168,18 @@ class ShardGraph:
         """A whole graph as the only shard of a one-worker world."""
         return cls(
             0, 1, g.global_ids, [g.block], [torch.empty(0, dtype=torch.long)], g.edge_ids[g.csr_perm], g.num_nodes,
-            g.edge_id_space,
+            g.edge_id_space, g.src_global_ids if g.bipartite else None,
         )
 
     @classmethod
     def from_part(
-        cls, part: PartData, rank: int, world_size: int, num_global_nodes: int, num_global_edges: int
+        cls, part: PartData, rank: int, world_size: int, num_global_nodes: int, num_global_edges: int,
+        src_global_ids: torch.Tensor | None = None,
     ) -> "ShardGraph":
+        """The shard of ``part``; ``src_global_ids``: for a bipartite relation, the global
+        ids of the source type's local rows (in that type's numbering)."""
         n = part.global_ids.numel()
+        local_src = part.global_ids if src_global_ids is None else src_global_ids
         # Shard order: edges sorted by (source part, destination), stable within.
         order = torch.sort(part.edge_src_part * max(n, 1) + part.edge_dst_local, stable=True).indices
         src_part = part.edge_src_part[order]
@@ -153,7 +188,7 @@ class ShardGraph:
         blocks = []
         for q, (s, d, gq) in enumerate(zip(src.split(sizes), dst.split(sizes), gid.split(sizes))):
             if q == rank:
-                col, num_src, src_gids = s, n, part.global_ids
+                col, num_src, src_gids = s, local_src.numel(), local_src
             else:
                 halo, col = torch.unique(s, return_inverse=True)
                 num_src = halo.numel()
@@ -164,7 +199,7 @@ class ShardGraph:
             blocks.append(Block(indptr, col.reshape(-1), num_src, src_gids))
         return cls(
             rank, world_size, part.global_ids, blocks, part.send_index, part.edge_ids[order], num_global_nodes,
-            num_global_edges,
+            num_global_edges, src_global_ids,
         )
 
     # -- the Graph-like surface models use ---------------------------------------------------
@@ -174,6 +209,12 @@ class ShardGraph:
         return self.global_ids.numel()
 
     num_dst = num_nodes
+
+    @property
+    def num_src_nodes(self) -> int:
+        """Local source rows: the shard's own nodes, or for a bipartite relation the
+        source type's local rows (what a source-side input such as ``spmm``'s ``x`` has)."""
+        return self.src_global_ids.numel()
 
     @property
     def num_edges(self) -> int:
@@ -227,6 +268,7 @@ class ShardGraph:
         per node if ``add`` (ids as :meth:`Graph.with_self_loops` gives them)."""
         if key in self._derived:
             return self._derived[key]
+        _no_loops_on_bipartite(self)
         local = self.blocks[self.rank]
         lo, hi = self.edge_ptr[self.rank], self.edge_ptr[self.rank + 1]
         keep = local.col != local.row if drop else torch.ones(local.num_edges, dtype=torch.bool)
@@ -271,7 +313,7 @@ class ShardGraph:
             blocks.append(Block(indptr, b.col[kept], b.num_src, b.src_gids))
         return ShardGraph(
             self.rank, self.world_size, self.global_ids, blocks, self.send_index, self.edge_ids[keep],
-            self.num_global_nodes, self.edge_id_space,
+            self.num_global_nodes, self.edge_id_space, self.src_global_ids if self.bipartite else None,
         )
 
     def halo_sizes(self) -> list[int]:

@@ -474,7 +474,7 @@ class _SarEdgeReduceSrc(torch.autograd.Function):
         flat = e.reshape(e.shape[0], math.prod(e.shape[1:]))  # (not -1: a shard may have no edges)
         if reduce == "mean":
             flat = torch.cat([flat, flat.new_ones((flat.shape[0], 1))], 1)
-        out = flat.new_zeros((shard.num_nodes, flat.shape[1]))
+        out = flat.new_zeros((shard.num_src_nodes, flat.shape[1]))
 
         def visit(q: int, _rows: None) -> torch.Tensor:
             block = shard.blocks[q]
@@ -486,12 +486,12 @@ class _SarEdgeReduceSrc(torch.autograd.Function):
             out, count = out[:, :-1], out[:, -1:].clamp(min=1)
             out = out / count
         ctx.shard, ctx.count, ctx.shape = shard, count, e.shape
-        return out.reshape((shard.num_nodes, *e.shape[1:]))
+        return out.reshape((shard.num_src_nodes, *e.shape[1:]))
 
     @staticmethod
     def backward(ctx, g):
         shard = ctx.shard
-        g = g.reshape(shard.num_nodes, math.prod(ctx.shape[1:]))  # (not -1: a shard may have no nodes)
+        g = g.reshape(shard.num_src_nodes, math.prod(ctx.shape[1:]))  # (not -1: a shard may have no nodes)
         if ctx.count is not None:
             g = g / ctx.count
         pieces: dict[int, torch.Tensor] = {}
