@@ -225,6 +225,11 @@ def worker_stats(
         parts = split_graph(source, assignment, num_parts)
     else:
         manifest = read_manifest(Path(source))
+        if manifest.typed:
+            raise CompileError(
+                f"partition '{source}' is of a heterogeneous graph (node types {list(manifest.node_types)}); plans "
+                "and memory estimates cover one-type graphs only for now"
+            )
         if all(p.block_edges is not None for p in manifest.parts):  # every worker plans: read no part file
             return _stats_from_manifest(manifest)
         num_parts = manifest.num_parts

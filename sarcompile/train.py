@@ -553,6 +553,11 @@ def train(config: TrainConfig | Mapping[str, Any] | argparse.Namespace | Sequenc
     ckpt_limit = checkpoint_timeout()
     rank, world_size = init()
     manifest = read_manifest(cfg.parts)
+    if manifest.typed:
+        raise PartitionError(
+            f"partition '{cfg.parts}' is of a heterogeneous graph (node types {list(manifest.node_types)}); "
+            "python -m sarcompile.train trains one-type graphs only for now"
+        )
     missing = [k for k in NODE_KEYS if k not in manifest.node_data]
     if missing:
         raise PartitionError(_missing_keys_message(missing, f"partition '{cfg.parts}'"))

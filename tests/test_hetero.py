@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 from hetero_cases import RelationNet, inputs, run_worker, step, typed_graphs
@@ -12,6 +17,7 @@ import sarcompile as sc
 from sarcompile.errors import GraphError, PartitionError
 from sarcompile.hetero import relation_key
 from sarcompile.hetero_partition import assign_typed, balance_types
+from sarcompile.partitioning import assign
 
 TOL = 1e-9  # float64: only the order of summation differs
 SETTINGS = settings(max_examples=15, deadline=None, suppress_health_check=list(HealthCheck))
@@ -86,8 +92,6 @@ def test_metis_then_balance_spreads_every_type():
     dst = community[src] * (n // k) + torch.randint(0, n // k, (6000,), generator=gen)
     types = (torch.arange(n) < n // k).long()  # the first community is the second type
     g = sc.Graph.from_edges(src, dst, n)
-    from sarcompile.partitioning import assign
-
     parts = assign(g, k, "metis")
     assert torch.bincount(parts[types == 1], minlength=k).max() > 60  # clustered, as expected
     balanced = balance_types(g, parts, types, k)
@@ -211,3 +215,23 @@ def test_compiling_over_a_typed_graph_is_refused_with_the_way_that_works():
         model(g, {"author": torch.randn(3, 2)})
     eager = PerRelation()(g, {"author": torch.ones(3, 2)})  # the ops themselves take relations
     assert eager[:, 0].tolist() == [1.0, 0.0, 1.0, 1.0]
+
+
+def test_plans_of_typed_partitions_are_refused_not_guessed(tmp_path):
+    sc.partition(small(), 2, tmp_path, node_data={"paper": {"x": torch.randn(4, 3)}})
+
+    class One(torch.nn.Module):
+        def forward(self, g, x):
+            return sc.spmm(g, x, "sum")
+
+    with pytest.raises(sc.CompileError, match="heterogeneous graph .* one-type graphs only"):
+        sc.distribute(One()).plan(tmp_path, x=torch.zeros(1, 3))
+
+
+def test_the_trainer_refuses_a_typed_partition_by_name(tmp_path):
+    sc.partition(small(), 1, tmp_path / "parts", node_data={"paper": {"x": torch.randn(4, 3)}})
+    done = subprocess.run([sys.executable, "-m", "sarcompile.train", "--parts", str(tmp_path / "parts"),
+                           "--out", str(tmp_path / "run")], cwd=Path(__file__).parents[1],
+                          env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1
+    assert "heterogeneous graph" in done.stderr and "one-type graphs only" in done.stderr

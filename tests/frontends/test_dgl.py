@@ -115,6 +115,21 @@ def test_from_dgl_refuses_heterographs_and_blocks():
         sc.Graph.from_dgl(object())
 
 
+def test_hetero_from_dgl_keeps_types_relations_and_edge_order():
+    hg = dgl.heterograph(
+        {("user", "follows", "user"): ([2, 0], [1, 1]), ("user", "buys", "item"): ([0, 1, 1], [3, 0, 0])},
+        num_nodes_dict={"user": 3, "item": 5},
+    )
+    g = sc.HeteroGraph.from_dgl(hg)
+    assert set(g.node_types) == {"user", "item"} and g.num_nodes("item") == 5
+    buys = g[("user", "buys", "item")]
+    assert buys.bipartite and buys.src.tolist() == [0, 1, 1] and buys.dst.tolist() == [3, 0, 0]
+    assert buys.in_degrees().tolist() == hg.in_degrees(etype="buys").tolist()
+    assert not g["follows"].bipartite and g["follows"].src.tolist() == [2, 0]
+    with pytest.raises(sc.GraphError, match="dgl.DGLGraph"):
+        sc.HeteroGraph.from_dgl(object())
+
+
 # -- each layer against DGL eager -------------------------------------------------------------------
 @given(data=st.data())
 @SETTINGS
