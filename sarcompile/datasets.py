@@ -34,6 +34,7 @@ import torch
 from .errors import DatasetError, GraphError
 from .graph import Graph
 from .hetero import HeteroGraph, Relation
+from .validate import MASKS
 
 __all__ = ["SUPPORTED", "Dataset", "HeteroDataset", "load_ogb", "load_ogb_mag", "add_reverse_relations",
            "symmetrize_edges"]
@@ -44,7 +45,7 @@ BINARY_FILES = ("data.npz", "node-label.npz")
 SPLIT_FILES = ("train.csv.gz", "valid.csv.gz", "test.csv.gz")
 MAG = "ogbn-mag"
 MAG_TARGET = "paper"  # the one node type of ogbn-mag with features, labels and a split
-MASKS = {"train_mask": "train", "val_mask": "valid", "test_mask": "test"}  # mask name -> OGB split part
+SPLIT_OF_MASK = dict(zip(MASKS, ("train", "valid", "test")))  # mask name -> the OGB split part it marks
 
 
 @dataclass
@@ -110,9 +111,7 @@ def load_ogb(name: str, root: str | Path, symmetrize: bool | None = None) -> Dat
     node_data = {
         "x": _features(ogb_data.graph.get("node_feat"), num_nodes, name),
         "y": _labels(ogb_data.labels, num_nodes, name),
-        "train_mask": _mask(split["train"], num_nodes, name, "train"),
-        "val_mask": _mask(split["valid"], num_nodes, name, "valid"),
-        "test_mask": _mask(split["test"], num_nodes, name, "test"),
+        **{mask: _mask(split[part], num_nodes, name, part) for mask, part in SPLIT_OF_MASK.items()},
     }
     graph = Graph.from_edges(src, dst, num_nodes)
     return Dataset(name, graph, node_data, int(ogb_data.num_classes), bool(symmetrize))
@@ -155,7 +154,7 @@ def load_ogb_mag(root: str | Path, add_reverse: bool = True) -> HeteroDataset:
     paper = {
         "x": _features((graph["node_feat_dict"] or {}).get(MAG_TARGET), n, MAG),
         "y": _labels(ogb_data.labels.get(MAG_TARGET), n, MAG),
-        **{mask: _mask(_typed_split(split, part), n, MAG, part) for mask, part in MASKS.items()},
+        **{mask: _mask(_typed_split(split, part), n, MAG, part) for mask, part in SPLIT_OF_MASK.items()},
     }
     node_data = {t: (paper if t == MAG_TARGET else {}) for t in hetero.node_types}
     return HeteroDataset(MAG, hetero, node_data, int(ogb_data.num_classes), MAG_TARGET)

@@ -33,11 +33,12 @@ from .errors import GraphError, PartitionError
 from .graph import Graph
 from .hetero import HeteroGraph, HeteroShard, parse_relation_key, relation_key
 from .partitioning import (
-    METHODS, typed, Manifest, Partition, PartInfo, _as_part, _check_halos, _check_num_parts, _contiguous, _given_assignment,
-    _hash_tensor, _metis, describe_node_data, now, part_self_loops, read_part_file, write_directory,
+    METHODS, Manifest, Partition, PartInfo, _as_part, _check_halos, _check_node_data, _check_num_parts, _contiguous,
+    _given_assignment, _hash_tensor, _metis, describe_node_data, now, part_self_loops, read_part_file, typed,
+    write_directory,
 )
 from .runtime.memory import release_free
-from .shard import PartData, ShardGraph, split_graph
+from .shard import PartData, ShardGraph, local_rows, split_graph
 from .validate import check_node_data
 
 # How far above an even share of its type a part may be after balancing (METIS's own
@@ -131,13 +132,9 @@ def _check_typed_node_data(g: HeteroGraph, node_data: dict | None, allow_nonfini
         if not isinstance(tensors, dict):
             raise GraphError(f"node_data[{ntype!r}] must be a dict of name -> tensor, got {type(tensors).__name__} "
                              "(a typed graph takes node_data={'paper': {'x': X, ...}})")
-        for key, t in tensors.items():
-            if not isinstance(t, torch.Tensor) or t.dim() == 0 or t.shape[0] != g.num_nodes(ntype):
-                shape = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
-                raise GraphError(f"node_data[{ntype!r}][{key!r}] is {shape} but type {ntype!r} has "
-                                 f"{g.num_nodes(ntype)} nodes; node tensors need one row per node of their type")
-            checked[ntype][key] = t.detach().cpu()
-        check_node_data(checked[ntype], allow_nonfinite=allow_nonfinite, where=f"node_data[{ntype!r}]")
+        where = f"node_data[{ntype!r}]"
+        checked[ntype] = _check_node_data(tensors, g.num_nodes(ntype), where, f"type {ntype!r}")
+        check_node_data(checked[ntype], allow_nonfinite=allow_nonfinite, where=where)
     return checked
 
 
@@ -155,8 +152,11 @@ def partition_typed(
     _check_num_parts(num_parts)
     data = _check_typed_node_data(g, node_data, allow_nonfinite)
     assignment = assign_typed(g, num_parts, method, seed)
-    # Per type: its nodes in each part, in the order split_graph numbers them (by id).
-    ids = {t: [torch.nonzero(a == r).flatten() for r in range(num_parts)] for t, a in assignment.items()}
+    # Per type: its nodes in each part, numbered as split_graph numbers them.
+    ids = {}
+    for t, a in assignment.items():
+        order, counts, _, _ = local_rows(a, num_parts)
+        ids[t] = [rows.clone() for rows in order.split(counts.tolist())]  # a view would save all of `order`
     relations = {
         rel: split_graph(rg, assignment[rel[2]], num_parts, None, assignment[rel[0]] if rg.bipartite else None)
         for rel, rg in g.items()
@@ -169,7 +169,7 @@ def partition_typed(
             "node_data": {t: {k: v[ids[t][r]].clone() for k, v in data[t].items()} for t in g.node_types},
             "relations": rels,
         }
-        payloads.append((payload, _info(g, relations, ids, r)))
+        payloads.append((payload, _info(g, relations, ids, r, num_parts)))
     halos = {rel: [[len(parts[q].send_index[r]) for q in range(num_parts)] for r in range(num_parts)]
              for rel, parts in relations.items()}
     cuts = {rel: int((assignment[rel[0]][rg.src] != assignment[rel[2]][rg.dst]).sum()) for rel, rg in g.items()}
@@ -204,8 +204,7 @@ def _without_nodes(part: PartData) -> dict:
     return saved
 
 
-def _info(g: HeteroGraph, relations: dict, ids: dict, r: int) -> Callable[[int], PartInfo]:
-    num_parts = len(next(iter(ids.values()))) if ids else 1
+def _info(g: HeteroGraph, relations: dict, ids: dict, r: int, num_parts: int) -> Callable[[int], PartInfo]:
     block_edges = [0] * num_parts
     loops = 0
     for rel, parts in relations.items():

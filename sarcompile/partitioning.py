@@ -292,7 +292,7 @@ def partition(
         return typed.partition(g, num_parts, out_dir, node_data, method, seed, name, allow_nonfinite)
     _check_graph(g)
     _check_num_parts(num_parts)
-    node_data = _check_node_data(g, node_data)
+    node_data = _check_node_data(node_data, g.num_nodes)
     check_node_data(node_data, allow_nonfinite=allow_nonfinite)
     assignment = assign(g, num_parts, method, seed)
     parts = split_graph(g, assignment, num_parts, node_data)
@@ -367,17 +367,20 @@ def _check_num_parts(num_parts: int) -> None:
         raise PartitionError(f"num_parts must be an integer >= 1, got {num_parts!r}")
 
 
-def _check_node_data(g: Graph, node_data: dict[str, torch.Tensor] | None) -> dict[str, torch.Tensor]:
-    """Node tensors as detached CPU tensors with one row per node, checked before any work."""
+def _check_node_data(
+    node_data: dict[str, torch.Tensor] | None, num_nodes: int, where: str = "node_data", owner: str = "the graph"
+) -> dict[str, torch.Tensor]:
+    """Node tensors as detached CPU tensors with one row per node, checked before any work.
+    ``where`` names the container in messages, ``owner`` what has ``num_nodes`` nodes."""
     checked = {}
     for key, t in (node_data or {}).items():
         if not isinstance(key, str):
-            raise GraphError(f"node_data keys must be strings, got {key!r}")
+            raise GraphError(f"{where} keys must be strings, got {key!r}")
         if not isinstance(t, torch.Tensor):
-            raise GraphError(f"node_data[{key!r}] must be a torch.Tensor, got {type(t).__name__}")
-        if t.dim() == 0 or t.shape[0] != g.num_nodes:
+            raise GraphError(f"{where}[{key!r}] must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() == 0 or t.shape[0] != num_nodes:
             raise GraphError(
-                f"node_data[{key!r}] has shape {tuple(t.shape)} but the graph has {g.num_nodes} nodes; "
+                f"{where}[{key!r}] has shape {tuple(t.shape)} but {owner} has {num_nodes} nodes; "
                 "node tensors need one row per node"
             )
         checked[key] = t.detach().cpu()

@@ -21,7 +21,7 @@ import torch
 from .errors import PartitionError
 from .graph import Block, Graph, _no_loops_on_bipartite, cached_subset
 
-__all__ = ["DERIVED_GRAPHS", "PartData", "ShardGraph", "split_graph"]
+__all__ = ["DERIVED_GRAPHS", "PartData", "ShardGraph", "local_rows", "split_graph"]
 
 # Graph methods whose result is another graph (with its own index tensors).
 DERIVED_GRAPHS = ("with_self_loops", "remove_self_loops", "plus_self_loops")
@@ -48,7 +48,9 @@ class PartData:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
 
 
-def _local_rows(assignment: torch.Tensor, num_parts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def local_rows(
+    assignment: torch.Tensor, num_parts: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(order, counts, starts, local)``: the nodes sorted by (part, id), the count of each
     part, where each part starts in ``order``, and every node's local row in its part
     (its rank among the part's nodes by global id)."""
@@ -96,8 +98,8 @@ def split_graph(
     for name, t in node_data.items():
         if t.shape[0] != g.num_nodes:
             raise PartitionError(f"node_data[{name!r}] has {t.shape[0]} rows but the graph has {g.num_nodes} nodes")
-    order, counts, starts, local = _local_rows(assignment, num_parts)
-    src_local = local if src_assignment is assignment else _local_rows(src_assignment, num_parts)[3]
+    order, counts, starts, local = local_rows(assignment, num_parts)
+    src_local = local if src_assignment is assignment else local_rows(src_assignment, num_parts)[3]
 
     src_part, dst_part = src_assignment[g.src], assignment[g.dst]
     # Send lists: distinct (owner, reader, row) triples over the edges that cross parts,

@@ -25,9 +25,10 @@ import math
 
 import torch
 
-from .datasets import MASKS, HeteroDataset, add_reverse_relations
+from .datasets import HeteroDataset, add_reverse_relations
 from .errors import GraphError
 from .hetero import HeteroGraph, Relation
+from .validate import MASKS
 
 __all__ = ["mag_like"]
 

@@ -54,8 +54,9 @@ class RelationNet(nn.Module):
         self.edge_types = g.edge_types
         self.root = nn.ModuleDict({t: nn.Linear(f_in, hidden) for t in g.node_types})
         self.lin = nn.ModuleDict({relation_key(r): nn.Linear(f_in, hidden) for r in g.edge_types})
-        self.att_src = nn.ParameterDict({relation_key(r): nn.Parameter(torch.randn(HEADS, CHANNELS)) for r in g.edge_types})
-        self.att_dst = nn.ParameterDict({relation_key(r): nn.Parameter(torch.randn(HEADS, CHANNELS)) for r in g.edge_types})
+        keys = [relation_key(r) for r in g.edge_types]
+        self.att_src = nn.ParameterDict({k: nn.Parameter(torch.randn(HEADS, CHANNELS)) for k in keys})
+        self.att_dst = nn.ParameterDict({k: nn.Parameter(torch.randn(HEADS, CHANNELS)) for k in keys})
         self.back = nn.Linear(hidden, hidden)
 
     def forward(self, g, x: dict[str, torch.Tensor], edge_weight: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

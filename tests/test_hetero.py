@@ -130,7 +130,8 @@ def test_every_node_of_every_type_lands_in_exactly_one_part(tmp_path_factory, ca
 
 def test_typed_node_data_is_checked_and_damaged_parts_refused(tmp_path):
     g = small()
-    with pytest.raises(GraphError, match=r"node_data\['paper'\]\['x'\] is \(3, 2\) but type 'paper' has 4"):
+    wrong_rows = r"node_data\['paper'\]\['x'\] has shape \(3, 2\) but type 'paper' has 4 nodes"
+    with pytest.raises(GraphError, match=wrong_rows):
         sc.partition(g, 2, tmp_path, node_data={"paper": {"x": torch.randn(3, 2)}})
     with pytest.raises(GraphError, match=r"node_data\['paper'\]\['x'\] has dtype"):
         sc.partition(g, 2, tmp_path, node_data={"paper": {"x": torch.ones(4, 2, dtype=torch.long)}})
