@@ -29,10 +29,11 @@ import torch
 import torch.fx as fx
 from torch import nn
 
-from .errors import CompileError
+from .errors import CompileError, GraphError
 from .frontends import load_available
 from .graph import Graph
-from .hetero import HeteroGraph, HeteroShard
+from .hetero import HeteroGraph, HeteroShard, parse_relation_key
+from .leaves import TYPED_GRAPHS, ArgLayout, layout_of, leaves_of_call, needs_leaves
 from .partitioning import read_manifest
 from .passes.context import CompileOptions
 from .passes.communication import communication
@@ -44,12 +45,14 @@ from .passes.kernels import kernels
 from .passes.linear_first import linear_first
 from .passes.linear_groups import linear_groups
 from .passes.lower import lower
+from .passes.node_tables import node_tables
 from .passes.partition import partition
 from .passes.residency import GRAPH_NAMES, listing, residency
 from .passes.strategy import strategy
 from .plan import Plan, WorkerStats, build_plan, worker_stats
 from .probe import Input
 from .shard import ShardGraph
+from .tables import find_node_tables, shard_tables, table_input
 from .trace import trace
 from .vocab import Residency
 
@@ -62,6 +65,13 @@ class Program:
 
     module: fx.GraphModule
     stages: list[tuple[str, str]] = field(default_factory=list)
+    # Node tables (sarcompile.tables) the program takes after the call's inputs, in order.
+    tables: tuple[str, ...] = ()
+
+    def inputs(self, model: nn.Module, call: "CallShape", args: tuple, kwargs: dict) -> tuple:
+        """What the program is called with for ``model(*args, **kwargs)``."""
+        leaves = call.arguments(model.forward, args, kwargs)
+        return (*leaves, *(model.get_parameter(path) for path in self.tables))
 
 
 @dataclass(frozen=True)
@@ -82,11 +92,16 @@ class CallShape:
     graph_input: int | str | None = None
     none_inputs: frozenset[str] = frozenset()
     inputs: tuple[tuple[str, Input], ...] = ()
+    # A call with dicts or a typed graph: how each argument becomes the program's leaves
+    # (see sarcompile.leaves); ``inputs`` are then per leaf.
+    layouts: tuple[ArgLayout, ...] = ()
 
     @classmethod
     def of_call(cls, forward, args: tuple, kwargs: dict, graph_input: int | str) -> "CallShape":
         params = inspect.signature(forward).parameters
         given = dict(zip(params, args)) | kwargs
+        if needs_leaves(given):
+            return cls._of_leaves(params, given, graph_input)
         optional = [n for n, p in params.items() if p.default is None and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
         graph_name = list(params)[graph_input] if isinstance(graph_input, int) else graph_input
         graph = given.get(graph_name)
@@ -101,6 +116,40 @@ class CallShape:
             elif p.default is not p.empty and _hashable(p.default):
                 inputs.append((name, Input(Residency.CONST, value=p.default)))
         return cls(graph_input, frozenset(n for n in optional if given.get(n) is None), tuple(inputs))
+
+    @classmethod
+    def _of_leaves(cls, params, given: dict, graph_input: int | str) -> "CallShape":
+        """A call with dicts or a typed graph: one input per leaf, each named by its type or
+        relation when the graph is typed."""
+        graph_name = list(params)[graph_input] if isinstance(graph_input, int) else graph_input
+        graph = given.get(graph_name)
+        layouts, inputs = [], []
+        for name, p in params.items():
+            if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+                continue
+            if p.kind is p.KEYWORD_ONLY and name in given:
+                raise CompileError(f"{name!r} is keyword-only: a model called with dicts or a typed graph takes "
+                                   "its arguments by position or name, not keyword-only ones")
+            if given.get(name) is None:
+                continue
+            layout = layout_of(name, given[name])
+            layouts.append(layout)
+            for leaf, key, value in zip(layout.leaf_names(), layout.keys or (None,), layout.leaves(given[name])):
+                if layout.kind == "typed":
+                    inputs.append((leaf, Input(Residency.GRAPH, of=key)))
+                elif name == graph_name:
+                    inputs.append((leaf, Input(Residency.GRAPH)))
+                elif isinstance(graph, TYPED_GRAPHS):
+                    inputs.append((leaf, _typed_input(key, value, graph)))
+                else:
+                    inputs.append((leaf, _input_of(leaf, value, graph)))
+        return cls(graph_input, frozenset(), tuple(inputs), tuple(layouts))
+
+    def arguments(self, forward, args: tuple, kwargs: dict) -> tuple:
+        """The program's inputs for this call: ``args`` / ``kwargs`` themselves, or their leaves."""
+        if not self.layouts:
+            return args
+        return tuple(leaves_of_call(self.layouts, dict(zip(inspect.signature(forward).parameters, args)) | kwargs))
 
     @classmethod
     def default(cls, forward, graph_input: int | str | None = None, x: torch.Tensor | None = None) -> "CallShape":
@@ -143,12 +192,37 @@ def _input_of(name: str, value: Any, graph: Any) -> Input:
     return Input(fits[0], shape, value.dtype, alternatives=(*fits[1:], Residency.CONST))
 
 
+def _typed_input(key: Any, value: Any, graph: Any) -> Input:
+    """Where one leaf lives in a call over a typed graph: the rows of the node type its key
+    names (``x_dict["paper"]``), or of the relation it names (a weight per edge, keyed by
+    triple, ``src__name__dst`` or name), if its row count fits; a constant otherwise."""
+    if not isinstance(value, torch.Tensor):
+        return Input(Residency.CONST, value=value if _hashable(value) else None)
+    shape, rows = tuple(value.shape), (value.shape[0] if value.dim() else None)
+    if isinstance(key, str) and key in graph.node_types and rows == graph.num_nodes(key):
+        return Input(Residency.NODE, shape, value.dtype, alternatives=(Residency.CONST,), of=key)
+    rel = None
+    if isinstance(key, str) and "__" in key:
+        try:
+            rel = graph.relation(parse_relation_key(key))
+        except GraphError:
+            rel = None
+    elif key is not None and key in graph:
+        rel = graph.relation(key)
+    if rel is not None and rows == graph[rel].num_edges:
+        return Input(Residency.EDGE, shape, value.dtype, alternatives=(Residency.CONST,), of=rel)
+    return Input(Residency.CONST, shape, value.dtype)
+
+
 def compile_program(model: nn.Module, options: CompileOptions, partitioned: bool, call: CallShape = CallShape()) -> Program:
     """Run the pipeline on ``model`` as called with ``call``; a single machine skips
     ``partition`` and ``strategy``."""
     load_available()  # lowering rules for the layers of libraries in use (PyG)
     inputs = dict(call.inputs)
-    gm = trace(model, call.graph_input, call.none_inputs, inputs)
+    typed = next((layout for layout in call.layouts if layout.kind == "typed"), None)
+    tables = {} if typed is None else find_node_tables(model, dict(zip(typed.node_types, typed.node_counts)))
+    gm = trace(model, call.graph_input, call.none_inputs, inputs, call.layouts,
+               {path: table_input(model.get_parameter(path), t) for path, t in tables.items()})
     for node in gm.graph.nodes:  # what the residency pass starts from
         # (fx renames the placeholder of an input traced as a constant: edge_attr -> edge_attr_1)
         name = node.target if node.target in inputs else re.sub(r"_\d+$", "", str(node.target))
@@ -156,7 +230,7 @@ def compile_program(model: nn.Module, options: CompileOptions, partitioned: bool
             node.meta["input"] = inputs[name]
     stages = [("trace", gm.code)]
     check = functools.partial(residency, distributed=partitioned)
-    passes = [("lower", lower), ("fuse", fuse), ("linear_first", linear_first), ("residency", check)]
+    passes = [("node_tables", node_tables), ("lower", lower), ("fuse", fuse), ("linear_first", linear_first), ("residency", check)]
     if partitioned:
         passes += [("partition", partition), ("strategy", strategy), ("communication", communication)]
     passes += [("kernels", kernels), ("inplace", inplace), ("linear_groups", linear_groups), ("accumulate", accumulate),
@@ -164,23 +238,17 @@ def compile_program(model: nn.Module, options: CompileOptions, partitioned: bool
     for name, run in passes:
         gm = run(gm, options)
         stages.append((name, listing(gm) if run is check else gm.code))
-    return Program(gm, stages)
+    order = tuple(n.meta["table"] for n in gm.graph.nodes if n.op == "placeholder" and "table" in n.meta)
+    return Program(gm, stages, order)
 
 
-def _find_graph(args: tuple, kwargs: dict) -> tuple[Graph | ShardGraph, int | str]:
+def _find_graph(args: tuple, kwargs: dict) -> tuple[Graph | ShardGraph | HeteroGraph | HeteroShard, int | str]:
     """The graph argument, and its position (or keyword)."""
     for where, v in list(enumerate(args)) + list(kwargs.items()):
-        if isinstance(v, (Graph, ShardGraph)):
+        if isinstance(v, (Graph, ShardGraph, HeteroGraph, HeteroShard)):
             return v, where
-        if isinstance(v, (HeteroGraph, HeteroShard)):
-            raise CompileError(
-                "compiling a model over a heterogeneous graph (node types and relations) is not supported yet: "
-                "sc.distribute takes one-type graphs for now. A typed graph's relations are graphs that the IR ops "
-                "take as they are (sc.spmm(g['writes'], x['author'], 'mean') on one machine and on part.graph in a "
-                "worker computes the same rows), so a model written with those ops runs exactly without compiling"
-            )
     raise CompileError(
-        "no graph argument: call the model with a sarcompile Graph (one machine) or a worker's "
+        "no graph argument: call the model with a sarcompile Graph or HeteroGraph (one machine) or a worker's "
         "part.graph, e.g. model(part.graph, part.node_data['x'])"
     )
 
@@ -290,7 +358,13 @@ class DistributedModule(nn.Module):
         graph, where = _find_graph(args, kwargs)
         call = CallShape.of_call(self._orig.forward, args, kwargs, where)
         self.__dict__["_last_call"] = call
-        return self.program(isinstance(graph, ShardGraph), call).module(*args, **kwargs)
+        program = self.program(isinstance(graph, (ShardGraph, HeteroShard)), call)
+        if not call.layouts:
+            return program.module(*args, **kwargs)
+        if program.tables and isinstance(graph, HeteroShard):  # a worker keeps its own rows of each
+            tables = find_node_tables(self._orig, graph.num_global_nodes)
+            shard_tables(self._orig, {p: tables[p] for p in program.tables}, graph.global_ids, graph.num_global_nodes)
+        return program.module(*program.inputs(self._orig, call, args, kwargs))
 
     def __getattr__(self, name: str) -> Any:
         try:

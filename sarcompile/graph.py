@@ -23,7 +23,7 @@ import torch
 
 from .errors import GraphError
 
-__all__ = ["Graph", "Block", "csr_tensor", "probe_graph", "cached_subset"]
+__all__ = ["Graph", "Block", "csr_tensor", "probe_graph", "probe_relation", "cached_subset"]
 
 # Edge subsets a graph keeps (one per relation, typically); past this many, the oldest goes.
 SUBSET_CACHE = 64
@@ -398,4 +398,19 @@ def probe_graph(num_nodes: int, num_edges: int, num_loops: int) -> Graph:
     loops = torch.arange(num_loops)
     g = Graph.from_edges(torch.cat([src, loops]), torch.cat([(src + step) % num_nodes, loops]), num_nodes)
     g.is_probe = True  # it stands for a graph of any size (see ops.gather_table)
+    return g
+
+
+def probe_relation(num_src: int, num_dst: int, num_edges: int, num_loops: int, seed: int, same: bool) -> Graph:
+    """:func:`probe_graph`'s counterpart for one relation of a typed graph: ``num_edges``
+    random edges from ``num_src`` source rows to ``num_dst`` destination rows, the first
+    ``num_loops`` of them self-loops when the relation is within one type (``same``, an
+    ordinary graph; otherwise a bipartite one)."""
+    if same:
+        return probe_graph(num_dst, num_edges, num_loops)
+    gen = torch.Generator().manual_seed(seed)
+    src = torch.randint(0, num_src, (num_edges,), generator=gen)
+    dst = torch.randint(0, num_dst, (num_edges,), generator=gen)
+    g = Graph(src, dst, num_dst, num_src)
+    g.is_probe = True
     return g

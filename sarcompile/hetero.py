@@ -37,7 +37,7 @@ import torch
 from .errors import GraphError
 from .graph import Graph
 
-__all__ = ["Relation", "HeteroGraph", "HeteroShard", "relation_key", "parse_relation_key"]
+__all__ = ["Relation", "HeteroGraph", "HeteroShard", "TracedHetero", "relation_key", "parse_relation_key"]
 
 Relation = tuple[str, str, str]
 G = TypeVar("G")
@@ -91,6 +91,22 @@ class _Typed(Generic[G]):
 
     def items(self) -> Iterable[tuple[Relation, G]]:
         return self.relations.items()
+
+    # A typed graph also serves as PyG's ``edge_index_dict``: a dict keyed by relation.
+    def keys(self) -> Iterable[Relation]:
+        return self.relations.keys()
+
+    def values(self) -> Iterable[G]:
+        return self.relations.values()
+
+    def get(self, key: Any, default: Any = None) -> G | Any:
+        return self[key] if key in self else default
+
+    def __iter__(self):
+        return iter(self.relations)
+
+    def __len__(self) -> int:
+        return len(self.relations)
 
     def metadata(self) -> tuple[list[str], list[Relation]]:
         """``(node_types, edge_types)`` as PyG's ``HeteroData.metadata()`` gives them (what
@@ -177,6 +193,12 @@ class HeteroGraph(_Typed[Graph]):
             return sum(g.num_edges for g in self.relations.values())
         return self[etype].num_edges
 
+    @property
+    def global_ids(self) -> dict[str, torch.Tensor]:
+        """Each type's node ids (``0..n_t-1``): on one machine every row is its own id, as
+        :attr:`HeteroShard.global_ids` names a worker's rows."""
+        return {t: torch.arange(n) for t, n in self._num_nodes.items()}
+
     def offsets(self) -> dict[str, int]:
         """Where each type's nodes start in the homogeneous view."""
         out, acc = {}, 0
@@ -236,3 +258,49 @@ class HeteroShard(_Typed[Any]):
     def __repr__(self) -> str:
         nodes = ", ".join(f"{t}={ids.numel()}" for t, ids in self.global_ids.items())
         return f"HeteroShard(rank={self.rank}/{self.world_size}, nodes: {nodes}, edges={self.num_edges()})"
+
+
+class TracedHetero(_Typed[Any]):
+    """A typed graph while a model is traced (see :mod:`sarcompile.leaves`): each relation
+    is one of the program's graph inputs. A type's row count and global ids are read off
+    a relation that has the type at one end, as a worker has them."""
+
+    def __init__(self, node_types: tuple[str, ...], relations: dict[Relation, Any]):
+        self.node_types = tuple(node_types)
+        self.relations = relations
+        self.edge_types = tuple(relations)
+
+    def _end(self, ntype: str) -> tuple[Any, bool]:
+        """A relation with ``ntype`` at its destination (True) or else its source (False)."""
+        for (s, _, d), g in self.relations.items():
+            if d == ntype:
+                return g, True
+        for (s, _, d), g in self.relations.items():
+            if s == ntype:
+                return g, False
+        raise GraphError(
+            f"node type {ntype!r} is in no relation, so a compiled model cannot read its row count or ids off the "
+            f"graph; the relations are {list(self.edge_types)}. Take the count from the type's features (x.size(0))"
+        )
+
+    def num_nodes(self, ntype: str | None = None) -> Any:
+        if ntype is None:
+            raise GraphError("a compiled model reads the row count of one node type at a time: g.num_nodes('paper')")
+        g, dst = self._end(ntype)
+        return g.num_nodes if dst else g.num_src_nodes
+
+    def num_edges(self, etype: Any = None) -> Any:
+        if etype is None:
+            raise GraphError("a compiled model reads the edge count of one relation at a time: g.num_edges('writes')")
+        return self[etype].num_edges
+
+    @property
+    def global_ids(self) -> dict[str, Any]:
+        out = {}
+        for t in self.node_types:
+            try:
+                g, dst = self._end(t)
+            except GraphError:  # a type in no relation: its ids are not on the graph
+                continue
+            out[t] = g.global_ids if dst else g.src_global_ids
+        return out

@@ -6,17 +6,23 @@ and ``dim()``; the residency pass runs the lowered program on the first probe. A
 input gets the probe's row count, and a size that is not the same on every probe, or is
 one of their row counts (:data:`ROW_COUNTS`), is taken for a row count: it differs
 between workers.
+
+A typed graph's probe (inputs whose :attr:`Input.of` names a node type or a relation)
+gives each node type a row count of its own (:meth:`Probe.type_rows`), and each relation a
+graph between its two types' rows, so a program that lined up two types' rows would fail
+on the probe as it would on a worker.
 """
 
 from __future__ import annotations
 
 import functools
+import zlib
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from .graph import Graph, probe_graph
+from .graph import Graph, probe_graph, probe_relation
 from .vocab import Residency
 
 __all__ = ["Input", "Probe", "PROBES", "ROW_COUNTS", "example"]
@@ -28,13 +34,16 @@ class Input:
     its shape and dtype (for the probe; a per-row input gets the probe's row count); for
     another value, the value. ``alternatives``: other residencies its shape fits (a
     ``[4, 3]`` weight given with a 4-node graph could be per-node rows); the first choice
-    under which the probe runs is taken."""
+    under which the probe runs is taken. ``of``: in a call over a typed graph, the node
+    type (per-node rows) or the relation ``(src, name, dst)`` (per-edge rows, a
+    relation's graph) the input belongs to; None on a one-type graph."""
 
     residency: Residency
     shape: tuple[int, ...] | None = None
     dtype: torch.dtype | None = None
     value: Any = None
     alternatives: tuple[Residency, ...] = ()
+    of: Any = None
 
 
 @dataclass(frozen=True)
@@ -53,14 +62,43 @@ class Probe:
 
     @property
     def row_counts(self) -> frozenset[int]:
-        """Its node count and the edge counts of the graph, without and with self-loops."""
+        """Its node count and the edge counts of the graph, without and with self-loops,
+        and the same for every row count a node type may get."""
         plain = self.edges - self.loops
-        return frozenset({self.nodes, self.edges, plain, plain + self.nodes})
+        counts = {self.nodes, self.edges, plain, plain + self.nodes}
+        for n in self.type_counts:
+            counts |= {n, plain + n}
+        return frozenset(counts)
+
+    @property
+    def type_counts(self) -> tuple[int, ...]:
+        """The row counts node types draw from: primes next to the node count, which no
+        feature width is likely to equal."""
+        return tuple(n for n in range(self.nodes + 2, self.nodes + 60) if all(n % d for d in range(2, n)))[:8]
+
+    def type_rows(self, ntype: str) -> int:
+        """The rows of node type ``ntype`` on this probe: fixed by its name, so every input
+        of the type agrees (two types may share a count; the residency pass tells them
+        apart by name)."""
+        counts = self.type_counts
+        return counts[zlib.crc32(ntype.encode()) % len(counts)]
+
+    def relation(self, rel: tuple[str, str, str]) -> Graph:
+        """The graph of relation ``(src, name, dst)``: ``edges`` edges from the source
+        type's rows to the destination type's, self-loops included within one type."""
+        s, name, d = rel
+        return _relation(self.type_rows(s), self.type_rows(d), self.edges, self.loops if s == d else 0,
+                         zlib.crc32("__".join(rel).encode()), s == d)
 
 
 @functools.lru_cache(maxsize=None)
 def _graph(nodes: int, edges: int, loops: int) -> Graph:
     return probe_graph(nodes, edges, loops)
+
+
+@functools.lru_cache(maxsize=None)
+def _relation(num_src: int, num_dst: int, edges: int, loops: int, seed: int, same: bool) -> Graph:
+    return probe_relation(num_src, num_dst, edges, loops, seed, same)
 
 
 # Sizes unlikely to equal a feature width (23, 61, 58, 81 and 37, 83, 78, 115), so a row
@@ -72,11 +110,16 @@ ROW_COUNTS = frozenset().union(*(p.row_counts for p in PROBES))
 def example(spec: Input, probe: Probe, device: torch.device) -> Any:
     """An example value of an input described by ``spec``, on ``probe``'s graph."""
     if spec.residency is Residency.GRAPH:
-        return probe.graph
+        return probe.graph if spec.of is None else probe.relation(spec.of)
     if spec.shape is None:
         return spec.value
-    graph = probe.graph
-    rows = {Residency.NODE: graph.num_nodes, Residency.EDGE: graph.num_edges}.get(spec.residency)
+    if spec.of is None:
+        graph = probe.graph
+        rows = {Residency.NODE: graph.num_nodes, Residency.EDGE: graph.num_edges}.get(spec.residency)
+    elif spec.residency is Residency.NODE:
+        rows = probe.type_rows(spec.of)
+    else:
+        rows = probe.relation(spec.of).num_edges if spec.residency is Residency.EDGE else None
     shape = spec.shape if rows is None else (rows, *spec.shape[1:])
     gen = torch.Generator().manual_seed(probe.seed)
     dtype = spec.dtype or torch.get_default_dtype()

@@ -10,6 +10,7 @@ are replaced by their IR-op versions while tracing.
 from __future__ import annotations
 
 import builtins
+import contextlib
 import functools
 import inspect
 import itertools
@@ -26,6 +27,7 @@ from torch import nn
 
 from .errors import CompileError, SarcompileError
 from .lowering import function_homes, function_lowerings, lowering_for
+from .leaves import ArgLayout, rebuilt_arguments
 from .nn import NodeDropout, RandomStream
 from .probe import PROBES, ROW_COUNTS, Input, example
 from .runtime.comm import offline
@@ -39,10 +41,14 @@ class SarTracer(fx.Tracer):
     traced as a :class:`~sarcompile.frontends.dgl_graph.GraphProxy`, so code calling
     ``g.update_all`` becomes IR ops."""
 
-    def __init__(self, graph_input: int | str | None = None):
+    def __init__(self, graph_input: int | str | None = None, layouts: tuple[ArgLayout, ...] = (),
+                 tables: Mapping[str, Input] | None = None):
         super().__init__()
         self.record_stack_traces = True  # the residency pass names the user's line it refuses
         self.graph_input = graph_input
+        self.layouts = layouts  # a call with dicts or a typed graph: one placeholder per leaf
+        self.tables = dict(tables or {})  # node tables (parameter name -> its input): inputs, not get_attr
+        self._table_proxies: dict[str, fx.Proxy] = {}
         self.helpers: list[str] = []  # modules added to the root while tracing, see add_helper_module
         self._swapped: list[tuple[dict, str, Any]] = []  # (module globals, name, original), see _swap_functions
 
@@ -67,6 +73,26 @@ class SarTracer(fx.Tracer):
     def call_module(self, m, forward, args, kwargs):
         self._swap_functions(getattr(m, "forward", None))
         return super().call_module(m, forward, args, kwargs)
+
+    def getattr(self, attr, attr_val, parameter_proxy_cache):
+        if isinstance(attr_val, nn.Parameter) and self.tables:
+            path = next((n for n, p in self.root.named_parameters() if p is attr_val), None)
+            if path in self.tables:
+                return self.table_proxy(path)
+        return super().getattr(attr, attr_val, parameter_proxy_cache)
+
+    def table_proxy(self, path: str) -> fx.Proxy:
+        """The program input standing for node table ``path`` (see :mod:`sarcompile.tables`):
+        a placeholder after the call's, so a worker passes its own rows of the table."""
+        if path not in self._table_proxies:
+            first = next((n for n in self.graph.nodes if n.op != "placeholder"), None)
+            # (inserting_before(None) would insert at the start, before the call's inputs)
+            with self.graph.inserting_before(first) if first is not None else contextlib.nullcontext():
+                proxy = self.create_proxy("placeholder", "table__" + path.replace(".", "_"), (), {})
+            proxy.node.meta["input"] = self.tables[path]
+            proxy.node.meta["table"] = path
+            self._table_proxies[path] = proxy
+        return self._table_proxies[path]
 
     def _swap_functions(self, fn: Any) -> None:
         """Point the names that ``fn``'s module binds to a function with a rule at its
@@ -112,6 +138,10 @@ class SarTracer(fx.Tracer):
             return super().path_of_module(mod)
 
     def create_args_for_root(self, root_fn, is_module, concrete_args=None):
+        if self.layouts:  # one placeholder per leaf; forward gets its dicts and typed graph back
+            params = list(inspect.signature(root_fn).parameters.values())[1 if is_module else 0:]
+            args = rebuilt_arguments(params, self.layouts, lambda name: self.create_proxy("placeholder", name, (), {}))
+            return root_fn, ([self.root] if is_module else []) + args
         fn, args = super().create_args_for_root(root_fn, is_module, concrete_args)
         if self.graph_input is None or "dgl" not in sys.modules:
             return fn, args
@@ -126,6 +156,8 @@ class SarTracer(fx.Tracer):
         return fn, args
 
     def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
+        if isinstance(m, nn.Embedding) and f"{qualname}.weight" in self.tables:
+            return False  # traced through, so its lookup reads the table's input
         try:
             lowered = lowering_for(m)
         except CompileError as e:  # a rule refused the layer: say which one
@@ -180,8 +212,11 @@ class ShapeTracer(SarTracer):
     per probe), also kept as ``node.meta["example"]`` for the lower pass; buffers, the RNG
     and gradients are as before."""
 
-    def __init__(self, examples: Sequence[Sequence[Any]] | None, graph_input: int | str | None = None):
-        super().__init__(graph_input)
+    def __init__(self, examples: Sequence[Sequence[Any]] | None, graph_input: int | str | None = None,
+                 layouts: tuple[ArgLayout, ...] = (), tables: Mapping[str, Input] | None = None,
+                 device: torch.device = torch.device("cpu")):
+        super().__init__(graph_input, layouts, tables)
+        self.device = device  # where the examples live
         self.examples = None if examples is None else [list(e) for e in examples]
         self.values: dict[fx.Node, tuple] = {}
         self.derived: set[fx.Node] = set()  # nodes computed from the inputs
@@ -232,6 +267,9 @@ class ShapeTracer(SarTracer):
 
     def _compute(self, kind, target, node) -> tuple | None:
         """``node``'s value on every probe, or None where one is not known."""
+        if kind == "placeholder" and str(target).startswith("table__"):  # a node table: rows of its type
+            path = next(p for p in self.tables if "table__" + p.replace(".", "_") == target)
+            return tuple(example(self.tables[path], probe, self.device) for probe in PROBES)
         if kind == "placeholder":
             i, self._placeholders = self._placeholders, self._placeholders + 1
             values = tuple(e[i] if i < len(e) else UNKNOWN for e in self.examples)
@@ -317,11 +355,10 @@ def _row_sources(node: fx.Node) -> list[fx.Node]:
     return node.all_input_nodes
 
 
-def examples_for(forward: Any, inputs: Mapping[str, Input], device: torch.device) -> list[list[Any]]:
-    """Per probe, an example value for each parameter of ``forward`` (:data:`UNKNOWN` where
-    ``inputs`` says nothing)."""
-    params = inspect.signature(forward).parameters
-    return [[example(inputs[n], probe, device) if n in inputs else UNKNOWN for n in params] for probe in PROBES]
+def examples_for(names: Sequence[str], inputs: Mapping[str, Input], device: torch.device) -> list[list[Any]]:
+    """Per probe, an example value for each of the program's inputs ``names`` (:data:`UNKNOWN`
+    where ``inputs`` says nothing)."""
+    return [[example(inputs[n], probe, device) if n in inputs else UNKNOWN for n in names] for probe in PROBES]
 # torch 2.2's functions taking sizes take no traced size (torch.ones(g.num_edges(), 1) and
 # torch.reshape(x, x.shape + (1,)) raise a TypeError); while tracing, a call given a traced
 # value is recorded as a node, as newer torch records it.
@@ -359,22 +396,29 @@ def trace(
     graph_input: int | str | None = None,
     none_inputs: frozenset[str] = frozenset(),
     inputs: Mapping[str, Input] | None = None,
+    layouts: tuple[ArgLayout, ...] = (),
+    tables: Mapping[str, Input] | None = None,
 ) -> fx.GraphModule:
     """Symbolically trace ``model``; failures become a :class:`CompileError` that says why,
     naming the layer being traced and the user's line that failed. ``graph_input``: see
     :class:`SarTracer`; ``none_inputs``: forward's optional inputs that are None, traced
     as constants; ``inputs``: what is known of each input of the call (by name), from
     which the tracer computes example values, so shapes are constants (see
-    :class:`ShapeTracer`)."""
+    :class:`ShapeTracer`); ``layouts``: for a call with dicts or a typed graph, how its
+    arguments become the program's inputs (:mod:`sarcompile.leaves`), which ``inputs``
+    then name; ``tables``: the node tables among the model's parameters (by name, see
+    :mod:`sarcompile.tables`), each traced as an input after the call's."""
     root = lowering_for(model)  # a model that is one layer: trace what it lowers to
     root = _with_own_forward(model if root is None else root)
     names = inspect.signature(root.forward).parameters
     constants = {name: None for name in none_inputs if name in names}
     examples = None
+    tensor = next(iter(model.parameters()), None)
+    device = tensor.device if tensor is not None else torch.device("cpu")
     if inputs:
-        tensor = next(iter(model.parameters()), None)
-        examples = examples_for(root.forward, inputs, tensor.device if tensor is not None else torch.device("cpu"))
-    tracer = ShapeTracer(examples, graph_input)
+        names = [leaf for layout in layouts for leaf in layout.leaf_names()] if layouts else list(names)
+        examples = examples_for(names, inputs, device)
+    tracer = ShapeTracer(examples, graph_input, layouts, tables, device)
     try:
         graph = tracer.trace(root, concrete_args=constants or None)
         return fx.GraphModule(tracer.root, graph, type(model).__name__)

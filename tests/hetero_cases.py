@@ -82,6 +82,22 @@ class RelationNet(nn.Module):
         return out
 
 
+class TableNet(RelationNet):
+    """RelationNet with the types in ``featureless`` fed by a learnable node table each
+    (``nn.Embedding`` in a ``ModuleDict`` keyed by type): the first by its rows as they
+    are, the others looked up by the type's own ids."""
+
+    def __init__(self, g: sc.HeteroGraph, featureless: tuple[str, ...], f_in: int = 4):
+        super().__init__(g, f_in)
+        self.emb = nn.ModuleDict({t: nn.Embedding(g.num_nodes(t), f_in) for t in featureless})
+
+    def forward(self, g, x: dict[str, torch.Tensor], edge_weight: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        x = dict(x)
+        for i, t in enumerate(self.emb):
+            x[t] = self.emb[t].weight if i == 0 else self.emb[t](g.global_ids[t])
+        return super().forward(g, x, edge_weight)
+
+
 def inputs(g: sc.HeteroGraph, seed: int, f_in: int = 4) -> dict:
     """Features per type, a weight per edge of each relation and loss weights per type."""
     gen = torch.Generator().manual_seed(seed)
@@ -110,15 +126,23 @@ def step(model: RelationNet, g, data: dict, ids: dict | None) -> dict:
         "x_grad": {t: v.grad for t, v in x.items()},
         # (a parameter no row reached has no gradient: zero, as on a worker without rows)
         "param_grads": {k: sc.global_sum(torch.zeros_like(p) if p.grad is None else p.grad)
-                        for k, p in model.named_parameters()},
+                        for k, p in model.named_parameters() if not k.startswith("emb.")},
+        # a node table's rows are the worker's own: its gradient rows too
+        "table_grads": {k.split(".")[1]: (torch.zeros_like(p) if p.grad is None else p.grad).clone()
+                        for k, p in model.named_parameters() if k.startswith("emb.")},
     }
 
 
 def run_worker(rank: int, world_size: int, payload: dict) -> dict:
-    """One worker: load its part of the typed partition and take one step."""
+    """One worker: load its part of the typed partition and take one step (with the model
+    compiled when ``payload["compiled"]``)."""
     part = sc.load_partition(payload["dir"], rank=rank, world_size=world_size)
-    model = RelationNet(payload["graph"]).double()
+    featureless = payload.get("featureless")
+    g = payload["graph"]
+    model = (RelationNet(g) if featureless is None else TableNet(g, featureless)).double()
     model.load_state_dict(payload["state"])
+    if payload.get("compiled"):  # the same model, compiled: the program over its relations
+        model = sc.distribute(model)
     result = step(model, part.graph, payload["data"], part.global_ids)
     result["ids"] = part.global_ids
     return result

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from hetero_cases import RelationNet, inputs, run_worker, step, typed_graphs
+from hetero_cases import RelationNet, TableNet, inputs, run_worker, step, typed_graphs
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -166,7 +166,7 @@ def test_a_given_typed_assignment_is_checked():
 # -- exact on N workers ----------------------------------------------------------------------
 @given(case=typed_graphs(), data=st.data())
 @SETTINGS
-def test_relations_aggregate_exactly_on_one_to_four_workers(pool, tmp_path_factory, case, data):
+def test_relations_aggregate_exactly_on_one_to_four_workers_eager_and_compiled(pool, tmp_path_factory, case, data):
     g, seed = case
     world = data.draw(st.integers(1, 4))
     kind = data.draw(st.sampled_from(["metis", "random", "one-part"]))
@@ -181,7 +181,13 @@ def test_relations_aggregate_exactly_on_one_to_four_workers(pool, tmp_path_facto
     model = RelationNet(g).double()
     batch = inputs(g, seed)
     want = step(model, g, batch, None)
-    payload = {"dir": str(out_dir), "graph": g, "state": model.state_dict(), "data": batch}
+    compiled = data.draw(st.booleans())  # eager ops on a shard, or the compiled program
+    if compiled:  # compiled on one machine too: the same as the eager model
+        got = step(sc.distribute(model), g, batch, None)
+        for key in ("out", "x_grad"):
+            for t in g.node_types:
+                torch.testing.assert_close(got[key][t], want[key][t], atol=_tol(want[key][t]), rtol=0)
+    payload = {"dir": str(out_dir), "graph": g, "state": model.state_dict(), "data": batch, "compiled": compiled}
     results = pool(world).run(run_worker, [payload] * world)
     for t in g.node_types:
         for key in ("out", "x_grad"):
@@ -194,6 +200,52 @@ def test_relations_aggregate_exactly_on_one_to_four_workers(pool, tmp_path_facto
             torch.testing.assert_close(r["param_grads"][k], grad, atol=_tol(grad), rtol=0, msg=k)
 
 
+@given(case=typed_graphs(), data=st.data())
+@settings(SETTINGS, max_examples=8)
+def test_node_tables_live_on_their_rows_workers_and_train_exactly(pool, tmp_path_factory, case, data):
+    """Featureless types fed by nn.Embedding tables: each worker holds and gets gradients
+    for its own rows of each table only; outputs and every gradient equal one machine's."""
+    g, seed = case
+    world = data.draw(st.integers(1, 4))
+    featureless = tuple(t for t in g.node_types if g.num_nodes(t) and data.draw(st.booleans()))
+    out_dir = tmp_path_factory.mktemp("tables")
+    sc.partition(g, world, out_dir, method=data.draw(st.sampled_from(["metis", "random"])), seed=seed)
+    torch.manual_seed(seed)
+    model = TableNet(g, featureless).double()
+    batch = inputs(g, seed)
+    batch["x"] = {t: v for t, v in batch["x"].items() if t not in featureless}
+    want = step(model, g, batch, None)
+    payload = {"dir": str(out_dir), "graph": g, "state": model.state_dict(), "data": batch, "compiled": True,
+               "featureless": featureless}
+    results = pool(world).run(run_worker, [payload] * world)
+    for t in g.node_types:
+        rows = [("out", want["out"][t])] + ([("x_grad", want["x_grad"][t])] if t in batch["x"] else []) + (
+            [("table_grads", want["table_grads"][t])] if t in featureless else [])
+        for key, full in rows:
+            got = torch.zeros_like(full)
+            for r in results:
+                assert r[key][t].shape[0] == r["ids"][t].numel()  # a worker's own rows only
+                got[r["ids"][t]] = r[key][t]
+            torch.testing.assert_close(got, full, atol=_tol(full), rtol=0, msg=f"{key} of {t}")
+    for r in results:
+        for k, grad in want["param_grads"].items():
+            torch.testing.assert_close(r["param_grads"][k], grad, atol=_tol(grad), rtol=0, msg=k)
+
+
+def test_a_node_table_read_by_position_is_refused():
+    class ByPosition(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = torch.nn.ModuleDict({"paper": torch.nn.Embedding(4, 2)})
+
+        def forward(self, g, x):
+            ids = x["paper"][:, 0].long().abs() % 4  # row i reads another row of the table
+            return self.emb["paper"](ids)
+
+    with pytest.raises(sc.CompileError, match="an embedding lookup reads rows of a node table .*by index"):
+        sc.distribute(ByPosition())(small(), {"paper": torch.randn(4, 2)})
+
+
 def _tol(t: torch.Tensor) -> float:
     return TOL * max([1.0, *t.abs().flatten().tolist()])
 
@@ -204,18 +256,47 @@ def test_relation_keys_name_each_relation_once():
                                                         "paper__has_topic__field"]
 
 
-def test_compiling_over_a_typed_graph_is_refused_with_the_way_that_works():
-    g = small()
+class _Mixes(torch.nn.Module):
+    def forward(self, g, x):
+        h = sc.spmm(g["writes"], x["author"], "mean")
+        return h + x["author"][:, :1]
 
+
+class _WrongEnd(torch.nn.Module):
+    def forward(self, g, x):
+        return sc.spmm(g["writes"], x["paper"], "mean")
+
+
+@pytest.mark.parametrize("model, match", [
+    (_Mixes, r"`add` combines the rows of 'author' and 'paper', which are node types .* at test_hetero.py:\d+: "
+             r"`return h \+ x\[\"author\"\]\[:, :1\]`"),
+    (_WrongEnd, r"spmm over relation \('author', 'writes', 'paper'\) takes the rows of 'author' \(its source type\) "
+                r"for x, but got the rows of 'paper'.*Pass spmm the source type's rows"),
+])
+def test_mixing_two_types_rows_is_refused_naming_the_line(model, match):
+    x = {"author": torch.randn(3, 2), "paper": torch.randn(4, 2)}
+    with pytest.raises(sc.CompileError, match=match):
+        sc.distribute(model())(small(), x)
+
+
+def test_a_compiled_program_takes_dicts_and_relations_and_names_every_type():
     class PerRelation(torch.nn.Module):
         def forward(self, g, x):
-            return sc.spmm(g["writes"], x["author"], "mean")
+            n = g.num_nodes("paper")
+            h = sc.spmm(g["writes"], x["author"], "mean")
+            return {"paper": h * 2 + x["paper"][:n], "deg": g["writes"].in_degrees()}
 
+    g, x = small(), {"author": torch.randn(3, 2), "paper": torch.randn(4, 2)}
     model = sc.distribute(PerRelation())
-    with pytest.raises(sc.CompileError, match="heterogeneous graph .* not supported yet.*sc.spmm"):
-        model(g, {"author": torch.randn(3, 2)})
-    eager = PerRelation()(g, {"author": torch.ones(3, 2)})  # the ops themselves take relations
-    assert eager[:, 0].tolist() == [1.0, 0.0, 1.0, 1.0]
+    got = model(g, x)
+    want = PerRelation()(g, x)
+    assert set(got) == {"paper", "deg"}
+    torch.testing.assert_close(got["paper"], want["paper"])
+    assert got["deg"].tolist() == [2, 0, 1, 1]
+    listing = dict(model.program(False).stages)["residency"]
+    assert "x__author: node 'author'" in listing and "g__author__writes__paper: graph ('author', 'writes', 'paper')" \
+        in listing
+    assert "sarcompile_ops_spmm(g__author__writes__paper, x__author, 'mean')  # node 'paper'" in listing
 
 
 def test_plans_of_typed_partitions_are_refused_not_guessed(tmp_path):

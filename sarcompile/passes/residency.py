@@ -80,6 +80,7 @@ import torch.fx as fx
 from torch import nn
 
 from ..errors import CompileError, SarcompileError
+from ..opdef import Halo, Push
 from ..ops import registry
 from ..nn import NodeDropout, RandomStream
 from ..probe import PROBES, Input, example
@@ -101,19 +102,38 @@ GRAPH_NAMES = ("g", "graph", "edge_index", "adj", "adj_t", "block")
 class _Val:
     """The residency of one value; ``rows`` says whose row count a ROWS value is, and
     ``ndim`` for a shape (``x.shape``) how many sizes it has; ``seq`` marks a tuple of
-    per-row tensors (``x.max(1)``, ``x.split(...)``)."""
+    per-row tensors (``x.max(1)``, ``x.split(...)``). ``of``, on a typed graph: the node
+    type of per-node rows, the relation of per-edge rows and of a graph (for a ROWS value,
+    of the rows it counts); None on a one-type graph."""
 
     res: Residency
     rows: Residency | None = None
     shape_ndim: int | None = None
     seq: bool = False
+    of: Any = None
 
     @property
     def per_row(self) -> bool:
         return self.res.per_row
 
     def word(self) -> str:
-        return {NODE: "per-node", EDGE: "per-edge"}.get(self.res, str(self.res))
+        base = {NODE: "per-node", EDGE: "per-edge"}.get(self.res, str(self.res))
+        return base if self.of is None or not self.per_row else f"{base} ({_type_name(self.of)})"
+
+
+def _type_name(of: Any) -> str:
+    """A node type or a relation as the user wrote it: 'paper', ('author', 'writes', 'paper')."""
+    return repr(of)
+
+
+def _end_of(rel: Any, res: Residency, source: bool) -> Any:
+    """The type of an IR op's ``res`` rows on relation ``rel``: its source type (``source``)
+    or destination type for node rows, the relation itself for edge rows and graphs."""
+    if rel is None:
+        return None
+    if res is NODE:
+        return rel[0] if source else rel[2]
+    return rel if res in (EDGE, GRAPH) else None
 
 
 _CONST, _PARAM, _GRAPH = _Val(CONST), _Val(PARAM), _Val(GRAPH)
@@ -346,7 +366,7 @@ class _Checker:
         if isinstance(a, (tuple, list)):
             inner = [self.val(x) for x in a]
             rows = [v for v in inner if v.per_row]
-            return _Val(rows[0].res, seq=True) if rows else _CONST
+            return _Val(rows[0].res, seq=True, of=rows[0].of) if rows else _CONST
         return _CONST
 
     def run(self) -> None:
@@ -359,6 +379,8 @@ class _Checker:
                 raise
             self.vals[node] = v
             node.meta["residency"] = v.res
+            if v.of is not None:  # a typed graph's node type or relation
+                node.meta["rows_of"] = v.of
 
     def prefer_attention(self, later: list[fx.Node]) -> None:
         """Code before a global attention (PyG's to_dense_batch) is refused first; name the
@@ -373,7 +395,7 @@ class _Checker:
         if node.op == "placeholder":
             spec = node.meta.get("input")
             if spec is not None:
-                return _Val(spec.residency)
+                return _Val(spec.residency, of=spec.of)
             name = str(node.target)
             return _GRAPH if name in GRAPH_NAMES else _Val(EDGE if "edge" in name else NODE)
         if node.op == "get_attr":
@@ -398,13 +420,26 @@ class _Checker:
     # -- IR ops and declared helpers ---------------------------------------------------------
     def ir_op(self, node: fx.Node) -> _Val:
         op = registry()[node.target]
-        for name, value in op.bind(node.args, node.kwargs).items():
+        bound = op.bind(node.args, node.kwargs)
+        # On a typed graph the relation says whose rows each argument holds: what travels
+        # (the halo's sends) is the source type's, the rest the destination type's.
+        rel = self.val(bound["g"]).of if isinstance(bound.get("g"), fx.Node) else None
+        sources = op.exchange.sends if isinstance(op.exchange, Halo) else ()
+        for name, value in bound.items():
             v = self.val(value)
             if name in op.inputs:
                 want = op.inputs[name]
                 if value is not None and v.res is not want:
                     raise self.refuse(node, f"{op.name}'s argument {name} must be per-{want} rows, got a "
                                       f"{v.word()} value", f"Pass {op.name} a per-{want} tensor for {name}.")
+                expect = _end_of(rel, want, name in sources)
+                if value is not None and rel is not None and want.per_row and v.of != expect:
+                    end = "source" if name in sources else "destination"
+                    raise self.refuse(
+                        node, f"{op.name} over relation {rel} takes the rows of {_type_name(expect)} (its {end} "
+                        f"type) for {name}, but got the rows of {_type_name(v.of)}",
+                        f"Pass {op.name} the {end} type's rows for {name} (x_dict[{expect!r}]), or the relation "
+                        f"whose {end} type is {_type_name(v.of)}.")
             elif name == "g":
                 if v.res is not GRAPH:
                     raise self.refuse(node, f"{op.name} got a {v.word()} value where it takes the graph",
@@ -414,12 +449,19 @@ class _Checker:
                                   f"Only {', '.join(op.inputs)} take rows.")
             if name == "fn" and isinstance(value, fx.Node) and node.op == "call_function":
                 self.message_body(node, value)
-        return _Val(op.output)
+        if rel is None:  # no graph (batch_norm): the rows of its input
+            return _Val(op.output, of=self.rows_of(node, op.output))
+        return _Val(op.output, of=_end_of(rel, op.output, isinstance(op.exchange, Push)))
+
+    def rows_of(self, node: fx.Node, res: Residency) -> Any:
+        """The type of the ``res`` rows among ``node``'s inputs (None on a one-type graph)."""
+        kinds = {self.vals[n].of for n in node.all_input_nodes if self.vals[n].res is res}
+        return kinds.pop() if len(kinds) == 1 else None
 
     def declared(self, node: fx.Node) -> _Val:
         out = declared_helpers()[node.target]  # its author vouches for it, whatever it is given
         if isinstance(out, Residency):
-            return _Val(out)
+            return _Val(out, of=self.rows_of(node, out))
         bound = inspect.signature(node.target).bind(*node.args, **node.kwargs)
         return self.val(bound.arguments.get(out))
 
@@ -472,13 +514,16 @@ class _Checker:
         if node.op == "call_method" and self.val(first).res is GRAPH:
             # a derived graph's arguments are constants (PyG's node count), the same on every worker
             if node.target in DERIVED_GRAPHS and all(self.val(n).res is CONST for n in others):
-                return _GRAPH
+                return self.val(first)
             if node.target == "in_degrees" and len(node.args) == 1:
-                return _Val(NODE)
+                return _Val(NODE, of=_end_of(self.val(first).of, NODE, False))
         if node.op == "call_function" and node.target is builtins.getattr and len(node.args) == 2:
-            attr = node.args[1]
-            known = {"num_nodes": _Val(ROWS, NODE), "num_dst": _Val(ROWS, NODE), "num_edges": _Val(ROWS, EDGE),
-                     "global_ids": _Val(NODE), "edge_ids": _Val(EDGE)}
+            attr, rel = node.args[1], self.val(first).of
+            dst, src = _end_of(rel, NODE, False), _end_of(rel, NODE, True)
+            known = {"num_nodes": _Val(ROWS, NODE, of=dst), "num_dst": _Val(ROWS, NODE, of=dst),
+                     "num_src_nodes": _Val(ROWS, NODE, of=src), "num_edges": _Val(ROWS, EDGE, of=rel),
+                     "global_ids": _Val(NODE, of=dst), "src_global_ids": _Val(NODE, of=src),
+                     "edge_ids": _Val(EDGE, of=rel)}
             if attr in known:
                 return known[attr]
         if node.op == "call_module":
@@ -568,12 +613,22 @@ class _Checker:
 
     # -- torch operations ----------------------------------------------------------------------
     def one_kind(self, node: fx.Node, ins: list[_Val]) -> _Val:
-        kinds = {v.res for v in ins if v.per_row} | {v.rows for v in ins if v.res is ROWS and v.rows}
-        if len(kinds) > 1:
+        kinds = {(v.res, v.of) for v in ins if v.per_row} | {(v.rows, v.of) for v in ins if v.res is ROWS and v.rows}
+        if len({res for res, _ in kinds}) > 1:
             raise self.refuse(node, f"`{_name_of(node) or node.target}` combines per-node and per-edge values",
                               "Move between nodes and edges with the IR ops (sddmm gathers node rows onto "
                               "edges, spmm reduces edges into nodes).")
-        return _Val(kinds.pop()) if kinds else _CONST
+        if len(kinds) > 1:  # one residency, two types: row i of one type is not row i of the other
+            res = next(iter(kinds))[0]
+            which = " and ".join(sorted(_type_name(of) for _, of in kinds))
+            raise self.refuse(node, f"`{_name_of(node) or node.target}` combines the rows of {which}, which are "
+                              f"{'node types' if res is NODE else 'relations'} of their own: row i of one is not "
+                              "row i of the other", "Move rows between types with the IR ops over a relation "
+                              "(spmm(g[(src, name, dst)], x_dict[src]) gives rows of dst).")
+        if not kinds:
+            return _CONST
+        res, of = kinds.pop()
+        return _Val(res, of=of)
 
     def arg(self, node: fx.Node, pos: int, key: str, default: Any = None) -> Any:
         if len(node.args) > pos:
@@ -615,7 +670,7 @@ class _Checker:
         if name == "add" and xv.res is ROWS and xv.shape_ndim is not None:  # x.shape + (1,) * k: a longer shape
             extra = self.tuple_length(node.args[1])
             if extra is not None:
-                return _Val(ROWS, xv.rows, shape_ndim=xv.shape_ndim + extra)
+                return _Val(ROWS, xv.rows, shape_ndim=xv.shape_ndim + extra, of=xv.of)
         if any(v.res is ROWS for v in ins) and name not in _SHAPED:
             raise self.refuse(node, f"`{name}` computes with a row count (x.size(0), len(x)), which differs "
                               "between workers", "Compute per row; for a total over all nodes use a "
@@ -647,6 +702,11 @@ class _Checker:
             if len(shape) >= self.ndim(node, x, "the feature axis of layer_norm"):
                 raise self.refuse(node, "layer_norm normalises over the row axis too", "Normalise over features.")
             return k
+        if name == "embedding" and self.val(self.arg(node, 1, "weight")).per_row:
+            raise self.refuse(node, f"an embedding lookup reads rows of a node table ({self.val(node.args[1]).word()}) "
+                              "by index", "A worker holds only its own rows of a node table: use the table's "
+                              "rows as they are (emb[t].weight), or look them up by the type's own ids "
+                              "(emb[t](g[rel].global_ids) on a relation into t).")
         if name in ("embedding", "one_hot"):
             return k
         if name in _ALONG:
@@ -673,21 +733,21 @@ class _Checker:
             return _CONST if xv.res is not PARAM else _PARAM
         if name == "size" and (len(node.args) > 1 or "dim" in node.kwargs):
             d = self.axis(node, x, self.arg(node, 1, "dim"))
-            return _Val(ROWS, xv.res) if d == 0 else _CONST
+            return _Val(ROWS, xv.res, of=xv.of) if d == 0 else _CONST
         if name in ("size", "shape"):
-            return _Val(ROWS, xv.res, shape_ndim=self.ndim(node, x, "the shape"))
-        return _Val(ROWS, xv.res)  # numel, len
+            return _Val(ROWS, xv.res, shape_ndim=self.ndim(node, x, "the shape"), of=xv.of)
+        return _Val(ROWS, xv.res, of=xv.of)  # numel, len
 
     def shape_item(self, node, xv) -> _Val:
         idx = node.args[1]
         picked = range(xv.shape_ndim)[idx]
         if isinstance(idx, int):
-            return _Val(ROWS, xv.rows) if picked == 0 else _CONST
+            return _Val(ROWS, xv.rows, of=xv.of) if picked == 0 else _CONST
         if 0 not in picked:
             return _CONST
         if picked[0] != 0:
             raise self.refuse(node, "a shape is reordered so that the row count is not first", "Keep rows first.")
-        return _Val(ROWS, xv.rows, shape_ndim=len(picked))
+        return _Val(ROWS, xv.rows, shape_ndim=len(picked), of=xv.of)
 
     def factory(self, node, name, ins, k) -> _Val:
         sizes = list(node.args[1:] if name.startswith("new_") else node.args)
@@ -696,9 +756,9 @@ class _Checker:
             sizes = list(sizes[0]) if isinstance(sizes[0], (tuple, list)) else sizes[:1]
         vals = [self.val(s) for s in sizes]
         if vals and vals[0].res is ROWS and vals[0].shape_ndim is None and not any(v.res is ROWS for v in vals[1:]):
-            return _Val(vals[0].rows)
+            return _Val(vals[0].rows, of=vals[0].of)
         if vals and vals[0].res is ROWS and vals[0].shape_ndim is not None and len(vals) == 1:
-            return _Val(vals[0].rows)
+            return _Val(vals[0].rows, of=vals[0].of)
         if any(v.res is ROWS for v in vals):
             raise self.refuse(node, f"{name} is given a row count in another place than the first size",
                               "Only the first size may be the number of rows.")
@@ -721,7 +781,8 @@ class _Checker:
             return False
         stop = self.val(first.stop) if isinstance(first.stop, fx.Node) else None
         rest = idx[1:] if isinstance(idx, tuple) else ()
-        return (stop is not None and stop.res is ROWS and stop.rows is xv.res and stop.shape_ndim is None
+        return (stop is not None and stop.res is ROWS and stop.rows is xv.res and stop.of == xv.of
+                and stop.shape_ndim is None
                 and not any(isinstance(i, fx.Node) and self.val(i).res is ROWS for i in rest))
 
     def getitem(self, node, x, xv, k) -> _Val:
@@ -763,7 +824,7 @@ class _Checker:
     def reshape(self, node, name, x, k) -> _Val:
         if name in ("view_as", "reshape_as", "expand_as"):
             other = self.val(node.args[1])
-            if other.res is not k.res:
+            if other.res is not k.res or other.of != k.of:
                 raise self.refuse(node, f"{name} gives a {k.word()} value the shape of a {other.word()} one",
                                   "Reshape to a shape whose first size is the row count.")
             self.same_rows(node, x, name)
@@ -778,7 +839,7 @@ class _Checker:
         if name == "repeat" and self.val(x).per_row:
             ok = head == 1
         elif hv is not None:
-            ok = hv.res is ROWS and hv.rows is k.res and not any(
+            ok = hv.res is ROWS and hv.rows is k.res and hv.of == k.of and not any(
                 isinstance(s, fx.Node) and self.val(s).res is ROWS for s in sizes[1:])
         else:
             ok = head == -1 and (name != "expand")
@@ -854,7 +915,7 @@ class _Checker:
                 f"{w_axis(k)}", "Work along the feature dims (dim=-1); to combine rows use the IR ops "
                 "(spmm over edges) or a collective (sc.nn.BatchNorm).",
             )
-        return _Val(k.res, seq=name in _RETURNS_SEQ)
+        return replace(k, seq=name in _RETURNS_SEQ)
 
     def join(self, node, name, k) -> _Val:
         tensors = node.args[0] if node.args else node.kwargs.get("tensors")
@@ -1005,16 +1066,24 @@ def _choices(specs: list[Input], limit: int = 8) -> list[list[Input]]:
     return [list(c) for c in readings[:limit]]
 
 
+def _listed(node: fx.Node) -> str | None:
+    """``node``, ``node 'paper'``, ``edge ('author', 'writes', 'paper')``: a residency and its type."""
+    res = node.meta.get("residency")
+    if res is None or "rows_of" not in node.meta:
+        return res
+    return f"{res} {_type_name(node.meta['rows_of'])}"
+
+
 def listing(gm: fx.GraphModule) -> str:
     """The program's code with each value's residency as a comment (``# node``)."""
-    of = {n.name: n.meta.get("residency") for n in gm.graph.nodes}
+    of = {n.name: _listed(n) for n in gm.graph.nodes}
     lines = []
     for line in gm.code.splitlines():
         m = re.match(r"\s*(\w+) = ", line)
         if m and of.get(m.group(1)) is not None:
             line = f"{line.split(';  ')[0]}  # {of[m.group(1)]}"
         elif line.lstrip().startswith("def forward("):
-            args = [f"{n.name}: {n.meta.get('residency')}" for n in gm.graph.nodes if n.op == "placeholder"]
+            args = [f"{n.name}: {_listed(n)}" for n in gm.graph.nodes if n.op == "placeholder"]
             line = f"{line}  # {', '.join(args)}"
         lines.append(line)
     return "\n".join(lines)

@@ -34,6 +34,7 @@ import torch.distributed as dist
 from ..errors import CommError
 from . import failure, memory
 from .link import Pending
+from ..tables import table_type
 
 __all__ = [
     "Columns", "global_max", "global_sum", "init", "live", "run_rounds", "shutdown", "stats", "sync_gradients", "timeout",
@@ -658,14 +659,16 @@ def global_max(t: torch.Tensor, phase: str | None = None) -> torch.Tensor:
 
 
 def sync_gradients(model: torch.nn.Module) -> None:
-    """All-reduce (SUM) every parameter's ``.grad`` so each worker holds the global gradient.
+    """All-reduce (SUM) every parameter's ``.grad`` so each worker holds the global gradient;
+    node tables, whose rows each worker owns alone, are left as they are.
 
     Parameters without a gradient on this worker count as zero, so every worker joins
     every all-reduce in the same order.
     """
     if not (dist.is_initialized() and dist.get_world_size() > 1):
         return
-    params = [p for p in model.parameters() if p.requires_grad]
+    # A node table's rows live on one worker each (sarcompile.tables): its gradient is whole.
+    params = [p for p in model.parameters() if p.requires_grad and table_type(p) is None]
     for p in params:
         if p.grad is None:
             p.grad = torch.zeros_like(p)
