@@ -230,7 +230,9 @@ def compile_program(model: nn.Module, options: CompileOptions, partitioned: bool
             node.meta["input"] = inputs[name]
     stages = [("trace", gm.code)]
     check = functools.partial(residency, distributed=partitioned)
-    passes = [("node_tables", node_tables), ("lower", lower), ("fuse", fuse), ("linear_first", linear_first), ("residency", check)]
+    # node_tables runs only where a typed model holds node tables, so one-type plans read as before
+    passes = [("node_tables", node_tables)] if tables else []
+    passes += [("lower", lower), ("fuse", fuse), ("linear_first", linear_first), ("residency", check)]
     if partitioned:
         passes += [("partition", partition), ("strategy", strategy), ("communication", communication)]
     passes += [("kernels", kernels), ("inplace", inplace), ("linear_groups", linear_groups), ("accumulate", accumulate),
