@@ -236,16 +236,18 @@ class Result:
     buffers: dict[str, torch.Tensor] = field(default_factory=dict)  # after the step (running statistics)
 
 
-def single_machine(case: Case) -> Result:
-    """The oracle: the compiled model on one machine, the whole graph."""
-    model = make_model(case.model, case.seed)
+def single_machine(case: Case, device: str | torch.device = "cpu") -> Result:
+    """The oracle: the compiled model on one machine, the whole graph. With ``device``,
+    the model and features go there and the graph stays where users build it (the CPU);
+    the results come back to the CPU."""
+    model = make_model(case.model, case.seed).to(device)
     dm = sc.distribute(model, executor=case.executor)
     dm.train(case.train)
-    x = case.x.clone().requires_grad_(True)
+    x = case.x.to(device).requires_grad_(True)
     out = dm(case.graph, x)
-    (out * case.loss_weight).sum().backward()
-    grads = {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
-    return Result(out.detach(), x.grad, grads, buffers={k: b.clone() for k, b in model.named_buffers()})
+    (out * case.loss_weight.to(device)).sum().backward()
+    grads = {k: p.grad.cpu() for k, p in model.named_parameters() if p.grad is not None}
+    return Result(out.detach().cpu(), x.grad.cpu(), grads, buffers={k: b.cpu() for k, b in model.named_buffers()})
 
 
 def payloads(case: Case, world_size: int) -> list[dict[str, Any]]:

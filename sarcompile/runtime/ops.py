@@ -70,11 +70,11 @@ def _edge_slice(t: torch.Tensor | None, shard: ShardGraph, q: int) -> torch.Tens
     return None if t is None else t[shard.edge_ptr[q] : shard.edge_ptr[q + 1]]
 
 
-def _mean_weights(shard: ShardGraph, dtype: torch.dtype) -> Callable[[Block], torch.Tensor]:
-    """The mean's ``1/deg`` as a block's edge weights: the degrees once, spread over each
-    block's edges from its CSR offsets when asked."""
-    inv_deg = 1.0 / shard.in_degrees().clamp(min=1).to(dtype)
-    return lambda block: block.per_edge(inv_deg[: block.num_dst])
+def _mean_weights(shard: ShardGraph, like: torch.Tensor) -> Callable[[Block], torch.Tensor]:
+    """The mean's ``1/deg`` as a block's edge weights, in ``like``'s dtype and on its
+    device: the degrees once, spread over each block's edges from its CSR offsets when asked."""
+    inv_deg = 1.0 / shard.in_degrees().clamp(min=1).to(like.device, like.dtype)
+    return lambda block: block.on(like.device).per_edge(inv_deg[: block.num_dst])
 
 
 def _bcast(deg: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -95,14 +95,14 @@ class _SarSpmm(torch.autograd.Function):
         state = K.MaxState(shard.num_nodes, tail, x.dtype, x.device) if reduce == "max" else None
         offsets = _offsets(shard)
         # Added into a buffer that holds more than sums: the mean's 1/deg goes on the edges
-        mean_weights = _mean_weights(shard, x.dtype) if into is not None and reduce == "mean" else None
+        mean_weights = _mean_weights(shard, x) if into is not None and reduce == "mean" else None
         if into is not None:
             acc["out"] = into
 
         def visit(q: int, xb: torch.Tensor) -> None:
             if strategy.keeps_blocks:
                 kept[q] = xb
-            block = shard.blocks[q]
+            block = shard.blocks[q].on(x.device)
             w = _edge_slice(weight, shard, q) if mean_weights is None else mean_weights(block)
             if state is not None:
                 state.update(block, xb, offsets[q])
@@ -137,12 +137,12 @@ class _SarSpmm(torch.autograd.Function):
         per_edge = reduce == "mean" and weight is None
         if reduce == "mean" and not per_edge:
             g = g / _bcast(shard.in_degrees(), g)
-        mean_weights = _mean_weights(shard, g.dtype) if per_edge else None
+        mean_weights = _mean_weights(shard, g) if per_edge else None
         offsets = _offsets(shard)
         kept = ctx.kept
 
         def grad_x(q: int) -> torch.Tensor:
-            block = shard.blocks[q]
+            block = shard.blocks[q].on(g.device)
             if reduce == "max":
                 return K.max_grad(pos[0], g, offsets[q], block.num_src)
             if per_edge:
@@ -477,7 +477,7 @@ class _SarEdgeReduceSrc(torch.autograd.Function):
         out = flat.new_zeros((shard.num_src_nodes, flat.shape[1]))
 
         def visit(q: int, _rows: None) -> torch.Tensor:
-            block = shard.blocks[q]
+            block = shard.blocks[q].on(flat.device)
             return flat.new_zeros((block.num_src, flat.shape[1])).index_add_(0, block.col, _edge_slice(flat, shard, q))
 
         run_rounds(shard, visit, push_into=out, phase="forward", what=f"edge_reduce_src({reduce})")
@@ -497,7 +497,7 @@ class _SarEdgeReduceSrc(torch.autograd.Function):
         pieces: dict[int, torch.Tensor] = {}
 
         def visit(q: int, gb: torch.Tensor) -> None:
-            pieces[q] = gb[shard.blocks[q].col]
+            pieces[q] = gb[shard.blocks[q].on(gb.device).col]
 
         run_rounds(shard, visit, fetch=g.contiguous(), what="edge_reduce_src backward", phase="backward")
         ge = torch.cat([pieces[q] for q in range(shard.world_size)]).reshape(ctx.shape)
@@ -552,12 +552,12 @@ class _MaxMessages:
         shape = (num_dst, *msg.shape[1:])
         if self.best is None:
             self.best = msg.new_full(shape, float("-inf"))
-            self.edge = torch.full(shape, _NO_EDGE, dtype=torch.long)
+            self.edge = torch.full(shape, _NO_EDGE, dtype=torch.long, device=msg.device)
         idx = row.reshape(-1, *([1] * (msg.dim() - 1))).expand_as(msg)
         block_max = msg.new_full(shape, float("-inf")).scatter_reduce(0, idx, msg, "amax")
         ids = edge_ids.reshape(-1, *([1] * (msg.dim() - 1))).expand_as(msg)
         cand = torch.where(msg == block_max[row], ids, _NO_EDGE)
-        block_edge = torch.full(shape, _NO_EDGE, dtype=torch.long).scatter_reduce(0, idx, cand, "amin")
+        block_edge = torch.full(shape, _NO_EDGE, dtype=torch.long, device=msg.device).scatter_reduce(0, idx, cand, "amin")
         take = (block_max > self.best) | ((block_max == self.best) & (block_edge < self.edge))
         self.best = torch.where(take, block_max, self.best)
         self.edge = torch.where(take, block_edge, self.edge)
@@ -589,11 +589,11 @@ class _SarMessage(torch.autograd.Function):
         def visit(q: int, xb: torch.Tensor) -> None:
             if strategy.keeps_blocks:
                 kept[q] = xb
-            block = shard.blocks[q]
+            block = shard.blocks[q].on(x.device)
             with torch.no_grad():
                 msg = fn(xb[block.col], x[block.row], _edge_slice(edge_attr, shard, q))
             if state is not None:
-                state.update(block.row, msg, _edge_slice(shard.edge_ids, shard, q), shard.num_nodes)
+                state.update(block.row, msg, _edge_slice(shard.edge_ids, shard, q).to(x.device), shard.num_nodes)
             elif "out" not in acc:
                 acc["out"] = msg.new_zeros((shard.num_nodes, *msg.shape[1:])).index_add_(0, block.row, msg)
             else:
@@ -628,7 +628,7 @@ class _SarMessage(torch.autograd.Function):
 
         def visit(q: int, xb: torch.Tensor | None) -> torch.Tensor | None:
             xb = x if q == shard.rank else kept.get(q, xb)
-            block = shard.blocks[q]
+            block = shard.blocks[q].on(x.device)
             lo, hi = shard.edge_ptr[q], shard.edge_ptr[q + 1]
             x_j = xb.detach()[block.col].requires_grad_(want_x)
             x_i = x.detach()[block.row].requires_grad_(want_x)
@@ -637,7 +637,7 @@ class _SarMessage(torch.autograd.Function):
                 msg = fn(x_j, x_i, e)
             g_msg = g[block.row]
             if reduce == "max":
-                ids = _edge_slice(shard.edge_ids, shard, q).reshape(-1, *([1] * (msg.dim() - 1)))
+                ids = _edge_slice(shard.edge_ids, shard, q).to(x.device).reshape(-1, *([1] * (msg.dim() - 1)))
                 g_msg = torch.where(winner[0][block.row] == ids, g_msg, torch.zeros_like(g_msg))
             inputs = [t for t in (x_j, x_i, e) if t is not None and t.requires_grad] + params
             grads = torch.autograd.grad(msg, inputs, g_msg, allow_unused=True) if inputs and msg.requires_grad else ()

@@ -7,16 +7,16 @@ import pytest
 import torch
 from cases import Case, case_on_edges, gather_rows, payloads, run_worker, single_machine
 
+from devices import DEVICE
+
 from sarcompile.codegen import kernels_for, torch_kernels
 from sarcompile.codegen.kernel_cache import current_target
 from sarcompile.errors import KernelError
 
 pytest.importorskip("triton")
-# The cases hold CPU tensors: the generated kernels run on them in the interpreter only.
-pytestmark = [
-    pytest.mark.interpreter,
-    pytest.mark.skipif(current_target() != "interpreter", reason="CPU tensors need TRITON_INTERPRET=1"),
-]
+pytestmark = pytest.mark.interpreter
+# Most cases hold CPU tensors: the generated kernels run on them in the interpreter only.
+on_cpu = pytest.mark.skipif(current_target() != "interpreter", reason="CPU tensors need TRITON_INTERPRET=1")
 
 TOL = 1e-9  # float64: the kernels differ from torch's in summation order only
 
@@ -45,6 +45,7 @@ def _assert_same(got, want) -> None:
 MODELS = ["gat3", "mix", "edge"]
 
 
+@on_cpu
 @pytest.mark.parametrize("model", MODELS)
 def test_triton_executor_equals_torch_on_one_machine(model):
     want = single_machine(_case(model, "torch"))
@@ -52,6 +53,7 @@ def test_triton_executor_equals_torch_on_one_machine(model):
     _assert_same(got, want)
 
 
+@on_cpu
 @pytest.mark.parametrize("model", MODELS)
 def test_triton_executor_on_two_workers_equals_torch_on_one_machine(pool, model):
     want = single_machine(_case(model, "torch"))
@@ -66,6 +68,7 @@ def test_triton_executor_on_two_workers_equals_torch_on_one_machine(pool, model)
             torch.testing.assert_close(r.param_grads[k], g, atol=TOL, rtol=TOL, msg=k)
 
 
+@on_cpu
 def test_the_triton_executor_really_runs_generated_kernels(monkeypatch):
     """Guard against a silent fallback: with the generated SpMM broken, the triton
     executor's result changes and the torch executor's does not."""
@@ -82,6 +85,7 @@ def test_the_triton_executor_really_runs_generated_kernels(monkeypatch):
     _assert_same(single_machine(_case("mix", "torch")), want)
 
 
+@on_cpu
 def test_auto_picks_torch_on_cpu_and_triton_refuses_cpu_without_the_interpreter(monkeypatch):
     from sarcompile.codegen import triton_kernels
 
@@ -91,3 +95,19 @@ def test_auto_picks_torch_on_cpu_and_triton_refuses_cpu_without_the_interpreter(
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     with pytest.raises(KernelError, match="TRITON_INTERPRET=1"):
         kernels_for("triton", torch.device("cpu"))
+
+
+@pytest.mark.skipif(DEVICE.type != "cuda", reason="needs a GPU (the Triton kernels compiled for CUDA)")
+@pytest.mark.parametrize("executor", ["triton", "torch"])
+@pytest.mark.parametrize("model", MODELS)
+def test_features_on_the_gpu_graph_on_the_cpu(model, executor):
+    """As users run it: the graph built on the CPU, model and features moved to the GPU.
+    Every index the kernels get must follow the features there (the graph's blocks, the
+    mean's 1/deg edge weights), and the result equal the CPU's."""
+    want = single_machine(_case(model, "torch"))
+    got = single_machine(_case(model, executor), device=DEVICE)
+    tol = dict(atol=1e-6, rtol=1e-6)  # float64 on both; the GPU sums in another order
+    torch.testing.assert_close(got.out, want.out, **tol)
+    torch.testing.assert_close(got.x_grad, want.x_grad, **tol)
+    for k, g in want.param_grads.items():
+        torch.testing.assert_close(got.param_grads[k], g, **tol, msg=k)
