@@ -34,7 +34,7 @@ from typing import Any, Generic, Iterable, TypeVar
 
 import torch
 
-from .errors import GraphError
+from .errors import CompileError, GraphError
 from .graph import Graph
 
 __all__ = ["Relation", "HeteroGraph", "HeteroShard", "TracedHetero", "relation_key", "parse_relation_key"]
@@ -296,11 +296,27 @@ class TracedHetero(_Typed[Any]):
 
     @property
     def global_ids(self) -> dict[str, Any]:
-        out = {}
-        for t in self.node_types:
+        return _TracedIds(self)
+
+
+class _TracedIds(dict):
+    """``g.global_ids`` while tracing: each type's ids read off a relation at one of its
+    ends. A type in no relation has none on the graph: asking for them names the fix."""
+
+    def __init__(self, graph: TracedHetero):
+        super().__init__()
+        self.graph = graph
+        for t in graph.node_types:
             try:
-                g, dst = self._end(t)
-            except GraphError:  # a type in no relation: its ids are not on the graph
+                g, dst = graph._end(t)
+            except GraphError:
                 continue
-            out[t] = g.global_ids if dst else g.src_global_ids
-        return out
+            self[t] = g.global_ids if dst else g.src_global_ids
+
+    def __missing__(self, ntype: str) -> Any:
+        if ntype not in self.graph.node_types:
+            raise GraphError(f"no node type {ntype!r}; the graph has {list(self.graph.node_types)}")
+        raise CompileError(
+            f"node type {ntype!r} is in no relation, so a compiled model cannot read its ids off the graph; "
+            f"use its rows in order instead (a node table's `.weight` rather than a lookup by g.global_ids)"
+        )

@@ -451,8 +451,10 @@ def _check_attention(g, h, a_src, a_dst, negative_slope, dropout, salt, a_edge) 
 
 def _fusable_shapes(g, h: torch.Tensor, a_src: torch.Tensor, a_dst: torch.Tensor, a_edge: torch.Tensor | None) -> bool:
     """One score per edge and head: ``a [n]`` with ``h [n, C]``, or ``a [n, H]`` with ``h [n,
-    H, C]``; an edge term with exactly one such score per edge (``[E]`` or ``[E, H]``)."""
-    if a_src.shape != a_dst.shape or h.dim() != a_src.dim() + 1:
+    H, C]``; an edge term with exactly one such score per edge (``[E]`` or ``[E, H]``).
+    Only trailing shapes count: on a relation between two types (and on a worker) the
+    source and destination row counts differ, and every worker must take the same path."""
+    if a_src.shape[1:] != a_dst.shape[1:] or h.dim() != a_src.dim() + 1:
         return False
     if a_edge is not None and tuple(a_edge.shape) != (g.num_edges, *a_src.shape[1:]):
         return False

@@ -85,7 +85,8 @@ class RelationNet(nn.Module):
 class TableNet(RelationNet):
     """RelationNet with the types in ``featureless`` fed by a learnable node table each
     (``nn.Embedding`` in a ``ModuleDict`` keyed by type): the first by its rows as they
-    are, the others looked up by the type's own ids."""
+    are, the others looked up by the type's own ids (a type in no relation has no ids on
+    the graph: its rows as they are too)."""
 
     def __init__(self, g: sc.HeteroGraph, featureless: tuple[str, ...], f_in: int = 4):
         super().__init__(g, f_in)
@@ -93,8 +94,9 @@ class TableNet(RelationNet):
 
     def forward(self, g, x: dict[str, torch.Tensor], edge_weight: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         x = dict(x)
+        linked = {t for s, _, d in self.edge_types for t in (s, d)}
         for i, t in enumerate(self.emb):
-            x[t] = self.emb[t].weight if i == 0 else self.emb[t](g.global_ids[t])
+            x[t] = self.emb[t].weight if i == 0 or t not in linked else self.emb[t](g.global_ids[t])
         return super().forward(g, x, edge_weight)
 
 

@@ -246,6 +246,19 @@ def test_a_node_table_read_by_position_is_refused():
         sc.distribute(ByPosition())(small(), {"paper": torch.randn(4, 2)})
 
 
+def test_the_ids_of_a_type_in_no_relation_are_refused_with_the_fix():
+    class Unlinked(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = torch.nn.ModuleDict({"institution": torch.nn.Embedding(0, 2)})
+
+        def forward(self, g, x):
+            return {"institution": self.emb["institution"](g.global_ids["institution"])}
+
+    with pytest.raises(sc.CompileError, match=r"'institution' is in no relation.*`\.weight` rather than a lookup"):
+        sc.distribute(Unlinked())(small(), {"paper": torch.randn(4, 2)})
+
+
 def _tol(t: torch.Tensor) -> float:
     return TOL * max([1.0, *t.abs().flatten().tolist()])
 
