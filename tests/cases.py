@@ -243,7 +243,7 @@ def single_machine(case: Case, device: str | torch.device = "cpu") -> Result:
     model = make_model(case.model, case.seed).to(device)
     dm = sc.distribute(model, executor=case.executor)
     dm.train(case.train)
-    x = case.x.to(device).requires_grad_(True)
+    x = case.x.to(device, copy=True).requires_grad_(True)  # a copy: the case's own x stays a plain input
     out = dm(case.graph, x)
     (out * case.loss_weight.to(device)).sum().backward()
     grads = {k: p.grad.cpu() for k, p in model.named_parameters() if p.grad is not None}
