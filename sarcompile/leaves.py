@@ -35,7 +35,8 @@ def _leaf_name(arg: str, key: Any) -> str:
 @dataclass(frozen=True)
 class ArgLayout:
     """How one argument of ``forward`` reaches the program: as it is (``plain``), one leaf
-    per key (``dict``), or one graph leaf per relation (``typed``, a typed graph whose
+    per key (``dict``) or item (``tuple``: a bipartite layer's ``(x_src, x_dst)``), or one
+    graph leaf per relation (``typed``, a typed graph whose
     node types are ``node_types``, with ``node_counts`` nodes each in the whole graph, and
     relations ``keys``)."""
 
@@ -56,7 +57,7 @@ class ArgLayout:
             return [value]
         if self.kind == "typed":
             return [value.relations[k] for k in self.keys]
-        return [value[k] for k in self.keys]
+        return [value[k] for k in self.keys]  # a dict's keys, a tuple's positions
 
     def rebuild(self, leaves: list[Any]) -> Any:
         """The argument ``forward`` sees, from its leaves (proxies while tracing)."""
@@ -64,6 +65,8 @@ class ArgLayout:
             return leaves[0]
         if self.kind == "typed":
             return TracedHetero(self.node_types, dict(zip(self.keys, leaves)))
+        if self.kind == "tuple":
+            return tuple(leaves)
         return dict(zip(self.keys, leaves))
 
 
@@ -82,6 +85,8 @@ def layout_of(name: str, value: Any) -> ArgLayout:
                     "type or relation), not nested containers; flatten it into one dict"
                 )
         return ArgLayout(name, "dict", tuple(value))
+    if isinstance(value, tuple):
+        return ArgLayout(name, "tuple", tuple(range(len(value))))
     return ArgLayout(name)
 
 

@@ -14,6 +14,7 @@ front-end                     library              layers
                                                    GATv2Conv, GraphConv, BatchNorm, and any
                                                    other MessagePassing layer it can trace
 ``frontends.pyg_edge_types``  ``torch_geometric``  RGCNConv, FastRGCNConv, RGATConv
+``frontends.pyg_hetero``      ``torch_geometric``  HeteroConv, to_hetero(_with_bases) models
 ``frontends.dgl``             ``dgl``              SAGEConv, GraphConv, GATConv,
                                                    EdgeWeightNorm, TypedLinear, and layers
                                                    written with update_all / apply_edges
@@ -29,7 +30,8 @@ __all__ = ["load_available"]
 
 # library module name -> the front-end modules that register its rules
 _FRONTENDS = {
-    "torch_geometric": ("sarcompile.frontends.pyg", "sarcompile.frontends.pyg_edge_types"),
+    "torch_geometric": ("sarcompile.frontends.pyg", "sarcompile.frontends.pyg_edge_types",
+                        "sarcompile.frontends.pyg_hetero"),
     "dgl": ("sarcompile.frontends.dgl",),
 }
 

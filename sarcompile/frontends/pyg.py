@@ -155,6 +155,20 @@ def _plain_call(x, layer: str, **unsupported):
     return x
 
 
+def _ends(x, layer: str) -> tuple:
+    """``(x_src, x_dst)``: a bipartite layer's two inputs (a relation between two node
+    types, as ``HeteroConv`` and ``to_hetero`` call it), or one tensor for both ends."""
+    if not isinstance(x, tuple):
+        return x, x
+    if len(x) != 2 or x[1] is None:
+        raise CompileError(
+            f"{layer} got {'(x_src, None)' if len(x) == 2 else f'a tuple of {len(x)}'} as node features; sarcompile "
+            "takes one tensor, or (x_src, x_dst) with the destination type's rows too (every destination row is "
+            "computed on its own worker, from its own features)"
+        )
+    return x
+
+
 @torch.fx.wrap
 def _one_node_set(value, graph, size, layer: str):
     """``value``, after checking at run time that ``size`` (PyG's ``(sources,
@@ -184,11 +198,12 @@ class _StandIn(nn.Module):
 class _SAGEConv(_StandIn):
     def forward(self, x, edge_index, size=None):
         m = self.layer
-        x = _plain_call(x, "SAGEConv", size=size)
-        src = m.lin(x).relu() if m.project else x
+        x_src, x_dst = _ends(x, "SAGEConv")
+        x_src = _plain_call(x_src, "SAGEConv", size=size)
+        src = m.lin(x_src).relu() if m.project else x_src
         out = m.lin_l(spmm(edge_index, src, _reduce(m.aggr)))
         if m.root_weight:
-            out = out + m.lin_r(x)
+            out = out + m.lin_r(x_dst)
         if m.normalize:
             out = F.normalize(out, p=2.0, dim=-1)
         return out
@@ -266,13 +281,14 @@ def _no_weight_for(reduce: str, x, edge_weight):
 class _GraphConv(_StandIn):
     def forward(self, x, edge_index, edge_weight=None, size=None):
         m = self.layer
-        x = _plain_call(x, "GraphConv", size=size)
+        x_src, x_dst = _ends(x, "GraphConv")
+        x_src = _plain_call(x_src, "GraphConv", size=size)
         reduce = _reduce(m.aggr)
         if reduce in ("max", "min"):
-            agg = spmm(edge_index, _no_weight_for(reduce, x, edge_weight), reduce)
+            agg = spmm(edge_index, _no_weight_for(reduce, x_src, edge_weight), reduce)
         else:
-            agg = spmm(edge_index, x, reduce, edge_weight=edge_weight)
-        return m.lin_rel(agg) + m.lin_root(x)
+            agg = spmm(edge_index, x_src, reduce, edge_weight=edge_weight)
+        return m.lin_rel(agg) + m.lin_root(x_dst)
 
 
 def _lower_graph_conv(m: gnn.GraphConv) -> nn.Module:
@@ -313,9 +329,9 @@ _FILLS = ("mean", "add", "sum", "max", "min", "amax", "amin", "mul")
 
 def _check_attention(m: nn.Module, base: type) -> None:
     _check_common(m, base, ("add", "sum"))
-    bipartite = m.lin is None if base is gnn.GATConv else not isinstance(m.in_channels, int)
-    if bipartite:
-        raise _refuse(m, "in_channels", m.in_channels, "give one int (bipartite layers are not supported yet)")
+    if base is gnn.GATv2Conv and not isinstance(m.in_channels, int):
+        raise _refuse(m, "in_channels", m.in_channels, "give one int (bipartite GATv2Conv is not supported yet; "
+                      "GATConv is)")
     if not 0.0 <= m.dropout < 1.0:
         raise _refuse(m, "dropout", m.dropout, "use a probability in [0, 1)")
     if m.edge_dim is not None and m.add_self_loops and isinstance(m.fill_value, str) and m.fill_value not in _FILLS:
@@ -337,7 +353,7 @@ class _Attention(_StandIn):
             e = replace_self_loops(edge_index, g, e, m.fill_value)  # PyG: remove, then add with fill_value
         return m.lin_edge(e).view(-1, m.heads, m.out_channels)
 
-    def _aggregate(self, g, score, h, x):
+    def _aggregate(self, g, score, h, x_dst):
         """Softmax of ``score`` [E, H] over in-edges, [dropout], weighted sum of ``h``
         [n, H, C]; then concat or mean of the heads, residual and bias as PyG."""
         m = self.layer
@@ -347,7 +363,7 @@ class _Attention(_StandIn):
         out = spmm(g, h, "sum", edge_weight=weight)
         out = out.reshape(-1, m.heads * m.out_channels) if m.concat else out.mean(dim=1)
         if m.res is not None:
-            out = out + m.res(x)
+            out = out + m.res(x_dst)
         if m.bias is not None:
             out = out + m.bias
         return out
@@ -357,17 +373,26 @@ class _GATConv(_Attention):
     def forward(self, x, edge_index, edge_attr=None, size=None, return_attention_weights=None):
         m = self.layer
         # Without edge_dim PyG ignores edge_attr: so does this.
-        x = _plain_call(x, "GATConv", size=size, return_attention_weights=return_attention_weights)
-        h = m.lin(x).view(-1, m.heads, m.out_channels)
+        x_src, x_dst = _ends(x, "GATConv")
+        if isinstance(x, tuple) and m.add_self_loops:
+            raise CompileError(
+                "GATConv(add_self_loops=True) got (x_src, x_dst): a relation between two node types has no node "
+                "joined to itself; build the layer with add_self_loops=False (to_hetero and PyG ask the same)"
+            )
+        x_src = _plain_call(x_src, "GATConv", size=size, return_attention_weights=return_attention_weights)
+        H, C = m.heads, m.out_channels
+        lin_src, lin_dst = (m.lin, m.lin) if m.lin is not None else (m.lin_src, m.lin_dst)
+        h = lin_src(x_src).view(-1, H, C)
+        h_dst = h if not isinstance(x, tuple) and lin_dst is lin_src else lin_dst(x_dst).view(-1, H, C)
         a_src = (h * m.att_src).sum(dim=-1)
-        a_dst = (h * m.att_dst).sum(dim=-1)
+        a_dst = (h_dst * m.att_dst).sum(dim=-1)
         g = edge_index.with_self_loops() if m.add_self_loops else edge_index
         # The chain the fuse pass turns into one attention op (no per-edge tensor kept
         # beyond the edge term, an input of the op).
         score = sddmm(g, a_src, a_dst, "add")
         if m.lin_edge is not None:
             score = score + (self._edge_messages(edge_index, g, edge_attr) * m.att_edge).sum(dim=-1)
-        return self._aggregate(g, F.leaky_relu(score, m.negative_slope), h, x)
+        return self._aggregate(g, F.leaky_relu(score, m.negative_slope), h, x_dst)
 
 
 class _GATv2Conv(_Attention):

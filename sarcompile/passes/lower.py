@@ -20,6 +20,7 @@ import torch.fx as fx
 from torch import nn
 
 from ..errors import CompileError, SarcompileError
+from ..leaves import ArgLayout, layout_of, leaves_of_call
 from ..lowering import lowering_for
 from ..trace import UNKNOWN, ShapeTracer, user_line
 
@@ -60,8 +61,13 @@ def _inline(gm: fx.GraphModule, node: fx.Node, module: nn.Module, lowered: nn.Mo
     # Optional inputs left out are constants, so the layer's `if edge_attr is not None` is decided now.
     constants = {k: None for k, v in bound.arguments.items() if v is None}
     params = list(bound.arguments.values())
+    layouts: tuple[ArgLayout, ...] = ()
+    if any(isinstance(v, tuple) and _nodes_in(v) for v in params):  # a bipartite layer's (x_src, x_dst)
+        layouts = tuple(layout_of(k, v) if isinstance(v, tuple) else ArgLayout(k)
+                        for k, v in bound.arguments.items() if v is not None)
+        params = leaves_of_call(layouts, bound.arguments)
     try:
-        body = ShapeTracer(_examples(params)).trace(lowered, concrete_args=constants or None)
+        body = ShapeTracer(_examples(params), layouts=layouts).trace(lowered, concrete_args=constants or None)
     except SarcompileError:
         raise
     except Exception as e:  # e.g. a TraceError: Python control flow on a row count or a value
