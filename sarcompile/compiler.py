@@ -49,7 +49,7 @@ from .passes.node_tables import node_tables
 from .passes.partition import partition
 from .passes.residency import GRAPH_NAMES, listing, residency
 from .passes.strategy import strategy
-from .plan import Plan, WorkerStats, build_plan, worker_stats
+from .plan import Plan, TypedWorkerStats, WorkerStats, build_plan, worker_stats
 from .probe import Input
 from .shard import ShardGraph
 from .tables import find_node_tables, shard_tables, table_input
@@ -244,6 +244,45 @@ def compile_program(model: nn.Module, options: CompileOptions, partitioned: bool
     return Program(gm, stages, order)
 
 
+def _example_features(source: Any) -> torch.Tensor | dict[str, torch.Tensor]:
+    """An example of a partition's features (``node_data["x"]``; per node type, those
+    that have one, in a typed partition): one row, of its dtype."""
+    if isinstance(source, (Graph, HeteroGraph)):
+        raise CompileError("plan(graph, num_parts, x=...): give an example input to size the rows")
+
+    def one_row(info: dict) -> torch.Tensor:
+        return torch.zeros((1, *info["shape"]), dtype=getattr(torch, info["dtype"]))
+
+    manifest = read_manifest(source)
+    if manifest.typed:
+        return {t: one_row(d["node_data"]["x"]) for t, d in manifest.node_types.items() if "x" in d["node_data"]}
+    info = manifest.node_data.get("x")
+    if info is None:
+        raise CompileError(f"partition {source!r} has no node_data['x']; pass x=... to plan()")
+    return one_row(info)
+
+
+def _typed_call(forward, workers: list[TypedWorkerStats], x: Any) -> CallShape:
+    """The call a model over a typed graph is planned for, before any call was made: the
+    graph (the first argument named as graphs are, PyG's ``edge_index_dict`` among them,
+    else the first) and ``x``, a dict of example features per node type, as the first
+    other argument. The graph stands for the whole one (its node counts find the node
+    tables), and each feature example has as many rows as its type has nodes (a broadcast
+    view: no memory)."""
+    if not isinstance(x, dict):
+        raise CompileError(f"a model over a typed graph is planned with a dict of example features per node type "
+                           f"(x={{'paper': ...}}), got {type(x).__name__}")
+    counts = workers[0].num_global_nodes
+    empty = torch.empty(0, dtype=torch.long)
+    graph = HeteroGraph.from_edges({rel: (empty, empty) for rel in workers[0].relations}, counts)
+    params = [n for n, p in inspect.signature(forward).parameters.items()
+              if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    where = next((i for i, n in enumerate(params) if n in GRAPH_NAMES or n == "edge_index_dict"), 0)
+    features = {t: v.detach()[:1].expand(counts[t], *v.shape[1:]) for t, v in x.items() if t in counts}
+    args = [graph if i == where else features for i in range(min(2, len(params)))]
+    return CallShape.of_call(forward, tuple(args), {}, where)
+
+
 def _find_graph(args: tuple, kwargs: dict) -> tuple[Graph | ShardGraph | HeteroGraph | HeteroShard, int | str]:
     """The graph argument, and its position (or keyword)."""
     for where, v in list(enumerate(args)) + list(kwargs.items()):
@@ -313,37 +352,38 @@ class DistributedModule(nn.Module):
 
     def plan(
         self,
-        source: str | os.PathLike | Graph,
+        source: str | os.PathLike | Graph | HeteroGraph,
         num_parts: int | None = None,
-        x: torch.Tensor | None = None,
-        method: str | torch.Tensor = "metis",
+        x: torch.Tensor | dict[str, torch.Tensor] | None = None,
+        method: str | torch.Tensor | dict = "metis",
         seed: int = 0,
         optimizer: Any = None,
     ) -> Plan:
         """The plan of this model on ``num_parts`` workers, without training (see
         :mod:`sarcompile.plan`). ``source`` is a partition directory, or a graph that is
         partitioned in memory into ``num_parts`` (``method`` and ``seed`` as for
-        :func:`sarcompile.partition`, or a tensor giving each node's part). ``x`` is an example
-        input (only its trailing shape and dtype matter, and whether it requires grad); by
-        default the partition's ``node_data["x"]``. ``optimizer`` (an instance, or "adam" /
-        "sgd") adds its state to the memory estimate. Plans the training program:
-        ``forward(graph, x)``.
+        :func:`sarcompile.partition`, or a tensor giving each node's part -- per node type,
+        a dict of them, for a typed graph). ``x`` is an example input (only its trailing
+        shape and dtype matter, and whether it requires grad); by default the partition's
+        ``node_data["x"]``. Over a typed graph, ``x`` is a dict of them per node type (by
+        default each type's ``node_data[type]["x"]``, types without one being featureless).
+        ``optimizer`` (an instance, or "adam" / "sgd") adds its state to the memory
+        estimate. Plans the training program: ``forward(graph, x)``.
         """
         workers = worker_stats(source, num_parts, method, seed)
         if x is None:
-            if isinstance(source, Graph):
-                raise CompileError("plan(graph, num_parts, x=...): give an example input to size the rows")
-            info = read_manifest(source).node_data.get("x")
-            if info is None:
-                raise CompileError(f"partition {source!r} has no node_data['x']; pass x=... to plan()")
-            x = torch.zeros((1, *info["shape"]), dtype=getattr(torch, info["dtype"]))
+            x = _example_features(source)
         return self.plan_for_workers(workers, x, optimizer)
 
-    def plan_for_workers(self, workers: list[WorkerStats], x: torch.Tensor, optimizer: Any = None) -> Plan:
-        """The plan for workers of the given shard sizes (real, or from a partition model)."""
+    def plan_for_workers(self, workers: list[WorkerStats] | list[TypedWorkerStats],
+                         x: torch.Tensor | dict[str, torch.Tensor], optimizer: Any = None) -> Plan:
+        """The plan for workers of the given sizes (real, or from a partition model)."""
         # Traced as the last call was made (where the graph is, which inputs are None);
         # before any call, as forward(g, x) with every optional input None.
-        call = self.__dict__.get("_last_call") or CallShape.default(self._orig.forward, x=x)
+        call = self.__dict__.get("_last_call")
+        typed = bool(workers) and isinstance(workers[0], TypedWorkerStats)
+        if call is None or typed != any(layout.kind == "typed" for layout in call.layouts):
+            call = _typed_call(self._orig.forward, workers, x) if typed else CallShape.default(self._orig.forward, x=x)
         program = self.program(partitioned=True, call=call)
         # The probe run must not advance dropout counters or other buffers of the model.
         buffers = {k: v.clone() for k, v in self._orig.named_buffers()}

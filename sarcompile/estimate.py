@@ -22,7 +22,8 @@ from typing import Any
 import torch
 
 from .graph import Graph
-from .plan import MemoryEstimate, Plan, WorkerStats, _size, _table
+from .hetero import HeteroGraph
+from .plan import MemoryEstimate, Plan, TypedWorkerStats, WorkerStats, _size, _table
 from .vocab import Mode
 
 __all__ = ["Estimate", "EstimateTable", "estimate", "model_workers"]
@@ -76,22 +77,26 @@ class EstimateTable:
         plt.close(fig)
 
 
-def model_workers(g: Graph, num_parts: int) -> list[WorkerStats]:
-    """Shard sizes of ``num_parts`` equal workers under the random-partition model."""
+def model_workers(g: Graph | HeteroGraph, num_parts: int) -> list[WorkerStats] | list[TypedWorkerStats]:
+    """Shard sizes of ``num_parts`` equal workers under the random-partition model; of a
+    typed graph, every node type split evenly and each relation modelled on its own (its
+    halo counts its source type's nodes)."""
+    if isinstance(g, HeteroGraph):
+        relations = {rel: model_workers(rg, num_parts) for rel, rg in g.items()}
+        nodes = {t: _share(g.num_nodes(t), num_parts) for t in g.node_types}
+        counts = {t: g.num_nodes(t) for t in g.node_types}
+        return [TypedWorkerStats(dict(nodes), {rel: ws[r] for rel, ws in relations.items()}, counts)
+                for r in range(num_parts)]
     n = num_parts
-    out_degree = torch.bincount(g.src, minlength=g.num_nodes).to(torch.float64)
+    out_degree = torch.bincount(g.src, minlength=g.num_src_nodes).to(torch.float64)
     halo = float((1.0 - (1.0 - 1.0 / n) ** out_degree).sum()) / n if n > 1 else 0.0
-    loops = int((g.src == g.dst).sum())
-
-    def share(total: int) -> int:
-        return -(-total // n)  # the largest worker's share
-
-    edges = share(g.num_edges)
+    loops = 0 if g.bipartite else int((g.src == g.dst).sum())
+    edges = _share(g.num_edges, n)
     return [
         WorkerStats(
-            share(g.num_nodes),
+            _share(g.num_nodes, n),
             edges,
-            share(loops),
+            _share(loops, n),
             [0 if q == r else round(halo) for q in range(n)],
             [-(-edges // n)] * n,  # a random partition spreads a node's in-edges evenly
         )
@@ -99,12 +104,16 @@ def model_workers(g: Graph, num_parts: int) -> list[WorkerStats]:
     ]
 
 
+def _share(total: int, num_parts: int) -> int:
+    return -(-total // num_parts)  # the largest worker's share
+
+
 def estimate(
     model: Any,
-    graph: Graph,
+    graph: Graph | HeteroGraph,
     num_parts: list[int] = (1, 2, 4, 8),
     modes: list[str] = Mode.values(),
-    x: torch.Tensor | None = None,
+    x: torch.Tensor | dict[str, torch.Tensor] | None = None,
     partitions: dict[int, str | os.PathLike] | None = None,
     optimizer: Any = None,
     show: bool = True,
@@ -112,8 +121,9 @@ def estimate(
     """Estimated per-worker peak for every worker count and mode; printed when ``show``.
 
     ``model`` is an ``nn.Module`` (or a distributed one); ``x`` an example input (trailing
-    shape and dtype). ``partitions`` maps worker counts to existing partition directories,
-    which make those rows exact.
+    shape and dtype; over a :class:`~sarcompile.hetero.HeteroGraph`, a dict of them per
+    node type with features). ``partitions`` maps worker counts to existing partition
+    directories, which make those rows exact.
     """
     from .compiler import DistributedModule, distribute
 

@@ -45,7 +45,8 @@ from .validate import check_node_data
 # default imbalance is 3% of the node count).
 BALANCE_SLACK = 0.05
 
-__all__ = ["balance_types", "assign_typed", "partition_typed", "load_typed", "load_whole_typed", "typed_graph_sha256"]
+__all__ = ["balance_types", "assign_typed", "partition_typed", "load_typed", "load_whole_typed", "read_typed",
+           "typed_graph_sha256"]
 
 
 def assign_typed(
@@ -205,20 +206,23 @@ def _without_nodes(part: PartData) -> dict:
 
 
 def _info(g: HeteroGraph, relations: dict, ids: dict, r: int, num_parts: int) -> Callable[[int], PartInfo]:
-    block_edges = [0] * num_parts
-    loops = 0
+    """Part ``r``'s manifest entry: its sizes per type and per relation (what a plan needs),
+    and their sums."""
+    sizes = {}
     for rel, parts in relations.items():
-        for q, count in enumerate(torch.bincount(parts[r].edge_src_part, minlength=num_parts).tolist()):
-            block_edges[q] += count
-        if not g[rel].bipartite:
-            loops += part_self_loops(parts[r], r)
+        sizes[relation_key(rel)] = {
+            "num_edges": parts[r].edge_ids.numel(),
+            "self_loops": 0 if g[rel].bipartite else part_self_loops(parts[r], r),
+            "block_edges": torch.bincount(parts[r].edge_src_part, minlength=num_parts).tolist(),
+        }
     return lambda rank: PartInfo(
         file="", sha256="", bytes=0,
         num_nodes=sum(ids[t][r].numel() for t in g.node_types),
-        num_edges=sum(parts[r].edge_ids.numel() for parts in relations.values()),
-        self_loops=loops,
-        block_edges=block_edges,
+        num_edges=sum(s["num_edges"] for s in sizes.values()),
+        self_loops=sum(s["self_loops"] for s in sizes.values()),
+        block_edges=[sum(s["block_edges"][q] for s in sizes.values()) for q in range(num_parts)],
         type_nodes={t: ids[t][r].numel() for t in g.node_types},
+        relations=sizes,
     )
 
 
@@ -240,7 +244,7 @@ def typed_graph_sha256(g: HeteroGraph, node_data: dict[str, dict[str, torch.Tens
 
 
 # -- reading ---------------------------------------------------------------------------------
-def _read_typed(out_dir: str | os.PathLike, manifest: Manifest, rank: int) -> tuple[Path, dict, dict]:
+def read_typed(out_dir: str | os.PathLike, manifest: Manifest, rank: int) -> tuple[Path, dict, dict]:
     """(path, saved dict, relations as PartData by triple), checked against the manifest."""
     path, saved = read_part_file(out_dir, manifest, rank)
     if set(saved) != {"global_ids", "node_data", "relations"}:
@@ -262,7 +266,7 @@ def _read_typed(out_dir: str | os.PathLike, manifest: Manifest, rank: int) -> tu
 
 def load_typed(out_dir: str | os.PathLike, manifest: Manifest, rank: int, allow_nonfinite: bool) -> Partition:
     """Worker ``rank``'s share of a typed partition (see :func:`sarcompile.load_partition`)."""
-    path, saved, parts = _read_typed(out_dir, manifest, rank)
+    path, saved, parts = read_typed(out_dir, manifest, rank)
     ids = saved["global_ids"]
     for ntype, tensors in saved["node_data"].items():
         check_node_data(
@@ -291,7 +295,7 @@ def load_whole_typed(out_dir: str | os.PathLike, manifest: Manifest) -> tuple[He
              for k, info in manifest.edge_types.items()}
     node_data: dict[str, dict[str, torch.Tensor]] = {t: {} for t in counts}
     for r in range(manifest.num_parts):
-        _, saved, parts = _read_typed(out_dir, manifest, r)
+        _, saved, parts = read_typed(out_dir, manifest, r)
         for rel, part in parts.items():
             src, dst = edges[rel]
             src[part.edge_ids] = part.edge_src_gid

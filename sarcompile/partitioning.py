@@ -187,6 +187,8 @@ class PartInfo:
     self_loops: int | None = None  # edges u -> u among its in-edges
     block_edges: list[int] | None = None  # of its in-edges, how many come from each part
     type_nodes: dict[str, int] | None = None  # a typed partition's nodes per type
+    # ... and per relation key its in-edges here, their self-loops and block_edges (as above)
+    relations: dict[str, dict[str, Any]] | None = None
 
 
 @dataclass

@@ -20,23 +20,21 @@ counters; the workspace of the kernels is a documented approximation.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.fx as fx
 
-from .errors import CompileError
-from .graph import Graph, probe_graph
 from .opdef import AllReduce, Halo, OpDef, Push, Temporaries, definition
 from .runtime.comm import offline
 from .runtime.link import Wire
-from .shard import DERIVED_GRAPHS, ShardGraph, split_graph
-from .vocab import Exchange, Strategy
+from .plan_probe import probe_for
+from .sizes import TypedWorkerStats, WorkerStats, worker_stats
+from .vocab import Strategy
 
-__all__ = ["OpPlan", "Plan", "Kernel", "MemoryEstimate", "WorkerStats", "worker_stats", "build_plan"]
+__all__ = ["OpPlan", "Plan", "Kernel", "NodeTable", "MemoryEstimate", "WorkerStats", "TypedWorkerStats", "worker_stats",
+           "build_plan"]
 
 
 @dataclass
@@ -55,6 +53,7 @@ class OpPlan:
     saved: str = ""  # what the op keeps for backward
     comm: str = ""  # opt-in reduction (compression, staleness), "" for exact
     rows: str = ""  # residency: of its row inputs -> of its result, e.g. "node -> edge"
+    relation: tuple[str, str, str] | None = None  # on a typed graph, the relation it aggregates over
 
 
 @dataclass
@@ -69,21 +68,14 @@ class Kernel:
 
 
 @dataclass
-class WorkerStats:
-    """The sizes of one worker's shard that its memory depends on."""
+class NodeTable:
+    """A learnable table with one row per node of a type (see :mod:`sarcompile.tables`):
+    each worker holds, updates and keeps the gradient of its own rows only."""
 
-    nodes: int
-    edges: int  # in-edges of its nodes
-    self_loops: int
-    halo: list[int]  # rows received from each worker per aggregation (0 for itself)
-    block_edges: list[int]  # of its in-edges, how many come from each worker's nodes
-    node_data_bytes: int = 0  # the node tensors its part file holds (features, labels, masks)
-
-    def largest_block(self, rank: int) -> int:
-        """Edges of its largest block, counting the local one as it is once self-loops
-        are replaced by one per node (as GCN and GAT do), whichever is larger."""
-        local = self.block_edges[rank] - self.self_loops + self.nodes
-        return max(max(self.block_edges, default=0), local)
+    path: str  # the parameter's name in the model
+    node_type: str
+    row_bytes: int
+    worker_bytes: list[int]  # the rows each worker holds (parameter only)
 
 
 @dataclass
@@ -108,6 +100,7 @@ class Plan:
     estimates: list[MemoryEstimate] = field(default_factory=list)
     kernels: list[Kernel] = field(default_factory=list)  # generated kernels, per op and role
     warnings: list[str] = field(default_factory=list)  # e.g. stale or compressed attention
+    tables: list[NodeTable] = field(default_factory=list)  # node tables held per worker (typed graphs)
 
     def memory_estimate(self) -> list[MemoryEstimate]:
         """Per worker: ``peak_bytes`` and a ``breakdown`` into node_data (the part's
@@ -140,13 +133,16 @@ class Plan:
 
     def __str__(self) -> str:
         head = f"plan of {self.model}: mode={self.mode}, {self.num_parts} workers"
-        header = ("#", "layer", "op", "rows", "strategy", "round (max)", "fwd recv (max)", "bwd recv (max)",
-                  "saved for backward")
+        # Over a typed graph, which relation each op aggregates over; a one-type plan reads as it always did.
+        typed = bool(self.workers) and isinstance(self.workers[0], TypedWorkerStats)
+        header = ("#", "layer", "op", *(("relation",) if typed else ()), "rows", "strategy", "round (max)",
+                  "fwd recv (max)", "bwd recv (max)", "saved for backward")
         rows = [
             (
                 str(i),
                 op.layer or "-",
                 op.op,
+                *((_relation_name(op.relation),) if typed else ()),
                 op.rows,
                 f"{op.strategy} ({op.comm})" if op.comm else op.strategy,
                 _size(max(op.round_bytes, default=0)),
@@ -170,9 +166,31 @@ class Plan:
         warned = ["warnings:", *(f"  {w}" for w in self.warnings)] if self.warnings else []
         return "\n".join(
             [head, *_table(header, rows), *warned, "why:", *why, "received per step:", *per_worker,
-             "estimated memory per worker:", *("  " + line for line in memory),
+             *(self._typed_lines() if typed else ()), "estimated memory per worker:", *("  " + line for line in memory),
              "generated kernels on CUDA (sources: plan.kernels, sarcompile plan --show-kernels):", *kernels]
         )
+
+    def _typed_lines(self) -> list[str]:
+        """Rows of each node type and the sizes of each relation per worker (smallest to
+        largest worker), and the node tables each worker holds its rows of."""
+        types = list(self.workers[0].nodes)
+        relations = list(self.workers[0].relations)
+
+        def spread(values: list[int]) -> str:
+            return f"{min(values)}" if min(values) == max(values) else f"{min(values)}..{max(values)}"
+
+        lines = ["node types per worker:", *("  " + line for line in _table(
+            ("type", "rows"), [(t, spread([w.nodes[t] for w in self.workers])) for t in types]))]
+        lines += ["relations per worker:", *("  " + line for line in _table(
+            ("relation", "edges", "halo rows"),
+            [(_relation_name(rel), spread([w.relations[rel].edges for w in self.workers]),
+              spread([sum(w.relations[rel].halo) for w in self.workers])) for rel in relations]))]
+        if self.tables:
+            lines += ["node tables (each worker holds its own rows; never all-reduced):", *("  " + line for line in _table(
+                ("table", "type", "row", "per worker"),
+                [(t.path, t.node_type, _size(t.row_bytes), f"{_size(min(t.worker_bytes))}..{_size(max(t.worker_bytes))}")
+                 for t in self.tables]))]
+        return lines
 
     def kernel_sources(self) -> str:
         """Every generated kernel once, with the ops that use it, then its source."""
@@ -197,6 +215,10 @@ class Plan:
         return "\n".join(lines)
 
 
+def _relation_name(rel: tuple[str, str, str] | None) -> str:
+    return "-" if rel is None else f"{rel[0]} -{rel[1]}-> {rel[2]}"
+
+
 def _size(n: int) -> str:
     if n == 0:
         return "0"
@@ -209,49 +231,6 @@ def _size(n: int) -> str:
 def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
     widths = [max(len(c) for c in col) for col in zip(header, *rows)]
     return ["  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in (header, *rows)]
-
-
-def worker_stats(
-    source: Any, num_parts: int | None = None, method: str | torch.Tensor = "metis", seed: int = 0
-) -> list[WorkerStats]:
-    """Shard sizes from a partition directory, or from partitioning a graph in memory with
-    ``method`` (a partition method, or an explicit part-per-node tensor)."""
-    from .partitioning import assign, part_self_loops, read_manifest, read_part
-
-    if isinstance(source, Graph):
-        if num_parts is None:
-            raise CompileError("plan(graph, num_parts=N): give the number of workers to plan for")
-        assignment = method if isinstance(method, torch.Tensor) else assign(source, num_parts, method, seed)
-        parts = split_graph(source, assignment, num_parts)
-    else:
-        manifest = read_manifest(Path(source))
-        if manifest.typed:
-            raise CompileError(
-                f"partition '{source}' is of a heterogeneous graph (node types {list(manifest.node_types)}); plans "
-                "and memory estimates cover one-type graphs only for now"
-            )
-        if all(p.block_edges is not None for p in manifest.parts):  # every worker plans: read no part file
-            return _stats_from_manifest(manifest)
-        num_parts = manifest.num_parts
-        parts = [read_part(source, manifest, r) for r in range(num_parts)]
-    stats = []
-    for r, part in enumerate(parts):
-        halo = [len(parts[q].send_index[r]) for q in range(num_parts)]
-        blocks = torch.bincount(part.edge_src_part, minlength=num_parts).tolist()
-        data = sum(t.numel() * t.element_size() for t in part.node_data.values())
-        stats.append(WorkerStats(part.global_ids.numel(), part.edge_ids.numel(), part_self_loops(part, r), halo,
-                                 blocks, data))
-    return stats
-
-
-def _stats_from_manifest(manifest) -> list[WorkerStats]:
-    row_bytes = sum(math.prod(d["shape"]) * torch.empty(0, dtype=getattr(torch, d["dtype"])).element_size()
-                    for d in manifest.node_data.values())
-    return [
-        WorkerStats(p.num_nodes, p.num_edges, p.self_loops, list(manifest.halo_sizes[r]), list(p.block_edges),
-                    p.num_nodes * row_bytes)
-        for r, p in enumerate(manifest.parts)
-    ]
 
 
 class _Probe(fx.Interpreter):
@@ -271,8 +250,10 @@ class _Probe(fx.Interpreter):
             self.seen[n.name] = {**op.bind(args, kwargs), "result": result}
         return result
 
-    def run_and_record(self, *args: Any) -> None:
-        params = {p.untyped_storage().data_ptr() for p in self.module.parameters()}
+    def run_and_record(self, args: list[Any], parameters: list[torch.Tensor]) -> None:
+        """Run on ``args``; ``parameters``: inputs that stand for parameters (node tables),
+        which a saved tensor does not count as an activation, as the module's own."""
+        params = {p.untyped_storage().data_ptr() for p in [*self.module.parameters(), *parameters]}
 
         def pack(t: torch.Tensor) -> torch.Tensor:
             storage = t.untyped_storage()
@@ -284,10 +265,6 @@ class _Probe(fx.Interpreter):
             self.run(*args)
 
 
-# The probe graph: 101 nodes, 300 edges between distinct nodes and 7 self-loops, so that
-# node counts and the edge counts of every graph variant are distinct numbers.
-_PROBE_NODES, _PROBE_EDGES, _PROBE_LOOPS = 101, 307, 7
-
 # The libraries' code a training step runs for the first time (libtorch's sparse, scatter
 # and autograd paths, gloo) is paged in from disk and counts in the resident size like data:
 # 11-14 MiB per process with torch 2.13 on CPU, whatever the graph or the number of workers
@@ -296,15 +273,10 @@ _PROBE_NODES, _PROBE_EDGES, _PROBE_LOOPS = 101, 307, 7
 KERNEL_CODE_BYTES = 12 * 2**20
 
 
-def _scale_saved(saved: dict[int, tuple[int, tuple[int, ...]]], w: WorkerStats) -> int:
-    """Bytes the probe's saved tensors take on worker ``w``: each scales with the size
-    (nodes, or the edges of one graph variant) that one of its dims equals."""
-    sizes = {
-        _PROBE_NODES: w.nodes,
-        _PROBE_EDGES: w.edges,
-        _PROBE_EDGES - _PROBE_LOOPS: w.edges - w.self_loops,
-        _PROBE_EDGES - _PROBE_LOOPS + _PROBE_NODES: w.edges - w.self_loops + w.nodes,
-    }
+def _scale_saved(saved: dict[int, tuple[int, tuple[int, ...]]], sizes: dict[int, int]) -> int:
+    """Bytes the probe's saved tensors take on a worker: each scales with the size (rows
+    of a node type, or the edges of one graph variant) that one of its dims equals;
+    ``sizes`` maps the probe's sizes to the worker's."""
     total = 0
     for nbytes, shape in saved.values():
         dim = next((d for d in shape if d in sizes), None)
@@ -350,6 +322,7 @@ class _Exchange:
     backward: tuple[bool, bool]
     row_bytes: int
     temporaries: Temporaries
+    stats: list[WorkerStats]  # per worker, the sizes of the graph the op aggregates over
 
 
 def _round_peak(blocks: list[int], sends: list[int], fetch: bool, push: bool) -> int:
@@ -393,16 +366,18 @@ def build_plan(
     mode: str,
     gm: fx.GraphModule,
     stages,
-    workers: list[WorkerStats],
-    x: torch.Tensor,
+    workers: list[WorkerStats] | list[TypedWorkerStats],
+    x: torch.Tensor | dict[str, torch.Tensor] | None,
     optimizer: Any = None,
 ) -> Plan:
-    """The plan of the partitioned program ``gm`` for workers of the given sizes."""
+    """The plan of the partitioned program ``gm`` for workers of the given sizes; ``x``
+    the example features (per node type, for a program over a typed graph)."""
     probe = _Probe(gm)
-    shard = ShardGraph.single(probe_graph(_PROBE_NODES, _PROBE_EDGES, _PROBE_LOOPS))
-    x_probe = x.new_zeros((shard.num_nodes, *x.shape[1:])).requires_grad_(x.requires_grad)
+    shape = probe_for(gm, x)
+    args = shape.inputs()
+    tables = [a for a, n in zip(args, (n for n in gm.graph.nodes if n.op == "placeholder")) if "table" in n.meta]
     with offline():  # the probe runs on this process alone
-        probe.run_and_record(*_probe_inputs(gm, shard, x_probe))
+        probe.run_and_record(args, tables)
     n = len(workers)
     ops, comm = [], []
     link_cache = [0] * n  # stale or pipelined sites keep their remote blocks across iterations
@@ -418,32 +393,36 @@ def build_plan(
         if isinstance(op.exchange, AllReduce):  # a collective, no halo
             forward, backward = op.exchange.bytes(args)
             row.forward_bytes, row.backward_bytes, row.reason = [forward] * n, [backward] * n, "a reduction over all workers' rows"
-        elif isinstance(op.exchange, Halo):
-            comm.append(_halo_traffic(row, node, op, args, workers, link_cache))
+            continue
+        if op.exchange is None:
+            row.saved = "no remote rows"
+            continue
+        row.relation = shape.relation(node)
+        if isinstance(op.exchange, Halo):
+            comm.append(_halo_traffic(row, node, op, args, shape.stats(node, workers), link_cache))
             row.saved += "; remote blocks kept" if strategy.keeps_blocks else "; no remote rows"
         elif isinstance(op.exchange, Push):
-            comm.append(_push_traffic(row, op, args, workers))
-        else:
-            row.saved = "no remote rows"
+            comm.append(_push_traffic(row, op, args, shape.stats(node, workers)))
 
     params = sum(p.numel() * p.element_size() for p in gm.parameters())
-    derived = {n.target for n in gm.graph.nodes if n.op == "call_method" and n.target in DERIVED_GRAPHS}
+    factor = _optimizer_factor(optimizer)
     estimates = []
     for r, w in enumerate(workers):
         remote = _remote_peak(comm, r, buffers=False)
         breakdown = {
-            # planned without a partition's files: the features alone
-            "node_data": w.node_data_bytes or w.nodes * math.prod(x.shape[1:]) * x.element_size(),
-            "graph": _graph_bytes(w, r, derived),
+            "node_data": shape.node_data_bytes(w),
+            "graph": shape.graph_bytes(w, r),
             "parameters": params,
             "gradients": params,
-            "optimizer": params * _optimizer_factor(optimizer),
-            "saved_activations": _scale_saved(probe.saved, w),
+            "optimizer": params * factor,
+            "saved_activations": _scale_saved(probe.saved, shape.sizes(w)),
             "remote_blocks": remote,
             "exchange_buffers": _remote_peak(comm, r, buffers=True) - remote,
-            "workspace": _workspace(w, comm, r),
+            "workspace": _workspace(comm, r),
             "kernel_code": KERNEL_CODE_BYTES,
         }
+        if shape.tables:  # a worker's rows of each, their gradients and optimizer state
+            breakdown["node_tables"] = shape.table_bytes(w) * (2 + factor)
         if any(link_cache):
             breakdown["link_cache"] = link_cache[r]
         estimates.append(MemoryEstimate(r, sum(breakdown.values()), breakdown))
@@ -454,46 +433,9 @@ def build_plan(
         for role, spec in definition(node).kernels(probe.seen[node.name])
     ]
     warned = [node.meta["comm_warning"] for node in gm.graph.nodes if "comm_warning" in node.meta]
-    return Plan(model_name, mode, n, workers, ops, list(stages), estimates, kernels, warned)
-
-
-def _probe_inputs(gm: fx.GraphModule, shard, x: torch.Tensor) -> list[Any]:
-    """The probe's arguments in the program's order: the graph where the program takes it
-    (``forward(g, x)``, or PyG's ``forward(x, edge_index)``), ``x`` for the first other
-    input, defaults for optional ones."""
-    graph = _graph_placeholder(gm)
-    inputs, x_given = [], False
-    for node in gm.graph.nodes:
-        if node.op != "placeholder":
-            continue
-        if node is graph:
-            inputs.append(shard)
-        elif not x_given:
-            inputs.append(x)
-            x_given = True
-        elif node.args:  # an optional input: its default
-            inputs.append(node.args[0])
-        else:
-            raise CompileError(
-                f"plan() runs the model on an example shard with a graph and node features only, but its forward "
-                f"also needs {node.target!r}; give it a default (e.g. None) or plan a model without it"
-            )
-    return inputs
-
-
-def _graph_placeholder(gm: fx.GraphModule) -> fx.Node | None:
-    """The input the IR ops' graph argument comes from (directly, or through graph methods
-    such as ``with_self_loops()``)."""
-    for node in gm.graph.nodes:
-        op = node.meta.get("ir_op")
-        if op is None or op.kind is not Exchange.HALO:
-            continue
-        g = node.args[0]
-        while isinstance(g, fx.Node) and g.op != "placeholder" and g.args:
-            g = g.args[0]
-        if isinstance(g, fx.Node) and g.op == "placeholder":
-            return g
-    return None
+    tables = [NodeTable(path, ntype, row, [w.nodes.get(ntype, 0) * row for w in workers])
+              for path, ntype, row in shape.tables]
+    return Plan(model_name, mode, n, workers, ops, list(stages), estimates, kernels, warned, tables)
 
 
 def _layer(node: fx.Node) -> str:
@@ -533,7 +475,7 @@ def _halo_traffic(row: OpPlan, node: fx.Node, op: OpDef, args: dict[str, Any], w
     row.backward_bytes = [(sent_rows[r] if pushes else 0) + (recv[r] if refetch else 0) for r in range(n)]
     row.round_bytes = [max(b, default=0) for b in blocks]
     return _Exchange(blocks, sends, strategy.keeps_blocks, (True, False), (refetch, pushes), width,
-                     op.temporaries(args, width))
+                     op.temporaries(args, width), workers)
 
 
 def _round_bytes(workers: list[WorkerStats], width: int) -> tuple[list[list[int]], list[list[int]]]:
@@ -558,37 +500,17 @@ def _push_traffic(row: OpPlan, op: OpDef, args: dict[str, Any], workers: list[Wo
     row.round_bytes = [max(b, default=0) for b in blocks]
     row.reason = "partial results for other workers' rows go to their owners"
     # Forward sends partial results for the halo rows (a push); backward fetches them.
-    return _Exchange(blocks, sends, False, (False, True), (True, False), width, op.temporaries(args, width))
+    return _Exchange(blocks, sends, False, (False, True), (True, False), width, op.temporaries(args, width), workers)
 
 
-def _graph_bytes(w: WorkerStats, r: int, derived: set[str]) -> int:
-    """The shard's index tensors once a training step has built them all: node and edge
-    ids, the rows it sends and the remote source ids (int64); per block the CSR (indptr,
-    source rows) and the transpose (permutation, rows, indptr), int32 as graph.Block
-    keeps them; and the destination of every edge (int64). The destinations are kept
-    only by kernels that gather by them across a whole block (max, messages); sum and
-    mean products, and attention (one row range at a time), make none to keep, so for
-    those this is 8 bytes per edge high.
-    A derived graph (with self-loops, say) shares the remote blocks and adds a local block
-    with one self-loop per node, and its own edge ids."""
-    blocks, halo = len(w.block_edges), sum(w.halo)
-    sent = halo  # the rows peers read from us: about as many as we read from them
-    wide = w.nodes + w.edges + sent + halo + w.edges
-    narrow = blocks * (w.nodes + 1) + 3 * w.edges + (w.nodes + halo + blocks)
-    local = w.block_edges[r] - w.self_loops + w.nodes if w.block_edges else w.nodes
-    wide_extra, narrow_extra = local + (w.edges - w.self_loops + w.nodes), 2 * (w.nodes + 1) + 3 * local
-    return 8 * (wide + len(derived) * wide_extra) + 4 * (narrow + len(derived) * narrow_extra)
-
-
-def _workspace(w: WorkerStats, comm: list[_Exchange], r: int) -> int:
-    """Temporaries of the most demanding op -- an approximation: node-row gradient
-    buffers, per-edge temporaries of the worker's largest block (kernels run one block at
-    a time) and bounded per-edge chunks.
+def _workspace(comm: list[_Exchange], r: int) -> int:
+    """Temporaries of the most demanding op at worker ``r`` -- an approximation: node-row
+    gradient buffers, per-edge temporaries of the largest block of the op's graph (kernels
+    run one block at a time) and bounded per-edge chunks.
 
     Gradients on their way back to their owners are remote bytes (:func:`_round_peak`)."""
-    edges = w.largest_block(r)
     return max(
-        (e.temporaries.node_rows * w.nodes * e.row_bytes + edges * e.temporaries.edge_bytes
+        (e.temporaries.node_rows * e.stats[r].nodes * e.row_bytes + e.stats[r].largest_block(r) * e.temporaries.edge_bytes
          + e.temporaries.chunk_bytes for e in comm),
         default=0,
     )

@@ -11,6 +11,8 @@ the destination type's, the fused ``attention`` with source and destination scor
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from hypothesis import strategies as st
 from torch import nn
@@ -111,15 +113,17 @@ def inputs(g: sc.HeteroGraph, seed: int, f_in: int = 4) -> dict:
     }
 
 
-def step(model: RelationNet, g, data: dict, ids: dict | None) -> dict:
-    """Forward, a loss weighted per row, backward: the rows of ``ids`` (all when None)."""
+def step(model: RelationNet, g, data: dict, ids: dict | None, around=contextlib.nullcontext) -> dict:
+    """Forward (inside the context ``around()``), a loss weighted per row, backward: the
+    rows of ``ids`` (all when None)."""
     pick = (lambda t, v: v) if ids is None else (lambda t, v: v[ids[t]])
     x = {t: pick(t, v).clone().requires_grad_() for t, v in data["x"].items()}
     if ids is None:
         weights = data["edge_weight"]
     else:  # a relation's edge tensors on a shard are in shard order: edge_ids names them
         weights = {relation_key(r): data["edge_weight"][relation_key(r)][rg.edge_ids] for r, rg in g.items()}
-    out = model(g, x, weights)
+    with around():
+        out = model(g, x, weights)
     loss = sum((out[t] * pick(t, data["loss"][t])).sum() for t in out)
     model.zero_grad()
     loss.backward()
@@ -135,6 +139,27 @@ def step(model: RelationNet, g, data: dict, ids: dict | None) -> dict:
     }
 
 
+def counted_step(model, g, data: dict, ids: dict) -> dict:
+    """:func:`step` on a worker, with what the plan predicts counted as the runtime sees it:
+    bytes received per phase, bytes autograd keeps for backward in the forward pass
+    (parameters and node tables aside, by storage) and the most remote bytes alive at once."""
+    from sarcompile.runtime import comm
+
+    comm.stats.reset()
+    comm.live.reset_peak()
+    kept: dict[int, int] = {}
+
+    def pack(t):
+        # (asked each time: the first call shards the node tables, giving them new storage)
+        if t.untyped_storage().data_ptr() not in {p.untyped_storage().data_ptr() for p in model.parameters()}:
+            kept[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    result = step(model, g, data, ids, around=lambda: torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t))
+    return {**result, "received": comm.stats.as_dict()["received"], "saved_bytes": sum(kept.values()),
+            "peak_block_bytes": comm.live.peak_bytes}
+
+
 def run_worker(rank: int, world_size: int, payload: dict) -> dict:
     """One worker: load its part of the typed partition and take one step (with the model
     compiled when ``payload["compiled"]``)."""
@@ -145,6 +170,7 @@ def run_worker(rank: int, world_size: int, payload: dict) -> dict:
     model.load_state_dict(payload["state"])
     if payload.get("compiled"):  # the same model, compiled: the program over its relations
         model = sc.distribute(model)
-    result = step(model, part.graph, payload["data"], part.global_ids)
+    run = counted_step if payload.get("count") else step
+    result = run(model, part.graph, payload["data"], part.global_ids)
     result["ids"] = part.global_ids
     return result

@@ -63,3 +63,38 @@ def test_estimate_table_rows_and_exact_rows(tmp_path, capsys):
 def test_estimate_needs_an_example_input():
     with pytest.raises(ValueError, match="example input"):
         sc.estimate(MixModel(), _graph(n=50, e=100), num_parts=[2], show=False)
+
+
+def test_typed_estimates_model_each_relation_and_node_tables(tmp_path):
+    """A typed graph: each relation's halo under the model is its source type's, as a real
+    random partition gives it; the estimate counts a worker's share of the node tables
+    and falls with the worker count; a real partition's row is its plan's."""
+    from sarcompile.synthetic import mag_like
+
+    # (2001 authors: a worker's share rounds up, and the tables are still found by the true count)
+    g = mag_like(num_papers=1500, num_authors=2001, num_institutions=60, num_fields=120, seed=0).graph
+    for rel in (("author", "writes", "paper"), ("paper", "cites", "paper")):
+        modelled = model_workers(g, 4)[0].relations[rel]
+        real = worker_stats(g, 4, method="random", seed=1)
+        mean_halo = sum(sum(w.relations[rel].halo) for w in real) / 12
+        assert modelled.halo[1] == pytest.approx(mean_halo, rel=0.05), rel
+
+    class Tables(torch.nn.Module):  # featureless authors, a table of 16 per author
+        def __init__(self):
+            super().__init__()
+            self.emb = torch.nn.ModuleDict({"author": torch.nn.Embedding(g.num_nodes("author"), 16)})
+            self.lin = torch.nn.Linear(16, 8)
+
+        def forward(self, g, x):
+            return {"paper": self.lin(sc.spmm(g["writes"], self.emb["author"].weight, "mean")) + x["paper"][:, :8]}
+
+    x = {"paper": torch.zeros(1, 8)}
+    sc.partition(g, 2, tmp_path, node_data={"paper": {"x": torch.zeros(g.num_nodes("paper"), 8)}}, method="random")
+    table = sc.estimate(Tables(), g, num_parts=[1, 2, 4], modes=["sar"], x=x, partitions={2: tmp_path}, show=False)
+    peaks = [table.peak(n, "sar") for n in (1, 2, 4)]
+    assert peaks == sorted(peaks, reverse=True)
+    one = max(table.rows, key=lambda r: r.peak_bytes).worst.breakdown
+    assert one["node_tables"] == g.num_nodes("author") * 16 * 4 * 2  # all rows on one worker, and their gradient
+    assert one["parameters"] == (16 * 8 + 8) * 4  # the table is not a replicated parameter
+    plan = sc.distribute(Tables()).plan(tmp_path)
+    assert table.peak(2, "sar") == max(e.peak_bytes for e in plan.memory_estimate())

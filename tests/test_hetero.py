@@ -312,15 +312,61 @@ def test_a_compiled_program_takes_dicts_and_relations_and_names_every_type():
     assert "sarcompile_ops_spmm(g__author__writes__paper, x__author, 'mean')  # node 'paper'" in listing
 
 
-def test_plans_of_typed_partitions_are_refused_not_guessed(tmp_path):
-    sc.partition(small(), 2, tmp_path, node_data={"paper": {"x": torch.randn(4, 3)}})
+@given(case=typed_graphs(), data=st.data())
+@settings(SETTINGS, max_examples=6)
+def test_typed_plans_equal_the_runtime_counters(pool, tmp_path_factory, case, data):
+    """The plan of a typed model prices each op on its relation: bytes received per phase,
+    saved activations and remote blocks alive at once are what the runtime counts, node
+    tables included (as parameters, each worker's own rows)."""
+    g, seed = case
+    world = data.draw(st.integers(1, 3))
+    featureless = tuple(t for t in g.node_types if g.num_nodes(t) and data.draw(st.booleans()))
+    out_dir = tmp_path_factory.mktemp("typed_plan")
+    batch = inputs(g, seed)
+    batch["x"] = {t: v for t, v in batch["x"].items() if t not in featureless}
+    sc.partition(g, world, out_dir, node_data={t: {"x": v} for t, v in batch["x"].items()},
+                 method=data.draw(st.sampled_from(["metis", "random"])), seed=seed)
+    torch.manual_seed(seed)
+    model = TableNet(g, featureless).double()
+    compiled = sc.distribute(model)
+    step(compiled, g, batch, None)  # one machine first: the plan is of this call's shape (edge weights given)
+    plan = compiled.plan(out_dir, x={t: v.detach().requires_grad_() for t, v in batch["x"].items()})
+    payload = {"dir": str(out_dir), "graph": g, "state": model.state_dict(), "data": batch, "compiled": True,
+               "featureless": featureless, "count": True}
+    results = pool(world).run(run_worker, [payload] * world)
+    for rank, r in enumerate(results):
+        assert plan.forward_bytes(rank) == r["received"].get("forward", 0), rank
+        assert plan.backward_bytes(rank) == r["received"].get("backward", 0), rank
+        memory = plan.memory_estimate()[rank].breakdown
+        assert memory["saved_activations"] == r["saved_bytes"], rank
+        assert memory["remote_blocks"] == r["peak_block_bytes"], rank
+        table_rows = sum(r["ids"][t].numel() for t in featureless) * 4 * 8  # f_in float64 values per row
+        assert memory.get("node_tables", 0) == table_rows * 2, rank  # the rows and their gradient (no optimizer)
+    assert {op.relation for op in plan.ops} <= set(g.edge_types)
+    text = str(plan)
+    assert "relations per worker:" in text and all(f"{s} -{n}-> {d}" in text for s, n, d in g.edge_types)
 
-    class One(torch.nn.Module):
+
+def test_a_typed_plan_reads_only_the_manifest(tmp_path):
+    g = small()
+    sc.partition(g, 2, tmp_path, node_data={"paper": {"x": torch.randn(4, 3)}})
+    for part in tmp_path.glob("part-*.pt"):
+        part.write_bytes(b"damaged")  # a plan that read one would fail its checksum
+
+    class PerRelation(torch.nn.Module):
         def forward(self, g, x):
-            return sc.spmm(g, x, "sum")
+            return {"paper": sc.spmm(g["cites"], x["paper"], "mean")}
 
-    with pytest.raises(sc.CompileError, match="heterogeneous graph .* one-type graphs only"):
-        sc.distribute(One()).plan(tmp_path, x=torch.zeros(1, 3))
+    plan = sc.distribute(PerRelation()).plan(tmp_path)
+    assert [op.relation for op in plan.ops] == [("paper", "cites", "paper")]
+    assert [w.nodes for w in plan.workers] == [{t: n for t, n in zip(g.node_types, c)} for c in
+                                               ([a, b, c, d] for a, b, c, d in zip(*[_counts(tmp_path, t, 2)
+                                                                                    for t in g.node_types]))]
+
+
+def _counts(out_dir, ntype: str, parts: int) -> list[int]:
+    manifest = sc.Manifest.from_json((out_dir / "manifest.json").read_text())
+    return [manifest.parts[r].type_nodes[ntype] for r in range(parts)]
 
 
 def test_the_trainer_refuses_a_typed_partition_by_name(tmp_path):
