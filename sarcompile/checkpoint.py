@@ -26,6 +26,13 @@ path holds either the previous complete checkpoint or the new complete one::
 
 The payload is read with ``torch.load(weights_only=True)``: tensors, numbers, strings,
 lists and dicts only, never arbitrary pickled objects.
+
+Node tables (:mod:`sarcompile.tables`: the embeddings of featureless node types) live
+row-sharded on the workers. A checkpoint holds them whole, in global row order, so that it
+loads into the one-machine model and into a run on any number of workers:
+:func:`global_state` gathers every worker's rows of each table, and of its per-row
+optimizer state (Adam's moments), into rank 0's state dicts; :func:`shard_state` gives each
+worker its own rows of a model and optimizer loaded whole.
 """
 
 from __future__ import annotations
@@ -38,11 +45,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
+from torch import nn
 
 from .errors import CheckpointError
 from .partitioning import _atomic_write
+from .tables import find_node_tables, shard_tables, table_type
 
-__all__ = ["CHECKPOINT_NAME", "MAGIC", "load_checkpoint", "read_header", "save_checkpoint"]
+__all__ = ["CHECKPOINT_NAME", "MAGIC", "global_state", "load_checkpoint", "read_header", "save_checkpoint",
+           "shard_state"]
 
 CHECKPOINT_NAME = "checkpoint.pt"
 MAGIC = b"SARCOMPILE-CHECKPOINT 1\n"
@@ -132,3 +143,80 @@ def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     if not isinstance(state, dict):
         raise CheckpointError(f"checkpoint '{path}' holds a {type(state).__name__}, not a dict of state")
     return state
+
+
+# -- node tables ---------------------------------------------------------------------------------
+def shard_state(model: nn.Module, optimizer: torch.optim.Optimizer, graph: Any) -> None:
+    """Keep only this worker's rows of every node table of ``model``, and of the
+    optimizer's per-row state of each (tensors of the table's shape: Adam's moments),
+    loaded whole before (fresh, or from a checkpoint). ``graph`` is the worker's typed
+    shard (``part.graph``): its ``global_ids`` name the rows. Parameter objects stay the
+    same; a table already sharded is left as it is."""
+    tables = find_node_tables(model, graph.num_global_nodes)
+    for path, ntype in tables.items():
+        p = model.get_parameter(path)
+        if table_type(p) is not None:
+            continue
+        state = optimizer.state.get(p, {})
+        for key, value in state.items():
+            if _per_row(value, p.shape):
+                state[key] = value[graph.global_ids[ntype].to(value.device)].clone()
+    shard_tables(model, tables, graph.global_ids, graph.num_global_nodes)
+
+
+def global_state(model: nn.Module, optimizer: torch.optim.Optimizer,
+                 graph: Any) -> tuple[dict, dict] | tuple[None, None]:
+    """``(model.state_dict(), optimizer.state_dict())`` with every sharded node table, and
+    its per-row optimizer state, gathered from all workers into global row order: on rank
+    0; ``(None, None)`` on the others. Every worker must call it (collective, in the
+    parameters' order). The live optimizer state is not changed."""
+    weights, opt_state = model.state_dict(), optimizer.state_dict()
+    order = [p for group in optimizer.param_groups for p in group["params"]]
+    index = {id(p): i for i, p in enumerate(order)}
+    for path, p in model.named_parameters():
+        ntype = table_type(p)
+        if ntype is None:
+            continue
+        packed = opt_state["state"].get(index.get(id(p)), {})
+        keys = sorted(k for k, v in packed.items() if _per_row(v, p.shape))
+        rows = _gather_rows([p.detach(), *(packed[k] for k in keys)], graph.global_ids[ntype],
+                            graph.num_global_nodes[ntype])
+        if rows is not None:
+            weights[path] = rows[0]
+            # a new dict: state_dict() hands out the optimizer's own per-parameter dicts
+            opt_state["state"][index[id(p)]] = {**packed, **dict(zip(keys, rows[1:]))}
+    if dist.is_initialized() and dist.get_rank() != 0:
+        return None, None
+    return weights, opt_state
+
+
+def _per_row(value: Any, shape: torch.Size) -> bool:
+    return isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape == shape
+
+
+def _gather_rows(tensors: list[torch.Tensor], ids: torch.Tensor, total: int) -> list[torch.Tensor] | None:
+    """Rank 0: each of ``tensors`` (this worker's rows, named by ``ids``) with every worker's
+    rows put at their global ids, ``total`` rows; None on the other ranks."""
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        parts = [[t.cpu() for t in tensors] + [ids.cpu()]]
+    else:
+        # gloo gathers tensors of one shape only: each worker pads its rows to the longest
+        sizes = [torch.zeros(1, dtype=torch.long) for _ in range(dist.get_world_size())]
+        dist.all_gather(sizes, torch.tensor([ids.numel()]))
+        most = int(max(sizes))
+        parts = [[] for _ in sizes] if dist.get_rank() == 0 else None
+        for t in [*tensors, ids]:
+            padded = t.new_zeros((most, *t.shape[1:]), device="cpu")
+            padded[: t.shape[0]] = t.cpu()
+            received = [torch.empty_like(padded) for _ in sizes] if parts is not None else None
+            dist.gather(padded, received, dst=0)
+            if parts is not None:
+                for r, (part, n) in enumerate(zip(received, sizes)):
+                    parts[r].append(part[: int(n)])
+    if parts is None:
+        return None
+    out = [t.new_empty((total, *t.shape[1:]), device="cpu") for t in tensors]
+    for part in parts:
+        for whole, rows in zip(out, part[:-1]):
+            whole[part[-1]] = rows
+    return out

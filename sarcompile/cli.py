@@ -2,9 +2,10 @@
 
 ``sarcompile partition --edges FILE --parts N --out DIR`` cuts a graph into N parts for
 N workers; ``--dataset ogbn-arxiv --root DIR`` in place of ``--edges`` reads an OGB dataset
-instead, and ``--dgl-partition CONFIG.json --out DIR`` converts a partition made by DGL's
-``partition_graph`` (keeping its assignment). ``sarcompile partition --help`` lists the
-edge file formats.
+instead (``--dataset ogbn-mag``: the heterogeneous one, a typed partition), ``--synthetic mag
+--scale S`` generates a MAG-like typed graph, and ``--dgl-partition CONFIG.json --out DIR``
+converts a partition made by DGL's ``partition_graph`` (keeping its assignment).
+``sarcompile partition --help`` lists the edge file formats.
 ``sarcompile plan MODULE:FACTORY --parts DIR`` prints what a model will do on them.
 ``sarcompile allocator`` prints the path of tcmalloc's library, for
 ``LD_PRELOAD=$(sarcompile allocator) torchrun ...``.
@@ -29,11 +30,13 @@ import torch
 from rich.console import Console
 from rich.text import Text
 
-from .datasets import SUPPORTED, load_ogb
+from .datasets import MAG, SUPPORTED, HeteroDataset, load_ogb, load_ogb_mag
 from .errors import DatasetError, GraphError, PartitionError, SarcompileError
 from .graph import Graph
+from .hetero import HeteroGraph
 from .partitioning import METHODS, partition, summary
 from .runtime import memory
+from .synthetic import MAG_SIZES, mag_like, mag_like_sizes
 from .vocab import Mode
 
 __all__ = ["load_edge_file", "main"]
@@ -44,7 +47,13 @@ graph sources (exactly one):
   --dataset NAME --root DIR    an OGB dataset read from DIR/NAME-with-_ (e.g. DIR/ogbn_arxiv/)
                                as OGB's zip extracts; never downloaded. Node data: x, y
                                (-1 = unlabelled), train_mask, val_mask, test_mask.
-                               NAME: {datasets}
+                               NAME: {datasets}, or {mag} (heterogeneous: a typed
+                               partition, reverse relations rev_* added; node data of
+                               type paper)
+  --synthetic mag              a generated MAG-like typed graph (paper, author,
+                               institution, field_of_study; sarcompile.synthetic.mag_like):
+                               --scale S times {mag_nodes} nodes (default 1), --seed also
+                               seeds the generator
   --dgl-partition CONFIG.json  a partition written by dgl.distributed.partition_graph
                                (homogeneous graphs; needs dgl): converted with DGL's
                                node-to-part assignment and node features. Node ids are
@@ -89,12 +98,13 @@ def _parser() -> argparse.ArgumentParser:
         help="cut a graph into one part per worker",
         description="Cut a graph into one part per worker and write them, with a manifest, to a directory "
         "that sc.load_partition reads.",
-        epilog=EDGE_FORMATS.format(datasets=", ".join(SUPPORTED)),
+        epilog=EDGE_FORMATS.format(datasets=", ".join(SUPPORTED), mag=MAG, mag_nodes=sum(MAG_SIZES.values())),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--edges", metavar="FILE", help="edge list (.pt, .npz or .csv; see below)")
     source.add_argument("--dataset", metavar="NAME", help="an OGB dataset under --root (see below)")
+    source.add_argument("--synthetic", choices=("mag",), help="a generated MAG-like typed graph (see below)")
     source.add_argument(
         "--dgl-partition", metavar="CONFIG.json", help="convert a DGL partition_graph output (see below)"
     )
@@ -110,8 +120,10 @@ def _parser() -> argparse.ArgumentParser:
         help="with --dataset: add the reverse of every edge, each pair once (default: for the datasets "
         "OGB stores directed, arxiv and papers100M, as OGB's examples do)",
     )
+    p.add_argument("--scale", type=float, metavar="S", help="with --synthetic: the graph's size, S times the default")
     p.add_argument(
-        "--parts", type=_positive_int, metavar="N", help="number of parts (= workers); needed by --edges, --dataset"
+        "--parts", type=_positive_int, metavar="N",
+        help="number of parts (= workers); needed by --edges, --dataset, --synthetic",
     )
     p.add_argument("--out", required=True, metavar="DIR", help="directory to write the parts and manifest.json to")
     p.add_argument(
@@ -238,7 +250,7 @@ def _partition(args: argparse.Namespace) -> int:
     if args.dgl_partition is not None:
         return _convert_dgl(args)
     if args.parts is None:
-        raise PartitionError("--parts N is needed with --edges or --dataset")
+        raise PartitionError("--parts N is needed with --edges, --dataset or --synthetic")
     if args.dgl_mapping is not None:
         raise PartitionError("--dgl-mapping applies only to --dgl-partition")
     args.method = args.method or "metis"
@@ -247,7 +259,7 @@ def _partition(args: argparse.Namespace) -> int:
     # Only a terminal shows the (transient) spinner, so logs and pipes see stderr only on error.
     console = Console(stderr=True, highlight=False)
     times: dict[str, float] = {}
-    with _phase(console, times, "load", f"loading {args.dataset or args.edges}"):
+    with _phase(console, times, "load", f"loading {args.dataset or args.edges or args.synthetic}"):
         g, node_data, name, described = _load_source(args)
     with _phase(console, times, "partition + write", f"partitioning ({args.method}) and writing to {args.out}"):
         manifest = partition(
@@ -266,7 +278,7 @@ def _convert_dgl(args: argparse.Namespace) -> int:
     """Convert a DGL partition, keeping its assignment; print the summary and which ids it uses."""
     from .frontends.dgl_partition import convert_dgl_partition
 
-    given = [f"--{k}" for k in ("root", "symmetrize", "method", "seed") if getattr(args, k) is not None]
+    given = [f"--{k}" for k in ("root", "symmetrize", "method", "seed", "scale") if getattr(args, k) is not None]
     given += ["--allow-nonfinite"] if args.allow_nonfinite else []
     if given:
         raise PartitionError(
@@ -311,21 +323,47 @@ def _phase(console: Console, times: dict[str, float], phase: str, message: str) 
     times[phase] = time.perf_counter() - start
 
 
-def _load_source(args: argparse.Namespace) -> tuple[Graph, dict[str, torch.Tensor], str, str]:
+def _load_source(args: argparse.Namespace) -> tuple[Graph | HeteroGraph, dict[str, Any], str, str]:
     """The graph, its node tensors, its default name and a line describing a dataset ('' for an edge file)."""
-    if args.edges is not None:
+    if args.scale is not None and args.synthetic is None:
+        raise DatasetError("--scale applies only to --synthetic")
+    if args.edges is not None or args.synthetic is not None:
         if args.root is not None or args.symmetrize is not None:
             raise DatasetError("--root and --symmetrize/--no-symmetrize apply only to --dataset")
+        if args.synthetic is not None:
+            return _synthetic(args)
         g, node_data = load_edge_file(args.edges)
         return g, node_data, Path(args.edges).stem, ""
     if args.root is None:
         raise DatasetError(f"--dataset {args.dataset} needs --root DIR, the directory that holds its folder")
+    if args.dataset not in (*SUPPORTED, MAG):
+        raise DatasetError(f"dataset {args.dataset!r} is not supported; choose one of {', '.join((*SUPPORTED, MAG))}")
+    if args.dataset == MAG:
+        if args.symmetrize is not None:
+            raise DatasetError(f"--symmetrize applies to the homogeneous datasets; {MAG} gets a reverse relation "
+                               "(rev_*) for every relation between two types, and keeps cites as stored")
+        return _typed_source(load_ogb_mag(args.root), "reverse relations added")
     ds = load_ogb(args.dataset, args.root, symmetrize=args.symmetrize)
     splits = ("train", "val", "test")
     masks = ", ".join(f"{int(ds.node_data[f'{s}_mask'].sum())} {s}" for s in splits)
     edges = "symmetrized (both directions, each pair once)" if ds.symmetrized else "edges as OGB stores them"
     described = f"dataset {ds.name}: {edges}; {ds.num_classes} classes; {masks} nodes"
     return ds.graph, ds.node_data, ds.name, described
+
+
+def _synthetic(args: argparse.Namespace) -> tuple[HeteroGraph, dict[str, Any], str, str]:
+    """``--synthetic mag``: :func:`~sarcompile.synthetic.mag_like` at ``--scale``, seeded by ``--seed``."""
+    sizes = mag_like_sizes(1.0 if args.scale is None else args.scale)
+    return _typed_source(mag_like(**sizes, seed=args.seed), f"generated, seed {args.seed}")
+
+
+def _typed_source(ds: HeteroDataset, how: str) -> tuple[HeteroGraph, dict[str, Any], str, str]:
+    g, target = ds.graph, ds.target_type
+    counts = ", ".join(f"{g.num_nodes(t)} {t}" for t in g.node_types)
+    masks = ", ".join(f"{int(ds.node_data[target][f'{s}_mask'].sum())} {s}" for s in ("train", "val", "test"))
+    described = (f"dataset {ds.name} ({how}): {counts} nodes; {len(g.edge_types)} relations; "
+                 f"{ds.num_classes} classes of {target}; {masks} {target} nodes")
+    return g, ds.node_data, ds.name, described
 
 
 # -- edge files ------------------------------------------------------------------------------

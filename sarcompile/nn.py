@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .errors import GraphError
 from .ops import batch_norm, edge_dropout, edge_softmax, sddmm, spmm
 from .lowering import register_lowering
 from .opdef import EDGE_CHUNK_ELEMENTS
@@ -120,13 +121,20 @@ class NodeDropout(nn.Module):
 
     Every node draws the same mask wherever it lives, so a model with ``NodeDropout``
     trains identically on one worker or N (see :class:`RandomStream` for the seed).
+
+    ``x`` holds a row per node of ``graph``: its destination nodes, or with ``source=True``
+    its source nodes. On a typed graph, pass the relation whose destination (or source)
+    type ``x``'s rows are of, ``drop(g["writes"], h["paper"])``, and give each node type a
+    ``NodeDropout`` of its own: its seed keys that type's masks, so that two types' nodes
+    of the same id do not share one.
     """
 
-    def __init__(self, p: float = 0.5, seed: int | None = None):
+    def __init__(self, p: float = 0.5, seed: int | None = None, source: bool = False):
         super().__init__()
         if not 0.0 <= p < 1.0:
             raise ValueError(f"dropout probability must be in [0, 1), got {p}")
         self.p = p
+        self.source = source
         self.stream = RandomStream(seed)
 
     def forward(self, graph, x: torch.Tensor) -> torch.Tensor:
@@ -134,18 +142,23 @@ class NodeDropout(nn.Module):
             return x
         width = x[0].numel() if x.shape[0] else 1
         salt = self.stream()
+        ids = graph.src_global_ids if self.source else graph.global_ids
+        if ids.numel() != x.shape[0]:
+            end = "source" if self.source else "destination"
+            raise GraphError(f"NodeDropout: x has {x.shape[0]} rows but the graph has {ids.numel()} {end} nodes; "
+                             "pass the graph (or relation) whose nodes x's rows are, and source=True for its sources")
         # A bool mask, hashed a bounded slice of rows at a time: the int64 keys and hash
         # temporaries of all [n, F] entries at once were several times the layer's input.
         keep = torch.empty((x.shape[0], width), dtype=torch.bool, device=x.device)
         rows = max(1, EDGE_CHUNK_ELEMENTS // width)
         for lo in range(0, x.shape[0], rows):
-            keys = graph.global_ids[lo : lo + rows].unsqueeze(1) * width + torch.arange(width)
+            keys = ids[lo : lo + rows].unsqueeze(1) * width + torch.arange(width)
             keep[lo : lo + rows] = uniform(keys, salt) >= self.p
         # masked_fill keeps the bool mask for backward, not a float copy of it
         return x.masked_fill(~keep.reshape(x.shape), 0.0) / (1.0 - self.p)
 
     def extra_repr(self) -> str:
-        return f"p={self.p}"
+        return f"p={self.p}" + (", source=True" if self.source else "")
 
 
 class GATConv(nn.Module):

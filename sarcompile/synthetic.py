@@ -30,7 +30,7 @@ from .errors import GraphError
 from .hetero import HeteroGraph, Relation
 from .validate import MASKS
 
-__all__ = ["mag_like"]
+__all__ = ["MAG_SIZES", "mag_like", "mag_like_sizes"]
 
 PAPER, AUTHOR, INSTITUTION, FIELD = "paper", "author", "institution", "field_of_study"
 MIXING = 0.2  # chance that an edge ignores communities: the graph is informative, not a partition
@@ -40,14 +40,29 @@ ISOLATED = 0.001  # fraction of each type (at least one node) with no edges at a
 SPLIT = (0.8, 0.1)  # train and valid fractions of the papers; the rest is test
 AFFILIATIONS_PER_AUTHOR = 1.1
 
+# mag_like's default node counts: 212k nodes, about 1/9 of ogbn-mag
+MAG_SIZES = {"num_papers": 100_000, "num_authors": 100_000, "num_institutions": 2_000, "num_fields": 10_000}
+
 Edges = tuple[torch.Tensor, torch.Tensor]
 
 
+def mag_like_sizes(scale: float) -> dict[str, int]:
+    """:data:`MAG_SIZES` times ``scale``, at least one node of each type: the node-count
+    arguments of :func:`mag_like`.
+
+    >>> mag_like_sizes(0.01)
+    {'num_papers': 1000, 'num_authors': 1000, 'num_institutions': 20, 'num_fields': 100}
+    """
+    if not scale > 0:
+        raise GraphError(f"the scale of a MAG-like graph must be > 0, got {scale}")
+    return {k: max(1, round(n * scale)) for k, n in MAG_SIZES.items()}
+
+
 def mag_like(
-    num_papers: int = 100_000,
-    num_authors: int = 100_000,
-    num_institutions: int = 2_000,
-    num_fields: int = 10_000,
+    num_papers: int = MAG_SIZES["num_papers"],
+    num_authors: int = MAG_SIZES["num_authors"],
+    num_institutions: int = MAG_SIZES["num_institutions"],
+    num_fields: int = MAG_SIZES["num_fields"],
     features: int = 128,
     num_classes: int = 64,
     *,

@@ -8,13 +8,17 @@ use its rows as the type's features (``emb["author"].weight``, or the lookup
 each holds, updates and computes gradients for its own rows only, and it is never
 all-reduced.
 
-A parameter is a node table of type ``t`` when a component of its name is ``t`` (a dict
-keyed by type) and its first axis has one row per node of ``t`` in the whole graph; the
-rule asks for the name so that a ``Linear`` whose width happens to equal a type's count is
-never mistaken for one. The tracer gives each table a program input of its own
-(:func:`table_input`); in a worker :func:`shard_tables` keeps only the worker's rows, in
-its row order, and marks the parameter (:func:`table_type`), so gradient sync skips it and
-checkpoints know how to put its rows back in global order.
+A parameter is a node table of type ``t`` when it is named by ``t`` -- the weight of an
+``nn.Embedding`` whose own name is ``t`` (``emb.t.weight``), or a parameter whose own name
+is ``t`` (``embeds.t`` in a ``ParameterDict``) -- and it is a matrix (or more) with one row
+per node of ``t`` in the whole graph. The rule asks for all of it so that a per-type
+``Linear`` (``loop.t.weight``) whose width happens to equal a type's count, or a per-type
+scalar (PyG HGTConv's ``skip.t``, shape ``[1]``) of a type with one node, is never
+mistaken for one.
+The tracer gives each table a program input of its own (:func:`table_input`); in a worker
+:func:`shard_tables` keeps only the worker's rows, in its row order, and marks the
+parameter (:func:`table_type`), so gradient sync skips it and checkpoints know how to put
+its rows back in global order (:func:`sarcompile.checkpoint.global_state`).
 """
 
 from __future__ import annotations
@@ -46,12 +50,22 @@ def find_node_tables(model: nn.Module, counts: dict[str, int]) -> dict[str, str]
         if marked is not None:
             out[path] = marked
             continue
-        if p.dim() < 1:
+        if p.dim() < 2:
             continue
-        named = [t for t in path.split(".") if t in counts and p.shape[0] == counts[t]]
-        if len(set(named)) == 1:
-            out[path] = named[0]
+        name = _table_name(model, path)
+        if name in counts and p.shape[0] == counts[name]:
+            out[path] = name
     return out
+
+
+def _table_name(model: nn.Module, path: str) -> str:
+    """The name a parameter is known by as a table: its embedding's name for an
+    ``nn.Embedding``'s weight, its own name otherwise."""
+    owner_path, _, leaf = path.rpartition(".")
+    owner = model.get_submodule(owner_path) if owner_path else model
+    if isinstance(owner, nn.Embedding) and leaf == "weight":
+        return owner_path.rpartition(".")[2]
+    return leaf
 
 
 def table_input(p: torch.Tensor, ntype: str) -> Input:

@@ -11,6 +11,17 @@ Adam. Dropout masks are keyed by global node / edge id and batch norm statistics
 all workers, so the per-epoch loss and accuracies are the same on any number of workers
 (to float rounding) as on one machine.
 
+A typed partition (a heterogeneous graph, e.g. ``sarcompile partition --dataset ogbn-mag``)
+trains ``--model rgcn`` or ``--model hgt`` (:mod:`sarcompile.hetero_models`). The *target*
+type is the one node type holding ``y`` and the masks (ogbn-mag's papers; ``--target``
+when several do): the loss and the accuracies are its nodes'. Types without features learn
+an embedding each, ``--embed-dim`` wide (default: the target's feature width), a node
+table whose rows each worker holds and updates for its own nodes only, never all-reduced;
+dropout masks are keyed by (type, id within the type)::
+
+    sarcompile partition --dataset ogbn-mag --root dataset --parts 4 --out mag4
+    torchrun --standalone --nproc-per-node 4 -m sarcompile.train --parts mag4 --model rgcn --hidden 64
+
 Each epoch trains one step, then evaluates (eval mode, no gradients) the accuracy on the
 ``train_mask``, ``val_mask`` and ``test_mask`` nodes, counted on every worker and summed.
 Rank 0 shows a progress bar (stderr), prints one line per epoch (stdout) and appends one
@@ -37,8 +48,9 @@ quantized, with error feedback unless ``--no-error-feedback``), restricted to th
 ``--compress-layers`` lists (e.g. ``convs.0``; default all).
 
 A checkpoint (``OUT/checkpoint.pt``, see :mod:`sarcompile.checkpoint`) is written every
-``--checkpoint-every`` epochs and at the end; ``--resume`` continues from it to the same
-numbers an uninterrupted run gives -- except with the communication reduction options:
+``--checkpoint-every`` epochs and at the end, node tables and their Adam state gathered
+whole in global row order; ``--resume`` continues from it, on any number of workers, to the
+same numbers an uninterrupted run gives -- except with the communication reduction options:
 their stale caches and error-feedback residuals are not checkpointed, so a resumed run
 starts its links afresh (its first iteration refreshes every remote row) and differs
 from an uninterrupted one. A checkpoint records the partition's ``graph_sha256`` (the
@@ -84,32 +96,40 @@ from torch import nn
 from tqdm import tqdm
 
 from . import nn as scnn
-from .checkpoint import CHECKPOINT_NAME, load_checkpoint, save_checkpoint
+from .checkpoint import CHECKPOINT_NAME, global_state, load_checkpoint, save_checkpoint, shard_state
 from .compiler import distribute
 from . import errors
 from .errors import CheckpointError, CommError, PartitionError, RunDirError, SarcompileError, TrainingError
+from .hetero import HeteroGraph, parse_relation_key
+from .hetero_models import TYPED_MODELS, build_typed
 from .partitioning import _atomic_write, load_partition, read_manifest
 from .rundir import lock_dir, remove_stale_temps
 from .runtime import failure
 from .runtime.comm import global_max, global_sum, init, shutdown, stats, sync_gradients, timeout
 from .runtime.memory import MMAP_THRESHOLD, MemoryProbe, active_allocator, allocator_tuned, find_allocator, floor_bytes
+from .tables import table_type
 from .validate import check_node_data
 from .vocab import Compression, Mode
 
 __all__ = ["GNN", "TrainConfig", "build_model", "evaluate", "load_trained", "main", "parse_args", "train"]
 
-MODELS = ("sage", "gcn", "gin", "gat")
+ONE_TYPE_MODELS = ("sage", "gcn", "gin", "gat")
+MODELS = ONE_TYPE_MODELS + TYPED_MODELS
 MODES = Mode.values()
 NODE_KEYS = ("x", "y", "train_mask", "val_mask", "test_mask")
 MASKS = ("train_mask", "val_mask", "test_mask")
 # What build_model needs: saved in every checkpoint's "config".
 MODEL_KEYS = ("model", "in_dim", "num_classes", "layers", "hidden", "heads", "dropout", "batch_norm", "residual")
+# ... and what a typed model (rgcn, hgt) needs besides: the target type, the embedding width
+# and the graph's types, relations and feature widths (None for a one-type model).
+TYPED_KEYS = ("target", "embed_dim", "node_counts", "edge_types", "in_dims")
+DERIVED_KEYS = ("in_dim", "num_classes", "node_counts", "edge_types", "in_dims")  # from the data, not flags
 # Options that change the numbers: a checkpoint resumes only with the same values.
 # (--mode, --epochs, --parts, --out, --log, --checkpoint-every may change between runs.)
 # The communication reduction options are among them; checkpoints older than these
 # options lack them and count as written with the defaults (exact).
 COMM_KEYS = ("staleness", "bounded_staleness", "compress", "error_feedback", "compress_layers")
-RESUME_KEYS = MODEL_KEYS + ("lr", "weight_decay", "seed") + COMM_KEYS
+RESUME_KEYS = MODEL_KEYS + TYPED_KEYS + ("lr", "weight_decay", "seed") + COMM_KEYS
 COMPRESS = Compression.values()
 # Phases of sarcompile.runtime.comm.stats gathered per epoch, in this order; the first
 # three are always logged, the others only when some worker sent or received something.
@@ -136,6 +156,8 @@ class TrainConfig:
     dropout: float = 0.5
     batch_norm: bool = False
     residual: bool = False
+    target: str | None = None
+    embed_dim: int | None = None
     mode: str = "sar"
     seed: int = 0
     log: str | None = None
@@ -175,7 +197,23 @@ class TrainConfig:
                 f"--hidden {self.hidden} is not a multiple of --heads {self.heads}: GAT's hidden layers "
                 "concatenate the heads, each hidden/heads wide"
             )
+        self._validate_typed()
         self._validate_comm()
+
+    def _validate_typed(self) -> None:
+        """The options that belong to one kind of model only."""
+        if self.model in TYPED_MODELS:
+            if self.batch_norm or self.residual:
+                raise ValueError(f"--batch-norm and --residual are options of {', '.join(ONE_TYPE_MODELS)}; "
+                                 f"--model {self.model} has neither")
+            if self.model == "hgt" and self.hidden % self.heads:
+                raise ValueError(f"--hidden {self.hidden} is not a multiple of --heads {self.heads}: HGT splits "
+                                 "its width among the heads")
+            if self.embed_dim is not None and self.embed_dim < 1:
+                raise ValueError(f"--embed-dim must be >= 1, got {self.embed_dim}")
+        elif self.target is not None or self.embed_dim is not None:
+            raise ValueError(f"--target and --embed-dim are options of the typed models ({', '.join(TYPED_MODELS)}), "
+                             f"not of --model {self.model}")
 
     def _validate_comm(self) -> None:
         """The communication reduction options, named by their flags (sc.distribute's own
@@ -268,25 +306,39 @@ def _conv(
     return scnn.GATConv(d_in, d_out // heads, heads=heads, concat=True, dropout=dropout, bias=bias)
 
 
-def build_model(config: Mapping[str, Any] | TrainConfig | argparse.Namespace | None = None, **kwargs: Any) -> GNN:
+def build_model(config: Mapping[str, Any] | TrainConfig | argparse.Namespace | None = None,
+                **kwargs: Any) -> nn.Module:
     """The eager single-machine model a run trains, from its config.
 
     ``config`` is a checkpoint's ``"config"`` dict (or any mapping / :class:`TrainConfig` /
     namespace with the fields below); keyword arguments add to or override it. Needs
     ``in_dim`` and ``num_classes``; ``model``, ``layers``, ``hidden``, ``heads``,
-    ``dropout``, ``batch_norm`` and ``residual`` default as on the command line. Call
-    ``torch.manual_seed`` first for reproducible initial weights (the trainer seeds with
-    ``--seed``). A checkpoint's ``"model"`` state dict loads into the result with
-    ``load_state_dict``, whatever number of workers trained it.
+    ``dropout``, ``batch_norm`` and ``residual`` default as on the command line. A typed
+    model (``rgcn``, ``hgt``: :mod:`sarcompile.hetero_models`) needs ``num_classes``,
+    ``target``, ``node_counts``, ``edge_types`` and ``in_dims`` instead of ``in_dim``, and
+    takes ``embed_dim`` (default: the target's feature width). Call ``torch.manual_seed``
+    first for reproducible initial weights (the trainer seeds with ``--seed``). A
+    checkpoint's ``"model"`` state dict loads into the result with ``load_state_dict``,
+    whatever number of workers trained it (node tables included, in global row order).
     """
     fields = _as_mapping(config) if config is not None else {}
     fields = {**fields, **kwargs}
-    missing = [k for k in ("in_dim", "num_classes") if k not in fields]
+    defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+    typed = fields.get("model", defaults["model"]) in TYPED_MODELS
+    needed = ("num_classes", "target", "node_counts", "edge_types", "in_dims") if typed else ("in_dim", "num_classes")
+    missing = [k for k in needed if fields.get(k) is None]
     if missing:
         raise ValueError(f"build_model needs {' and '.join(missing)} (a checkpoint's config has them)")
-    defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig) if f.name in MODEL_KEYS}
     args = {k: fields.get(k, defaults.get(k)) for k in MODEL_KEYS}
-    return GNN(**args)
+    if not typed:
+        return GNN(**args)
+    in_dims = fields["in_dims"]
+    embed_dim = fields.get("embed_dim") or in_dims.get(fields["target"])
+    if embed_dim is None:
+        raise ValueError(f"the target type {fields['target']!r} has no features to take the embedding width from: "
+                         "give embed_dim (--embed-dim)")
+    return build_typed(args["model"], fields["node_counts"], fields["edge_types"], in_dims, fields["target"],
+                       args["num_classes"], args["hidden"], args["layers"], args["heads"], args["dropout"], embed_dim)
 
 
 def _as_mapping(config: Any) -> dict[str, Any]:
@@ -325,18 +377,29 @@ def _accuracies(counts: torch.Tensor) -> dict[str, float | None]:
     return out
 
 
-def evaluate(model: nn.Module, graph, node_data: Mapping[str, torch.Tensor]) -> dict[str, float | None]:
+def evaluate(model: nn.Module, graph, node_data: Mapping[str, Any]) -> dict[str, float | None]:
     """Accuracy on the train / val / test nodes of one machine's graph (no communication).
 
     For serving a checkpoint: ``evaluate(model, *sc.load_whole_graph(parts))`` gives the
     accuracies the trainer logged for the checkpoint's epoch (labels < 0 do not count).
+    On a :class:`~sarcompile.HeteroGraph` (``node_data`` a dict per type), of the model's
+    ``target`` type's nodes.
     """
-    check_node_data(node_data, allow_nonfinite=True, where="node_data")  # the dtypes; NaN just scores wrong
-    x, y, masks = _node_tensors(node_data, where="node_data")
+    target = None
+    if isinstance(graph, HeteroGraph):
+        target = getattr(model, "target", None)
+        if target is None:
+            raise ValueError(f"evaluate on a typed graph needs a typed model (rgcn, hgt) with a target type, "
+                             f"got {type(model).__name__}")
+        for ntype, data in node_data.items():
+            check_node_data(data, allow_nonfinite=True, where=f"node_data[{ntype!r}]")
+    else:
+        check_node_data(node_data, allow_nonfinite=True, where="node_data")  # the dtypes; NaN just scores wrong
+    x, y, masks = _node_tensors(node_data, where="node_data", target=target)
     return _accuracies(_counts(model, graph, x, y, masks))
 
 
-def load_trained(path: str | os.PathLike) -> tuple[GNN, dict[str, Any]]:
+def load_trained(path: str | os.PathLike) -> tuple[nn.Module, dict[str, Any]]:
     """The eager model of a checkpoint (weights loaded, eval mode) and the run's config."""
     state = load_checkpoint(path)
     for key in ("config", "model"):
@@ -347,30 +410,79 @@ def load_trained(path: str | os.PathLike) -> tuple[GNN, dict[str, Any]]:
     return model.eval(), state["config"]
 
 
-def _node_tensors(data: Mapping[str, torch.Tensor], where: str):
+def _node_tensors(data: Mapping[str, Any], where: str, target: str | None = None):
     """x, y and the masks (restricted to labelled nodes); the dtypes were checked where the
-    data was loaded (sarcompile.validate)."""
-    missing = [k for k in NODE_KEYS if k not in data]
+    data was loaded (sarcompile.validate). Of a typed graph's node data (a dict per type):
+    x the features of every type that has them, y and the masks the ``target`` type's."""
+    rows = data if target is None else data.get(target, {})
+    missing = [k for k in (NODE_KEYS if target is None else NODE_KEYS[1:]) if k not in rows]
     if missing:
-        raise PartitionError(_missing_keys_message(missing, where))
-    if data["y"].dim() != 1:
+        raise PartitionError(_missing_keys_message(missing, where, target))
+    if rows["y"].dim() != 1:
         raise PartitionError(
-            f"{where}: node data 'y' has shape {tuple(data['y'].shape)}; the trainer needs one class id per node "
+            f"{where}: node data 'y' has shape {tuple(rows['y'].shape)}; the trainer needs one class id per node "
             "(shape [nodes]; re-partition with y.reshape(-1) for a [nodes, 1] tensor)"
         )
-    y = data["y"].long()
-    masks = {k: data[k].bool() & (y >= 0) for k in MASKS}  # labels < 0: unlabelled
-    return data["x"], y, masks
+    y = rows["y"].long()
+    masks = {k: rows[k].bool() & (y >= 0) for k in MASKS}  # labels < 0: unlabelled
+    x = rows["x"] if target is None else {t: d["x"] for t, d in data.items() if "x" in d}
+    return x, y, masks
 
 
-def _missing_keys_message(missing: list[str], where: str) -> str:
+def _missing_keys_message(missing: list[str], where: str, target: str | None = None) -> str:
+    keys = ", ".join(repr(k) for k in missing)
+    if target is not None:
+        return (
+            f"{where} has no node data {keys} of the target type {target!r}; the trainer needs "
+            f"{', '.join(NODE_KEYS[1:])} of the type it predicts (integer labels with -1 for unlabelled, boolean "
+            f"masks), and x where a type has features. Partition with sc.partition(g, n, out, node_data="
+            f"{{{target!r}: {{'x': ..., 'y': ..., 'train_mask': ..., 'val_mask': ..., 'test_mask': ...}}}})"
+        )
     return (
-        f"{where} has no node data {', '.join(repr(k) for k in missing)}; the trainer needs "
+        f"{where} has no node data {keys}; the trainer needs "
         f"{', '.join(NODE_KEYS)} (features, integer labels with -1 for unlabelled, boolean masks). "
         "Partition with sc.partition(g, n, out, node_data={'x': ..., 'y': ..., 'train_mask': ..., "
         "'val_mask': ..., 'test_mask': ...}) or put those keys in the --edges file of "
         "`sarcompile partition`."
     )
+
+
+def _check_model_kind(cfg: TrainConfig, manifest) -> str | None:
+    """The target type of a typed partition (None for a one-type one), after checking that
+    ``--model`` trains this kind of graph and the partition has what the trainer needs."""
+    where = f"partition '{cfg.parts}'"
+    if not manifest.typed:
+        if cfg.model in TYPED_MODELS:
+            raise PartitionError(f"--model {cfg.model} trains heterogeneous graphs, but {where} has one node type: "
+                                 f"use --model {', '.join(ONE_TYPE_MODELS)}")
+        missing = [k for k in NODE_KEYS if k not in manifest.node_data]
+        if missing:
+            raise PartitionError(_missing_keys_message(missing, where))
+        return None
+    types = list(manifest.node_types)
+    if cfg.model not in TYPED_MODELS:
+        raise PartitionError(f"{where} is of a heterogeneous graph (node types {types}); --model {cfg.model} trains "
+                             f"one-type graphs: use --model {' or --model '.join(TYPED_MODELS)}")
+    labelled = [t for t in types if "y" in manifest.node_types[t]["node_data"]]
+    if cfg.target is not None and cfg.target not in types:
+        raise PartitionError(f"--target {cfg.target}: {where} has no such node type; its types are {types}")
+    if cfg.target is None and len(labelled) != 1:
+        if not labelled:
+            raise PartitionError(
+                f"{where} has no target type: none of its node types {types} has labels 'y'. The trainer predicts "
+                "the class of one node type, which holds y and the train/val/test masks; partition with "
+                "node_data={'paper': {'x': ..., 'y': ..., 'train_mask': ..., 'val_mask': ..., 'test_mask': ...}}"
+            )
+        raise PartitionError(f"{where}: node types {labelled} all have labels 'y'; say which to predict with --target")
+    target = cfg.target or labelled[0]
+    described = manifest.node_types[target]["node_data"]
+    missing = [k for k in NODE_KEYS[1:] if k not in described]
+    if missing:
+        raise PartitionError(_missing_keys_message(missing, where, target))
+    if "x" not in described and cfg.embed_dim is None:
+        raise PartitionError(f"{where}: the target type {target!r} has no features 'x' to take the embedding width "
+                             "from; give --embed-dim")
+    return target
 
 
 # -- collectives that tolerate a one-process run -------------------------------------------------
@@ -447,15 +559,17 @@ def _checkpoint_group(limit_s: float) -> Any:
 def _write_checkpoint(
     path: Path, rank: int, make_state, epoch: int, group: Any = None, limit_s: float | None = None
 ) -> None:
-    """Rank 0 writes ``make_state(epoch)``; every rank learns whether it worked (meeting in
-    ``group`` for up to ``limit_s`` seconds)."""
+    """Rank 0 writes ``make_state(epoch)`` (called on every rank: it may gather rows from
+    all of them); every rank learns whether it worked (meeting in ``group`` for up to
+    ``limit_s`` seconds)."""
     error = None
-    if rank == 0:
-        try:
-            save_checkpoint(path, make_state(epoch))
-        # Whatever failed, the other ranks must hear of it rather than wait for rank 0.
-        except Exception as e:  # noqa: BLE001
-            error = f"writing checkpoint '{path}' failed ({type(e).__name__}: {e}); the previous checkpoint is intact"
+    try:
+        state = make_state(epoch)
+        if rank == 0:
+            save_checkpoint(path, state)
+    # Whatever failed, the other ranks must hear of it rather than wait for rank 0.
+    except Exception as e:  # noqa: BLE001
+        error = f"writing checkpoint '{path}' failed ({type(e).__name__}: {e}); the previous checkpoint is intact"
     _agree(error, f"writing checkpoint '{path}'", group, limit_s)
 
 
@@ -477,7 +591,7 @@ def _check_resumable(state: dict[str, Any], run: dict[str, Any], graph: dict[str
     saved = {**defaults, **state["config"]}  # a checkpoint older than COMM_KEYS: exact
     diff = [k for k in RESUME_KEYS if saved.get(k) != run[k]]
     if diff:
-        flags = " ".join(_flag(k, saved.get(k)) for k in diff if k not in ("in_dim", "num_classes"))
+        flags = " ".join(_flag(k, saved.get(k)) for k in diff if k not in DERIVED_KEYS)
         detail = ", ".join(f"{k}: checkpoint {saved.get(k)!r}, this run {run[k]!r}" for k in diff)
         raise CheckpointError(
             f"checkpoint '{path}' was trained with other options ({detail}). Resume with the same options"
@@ -553,14 +667,7 @@ def train(config: TrainConfig | Mapping[str, Any] | argparse.Namespace | Sequenc
     ckpt_limit = checkpoint_timeout()
     rank, world_size = init()
     manifest = read_manifest(cfg.parts)
-    if manifest.typed:
-        raise PartitionError(
-            f"partition '{cfg.parts}' is of a heterogeneous graph (node types {list(manifest.node_types)}); "
-            "python -m sarcompile.train trains one-type graphs only for now"
-        )
-    missing = [k for k in NODE_KEYS if k not in manifest.node_data]
-    if missing:
-        raise PartitionError(_missing_keys_message(missing, f"partition '{cfg.parts}'"))
+    target = _check_model_kind(cfg, manifest)
 
     lock, group = None, None
     try:
@@ -574,7 +681,7 @@ def train(config: TrainConfig | Mapping[str, Any] | argparse.Namespace | Sequenc
         if failure is not None:  # the same error on every rank, each exits cleanly
             raise getattr(errors, failure[0])(failure[1])
         group = _checkpoint_group(ckpt_limit)
-        return _train(cfg, rank, world_size, manifest, Path(out), group, ckpt_limit)
+        return _train(cfg, rank, world_size, manifest, target, Path(out), group, ckpt_limit)
     finally:
         if group is not None:
             dist.destroy_process_group(group)
@@ -612,17 +719,19 @@ def _claim_out_dir(cfg: TrainConfig):
     return lock, str(out)
 
 
-def _train(cfg: TrainConfig, rank: int, world_size: int, manifest, out: Path, group: Any, ckpt_limit: float):
+def _train(cfg: TrainConfig, rank: int, world_size: int, manifest, target: str | None, out: Path, group: Any,
+           ckpt_limit: float):
     log_path = Path(cfg.log) if cfg.log else out / "log.jsonl"
     ckpt_path = out / CHECKPOINT_NAME
     floor = floor_bytes()
     part = load_partition(cfg.parts, allow_nonfinite=cfg.allow_nonfinite)
-    x, y, masks = _node_tensors(part.node_data, where=f"partition '{cfg.parts}'")
+    x, y, masks = _node_tensors(part.node_data, where=f"partition '{cfg.parts}'", target=target)
     num_classes = int(global_max(y.max().reshape(1) if y.numel() else y.new_full((1,), -1))) + 1
     num_train = int(global_sum(masks["train_mask"].sum()))
     if num_classes < 1 or num_train == 0:
-        raise PartitionError(f"partition '{cfg.parts}' has no labelled training nodes (train_mask & y >= 0)")
-    run = {**dataclasses.asdict(cfg), "in_dim": x.shape[1], "num_classes": num_classes}
+        raise PartitionError(f"partition '{cfg.parts}' has no labelled training nodes (train_mask & y >= 0)"
+                             + (f" of the target type {target!r}" if target else ""))
+    run = {**dataclasses.asdict(cfg), "num_classes": num_classes, **_model_fields(cfg, manifest, target, x)}
     graph = {"num_nodes": manifest.num_nodes, "num_edges": manifest.num_edges}
     if manifest.graph_sha256:  # the partition's identity, whatever its number of parts
         graph["sha256"] = manifest.graph_sha256
@@ -639,18 +748,27 @@ def _train(cfg: TrainConfig, rank: int, world_size: int, manifest, out: Path, gr
         opt.load_state_dict(state["optimizer"])
         torch.set_rng_state(state["rng"]["torch"])
         start = int(state["epoch"])
+    if target is not None:  # each worker keeps its own rows of the node tables, and of their Adam state
+        shard_state(net, opt, part.graph)
     _check_layer_paths(net, cfg.compress_layers)
     model = distribute(
         net, mode=cfg.mode, staleness=cfg.staleness, bounded_staleness=cfg.bounded_staleness,
         compress=cfg.compress, error_feedback=cfg.error_feedback, compress_layers=cfg.compress_layers,
     )
 
-    def make_state(epoch: int) -> dict[str, Any]:
+    def make_state(epoch: int) -> dict[str, Any] | None:
+        """Every rank calls it (the node tables' rows are gathered); rank 0 gets the state."""
+        if target is not None:
+            weights, optimizer = global_state(net, opt, part.graph)
+        else:
+            weights, optimizer = net.state_dict(), opt.state_dict()
+        if rank != 0:
+            return None
         return {
             "format": FORMAT,
             "epoch": epoch,
-            "model": net.state_dict(),
-            "optimizer": opt.state_dict(),
+            "model": weights,
+            "optimizer": optimizer,
             "config": {k: run[k] for k in RESUME_KEYS},  # what build_model and --resume need
             "args": dataclasses.asdict(cfg),  # the whole command line of the run that wrote it
             "rng": {"torch": torch.get_rng_state()},
@@ -664,7 +782,8 @@ def _train(cfg: TrainConfig, rank: int, world_size: int, manifest, out: Path, gr
         _prepare_log(log_path, start)
         where = f"resuming from epoch {start}" if start else "starting"
         print(
-            f"{world_size} worker{'s' if world_size > 1 else ''}, {num_train} training nodes, "
+            f"{world_size} worker{'s' if world_size > 1 else ''}, {num_train} training nodes"
+            f"{f' of {target!r}' if target else ''}, "
             f"{cfg.model} x {cfg.layers} layers, mode={cfg.mode}{_comm_summary(cfg)}; {where}; writing {out}",
             flush=True,
         )
@@ -731,12 +850,35 @@ def _nonfinite_loss_message(epoch: int, loss: float, ckpt_path: Path, saved: int
     )
 
 
+def _model_fields(cfg: TrainConfig, manifest, target: str | None, x) -> dict[str, Any]:
+    """What :func:`build_model` needs besides the options and the class count: the feature
+    width of a one-type graph; a typed graph's types, relations, feature widths, target
+    and embedding width (the target's feature width unless --embed-dim says)."""
+    if target is None:
+        return {"in_dim": x.shape[1], **{k: None for k in TYPED_KEYS}}
+    in_dims = {t: v.shape[1] for t, v in x.items()}
+    return {
+        "in_dim": in_dims.get(target),
+        "target": target,
+        "embed_dim": cfg.embed_dim or in_dims[target],
+        "node_counts": {t: info["num_nodes"] for t, info in manifest.node_types.items()},
+        "edge_types": [list(parse_relation_key(k)) for k in manifest.edge_types],
+        "in_dims": in_dims,
+    }
+
+
 def _train_step(model, opt, graph, x, y, mask, num_train: int) -> torch.Tensor:
     """One full-batch step; returns this worker's share of the global mean loss."""
     opt.zero_grad()
     out = model(graph, x)
     loss = F.cross_entropy(out[mask], y[mask], reduction="sum") / num_train
     loss.backward()
+    for p in model.parameters():
+        # On one machine every row of a node table has a gradient (0 where nothing reached
+        # it): a worker holding no rows of its type must step it too, so that Adam's state
+        # (its step count) is the same on every worker.
+        if p.grad is None and table_type(p) is not None:
+            p.grad = torch.zeros_like(p)
     sync_gradients(model)  # each worker holds its nodes' share of the gradient: sum them
     opt.step()
     return loss.detach()
@@ -750,7 +892,9 @@ def _check_layer_paths(net: nn.Module, paths: list[str] | None) -> None:
     known = {name for name, _ in net.named_modules() if name}
     unknown = [p for p in paths if p not in known]
     if unknown:
-        layers = " ".join(f"convs.{i}" for i in range(len(net.convs)))  # the ones that communicate
+        stack = net.convs if isinstance(net, GNN) else net.layers
+        prefix = "convs" if isinstance(net, GNN) else "layers"
+        layers = " ".join(f"{prefix}.{i}" for i in range(len(stack)))  # the ones that communicate
         raise ValueError(f"--compress-layers {' '.join(unknown)}: no such layer in this model (its layers: {layers})")
 
 
@@ -892,6 +1036,14 @@ def _parser() -> argparse.ArgumentParser:
                     help=f"node dropout between layers, and GAT attention dropout (default {d.dropout})")
     ap.add_argument("--batch-norm", action="store_true", help="distributed batch norm after each hidden layer")
     ap.add_argument("--residual", action="store_true", help="add each layer's input to its output where widths match")
+    typed = ap.add_argument_group(
+        "heterogeneous graphs", "--model rgcn or hgt on a typed partition (see sarcompile.hetero_models)"
+    )
+    typed.add_argument("--target", metavar="TYPE",
+                       help="the node type to predict (default: the one type with labels y and the masks)")
+    typed.add_argument("--embed-dim", type=int, metavar="D",
+                       help="width of the learnable embedding of each node type without features "
+                       "(default: the target's feature width)")
     ap.add_argument("--mode", choices=MODES, default=d.mode, help=f"sc.distribute mode (default {d.mode})")
     ap.add_argument("--seed", type=int, default=d.seed, help=f"initial weights and dropout masks (default {d.seed})")
     ap.add_argument("--out", help="run directory for the log and checkpoint (default runs/<timestamp>)")

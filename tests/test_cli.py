@@ -227,7 +227,10 @@ def test_dataset_no_symmetrize_keeps_stored_edges(tmp_path, capsys):
     "argv, expected",
     [
         (["--dataset", "ogbn-arxiv"], "needs --root DIR"),
-        (["--dataset", "ogbn-mag", "--root", "{tmp}"], "choose one of ogbn-arxiv, ogbn-products, ogbn-papers100M"),
+        (["--dataset", "ogbn-foo", "--root", "{tmp}"], "choose one of ogbn-arxiv, ogbn-products, ogbn-papers100M, ogbn-mag"),
+        (["--dataset", "ogbn-mag", "--root", "{tmp}"], "'{tmp}/ogbn_mag' does not exist; download http"),
+        (["--dataset", "ogbn-mag", "--root", "{tmp}", "--symmetrize"], "--symmetrize applies to the homogeneous"),
+        (["--edges", "g.pt", "--scale", "2"], "--scale applies only to --synthetic"),
         (["--dataset", "ogbn-arxiv", "--root", "{tmp}"], "'{tmp}/ogbn_arxiv' does not exist; download http"),
         (["--edges", "g.pt", "--root", "{tmp}"], "apply only to --dataset"),
     ],

@@ -2,11 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 from hetero_cases import RelationNet, TableNet, inputs, run_worker, step, typed_graphs
@@ -367,12 +362,3 @@ def test_a_typed_plan_reads_only_the_manifest(tmp_path):
 def _counts(out_dir, ntype: str, parts: int) -> list[int]:
     manifest = sc.Manifest.from_json((out_dir / "manifest.json").read_text())
     return [manifest.parts[r].type_nodes[ntype] for r in range(parts)]
-
-
-def test_the_trainer_refuses_a_typed_partition_by_name(tmp_path):
-    sc.partition(small(), 1, tmp_path / "parts", node_data={"paper": {"x": torch.randn(4, 3)}})
-    done = subprocess.run([sys.executable, "-m", "sarcompile.train", "--parts", str(tmp_path / "parts"),
-                           "--out", str(tmp_path / "run")], cwd=Path(__file__).parents[1],
-                          env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 1
-    assert "heterogeneous graph" in done.stderr and "one-type graphs only" in done.stderr

@@ -529,7 +529,14 @@ class _Checker:
         if node.op == "call_module":
             m = self.gm.get_submodule(node.target)
             if isinstance(m, NodeDropout) and len(node.args) == 2 and self.val(node.args[0]).res is GRAPH:
-                return self.val(node.args[1])
+                x, rel = self.val(node.args[1]), self.val(node.args[0]).of
+                want = _end_of(rel, NODE, m.source)
+                if want is not None and x.of is not None and x.of != want:
+                    end = "source" if m.source else "destination"
+                    raise self.refuse(node, f"NodeDropout keys its mask by the ids of relation {rel}'s {end} type "
+                                      f"{want!r}, but is given rows of {x.of!r}",
+                                      f"Pass a relation whose {end} type is {x.of!r} (source=True: its source type).")
+                return x
         what = _name_of(node) or getattr(node.target, "__name__", str(node.target))
         raise self.refuse(
             node, f"`{what}` uses the graph argument as a tensor or an object",
