@@ -33,7 +33,9 @@ from .errors import CompileError, GraphError
 from .frontends import load_available
 from .graph import Graph
 from .hetero import HeteroGraph, HeteroShard, parse_relation_key
-from .leaves import TYPED_GRAPHS, ArgLayout, layout_of, leaves_of_call, needs_leaves
+from .leaves import (TYPED_GRAPHS, ArgLayout, argument_name, call_arguments, layout_of, leaves_of_call, needs_leaves,
+                     takes_varargs)
+from .lowering import has_lowering
 from .partitioning import read_manifest
 from .passes.context import CompileOptions
 from .passes.communication import communication
@@ -99,9 +101,10 @@ class CallShape:
     @classmethod
     def of_call(cls, forward, args: tuple, kwargs: dict, graph_input: int | str) -> "CallShape":
         params = inspect.signature(forward).parameters
-        given = dict(zip(params, args)) | kwargs
-        if needs_leaves(given):
-            return cls._of_leaves(params, given, graph_input)
+        bound = call_arguments(forward, args, kwargs)
+        if needs_leaves({k: v for k, (v, _) in bound.items()}) or takes_varargs(bound):
+            return cls._of_leaves(bound, argument_name(forward, graph_input), graph_input)
+        given = {k: v for k, (v, _) in bound.items()}
         optional = [n for n, p in params.items() if p.default is None and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
         graph_name = list(params)[graph_input] if isinstance(graph_input, int) else graph_input
         graph = given.get(graph_name)
@@ -118,23 +121,18 @@ class CallShape:
         return cls(graph_input, frozenset(n for n in optional if given.get(n) is None), tuple(inputs))
 
     @classmethod
-    def _of_leaves(cls, params, given: dict, graph_input: int | str) -> "CallShape":
-        """A call with dicts or a typed graph: one input per leaf, each named by its type or
-        relation when the graph is typed."""
-        graph_name = list(params)[graph_input] if isinstance(graph_input, int) else graph_input
-        graph = given.get(graph_name)
+    def _of_leaves(cls, bound: dict[str, tuple[Any, str]], graph_name: str, graph_input: int | str) -> "CallShape":
+        """A call with dicts, a typed graph or values for ``*args`` / ``**kwargs`` (``bound``,
+        see :func:`~sarcompile.leaves.call_arguments`): one input per leaf, each named by its
+        type or relation when the graph is typed."""
+        graph = bound.get(graph_name, (None, ''))[0]
         layouts, inputs = [], []
-        for name, p in params.items():
-            if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+        for name, (value, passed) in bound.items():
+            if value is None and passed != "varargs":  # (a None in *args keeps its place)
                 continue
-            if p.kind is p.KEYWORD_ONLY and name in given:
-                raise CompileError(f"{name!r} is keyword-only: a model called with dicts or a typed graph takes "
-                                   "its arguments by position or name, not keyword-only ones")
-            if given.get(name) is None:
-                continue
-            layout = layout_of(name, given[name])
+            layout = layout_of(name, value, passed)
             layouts.append(layout)
-            for leaf, key, value in zip(layout.leaf_names(), layout.keys or (None,), layout.leaves(given[name])):
+            for leaf, key, value in zip(layout.leaf_names(), layout.keys or (None,), layout.leaves(value)):
                 if layout.kind == "typed":
                     inputs.append((leaf, Input(Residency.GRAPH, of=key)))
                 elif name == graph_name:
@@ -149,7 +147,7 @@ class CallShape:
         """The program's inputs for this call: ``args`` / ``kwargs`` themselves, or their leaves."""
         if not self.layouts:
             return args
-        return tuple(leaves_of_call(self.layouts, dict(zip(inspect.signature(forward).parameters, args)) | kwargs))
+        return tuple(leaves_of_call(self.layouts, {k: v for k, (v, _) in call_arguments(forward, args, kwargs).items()}))
 
     @classmethod
     def default(cls, forward, graph_input: int | str | None = None, x: torch.Tensor | None = None) -> "CallShape":
@@ -214,10 +212,32 @@ def _typed_input(key: Any, value: Any, graph: Any) -> Input:
     return Input(Residency.CONST, shape, value.dtype)
 
 
+def _lazy_layers(model: nn.Module) -> list[str]:
+    """The layers holding lazily initialised parameters, as ``'path' (Type)``: the outermost
+    layer with a lowering rule around each such parameter, else the module holding it."""
+    found: dict[str, str] = {}
+    for path, m in model.named_modules():
+        if not any(isinstance(p, nn.parameter.UninitializedParameter) for p in m.parameters(recurse=False)):
+            continue
+        parts = path.split(".") if path else []
+        prefixes = [".".join(parts[:i]) for i in range(len(parts) + 1)]  # the model itself first
+        layer = next((q for q in prefixes if has_lowering(model.get_submodule(q))), path)
+        kind = type(model.get_submodule(layer)).__name__
+        found.setdefault(layer, f"{layer!r} ({kind})" if layer else kind)
+    return list(found.values())
+
+
 def compile_program(model: nn.Module, options: CompileOptions, partitioned: bool, call: CallShape = CallShape()) -> Program:
     """Run the pipeline on ``model`` as called with ``call``; a single machine skips
     ``partition`` and ``strategy``."""
     load_available()  # lowering rules for the layers of libraries in use (PyG)
+    lazy = _lazy_layers(model)
+    if lazy:
+        raise CompileError(
+            f"layer {', '.join(lazy[:3])}{', ...' if len(lazy) > 3 else ''} has lazily initialised parameters "
+            "(in_channels=-1), whose shapes only a first call decides; run the model once eagerly on example "
+            "inputs before sc.distribute (PyG's documented dry run, under torch.no_grad()), or give in_channels"
+        )
     inputs = dict(call.inputs)
     typed = next((layout for layout in call.layouts if layout.kind == "typed"), None)
     tables = {} if typed is None else find_node_tables(model, dict(zip(typed.node_types, typed.node_counts)))

@@ -9,12 +9,17 @@ per-node input, whose :attr:`~sarcompile.probe.Input.of` names its type or relat
 tracer rebuilds the dicts and the typed graph from the leaves before calling ``forward``,
 so the model's Python (``g[rel]``, ``for rel in g.edge_types``, ``x[src]``) runs unchanged.
 
+A model whose ``forward`` takes ``*args`` or ``**kwargs`` (PyG's ``HeteroConv.forward(self,
+*args_dict, **kwargs_dict)``) is traced the same way: each value such a parameter collects
+is an argument of its own, named ``args_dict_0``, ``args_dict_1``, ... or by its keyword.
+
 >>> ArgLayout("x", "dict", ("paper", "author")).leaf_names()
 ['x__paper', 'x__author']
 """
 
 from __future__ import annotations
 
+import inspect
 import re
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -22,7 +27,7 @@ from typing import Any, Callable
 from .errors import CompileError
 from .hetero import HeteroGraph, HeteroShard, TracedHetero, relation_key
 
-__all__ = ["ArgLayout", "layout_of", "needs_leaves"]
+__all__ = ["ArgLayout", "call_arguments", "argument_name", "layout_of", "needs_leaves", "takes_varargs"]
 
 TYPED_GRAPHS = (HeteroGraph, HeteroShard)
 
@@ -35,16 +40,20 @@ def _leaf_name(arg: str, key: Any) -> str:
 @dataclass(frozen=True)
 class ArgLayout:
     """How one argument of ``forward`` reaches the program: as it is (``plain``), one leaf
-    per key (``dict``) or item (``tuple``: a bipartite layer's ``(x_src, x_dst)``), or one
+    per key (``dict``) or item (``tuple``: a bipartite layer's ``(x_src, x_dst)``), one
     graph leaf per relation (``typed``, a typed graph whose
     node types are ``node_types``, with ``node_counts`` nodes each in the whole graph, and
-    relations ``keys``)."""
+    relations ``keys``), or none (``none``: a None that ``*args`` collected, which keeps
+    its position). ``passed`` says how ``forward`` receives it: as the named parameter
+    ``name`` (``named``), as one of the values its ``*args`` collects (``varargs``, in
+    order) or by keyword into its ``**kwargs`` (``varkw``)."""
 
     name: str
     kind: str = "plain"
     keys: tuple = ()
     node_types: tuple[str, ...] = ()
     node_counts: tuple[int, ...] = ()
+    passed: str = "named"
 
     def leaf_names(self) -> list[str]:
         if self.kind == "plain":
@@ -55,6 +64,8 @@ class ArgLayout:
         """``value``'s leaves, in :meth:`leaf_names` order."""
         if self.kind == "plain":
             return [value]
+        if self.kind == "none":
+            return []
         if self.kind == "typed":
             return [value.relations[k] for k in self.keys]
         return [value[k] for k in self.keys]  # a dict's keys, a tuple's positions
@@ -63,6 +74,8 @@ class ArgLayout:
         """The argument ``forward`` sees, from its leaves (proxies while tracing)."""
         if self.kind == "plain":
             return leaves[0]
+        if self.kind == "none":
+            return None
         if self.kind == "typed":
             return TracedHetero(self.node_types, dict(zip(self.keys, leaves)))
         if self.kind == "tuple":
@@ -70,13 +83,15 @@ class ArgLayout:
         return dict(zip(self.keys, leaves))
 
 
-def layout_of(name: str, value: Any) -> ArgLayout:
-    """The layout of argument ``name`` given ``value``."""
+def layout_of(name: str, value: Any, passed: str = "named") -> ArgLayout:
+    """The layout of argument ``name`` given ``value`` (``passed`` as :class:`ArgLayout` says)."""
+    if value is None:
+        return ArgLayout(name, "none", passed=passed)
     if isinstance(value, TYPED_GRAPHS):
         counts = value.num_global_nodes if isinstance(value, HeteroShard) else {t: value.num_nodes(t)
                                                                                for t in value.node_types}
         return ArgLayout(name, "typed", tuple(value.edge_types), tuple(value.node_types),
-                         tuple(counts[t] for t in value.node_types))
+                         tuple(counts[t] for t in value.node_types), passed)
     if isinstance(value, dict):
         for k, v in value.items():
             if isinstance(v, (dict, list, tuple)):
@@ -84,10 +99,50 @@ def layout_of(name: str, value: Any) -> ArgLayout:
                     f"argument {name!r}[{k!r}] is a {type(v).__name__}: a model takes dicts of tensors (one per node "
                     "type or relation), not nested containers; flatten it into one dict"
                 )
-        return ArgLayout(name, "dict", tuple(value))
+        return ArgLayout(name, "dict", tuple(value), passed=passed)
     if isinstance(value, tuple):
-        return ArgLayout(name, "tuple", tuple(range(len(value))))
-    return ArgLayout(name)
+        return ArgLayout(name, "tuple", tuple(range(len(value))), passed=passed)
+    return ArgLayout(name, passed=passed)
+
+
+def call_arguments(forward: Any, args: tuple, kwargs: dict) -> dict[str, tuple[Any, str]]:
+    """A call's arguments as ``forward`` binds them, by name, in its order, each with how it
+    is passed (see :class:`ArgLayout`): the named parameters given, then each value
+    ``*name`` collects as ``name_0``, ``name_1``, ..., and each keyword ``**kwargs`` collects."""
+    signature = inspect.signature(forward)
+    try:
+        bound = signature.bind_partial(*args, **kwargs)
+    except TypeError as e:
+        raise CompileError(f"the model was called with arguments its forward{signature} does not take: {e}") from None
+    out: dict[str, tuple[Any, str]] = {}
+    for name, value in bound.arguments.items():
+        kind = signature.parameters[name].kind
+        if kind is inspect.Parameter.VAR_POSITIONAL:
+            out.update({f"{name}_{i}": (v, "varargs") for i, v in enumerate(value)})
+        elif kind is inspect.Parameter.VAR_KEYWORD:
+            out.update({k: (v, "varkw") for k, v in value.items()})
+        else:
+            out[name] = (value, "named")
+    return out
+
+
+def argument_name(forward: Any, where: int | str) -> str:
+    """The name :func:`call_arguments` gives the argument at position ``where`` (or keyword)."""
+    if isinstance(where, str):
+        return where
+    params = list(inspect.signature(forward).parameters.values())
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if where < len(positional):
+        return positional[where].name
+    var = next((p.name for p in params if p.kind is p.VAR_POSITIONAL), None)
+    if var is None:
+        raise CompileError(f"forward{inspect.signature(forward)} takes no argument at position {where}")
+    return f"{var}_{where - len(positional)}"
+
+
+def takes_varargs(given: dict[str, tuple[Any, str]]) -> bool:
+    """Whether ``given`` (:func:`call_arguments`) fills a ``*args`` or ``**kwargs``."""
+    return any(passed != "named" for _, passed in given.values())
 
 
 def needs_leaves(values: dict[str, Any]) -> bool:
@@ -102,18 +157,24 @@ def leaves_of_call(layouts: tuple[ArgLayout, ...], given: dict[str, Any]) -> lis
 
 
 def rebuilt_arguments(forward_params: list[Any], layouts: tuple[ArgLayout, ...],
-                      placeholder: Callable[[str], Any]) -> list[Any]:
-    """``forward``'s positional arguments while tracing: each argument of the call rebuilt
-    from placeholders (``placeholder(leaf_name)``), the others at their defaults (an
-    optional argument given None is None)."""
+                      placeholder: Callable[[str], Any]) -> tuple[list[Any], dict[str, Any]]:
+    """``forward``'s arguments while tracing, positional and by keyword: each argument of
+    the call rebuilt from placeholders (``placeholder(leaf_name)``, in the order of
+    ``layouts``), the others at their defaults (an optional argument given None is None)."""
+    rebuilt = {layout.name: layout.rebuild([placeholder(n) for n in layout.leaf_names()]) for layout in layouts}
     by_name = {layout.name: layout for layout in layouts}
-    args = []
+    args: list[Any] = []
+    kwargs: dict[str, Any] = {}
     for p in forward_params:
-        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD, p.KEYWORD_ONLY):
-            break
-        layout = by_name.get(p.name)
-        if layout is None:
-            args.append(None if p.default is p.empty else p.default)
+        if p.kind is p.VAR_POSITIONAL:
+            args += [rebuilt[x.name] for x in layouts if x.passed == "varargs"]
+        elif p.kind is p.VAR_KEYWORD:
+            kwargs.update({x.name: rebuilt[x.name] for x in layouts if x.passed == "varkw"})
+        elif p.kind is p.KEYWORD_ONLY:
+            if p.name in by_name:
+                kwargs[p.name] = rebuilt[p.name]
+        elif p.name in by_name:
+            args.append(rebuilt[p.name])
         else:
-            args.append(layout.rebuild([placeholder(n) for n in layout.leaf_names()]))
-    return args
+            args.append(None if p.default is p.empty else p.default)
+    return args, kwargs

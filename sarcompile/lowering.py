@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 from torch import nn
 
-__all__ = ["register_lowering", "lowering_for", "declare", "declared_helpers", "register_function_lowering", "function_lowerings", "function_homes"]
+__all__ = ["register_lowering", "lowering_for", "has_lowering", "declare", "declared_helpers", "register_function_lowering", "function_lowerings", "function_homes"]
 
 _RULES: dict[type, Callable[[nn.Module], nn.Module]] = {}
 _FUNCTIONS: dict[int, tuple[Callable, Callable]] = {}  # id(original) -> (original, replacement)
@@ -39,6 +39,11 @@ def lowering_for(m: nn.Module) -> nn.Module | None:
         if t in _RULES:
             return _RULES[t](m)
     return None
+
+
+def has_lowering(m: nn.Module) -> bool:
+    """Whether ``m`` is a layer with a rule (without running the rule)."""
+    return any(t in _RULES for t in type(m).__mro__)
 
 
 def declare(fn: Callable, output: Any) -> Callable:

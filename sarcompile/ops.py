@@ -16,6 +16,8 @@
                                          results are pushed to the sources' owners
 ``edge_max(g, e)``                       the largest value of ``e`` over every edge (all
                                          workers): a scalar, as ``e.max()``
+``node_mean(x)``                         the mean of ``x`` over every row of all workers: a
+                                         value without rows, as ``x.mean(0)``
 ``edge_softmax(g, e)``                   softmax of per-edge scores over the in-edges of each v
 ``edge_subset(g, mask)``                 the graph of the edges ``mask`` keeps (PyG's
                                          ``edge_index[:, mask]``), for the ops above
@@ -40,6 +42,7 @@ Edge tensors are in the graph's edge order: the order edges were given for a
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -63,6 +66,7 @@ __all__ = [
     "edge_reduce",
     "edge_reduce_src",
     "edge_max",
+    "node_mean",
     "edge_softmax",
     "edge_subset",
     "edge_dropout",
@@ -386,6 +390,33 @@ def edge_max(g, e: torch.Tensor, *, strategy: Strategy = Strategy.LOCAL) -> torc
     if isinstance(g, Graph):
         return e.max()
     return edge_max.definition.run(e)
+
+
+def _check_node_mean(x) -> None:
+    """No constant arguments to check (that ``x`` is per-node rows, the residency pass checks)."""
+
+
+@ir_op(
+    check=_check_node_mean,
+    output=CONST,
+    inputs={"x": NODE},
+    # the sums of a row and the row count, in float64; in backward the gradient's sum
+    exchange=AllReduce(lambda a: ((math.prod(a["x"].shape[1:]) + 1) * 8,
+                                  math.prod(a["x"].shape[1:]) * 8 if a["x"].requires_grad else 0)),
+    saved=lambda a: "row count",
+)
+def node_mean(x: torch.Tensor, *, strategy: Strategy = Strategy.LOCAL) -> torch.Tensor:
+    """The mean of ``x`` over its rows -- every node of its type, on all workers -- as
+    ``x.mean(0)`` on one machine (0 where there are no rows at all): a value without rows,
+    the same on every worker (PyG's HANConv averages its semantic attention scores so).
+
+    Summed in float64 (on N workers all-reduced with the row count), so the result hardly
+    depends on how the nodes are split; on N workers backward all-reduces the gradient
+    arriving (each worker's loss reaches the mean from its own rows only), then gives
+    every row its share."""
+    if strategy == Strategy.LOCAL:
+        return (x.double().sum(0) / max(x.shape[0], 1)).to(x.dtype)
+    return node_mean.definition.run(x)
 
 
 # -------------------------------------------------------------------- edge_softmax, dropout

@@ -27,6 +27,7 @@ from torch import nn
 
 from .errors import CompileError, SarcompileError
 from .lowering import function_homes, function_lowerings, lowering_for
+from .hetero import TracedHetero
 from .leaves import ArgLayout, rebuilt_arguments
 from .nn import NodeDropout, RandomStream
 from .probe import PROBES, ROW_COUNTS, Input, example
@@ -72,6 +73,14 @@ class SarTracer(fx.Tracer):
 
     def call_module(self, m, forward, args, kwargs):
         self._swap_functions(getattr(m, "forward", None))
+        if any(isinstance(v, (dict, TracedHetero)) for v in (*args, *kwargs.values())):
+            # A layer over dicts or a typed graph (PyG's HGTConv(x_dict, edge_index_dict)) cannot be
+            # one node (a node's arguments are values, not a typed graph): what it lowers to is
+            # traced in its place, referring to the layer's own parameters.
+            lowered = lowering_for(m)
+            if lowered is not None and lowered is not m:
+                self._swap_functions(lowered.forward)
+                return lowered.forward(*args, **kwargs)
         return super().call_module(m, forward, args, kwargs)
 
     def getattr(self, attr, attr_val, parameter_proxy_cache):
@@ -140,8 +149,9 @@ class SarTracer(fx.Tracer):
     def create_args_for_root(self, root_fn, is_module, concrete_args=None):
         if self.layouts:  # one placeholder per leaf; forward gets its dicts and typed graph back
             params = list(inspect.signature(root_fn).parameters.values())[1 if is_module else 0:]
-            args = rebuilt_arguments(params, self.layouts, lambda name: self.create_proxy("placeholder", name, (), {}))
-            return root_fn, ([self.root] if is_module else []) + args
+            args, kwargs = rebuilt_arguments(params, self.layouts,
+                                             lambda name: self.create_proxy("placeholder", name, (), {}))
+            return _with_keywords(root_fn, kwargs), ([self.root] if is_module else []) + args
         fn, args = super().create_args_for_root(root_fn, is_module, concrete_args)
         if self.graph_input is None or "dgl" not in sys.modules:
             return fn, args
@@ -173,6 +183,19 @@ class SarTracer(fx.Tracer):
         if isinstance(a, nn.Module):
             return self.create_node("get_attr", self.path_of_module(a), (), {})
         return super().create_arg(a)
+
+
+def _with_keywords(fn: Callable, kwargs: dict[str, Any]) -> Callable:
+    """``fn`` called with ``kwargs`` too (fx calls the root with positional arguments only);
+    a function, with ``fn``'s annotations, as fx reads them."""
+    if not kwargs:
+        return fn
+
+    @functools.wraps(fn)
+    def call(*args):
+        return fn(*args, **kwargs)
+
+    return call
 
 
 # -- shapes are constants ---------------------------------------------------------------------

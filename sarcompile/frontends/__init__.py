@@ -7,18 +7,20 @@ a dependency of sarcompile: :func:`load_available` imports a front-end only when
 library is already imported by the user's program (it must be, for a model built with
 it to exist), and the compiler calls it before every compile.
 
-============================  ===================  ========================================
-front-end                     library              layers
-============================  ===================  ========================================
-``frontends.pyg``             ``torch_geometric``  SAGEConv, GCNConv, GINConv, GATConv,
-                                                   GATv2Conv, GraphConv, BatchNorm, and any
-                                                   other MessagePassing layer it can trace
-``frontends.pyg_edge_types``  ``torch_geometric``  RGCNConv, FastRGCNConv, RGATConv
-``frontends.pyg_hetero``      ``torch_geometric``  HeteroConv, to_hetero(_with_bases) models
-``frontends.dgl``             ``dgl``              SAGEConv, GraphConv, GATConv,
-                                                   EdgeWeightNorm, TypedLinear, and layers
-                                                   written with update_all / apply_edges
-============================  ===================  ========================================
+==============================  ===================  ========================================
+front-end                       library              layers
+==============================  ===================  ========================================
+``frontends.pyg``               ``torch_geometric``  SAGEConv, GCNConv, GINConv, GATConv,
+                                                     GATv2Conv, GraphConv, BatchNorm, and any
+                                                     other MessagePassing layer it can trace
+``frontends.pyg_edge_types``    ``torch_geometric``  RGCNConv, FastRGCNConv, RGATConv
+``frontends.pyg_hetero``        ``torch_geometric``  HeteroConv, to_hetero models
+``frontends.pyg_hetero_convs``  ``torch_geometric``  HGTConv, HANConv, HeteroDictLinear
+``frontends.pyg_typed_rows``    ``torch_geometric``  HeteroLinear (and HEATConv through it)
+``frontends.dgl``               ``dgl``              SAGEConv, GraphConv, GATConv,
+                                                     EdgeWeightNorm, TypedLinear, and layers
+                                                     written with update_all / apply_edges
+==============================  ===================  ========================================
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ __all__ = ["load_available"]
 # library module name -> the front-end modules that register its rules
 _FRONTENDS = {
     "torch_geometric": ("sarcompile.frontends.pyg", "sarcompile.frontends.pyg_edge_types",
-                        "sarcompile.frontends.pyg_hetero"),
+                        "sarcompile.frontends.pyg_hetero", "sarcompile.frontends.pyg_hetero_convs",
+                        "sarcompile.frontends.pyg_typed_rows"),
     "dgl": ("sarcompile.frontends.dgl",),
 }
 

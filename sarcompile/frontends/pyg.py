@@ -17,18 +17,23 @@ PyG layer           lowered to
                     ``normalize``, ``root_weight``, ``bias``
 ``GCNConv``         ``spmm`` over ``g.with_self_loops()`` scaled by ``deg^-1/2`` at both ends;
                     ``normalize``, ``add_self_loops``, ``improved``, ``bias``, ``edge_weight``
-``GINConv``         ``nn(spmm(g, x, "sum") + (1 + eps) x)``
+``GINConv``         ``nn(spmm(g, x_src, "sum") + (1 + eps) x_dst)``
 ``GATConv``         ``sddmm(add) [+ edge term] -> leaky_relu -> edge_softmax -> [edge_dropout]
                     -> spmm``, which the fuse pass turns into one attention op; ``residual``,
                     ``bias``, ``edge_dim`` (the edge term ``(lin_edge(edge_attr) * att_edge)
                     .sum(-1)``, self-loops' features from ``fill_value`` as PyG)
-``GATv2Conv``       ``att . leaky_relu(sddmm(g, lin_l x, lin_r x, "add") [+ lin_edge(edge_attr)])``
+``GATv2Conv``       ``att . leaky_relu(sddmm(g, lin_l x_src, lin_r x_dst, "add") [+ lin_edge(edge_attr)])``
                     per edge and head, ``edge_softmax``, ``[edge_dropout]``, weighted ``spmm``
                     (not fused); ``edge_dim`` as for GATConv
 ``GraphConv``       ``lin_rel(spmm(g, x, aggr, edge_weight)) + lin_root(x)``
 ``BatchNorm``       the ``batch_norm`` IR op on the wrapped ``BatchNorm1d``'s parameters and
                     running statistics: statistics over the nodes of *all* workers
 ==================  =========================================================================
+
+``SAGEConv``, ``GraphConv``, ``GINConv``, ``GATConv`` and ``GATv2Conv`` also take ``(x_src,
+x_dst)``, as ``HeteroConv`` and ``to_hetero`` call them on a relation between two node types:
+the aggregation reads the source type's rows, root and attention terms the destination
+type's own (self-loops, which would join rows of two types by position, are refused).
 
 Any other ``MessagePassing`` layer gets the general lowering (:func:`_lower_message_passing`):
 its ``forward`` is traced as written, PyG's graph utilities over ``edge_index`` become IR
@@ -258,8 +263,9 @@ def _lower_gcn(m: gnn.GCNConv) -> nn.Module:
 class _GINConv(_StandIn):
     def forward(self, x, edge_index, size=None):
         m = self.layer
-        x = _plain_call(x, "GINConv", size=size)
-        return m.nn(spmm(edge_index, x, "sum") + (1 + m.eps) * x)
+        x_src, x_dst = _ends(x, "GINConv")
+        x_src = _plain_call(x_src, "GINConv", size=size)
+        return m.nn(spmm(edge_index, x_src, "sum") + (1 + m.eps) * x_dst)
 
 
 def _lower_gin(m: gnn.GINConv) -> nn.Module:
@@ -329,9 +335,6 @@ _FILLS = ("mean", "add", "sum", "max", "min", "amax", "amin", "mul")
 
 def _check_attention(m: nn.Module, base: type) -> None:
     _check_common(m, base, ("add", "sum"))
-    if base is gnn.GATv2Conv and not isinstance(m.in_channels, int):
-        raise _refuse(m, "in_channels", m.in_channels, "give one int (bipartite GATv2Conv is not supported yet; "
-                      "GATConv is)")
     if not 0.0 <= m.dropout < 1.0:
         raise _refuse(m, "dropout", m.dropout, "use a probability in [0, 1)")
     if m.edge_dim is not None and m.add_self_loops and isinstance(m.fill_value, str) and m.fill_value not in _FILLS:
@@ -369,16 +372,23 @@ class _Attention(_StandIn):
         return out
 
 
+def _no_loops_across(m: nn.Module, x) -> None:
+    """Refuse self-loops on a relation between two node types: PyG would join source row i
+    to destination row i, by position."""
+    if isinstance(x, tuple) and m.add_self_loops:
+        name = type(m).__name__
+        raise CompileError(
+            f"{name}(add_self_loops=True) got (x_src, x_dst): a relation between two node types has no node "
+            "joined to itself; build the layer with add_self_loops=False (to_hetero and PyG ask the same)"
+        )
+
+
 class _GATConv(_Attention):
     def forward(self, x, edge_index, edge_attr=None, size=None, return_attention_weights=None):
         m = self.layer
         # Without edge_dim PyG ignores edge_attr: so does this.
         x_src, x_dst = _ends(x, "GATConv")
-        if isinstance(x, tuple) and m.add_self_loops:
-            raise CompileError(
-                "GATConv(add_self_loops=True) got (x_src, x_dst): a relation between two node types has no node "
-                "joined to itself; build the layer with add_self_loops=False (to_hetero and PyG ask the same)"
-            )
+        _no_loops_across(m, x)
         x_src = _plain_call(x_src, "GATConv", size=size, return_attention_weights=return_attention_weights)
         H, C = m.heads, m.out_channels
         lin_src, lin_dst = (m.lin, m.lin) if m.lin is not None else (m.lin_src, m.lin_dst)
@@ -400,19 +410,24 @@ class _GATv2Conv(_Attention):
         m = self.layer
         # Without edge_dim PyG fails on an edge_attr (an assert): refused.
         unused = edge_attr if m.lin_edge is None else None
-        x = _plain_call(
-            x, "GATv2Conv (without edge_dim)" if unused is not None else "GATv2Conv", edge_attr=unused,
+        x_src, x_dst = _ends(x, "GATv2Conv")
+        _no_loops_across(m, x)
+        x_src = _plain_call(
+            x_src, "GATv2Conv (without edge_dim)" if unused is not None else "GATv2Conv", edge_attr=unused,
             return_attention_weights=return_attention_weights,
         )
-        x_l = m.lin_l(x).view(-1, m.heads, m.out_channels)
-        x_r = x_l if m.share_weights else m.lin_r(x).view(-1, m.heads, m.out_channels)
+        x_l = m.lin_l(x_src).view(-1, m.heads, m.out_channels)
+        if isinstance(x, tuple):  # (lin_r is lin_l with share_weights)
+            x_r = m.lin_r(x_dst).view(-1, m.heads, m.out_channels)
+        else:
+            x_r = x_l if m.share_weights else m.lin_r(x_src).view(-1, m.heads, m.out_channels)
         g = edge_index.with_self_loops() if m.add_self_loops else edge_index
         # Per edge u->v and head: att . leaky_relu(x_l[u] + x_r[v] [+ lin_edge(e)]), an [E, H, C] tensor.
         pre = sddmm(g, x_l, x_r, "add")
         if m.lin_edge is not None:
             pre = pre + self._edge_messages(edge_index, g, edge_attr)
         score = (F.leaky_relu(pre, m.negative_slope) * m.att).sum(dim=-1)
-        return self._aggregate(g, score, x_l, x)
+        return self._aggregate(g, score, x_l, x_dst)
 
 
 def _lower_gat(m: gnn.GATConv) -> nn.Module:

@@ -536,6 +536,33 @@ def sar_edge_max(e: torch.Tensor) -> torch.Tensor:
     return _GlobalMax.apply(e)
 
 
+class _GlobalMean(torch.autograd.Function):
+    """The mean over every worker's rows (float64 sums and the row count all-reduced);
+    backward all-reduces the gradient arriving, each worker's loss having reached the mean
+    from its own rows only, and gives every row its share."""
+
+    @staticmethod
+    def forward(ctx, x):
+        width = math.prod(x.shape[1:])
+        sums = global_sum(torch.cat([x.detach().double().reshape(x.shape[0], width).sum(0),
+                                     torch.tensor([float(x.shape[0])], dtype=torch.float64, device=x.device)]),
+                          phase="node_mean")
+        ctx.count = max(float(sums[-1]), 1.0)
+        ctx.shape = x.shape
+        return (sums[:-1] / ctx.count).reshape(x.shape[1:]).to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, g):
+        total = global_sum(g.double(), phase="node_mean") / ctx.count
+        return total.to(g.dtype).expand(ctx.shape).contiguous()
+
+
+@ir.node_mean.definition.implement
+def sar_node_mean(x: torch.Tensor) -> torch.Tensor:
+    """Partitioned :func:`sarcompile.ops.node_mean`: one row's sums and the count all-reduced."""
+    return _GlobalMean.apply(x)
+
+
 _NO_EDGE = torch.iinfo(torch.int64).max
 
 

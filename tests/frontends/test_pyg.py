@@ -328,7 +328,7 @@ def compile_error(second: nn.Module) -> str:
     (lambda: gnn.GCNConv(4, 4, cached=True), ["'conv2'", "GCNConv", "cached=True", "cached=False"]),
     (lambda: gnn.GATConv(4, 4, edge_dim=3), ["GATConv(edge_dim=3) was called without edge_attr", "pass edge_attr"]),
     (lambda: gnn.GATConv(4, 4, edge_dim=3, fill_value="any"), ["'conv2'", "GATConv", "fill_value='any'", "'mean'"]),
-    (lambda: gnn.GATv2Conv((4, 4), 4), ["'conv2'", "GATv2Conv", "in_channels"]),
+    (lambda: gnn.GATv2Conv(4, 4, dropout=1.0), ["'conv2'", "GATv2Conv", "dropout=1.0"]),
     (lambda: gnn.GraphNorm(4), ["'conv2'", "GraphNorm", "normalises over the nodes", "BatchNorm"]),
     (lambda: gnn.BatchNorm(4, allow_single_element=True), ["'conv2'", "allow_single_element=True"]),
     (lambda: gnn.SAGEConv(-1, 4), ["'conv2'", "lazily initialised"]),
