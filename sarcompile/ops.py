@@ -378,8 +378,9 @@ def _check_edge_max(g, e) -> None:
     check=_check_edge_max,
     output=CONST,
     inputs={"e": EDGE},
-    # the maximum, then the number of edges that reach it (gradients are split among them)
-    exchange=AllReduce(lambda a: (a["e"].element_size() + 8, 0)),
+    # the maximum, then the number of edges that reach it (gradients are split among them);
+    # in backward the gradient arriving at the maximum, summed over the workers
+    exchange=AllReduce(lambda a: (a["e"].element_size() + 8, 8 if a["e"].requires_grad else 0)),
     saved=lambda a: "where the maximum is [E] bool",
 )
 def edge_max(g, e: torch.Tensor, *, strategy: Strategy = Strategy.LOCAL) -> torch.Tensor:

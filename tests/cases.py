@@ -181,8 +181,24 @@ class GatherModel(nn.Module):
         return torch.cat(outs + [sc.ops.edge_reduce(g, torch.sin(k_j), "mean", dim=-2)], dim=-1)
 
 
+class RowlessModel(nn.Module):
+    """Values without rows that every worker's rows reach and feed: the largest edge score
+    (``edge_max``) and the mean of every node's row (``node_mean``), each in every node's
+    output, so their gradients gather every worker's loss."""
+
+    def __init__(self, f_in: int = 6, hidden: int = 3):
+        super().__init__()
+        self.lin = nn.Linear(f_in, hidden)
+
+    def forward(self, g, x):
+        h = self.lin(x)
+        top = sc.ops.edge_max(g, sc.sddmm(g, h, h, "dot"))
+        return torch.tanh(h * top) + sc.ops.node_mean(h)
+
+
 MODELS = {
     "mix": MixModel,
+    "rowless": RowlessModel,
     "gathers": GatherModel,
     "edge": EdgeModel,
     "drop": DropModel,

@@ -513,7 +513,8 @@ def sar_edge_reduce_src(shard: ShardGraph, e: torch.Tensor, reduce: str) -> torc
 
 class _GlobalMax(torch.autograd.Function):
     """The largest element over every worker's rows; its gradient split evenly among the
-    elements equal to it on all workers (torch's rule for ``max()``)."""
+    elements equal to it on all workers (torch's rule for ``max()``). Each worker's loss
+    reaches the maximum from its own rows: the gradient arriving is all-reduced first."""
 
     @staticmethod
     def forward(ctx, e):
@@ -527,7 +528,8 @@ class _GlobalMax(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         (ties,) = ctx.saved_tensors
-        return ties.to(g.dtype) * (g / ctx.count)
+        total = global_sum(g.double(), phase="edge_max").to(g.dtype)
+        return ties.to(g.dtype) * (total / ctx.count)
 
 
 @ir.edge_max.definition.implement

@@ -70,6 +70,17 @@ def test_gat_models_one_to_four_workers(pool, data):
 
 
 @given(data=st.data())
+@settings(SETTINGS, max_examples=6)
+def test_values_without_rows_gather_every_workers_gradient(pool, data):
+    """edge_max and node_mean: one value for all workers, whose gradient is the sum of every
+    worker's loss reaching it (a worker's own share alone was wrong for edge_max)."""
+    world_size = data.draw(st.sampled_from([2, 3]))
+    case = data.draw(cases(world_size, models=("rowless",)))
+    assume(case.graph.num_edges >= 1)  # the largest of no edge scores is not defined on one machine
+    check(case, world_size, pool)
+
+
+@given(data=st.data())
 @SETTINGS
 def test_batch_norm_statistics_span_all_workers(pool, data):
     world_size = data.draw(st.sampled_from([1, 2, 3]))
