@@ -476,7 +476,7 @@ def _loads(data: bytes) -> Any:
     return torch.load(io.BytesIO(data), weights_only=False)
 
 
-def _worker_main(rank: int, world_size: int, store_path: str, jobs, results) -> None:
+def _worker_main(rank: int, world_size: int, store_path: str, jobs, results, case: Callable | None = None) -> None:
     os.environ["SARCOMPILE_TIMEOUT"] = COMM_TIMEOUT_S
     import torch.distributed as dist
 
@@ -503,7 +503,7 @@ def _worker_main(rank: int, world_size: int, store_path: str, jobs, results) -> 
                 d = payload["dir"]
                 if d not in parts:
                     parts[d] = sc.load_partition(d, rank, world_size)
-                results.put((rank, job_id, True, _dumps(_worker_case(parts[d], payload))))
+                results.put((rank, job_id, True, _dumps((case or _worker_case)(parts[d], payload))))
             except Exception as e:  # reported to the parent, which judges the case
                 results.put((rank, job_id, True, _dumps({"error": _error(e)})))
     finally:
@@ -531,9 +531,11 @@ def _worker_case(part, payload: dict) -> dict:
 
 
 class Pool:
-    """``world_size`` worker processes in one gloo group; :meth:`run` sends one case to all."""
+    """``world_size`` worker processes in one gloo group; :meth:`run` sends one case to all,
+    which ``case(part, payload)`` runs on each (this zoo's by default; the heterogeneous zoo
+    gives its own)."""
 
-    def __init__(self, world_size: int):
+    def __init__(self, world_size: int, case: Callable | None = None):
         ctx = mp.get_context("spawn")
         self.world_size = world_size
         self.closed = False
@@ -542,7 +544,7 @@ class Pool:
         self.results = ctx.Queue()
         self._next = 0
         store = os.path.join(self._dir.name, "store")
-        self.procs = [ctx.Process(target=_worker_main, args=(r, world_size, store, self.jobs[r], self.results),
+        self.procs = [ctx.Process(target=_worker_main, args=(r, world_size, store, self.jobs[r], self.results, case),
                                   daemon=True) for r in range(world_size)]
         for p in self.procs:
             p.start()

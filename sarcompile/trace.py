@@ -151,6 +151,11 @@ class SarTracer(fx.Tracer):
             params = list(inspect.signature(root_fn).parameters.values())[1 if is_module else 0:]
             args, kwargs = rebuilt_arguments(params, self.layouts,
                                              lambda name: self.create_proxy("placeholder", name, (), {}))
+            if "dgl" in sys.modules:  # DGL code reads a typed graph as a DGL heterograph (frames, update_all)
+                from .frontends.dgl_hetero import HeteroGraphProxy
+
+                args = [HeteroGraphProxy(a, self) if isinstance(a, TracedHetero) else a for a in args]
+                kwargs = {k: HeteroGraphProxy(a, self) if isinstance(a, TracedHetero) else a for k, a in kwargs.items()}
             return _with_keywords(root_fn, kwargs), ([self.root] if is_module else []) + args
         fn, args = super().create_args_for_root(root_fn, is_module, concrete_args)
         if self.graph_input is None or "dgl" not in sys.modules:
@@ -264,6 +269,8 @@ class ShapeTracer(SarTracer):
         return all(isinstance(v, torch.Tensor) for v in self.values.get(node, (None,)))
 
     def create_proxy(self, kind, target, args, kwargs, *rest, **more):
+        if kind == "call_method" and target in ("view", "reshape"):
+            args = self._explicit_sizes(args)
         proxy = super().create_proxy(kind, target, args, kwargs, *rest, **more)
         if self.examples is None or kind == "output" or not isinstance(proxy, fx.Proxy):
             return proxy
@@ -280,6 +287,36 @@ class ShapeTracer(SarTracer):
             return proxy
         self.graph.erase_node(node)
         return constant
+
+    def _explicit_sizes(self, args: tuple) -> tuple:
+        """``x.view(..., -1, ...)`` of a value with rows, with the -1 spelled out: as
+        ``x.size(0)`` where it stands for the rows (first, with the other sizes covering
+        ``x``'s other axes), as the number it is on every example elsewhere. The same, but
+        also on a worker holding no rows of ``x``'s kind, where torch cannot tell what -1
+        stands for (DGL's layers reshape this way)."""
+        x, sizes = args[0], args[1:]
+        if len(sizes) == 1 and isinstance(sizes[0], (tuple, list)):
+            sizes = tuple(sizes[0])
+        at = [i for i, d in enumerate(sizes) if isinstance(d, int) and d == -1]
+        examples = self.values.get(x.node) if isinstance(x, fx.Proxy) and x.node in self.derived else None
+        if len(at) != 1 or not examples or not all(isinstance(v, torch.Tensor) and v.numel() for v in examples):
+            return args
+        known = [[d if isinstance(d, int) else self.values.get(getattr(d, "node", None), (None,) * len(examples))[p]
+                  for d in sizes] for p in range(len(examples))]
+        if any(not isinstance(d, int) for sizes_p in known for d in sizes_p):
+            return args
+        try:
+            shapes = [v.reshape(*sizes_p).shape for v, sizes_p in zip(examples, known)]
+        except RuntimeError:
+            return args
+        i = at[0]
+        if i == 0 and all(s[0] == v.shape[0] for s, v in zip(shapes, examples)):
+            explicit = self.create_proxy("call_method", "size", (x, 0), {})
+        elif i > 0 and len({s[i] for s in shapes}) == 1:
+            explicit = shapes[0][i]
+        else:
+            return args
+        return (x, *sizes[:i], explicit, *sizes[i + 1:])
 
     # -- example values ----------------------------------------------------------------------
     def getattr(self, attr, attr_val, parameter_proxy_cache):
@@ -385,7 +422,7 @@ def examples_for(names: Sequence[str], inputs: Mapping[str, Input], device: torc
 # torch 2.2's functions taking sizes take no traced size (torch.ones(g.num_edges(), 1) and
 # torch.reshape(x, x.shape + (1,)) raise a TypeError); while tracing, a call given a traced
 # value is recorded as a node, as newer torch records it.
-_FACTORIES = ("ones", "zeros", "full", "empty", "rand", "randn", "reshape")
+_FACTORIES = ("ones", "zeros", "full", "empty", "rand", "randn", "reshape", "arange")
 
 
 def _sized_factory(original: Callable) -> Callable:

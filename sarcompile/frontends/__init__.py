@@ -17,9 +17,11 @@ front-end                       library              layers
 ``frontends.pyg_hetero``        ``torch_geometric``  HeteroConv, to_hetero models
 ``frontends.pyg_hetero_convs``  ``torch_geometric``  HGTConv, HANConv, HeteroDictLinear
 ``frontends.pyg_typed_rows``    ``torch_geometric``  HeteroLinear (and HEATConv through it)
-``frontends.dgl``               ``dgl``              SAGEConv, GraphConv, GATConv,
+``frontends.dgl``               ``dgl``              SAGEConv, GraphConv, GATConv, HGTConv,
                                                      EdgeWeightNorm, TypedLinear, and layers
                                                      written with update_all / apply_edges
+``frontends.dgl_hetero``        ``dgl``              heterographs (multi_update_all,
+                                                     edge_softmax), HeteroGraphConv
 ==============================  ===================  ========================================
 """
 
@@ -35,7 +37,7 @@ _FRONTENDS = {
     "torch_geometric": ("sarcompile.frontends.pyg", "sarcompile.frontends.pyg_edge_types",
                         "sarcompile.frontends.pyg_hetero", "sarcompile.frontends.pyg_hetero_convs",
                         "sarcompile.frontends.pyg_typed_rows"),
-    "dgl": ("sarcompile.frontends.dgl",),
+    "dgl": ("sarcompile.frontends.dgl", "sarcompile.frontends.dgl_hetero"),
 }
 
 

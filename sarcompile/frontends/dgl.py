@@ -4,42 +4,46 @@ The compiler imports this module when ``dgl`` is imported (see
 :mod:`sarcompile.compiler`); it needs DGL itself. It gives
 
 * lowering rules (:func:`sarcompile.lowering.register_lowering`) for
-  ``dgl.nn.SAGEConv`` (``mean``, ``gcn``, ``pool``), ``dgl.nn.GraphConv`` (every ``norm``)
-  and ``dgl.nn.GATConv``: each layer is replaced by a stand-in written with the IR ops
-  that computes what the DGL layer computes and *shares* its parameters, so gradients land
-  on the DGL module and its ``state_dict`` keys stay DGL's.
+  ``dgl.nn.SAGEConv`` (``mean``, ``gcn``, ``pool``), ``dgl.nn.GraphConv`` (every ``norm``),
+  ``dgl.nn.GATConv``, ``dgl.nn.HGTConv``, ``dgl.nn.EdgeWeightNorm`` and
+  ``dgl.nn.TypedLinear``: each layer is replaced by a stand-in written with the IR ops that
+  computes what the DGL layer computes and *shares* its parameters, so gradients land on the
+  DGL module and its ``state_dict`` keys stay DGL's. SAGEConv, GraphConv and GATConv also
+  take a ``(source, destination)`` pair of features, as ``HeteroGraphConv`` calls them on a
+  relation between two node types (:mod:`sarcompile.frontends.dgl_hetero`).
 
 The convention: where the eager DGL model gets the ``DGLGraph``, the compiled one gets a
-sarcompile graph (``Graph.from_dgl(g)``, or a worker's ``part.graph``)::
+sarcompile graph (``Graph.from_dgl(g)``, ``HeteroGraph.from_dgl(hg)``, or a worker's
+``part.graph``)::
 
     model = sc.distribute(MyDGLModel(...))
     out = model(sc.Graph.from_dgl(g), x)        # == MyDGLModel(...)(g, x)
 
 What does not carry over is refused with a :class:`~sarcompile.CompileError` naming the
-layer and the option: DGL's torch-RNG dropouts (``feat_drop`` while training; GAT's
-``attn_drop`` is replaced by sarcompile's counter-based edge dropout, the same on any
-number of workers but a different mask than DGL's), bipartite inputs (feature pairs,
-``DGLBlock``), ``aggregator_type="lstm"`` and code that calls ``DGLGraph`` methods itself.
+layer and the option: DGL's torch-RNG dropouts (``feat_drop``, HGTConv's ``dropout``, while
+training; GAT's ``attn_drop`` is replaced by sarcompile's counter-based edge dropout, the same
+on any number of workers but a different mask than DGL's), ``DGLBlock`` inputs and
+``aggregator_type="lstm"``. DGL code that calls ``DGLGraph`` methods itself is traced with a
+graph proxy (:mod:`sarcompile.frontends.dgl_graph`).
 """
 
 from __future__ import annotations
 
 import weakref
+from types import SimpleNamespace
 from typing import Any
 
 import torch
 import torch.fx
 import torch.nn.functional as F
-import dgl.nn.functional
-import dgl.ops
-from dgl.nn.pytorch import EdgeWeightNorm, GATConv, GraphConv, SAGEConv, TypedLinear
+from dgl.nn.pytorch import EdgeWeightNorm, GATConv, GraphConv, HGTConv, SAGEConv, TypedLinear
 from torch import nn
 
 from ..errors import CompileError, GraphError
 from ..graph import Graph
 from ..nn import RandomStream
 from ..ops import edge_dropout, edge_reduce, edge_reduce_src, edge_softmax, gather_dst, gather_src, sddmm, spmm
-from ..lowering import declare, register_function_lowering, register_lowering
+from ..lowering import declare, register_lowering
 from ..vocab import Residency
 from ..runtime import comm
 from ..shard import ShardGraph
@@ -54,10 +58,12 @@ __all__ = ["out_degrees"]
 _OUT_DEGREES: weakref.WeakKeyDictionary[Any, torch.Tensor] = weakref.WeakKeyDictionary()
 
 
-def out_degrees(graph: Graph | ShardGraph) -> torch.Tensor:
-    """Out-degree of every node (local nodes on a worker), counting all its out-edges: the
-    ``edge_reduce_src`` op run once per graph (every worker reaches it at the same point of
-    the program, so its exchange lines up)."""
+def out_degrees(graph: Graph | ShardGraph, src_rows: torch.Tensor) -> torch.Tensor:
+    """Out-degree of every source node (local source rows on a worker), counting all its
+    out-edges: the ``edge_reduce_src`` op run once per graph (every worker reaches it at
+    the same point of the program, so its exchange lines up). ``src_rows`` is a tensor with
+    a row per source node (the graph's ``src_global_ids``): it tells the compiler whose rows
+    the result is (a relation's source type)."""
     cached = _OUT_DEGREES.get(graph)
     if cached is None:
         cached = edge_reduce_src(graph, torch.ones(graph.num_edges, dtype=torch.long))
@@ -103,21 +109,26 @@ def scale_rows(x: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
     return x * s.to(x.dtype).reshape(-1, *([1] * (x.dim() - 1)))
 
 
-def check_call(feat: Any, layer: str, **refused: Any) -> torch.Tensor:
-    """``feat`` unchanged, after refusing what the stand-in cannot compute: a (source,
-    destination) feature pair, or any of ``refused`` given (not None / not False).
+def check_call(feat: torch.Tensor, layer: str, **refused: Any) -> torch.Tensor:
+    """``feat`` unchanged, after refusing any of ``refused`` given (not None / not False).
 
     A stand-in is traced once for every call signature, so optional arguments are only
     known when the program runs: this check runs then, before anything is computed."""
-    if isinstance(feat, (tuple, list)):
-        raise CompileError(
-            f"{layer}: a (source, destination) feature pair is a bipartite input, which sarcompile does "
-            "not compile; pass one node feature tensor for the whole graph"
-        )
     for name, value in refused.items():
         if value is not None and value is not False:
             raise CompileError(f"{layer}: {name}= is not supported by the compiled layer")
     return feat
+
+
+def split_pair(feat: Any, layer: str) -> tuple[Any, Any]:
+    """A layer's ``(source, destination)`` features, as DGL's ``expand_as_pair`` gives them on
+    a whole graph: a pair as it is (``HeteroGraphConv`` passes one on every relation), one
+    tensor for both ends. Runs while tracing: the pair is two inputs of the layer."""
+    if isinstance(feat, (tuple, list)):
+        if len(feat) != 2:
+            raise CompileError(f"{layer} takes node features or a (source, destination) pair, got {len(feat)} tensors")
+        return feat[0], feat[1]
+    return feat, feat
 
 
 def own_or_given(own: torch.Tensor | None, given: torch.Tensor | None) -> torch.Tensor | None:
@@ -140,39 +151,27 @@ for _fn in ("out_degrees", "check_edge_weights", "require_in_edges", "check_in_e
             "check_call", "own_or_given", "matmul_opt", "graph_device"):
     torch.fx.wrap(_fn)
 # Each is row-local (the residency pass cannot look inside them): the result's residency.
-for _fn, _out in ((out_degrees, Residency.NODE),
+for _fn, _out in ((out_degrees, "src_rows"),
                   (check_edge_weights, "weight"), (require_in_edges, "feat"), (check_in_edges, Residency.CONST), (scale_rows, "x"),
                   (check_call, "feat"), (own_or_given, Residency.PARAM), (matmul_opt, "x"),
                   (graph_device, Residency.CONST)):
     declare(_fn, _out)
 
 
-# -- functions DGL's layers call, replaced while tracing (register_function_lowering) ---------------
-def dgl_edge_softmax(graph, logits, eids="__ALL__", norm_by="dst"):
-    """``dgl.nn.functional.edge_softmax``: the softmax over each node's in-edges, the IR's
-    ``edge_softmax``."""
-    if not (isinstance(eids, str) and eids == "__ALL__") or norm_by != "dst":
-        raise CompileError(
-            f"dgl edge_softmax(eids=..., norm_by={norm_by!r}) is not supported: sarcompile normalises over "
-            "all in-edges of each node (norm_by='dst', every edge)"
-        )
-    if isinstance(logits, dict):
-        raise CompileError("dgl edge_softmax on a heterograph (a dict of logits) is not supported")
-    return edge_softmax(graph, logits)
-
-
-register_function_lowering(dgl.ops.edge_softmax, dgl_edge_softmax, homes=(dgl.ops, dgl.nn.functional))
-
-
 # -- stand-ins -------------------------------------------------------------------------------------
-def _refuse_feat_drop(layer: str, m: nn.Module) -> None:
-    if m.training and m.feat_drop.p > 0:
+def _refuse_dropout(layer: str, option: str, drop: nn.Dropout, training: bool, fix: str) -> None:
+    """Refuse a DGL layer's own ``nn.Dropout`` while training: its mask comes from torch's RNG,
+    so N workers would drop different entries than one machine."""
+    if training and drop.p > 0:
         raise CompileError(
-            f"{layer}(feat_drop={m.feat_drop.p}): DGL's feature dropout draws from torch's RNG, so N "
-            "workers would drop different entries than one machine. Build the layer with feat_drop=0 and "
-            "put sc.nn.NodeDropout(p) before it (a mask keyed by node id, the same on any number of "
-            "workers)."
+            f"{layer}({option}={drop.p}): DGL's dropout draws from torch's RNG, so N workers would drop "
+            f"different entries than one machine. Build the layer with {option}=0 and {fix} (a mask keyed "
+            "by node id, the same on any number of workers)."
         )
+
+
+def _refuse_feat_drop(layer: str, m: nn.Module) -> None:
+    _refuse_dropout(layer, "feat_drop", m.feat_drop, m.training, "put sc.nn.NodeDropout(p) before it")
 
 
 class _Shared(nn.Module):
@@ -207,23 +206,28 @@ class DGLSAGEConv(_Shared):
 
     # Note: every argument is a symbolic value when this is traced (see check_call).
     def forward(self, graph, feat, edge_weight=None):
+        feat_src, feat_dst = split_pair(feat, "dgl.nn.SAGEConv")
         if self.aggr == "pool":
-            feat = check_call(feat, "dgl.nn.SAGEConv(aggregator_type='pool')", edge_weight=edge_weight)
-            h_neigh = self.fc_neigh(spmm(graph, F.relu(self.fc_pool(feat)), "max"))
+            feat_src = check_call(feat_src, "dgl.nn.SAGEConv(aggregator_type='pool')", edge_weight=edge_weight)
+            h_neigh = self.fc_neigh(spmm(graph, F.relu(self.fc_pool(feat_src)), "max"))
         else:
-            feat = check_call(feat, "dgl.nn.SAGEConv")
-            h = self.fc_neigh(feat) if self.lin_before_mp else feat
+            feat_src = check_call(feat_src, "dgl.nn.SAGEConv")
+            h = self.fc_neigh(feat_src) if self.lin_before_mp else feat_src
             if self.aggr == "mean":
                 h_neigh = spmm(graph, h, "mean", edge_weight)
             else:  # gcn: the node itself counts as one more neighbour
+                if isinstance(feat, (tuple, list)):  # a pair: the destination's own row, mapped as DGL maps it
+                    h_dst = self.fc_neigh(feat_dst) if self.lin_before_mp else feat_dst
+                else:
+                    h_dst = h
                 deg = graph.in_degrees().to(h.dtype)
-                h_neigh = (spmm(graph, h, "sum", edge_weight) + h) / (deg.unsqueeze(-1) + 1)
+                h_neigh = (spmm(graph, h, "sum", edge_weight) + h_dst) / (deg.unsqueeze(-1) + 1)
             if not self.lin_before_mp:
                 h_neigh = self.fc_neigh(h_neigh)
         if self.aggr == "gcn":
             rst = h_neigh if self.bias is None else h_neigh + self.bias
         else:
-            rst = self.fc_self(feat) + h_neigh
+            rst = self.fc_self(feat_dst) + h_neigh
         if self.activation is not None:
             rst = self.activation(rst)
         if self.norm is not None:
@@ -240,19 +244,20 @@ class DGLGraphConv(_Shared):
         self.in_feats, self.out_feats = m._in_feats, m._out_feats
 
     def forward(self, graph, feat, weight=None, edge_weight=None):
+        feat, feat_dst = split_pair(feat, "dgl.nn.GraphConv")  # feat: the sources' rows
         feat = check_call(feat, "dgl.nn.GraphConv")
         if not self.allow_zero_in_degree:
             feat = require_in_edges(graph, feat, "dgl.nn.GraphConv")
         weight = own_or_given(self.weight, weight)
         if self.norm in ("left", "both"):
-            degs = out_degrees(graph).clamp(min=1).to(feat.dtype)
+            degs = out_degrees(graph, graph.src_global_ids).clamp(min=1).to(feat.dtype)
             feat = scale_rows(feat, degs.pow(-0.5) if self.norm == "both" else 1.0 / degs)
         if self.in_feats > self.out_feats:  # DGL's order: multiply first when it shrinks the rows
             rst = spmm(graph, matmul_opt(feat, weight), "sum", edge_weight)
         else:
             rst = matmul_opt(spmm(graph, feat, "sum", edge_weight), weight)
         if self.norm in ("right", "both"):
-            degs = graph.in_degrees().clamp(min=1).to(feat.dtype)
+            degs = graph.in_degrees().clamp(min=1).to(feat_dst.dtype)
             rst = scale_rows(rst, degs.pow(-0.5) if self.norm == "both" else 1.0 / degs)
         if self.bias is not None:
             rst = rst + self.bias
@@ -312,12 +317,9 @@ class DGLGATConv(_Shared):
     ``attn_drop`` uses sarcompile's counter-based edge dropout (see the module docstring)."""
 
     def __init__(self, m: GATConv):
-        if hasattr(m, "fc_src"):
-            raise CompileError(
-                "dgl.nn.GATConv built with a pair of input sizes (bipartite) is not supported; give one in_feats"
-            )
         _refuse_feat_drop("dgl.nn.GATConv", m)
-        super().__init__(m, ("fc", "attn_l", "attn_r", "res_fc", "activation"))
+        # fc, or fc_src and fc_dst when built with a pair of input sizes
+        super().__init__(m, ("fc", "fc_src", "fc_dst", "attn_l", "attn_r", "res_fc", "activation"))
         self.bias = m.bias if m.has_explicit_bias else None
         self.heads, self.out_feats = m._num_heads, m._out_feats
         self.negative_slope = float(m.leaky_relu.negative_slope)
@@ -330,21 +332,29 @@ class DGLGATConv(_Shared):
             self.attn_stream.training = True
 
     def forward(self, graph, feat, edge_weight=None, get_attention=False):
+        paired = isinstance(feat, (tuple, list))
+        if self.fc is None and not paired:  # DGL fails here too (it has no fc)
+            raise CompileError("dgl.nn.GATConv built with a pair of input sizes takes a (source, destination) pair "
+                               "of features")
+        feat_src, feat_dst = split_pair(feat, "dgl.nn.GATConv")
         # The compiled attention keeps no per-edge tensor: nothing to return or to reweight.
-        feat = check_call(feat, "dgl.nn.GATConv", edge_weight=edge_weight, get_attention=get_attention)
+        feat_src = check_call(feat_src, "dgl.nn.GATConv", edge_weight=edge_weight, get_attention=get_attention)
         if not self.allow_zero_in_degree:
-            feat = require_in_edges(graph, feat, "dgl.nn.GATConv")
-        n = feat.size(0)
-        h = self.fc(feat).view(n, self.heads, self.out_feats)
-        a_src = (h * self.attn_l).sum(-1)
-        a_dst = (h * self.attn_r).sum(-1)
+            feat_src = require_in_edges(graph, feat_src, "dgl.nn.GATConv")
+        n_src, n_dst = feat_src.size(0), feat_dst.size(0)  # (view(-1, ...) fails on a worker with no rows)
+        h_src = (self.fc if self.fc is not None else self.fc_src)(feat_src).view(n_src, self.heads, self.out_feats)
+        h_dst = h_src
+        if paired:
+            h_dst = (self.fc if self.fc is not None else self.fc_dst)(feat_dst).view(n_dst, self.heads, self.out_feats)
+        a_src = (h_src * self.attn_l).sum(-1)
+        a_dst = (h_dst * self.attn_r).sum(-1)
         score = F.leaky_relu(sddmm(graph, a_src, a_dst, "add"), self.negative_slope)
         weight = edge_softmax(graph, score)
         if self.training and self.attn_p > 0:
             weight = edge_dropout(graph, weight, self.attn_p, self.attn_stream())
-        rst = spmm(graph, h, "sum", edge_weight=weight)
+        rst = spmm(graph, h_src, "sum", edge_weight=weight)
         if self.res_fc is not None:
-            rst = rst + self.res_fc(feat).view(n, self.heads, self.out_feats)  # n may be 0 on a worker
+            rst = rst + self.res_fc(feat_dst).view(n_dst, self.heads, self.out_feats)
         if self.bias is not None:
             rst = rst + self.bias.view(1, self.heads, self.out_feats)
         if self.activation is not None:
@@ -352,8 +362,49 @@ class DGLGATConv(_Shared):
         return rst
 
 
+class DGLHGTConv(nn.Module):
+    """``dgl.nn.HGTConv`` on a graph with a type per node and per edge (``ntype``, ``etype``,
+    as ``dgl.to_homogeneous`` gives them): keys and values of the sources and queries of the
+    destinations gathered onto the edges, DGL's own message function on them, the edge
+    softmax and the sum into the destinations, then DGL's typed output map and skip mix.
+    (DGL's forward picks the skip by comparing two shapes in Python, which a traced row
+    count cannot answer; on a whole graph the feature sizes decide it, as here.)
+
+    ``dropout`` while training is refused, as ``feat_drop`` is (see :func:`_refuse_dropout`)."""
+
+    def __init__(self, m: HGTConv):
+        super().__init__()
+        _refuse_dropout("dgl.nn.HGTConv", "dropout", m.drop, m.training,
+                        "put sc.nn.NodeDropout(p) on its input or output instead")
+        self.m = m  # its typed linear maps, relation parameters and message function, called through it
+
+    def forward(self, graph, x, ntype, etype, *, presorted=False):
+        m, n = self.m, x.size(0)  # (view(-1, ...) fails on a worker with no rows)
+        heads, size = m.num_heads, m.head_size
+        # DGL's forward stores `presorted` for its message function's typed linear maps; it only picks
+        # their kernel (the compiled maps compute per row), so it is False here, and not a traced value.
+        m.presorted = False
+        k = m.linear_k(x, ntype).view(n, heads, size)
+        q = m.linear_q(x, ntype).view(n, heads, size)
+        v = m.linear_v(x, ntype).view(n, heads, size)
+        edges = SimpleNamespace(src={"k": gather_src(graph, k), "v": gather_src(graph, v)},
+                                dst={"q": gather_dst(graph, q)}, data={"etype": etype})
+        out = m.message(edges)
+        h = edge_reduce(graph, out["m"] * edge_softmax(graph, out["a"]).unsqueeze(-1), "sum").view(n, heads * size)
+        h = m.linear_a(h, ntype)
+        alpha = torch.sigmoid(m.skip[ntype]).unsqueeze(-1)
+        if m.in_size != heads * size:
+            h = h * alpha + torch.matmul(x, m.residual_w) * (1 - alpha)
+        else:
+            h = h * alpha + x * (1 - alpha)
+        if m.use_norm:
+            h = m.norm(h)
+        return h
+
+
 register_lowering(SAGEConv, DGLSAGEConv)
 register_lowering(GraphConv, DGLGraphConv)
 register_lowering(GATConv, DGLGATConv)
 register_lowering(EdgeWeightNorm, DGLEdgeWeightNorm)
 register_lowering(TypedLinear, DGLTypedLinear)
+register_lowering(HGTConv, DGLHGTConv)

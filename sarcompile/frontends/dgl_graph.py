@@ -11,13 +11,20 @@ DGL user code stores tensors in the graph's frames and runs message passing on t
 
 When the compiled model is traced, the graph argument is a :class:`GraphProxy`: an fx
 proxy of the graph input (so IR ops and lowered DGL layers receive the graph) with the
-frames as plain dicts of traced values. ``update_all`` lowers to
+frames as plain dicts of traced values. Each relation of a typed graph is one too
+(:mod:`sarcompile.frontends.dgl_hetero`), bipartite when it joins two node types:
+``srcdata`` then holds rows of the source type, ``dstdata`` of the destination type.
+``update_all`` lowers to
 
-* ``spmm`` for ``copy_u`` with ``sum``/``mean``/``max``;
+* ``spmm`` for ``copy_u`` with ``sum``/``mean``/``max``/``min``;
 * ``message_passing`` (per-block messages, recomputed in backward) for every other
   builtin message (``u_mul_e``, ``u_add_v``, ``copy_e``, ...) and for a user message
   function ``def message(edges): return {"m": ...}`` reading ``edges.src`` /
-  ``edges.dst`` (one node field) and ``edges.data`` (at most one edge field).
+  ``edges.dst`` (one node field) and ``edges.data`` (at most one edge field), on a graph
+  with one node set;
+* messages computed on per-edge rows and reduced into their destinations
+  (``edge_reduce``, ``sum``/``mean``) for a message reading more fields, and on a
+  relation between two node types.
 
 ``apply_edges`` with a builtin ``u_<op>_v`` / ``v_<op>_u`` lowers to ``sddmm``; any other
 builtin (``u_add_e``, ``e_mul_v``, ...) and a user function ``def f(edges): return {...}``
@@ -26,10 +33,10 @@ the edges (by ``sddmm``, read only when used), ``edges.data`` the edge frame.
 
 The counts DGL code reads (``g.num_edges()``, ``g.num_nodes()``, ...) are the graph's row
 counts, so ``torch.ones(g.num_edges())`` is a per-edge tensor; ``g.out_degrees()`` and
-``g.device`` are answered by row-local helpers. Reduce functions must be
-DGL's builtins ``sum``, ``mean`` or ``max``: a mailbox function (``nodes.mailbox``, which
-DGL buckets by degree) is refused with a :class:`~sarcompile.CompileError`, as is what is
-not listed here.
+``g.device`` are answered by row-local helpers. Reduce functions must be DGL's builtins
+``sum``, ``mean``, ``max`` or ``min`` (``min`` of ``copy_u``): a mailbox function
+(``nodes.mailbox``, which DGL buckets by degree) is refused with a
+:class:`~sarcompile.CompileError` naming the layer and the line, as is what is not listed here.
 """
 
 from __future__ import annotations
@@ -37,8 +44,12 @@ from __future__ import annotations
 import builtins
 import contextlib
 import operator
-from typing import Any, Callable
+import os
+import traceback
+from pathlib import Path
+from typing import Any, Callable, Iterable
 
+import dgl
 import torch
 import torch.fx as fx
 from torch import nn
@@ -48,12 +59,35 @@ from ..lowering import declare
 from ..ops import edge_reduce, gather_dst, gather_src, message_passing, sddmm, spmm
 from .dgl import check_in_edges, graph_device, out_degrees
 
-__all__ = ["GraphProxy"]
+__all__ = ["GraphProxy", "Frames", "refusal"]
 
 _SRC, _DST, _EDGE = 0, 1, 2  # dgl.function.TargetCode
-_REDUCES = {"sum": "sum", "mean": "mean", "max": "max"}
+_ALL = "__ALL__"  # dgl.base.ALL: every node or edge
+_REDUCES = {"sum": "sum", "mean": "mean", "max": "max", "min": "min"}
 _SDDMM = ("add", "sub", "mul", "dot")
 _BINARY = {"add": operator.add, "sub": operator.sub, "mul": operator.mul, "div": operator.truediv}
+
+
+# Where the user's line is not: sarcompile, torch, DGL and Python's own modules.
+_NOT_USER = tuple(str(Path(m.__file__).resolve().parent) + os.sep for m in (torch, dgl, os))
+_OURS = str(Path(__file__).resolve().parents[1]) + os.sep
+
+
+def refusal(message: str, tracer: fx.Tracer | None = None) -> CompileError:
+    """A :class:`~sarcompile.CompileError` saying ``message``, and where: the layer ``tracer``
+    is tracing, and the user's line (the innermost frame outside sarcompile, torch, DGL and
+    Python's library)."""
+    where = []
+    stack = list(getattr(tracer, "module_stack", {}).values())  # (path, type) per module entered
+    if stack and stack[-1][0]:
+        path, kind = stack[-1]
+        where.append(f"in layer {path!r} ({getattr(kind, '__name__', str(kind).rsplit('.', 1)[-1])})")
+    for frame in reversed(traceback.extract_stack()[:-1]):
+        path = str(Path(frame.filename).resolve())
+        if not path.startswith(_NOT_USER) and not path.startswith(_OURS) and not frame.filename.startswith("<"):
+            where.append(f"at {Path(frame.filename).name}:{frame.lineno}: `{(frame.line or '').strip()}`")
+            break
+    return CompileError(f"{message} ({', '.join(where)})" if where else message)
 
 
 class _BuiltinMessage(nn.Module):
@@ -132,30 +166,111 @@ class _Reads(dict):
         return super().__getitem__(key)
 
 
-class GraphProxy(fx.Proxy):
-    """The graph input of a traced DGL-style model: an fx proxy with DGL's frames."""
+class Frames:
+    """The fields DGL code stores on a traced graph: a dict per node type and per relation
+    (DGL's frames), with DGL's scopes.
 
-    def __init__(self, node: fx.Node, tracer: fx.Tracer):
+    A heterograph and its relations share one ``Frames``, as a DGL relation graph shares
+    the heterograph's storage: what ``g["writes"].srcdata`` gets, ``g.nodes["author"].data``
+    shows. A one-type graph has one node type and one relation, both ``None``."""
+
+    def __init__(self, node_types: Iterable[Any] = (None,), relations: Iterable[Any] = (None,)):
+        self._stack: list[tuple[dict, dict]] = [({t: {} for t in node_types}, {r: {} for r in relations})]
+
+    def nodes(self, ntype: Any) -> dict:
+        return self._stack[-1][0][ntype]
+
+    def edges(self, rel: Any) -> dict:
+        return self._stack[-1][1][rel]
+
+    def _current(self) -> tuple[dict, dict]:
+        nodes, edges = self._stack[-1]
+        return {t: dict(f) for t, f in nodes.items()}, {r: dict(f) for r, f in edges.items()}
+
+    @contextlib.contextmanager
+    def scope(self):
+        """Writes inside the block are dropped at its end (DGL's ``local_scope``)."""
+        self._stack.append(self._current())
+        try:
+            yield
+        finally:
+            self._stack.pop()
+
+    def copy(self) -> "Frames":
+        """Frames of their own holding the fields set now (DGL's ``local_var``)."""
+        out = Frames((), ())
+        out._stack = [self._current()]
+        return out
+
+
+class GraphProxy(fx.Proxy):
+    """The graph input of a traced DGL-style model, or one relation of a typed graph
+    (``rel``, its ``(src_type, name, dst_type)``): an fx proxy with DGL's frames. A relation
+    between two types is bipartite: ``srcdata`` holds rows of its source type, ``dstdata``
+    of its destination type; a relation within one type and a one-type graph have one node
+    set (``ndata``)."""
+
+    def __init__(self, node: fx.Node, tracer: fx.Tracer, frames: Frames | None = None, rel: Any = None):
         super().__init__(node, tracer)
-        self._frames: list[tuple[dict, dict]] = [({}, {})]
+        self._rel = rel
+        self._src, self._dst = (rel[0], rel[2]) if rel is not None else (None, None)
+        self._frames = frames if frames is not None else Frames((self._dst,), (rel,))
         self._origin: GraphProxy | None = None  # after remove_self_loop(): the graph it came from
 
-    # -- frames (a homogeneous graph: every node is a source and a destination) ----------
+    @property
+    def bipartite(self) -> bool:
+        """Whether sources and destinations are nodes of two types."""
+        return self._src != self._dst
+
+    # -- frames ------------------------------------------------------------------------------
     @property
     def ndata(self) -> dict:
-        return self._frames[-1][0]
+        if self.bipartite:
+            raise self._refusal(f"g[{self._rel}].ndata: this relation joins two node types ({self._src!r} and "
+                                f"{self._dst!r}); use srcdata (rows of {self._src!r}) and dstdata (rows of "
+                                f"{self._dst!r})")
+        return self._frames.nodes(self._dst)
 
-    srcdata = dstdata = ndata
+    @property
+    def srcdata(self) -> dict:
+        return self._frames.nodes(self._src)
 
-    # What DGL's layers ask of the graph before they compute (expand_as_pair, asserts):
-    # known when compiling, since sarcompile graphs are whole and homogeneous.
-    is_block = False
-    is_homogeneous = True
-    batch_size = 1
+    @property
+    def dstdata(self) -> dict:
+        return self._frames.nodes(self._dst)
 
     @property
     def edata(self) -> dict:
-        return self._frames[-1][1]
+        return self._frames.edges(self._rel)
+
+    # What DGL's layers ask of the graph before they compute (expand_as_pair, asserts):
+    # known when compiling, since sarcompile graphs are whole (never blocks).
+    is_block = False
+    batch_size = 1
+
+    @property
+    def is_homogeneous(self) -> bool:
+        return not self.bipartite
+
+    @property
+    def srctypes(self) -> list:
+        return [self._src if self._rel is not None else "_N"]
+
+    @property
+    def dsttypes(self) -> list:
+        return [self._dst if self._rel is not None else "_N"]
+
+    @property
+    def ntypes(self) -> list:
+        return self.srctypes + self.dsttypes if self.bipartite else self.dsttypes
+
+    @property
+    def canonical_etypes(self) -> list:
+        return [self._rel if self._rel is not None else ("_N", "_E", "_N")]
+
+    @property
+    def etypes(self) -> list:
+        return [rel[1] for rel in self.canonical_etypes]
 
     # -- self-loops: sarcompile's graphs have none removed, or exactly one per node --------
     def remove_self_loop(self, etype=None) -> "GraphProxy":
@@ -166,152 +281,189 @@ class GraphProxy(fx.Proxy):
         ``with_self_loops`` does). On a graph that may have self-loops DGL adds a second one,
         which sarcompile's graphs do not express: refused."""
         if self._origin is None:
-            raise CompileError(
+            raise self._refusal(
                 "g.add_self_loop() on a graph that may have self-loops gives those nodes two, which sarcompile does "
                 "not compile: call g.remove_self_loop() first, or add the loops before sc.Graph.from_dgl"
             )
         return self._derived("with_self_loops", self._origin, loop_free=False)
 
     def _derived(self, method: str, base: "GraphProxy", loop_free: bool) -> "GraphProxy":
+        if self.bipartite:
+            raise self._refusal(f"g[{self._rel}].{method}(): a relation between two node types has no self-loops")
         if self.edata:
-            raise CompileError(f"g.{method}() with edge fields set ({sorted(self.edata)}) is not supported; set "
-                               "them on the graph it returns")
+            raise self._refusal(f"g.{method}() with edge fields set ({sorted(self.edata)}) is not supported; set "
+                                "them on the graph it returns")
         node = self.tracer.create_proxy("call_method", method, (base,), {}).node
-        graph = GraphProxy(node, self.tracer)
-        graph._frames = [(dict(self.ndata), {})]
+        frames = Frames((self._dst,), (self._rel,))
+        frames.nodes(self._dst).update(self.ndata)
+        graph = GraphProxy(node, self.tracer, frames, self._rel)
         graph._origin = base if loop_free else None
         return graph
 
     def local_var(self) -> "GraphProxy":
         """The same graph with frames of its own: writes to it are not seen here, as in DGL."""
-        view = GraphProxy(self.node, self.tracer)
-        view._frames = [(dict(self.ndata), dict(self.edata))]
+        view = GraphProxy(self.node, self.tracer, self._frames.copy(), self._rel)
         view._origin = self._origin
         return view
 
     @contextlib.contextmanager
     def local_scope(self):
         """Writes inside the block are dropped at its end, as in DGL."""
-        self._frames.append((dict(self.ndata), dict(self.edata)))
-        try:
+        with self._frames.scope():
             yield self
-        finally:
-            self._frames.pop()
 
     # -- sizes and degrees: row counts and per-node values --------------------------------
+    def _count(self, attr: str):
+        return self.tracer.create_proxy("call_function", builtins.getattr, (self, attr), {})
+
     def num_edges(self, etype=None):
         """This graph's edge count (a worker's own edges): a row count, so
         ``torch.ones(g.num_edges())`` has one row per edge."""
-        return self.tracer.create_proxy("call_function", builtins.getattr, (self, "num_edges"), {})
+        return self._count("num_edges")
 
     def num_nodes(self, ntype=None):
-        """The node count (a worker's own nodes): a row count."""
-        return self.tracer.create_proxy("call_function", builtins.getattr, (self, "num_nodes"), {})
+        """The node count (a worker's own nodes): a row count. A relation between two types
+        counts the nodes of ``ntype``, one of them."""
+        if not self.bipartite or ntype == self._dst:
+            return self._count("num_nodes")
+        if ntype == self._src:
+            return self._count("num_src_nodes")
+        raise self._refusal(f"g[{self._rel}].num_nodes({ntype!r}): this relation joins {self._src!r} and "
+                            f"{self._dst!r}; count one of them (num_src_nodes(), num_dst_nodes())")
 
-    # a homogeneous graph: every node is a source and a destination
+    def num_src_nodes(self, ntype=None):
+        return self._count("num_src_nodes") if self.bipartite else self._count("num_nodes")
+
+    def num_dst_nodes(self, ntype=None):
+        return self._count("num_nodes")
+
     number_of_edges = num_edges
-    number_of_nodes = num_src_nodes = num_dst_nodes = number_of_src_nodes = number_of_dst_nodes = num_nodes
+    number_of_nodes = num_nodes
+    number_of_src_nodes = num_src_nodes
+    number_of_dst_nodes = num_dst_nodes
 
-    def in_degrees(self, v=None, etype=None):
-        """The in-degree of every node; ``(g.in_degrees() == 0).any()`` in an ``if`` becomes
-        the check DGL's layers make with it (see :class:`_InDegrees`)."""
-        if v is not None:
-            raise CompileError("g.in_degrees(v) of some nodes is not supported; use g.in_degrees() of all")
+    def in_degrees(self, v=_ALL, etype=None):
+        """The in-degree of every destination node; ``(g.in_degrees() == 0).any()`` in an
+        ``if`` becomes the check DGL's layers make with it (see :class:`_InDegrees`)."""
+        if not _is_all(v):
+            raise self._refusal("g.in_degrees(v) of some nodes is not supported; use g.in_degrees() of all")
         return _InDegrees(self.tracer.create_proxy("call_method", "in_degrees", (self,), {}).node, self.tracer, self)
 
-    def out_degrees(self, u=None, etype=None):
-        if u is not None:
-            raise CompileError("g.out_degrees(u) of some nodes is not supported; use g.out_degrees() of all")
-        return self.tracer.create_proxy("call_function", out_degrees, (self,), {})
+    def out_degrees(self, u=_ALL, etype=None):
+        """The out-degree of every source node."""
+        if not _is_all(u):
+            raise self._refusal("g.out_degrees(u) of some nodes is not supported; use g.out_degrees() of all")
+        return self.tracer.create_proxy("call_function", out_degrees, (self, self._count("src_global_ids")), {})
 
     @property
     def device(self):
         return self.tracer.create_proxy("call_function", graph_device, (self,), {})
 
     # -- message passing -------------------------------------------------------------------
-    def update_all(self, message_func, reduce_func, apply_node_func=None) -> None:
-        msg_field, reduce = _reduce_of(reduce_func)
-        if getattr(message_func, "target", None) == _SRC and type(message_func).__name__ == "CopyMessageFunction":
-            out = spmm(self, self._node(message_func.in_field), reduce)
-            _check_field(message_func.out_field, msg_field)
-        else:
-            lowered = self._message(message_func, msg_field)
-            out = self._reduce_edges(message_func, msg_field, reduce) if lowered is None else message_passing(
-                self, *lowered, reduce)
+    def update_all(self, message_func, reduce_func, apply_node_func=None, etype=None) -> None:
         if apply_node_func is not None:
-            raise CompileError("update_all(..., apply_node_func) is not supported yet; apply it to g.ndata after")
-        self.ndata[reduce_func.out_field] = out
+            raise self._refusal("update_all(..., apply_node_func) is not supported yet; apply it to g.ndata after")
+        self.dstdata[reduce_func.out_field] = self.aggregate(message_func, reduce_func)
 
-    def apply_edges(self, func, edges="__ALL__", etype=None) -> None:
+    def aggregate(self, message_func, reduce_func):
+        """What ``update_all(message_func, reduce_func)`` writes into the destinations:
+        ``spmm`` for ``copy_u``; ``message_passing`` for a message reading one node field
+        and at most one edge field, on a graph with one node set; else the messages computed
+        on the edges and reduced into their destinations."""
+        msg_field, reduce = _reduce_of(reduce_func, self.tracer)
+        if getattr(message_func, "target", None) == _SRC and type(message_func).__name__ == "CopyMessageFunction":
+            _check_field(message_func.out_field, msg_field)
+            return spmm(self, self._src_field(message_func.in_field), reduce)
+        lowered = None if self.bipartite else self._message(message_func, msg_field)
+        if lowered is None:
+            return self._reduce_edges(message_func, msg_field, reduce)
+        if reduce == "min":
+            raise self._refusal(f"update_all({_describe(message_func)}, dgl.function.min) is not supported yet: "
+                                "min takes dgl.function.copy_u messages")
+        return message_passing(self, *lowered, reduce)
+
+    def apply_edges(self, func, edges=_ALL, etype=None) -> None:
         """A value per edge: ``sddmm`` for ``u_<op>_v`` / ``v_<op>_u``, else computed on the
         end nodes' rows gathered onto the edges (see the module docstring)."""
-        if not (isinstance(edges, str) and edges == "__ALL__"):  # dgl.base.ALL
-            raise CompileError("apply_edges(func, edges) on some edges is not supported; apply it to all edges")
-        kind = type(func).__name__
+        if not _is_all(edges):
+            raise self._refusal("apply_edges(func, edges) on some edges is not supported; apply it to all edges")
         ends = (getattr(func, "lhs", None), getattr(func, "rhs", None))
-        if kind == "BinaryMessageFunction" and set(ends) == {_SRC, _DST} and func.binary_op in _SDDMM:
+        if type(func).__name__ == "BinaryMessageFunction" and set(ends) == {_SRC, _DST} and func.binary_op in _SDDMM:
             swap = ends[0] == _DST  # v_<op>_u: b[v] op a[u]
             u, v = (func.rhs_field, func.lhs_field) if swap else (func.lhs_field, func.rhs_field)
-            value = sddmm(self, self._node(u), self._node(v), func.binary_op)
+            value = sddmm(self, self._src_field(u), self._dst_field(v), func.binary_op)
             if swap and func.binary_op == "sub":
                 value = -value  # b - a == -(a - b) exactly: IEEE rounding is symmetric
             self.edata[func.out_field] = value.unsqueeze(-1) if func.binary_op == "dot" else value
-        elif kind in ("BinaryMessageFunction", "CopyMessageFunction"):
-            binary = kind == "BinaryMessageFunction"
-            ends = [(func.lhs, func.lhs_field), (func.rhs, func.rhs_field)] if binary else [(func.target, func.in_field)]
-            rows = {end: self._rows(end, f) for end, f in ends}
-            msg = _BuiltinMessage(func.binary_op, func.lhs, func.rhs) if binary else _BuiltinMessage("copy", func.target, None)
-            self.edata[func.out_field] = msg(rows.get(_SRC), rows.get(_DST), rows.get(_EDGE))
-        elif callable(func) and not hasattr(func, "out_field"):
-            out = func(_Edges(_Gathered(self, _SRC), _Gathered(self, _DST), self.edata))
-            if not isinstance(out, dict):
-                raise CompileError(f"the edge function {_describe(func)} must return a dict of edge fields")
-            self.edata.update(out)
         else:
-            raise CompileError(f"apply_edges({_describe(func)}) is not supported yet")
+            self.edata.update(self._on_edges(func))
 
     # -- helpers ---------------------------------------------------------------------------
-    def _node(self, field: str):
-        if field not in self.ndata:
-            raise CompileError(f"g.ndata has no field {field!r} here (it has {sorted(self.ndata)})")
-        return self.ndata[field]
+    def _field(self, frame: dict, field: str, name: str):
+        if field not in frame:
+            raise self._refusal(f"g.{name} has no field {field!r} here (it has {sorted(frame)})")
+        return frame[field]
+
+    def _src_field(self, field: str):
+        return self._field(self.srcdata, field, "srcdata" if self.bipartite else "ndata")
+
+    def _dst_field(self, field: str):
+        return self._field(self.dstdata, field, "dstdata" if self.bipartite else "ndata")
 
     def _edge(self, field: str):
-        if field not in self.edata:
-            raise CompileError(f"g.edata has no field {field!r} here (it has {sorted(self.edata)})")
-        return self.edata[field]
+        return self._field(self.edata, field, "edata")
 
     def _rows(self, end: int, field: str):
         """A field as one row per edge: the source's or destination's row, or the edge's."""
         if end == _EDGE:
             return self._edge(field)
-        return (gather_src if end == _SRC else gather_dst)(self, self._node(field))
+        if end == _SRC:
+            return gather_src(self, self._src_field(field))
+        return gather_dst(self, self._dst_field(field))
+
+    def _on_edges(self, func) -> dict:
+        """The fields an edge function (a builtin message or ``def f(edges): return {...}``)
+        gives, computed on the end nodes' rows gathered onto the edges (read only when used)."""
+        kind = type(func).__name__
+        if kind in ("BinaryMessageFunction", "CopyMessageFunction"):
+            if kind == "BinaryMessageFunction":
+                ends = [(func.lhs, func.lhs_field), (func.rhs, func.rhs_field)]
+                msg = _BuiltinMessage(func.binary_op, func.lhs, func.rhs)
+            else:
+                ends, msg = [(func.target, func.in_field)], _BuiltinMessage("copy", func.target, None)
+            rows = {end: self._rows(end, f) for end, f in ends}
+            return {func.out_field: msg(rows.get(_SRC), rows.get(_DST), rows.get(_EDGE))}
+        if callable(func) and not hasattr(func, "out_field"):
+            out = func(_Edges(_Gathered(self, _SRC), _Gathered(self, _DST), self.edata))
+            if not isinstance(out, dict):
+                raise self._refusal(f"the edge function {_describe(func)} must return a dict of edge fields")
+            return out
+        raise self._refusal(f"{_describe(func)} is not supported yet")
 
     def _message(self, func, msg_field: str) -> tuple[nn.Module, Any, Any] | None:
         """(message module, node tensor, edge tensor or None) for ``message_passing``; None
-        for a user function reading more than one node or edge field."""
+        for a message reading more than one node field or edge field (computed on the edges)."""
         kind = type(func).__name__
         if kind == "CopyMessageFunction":  # copy_e (copy_u took the spmm path)
             _check_field(func.out_field, msg_field)
             if func.target != _EDGE:
-                raise CompileError(f"{_describe(func)} is not supported yet; use copy_u or copy_e")
+                return None
             fn = _BuiltinMessage("copy", _EDGE, None)
             return self._register(fn), self._any_node(), self._edge(func.in_field)
         if kind == "BinaryMessageFunction":
             _check_field(func.out_field, msg_field)
             fields = {side: f for side, f in ((func.lhs, func.lhs_field), (func.rhs, func.rhs_field))}
             nodes = {f for side, f in fields.items() if side in (_SRC, _DST)}
-            if len(nodes) > 1 or func.binary_op not in (*_BINARY, "dot"):
-                raise CompileError(
-                    f"{_describe(func)} is not supported yet: sarcompile lowers builtin messages that read one node "
-                    "field (u and/or v) and at most one edge field"
-                )
-            x = self._node(nodes.pop()) if nodes else self._any_node()
+            if len(nodes) > 1:
+                return None
+            if func.binary_op not in (*_BINARY, "dot"):
+                raise self._refusal(f"{_describe(func)} is not supported yet")
+            x = self._src_field(nodes.pop()) if nodes else self._any_node()
             e = self._edge(fields[_EDGE]) if _EDGE in fields else None
             return self._register(_BuiltinMessage(func.binary_op, func.lhs, func.rhs)), x, e
         if callable(func) and not hasattr(func, "out_field"):
             return self._user_message(func, msg_field)
-        raise CompileError(f"message function {_describe(func)} is not supported yet")
+        raise self._refusal(f"message function {_describe(func)} is not supported yet")
 
     def _user_message(self, func: Callable, msg_field: str) -> tuple[nn.Module, Any, Any] | None:
         """Find which fields a user message function reads by running it once on the whole
@@ -325,7 +477,7 @@ class GraphProxy(fx.Proxy):
         except CompileError:
             raise
         except Exception as e:
-            raise CompileError(
+            raise self._refusal(
                 f"the message function {getattr(func, '__name__', func)!r} failed when traced ({type(e).__name__}: "
                 f"{e}); sarcompile supports message functions that compute with edges.src / edges.dst / "
                 "edges.data tensors"
@@ -334,7 +486,8 @@ class GraphProxy(fx.Proxy):
         for node in reversed(added):
             graph.erase_node(node)
         if not isinstance(out, dict) or msg_field not in out:
-            raise CompileError(f"the message function must return a dict with the field {msg_field!r} the reduce reads")
+            raise self._refusal(f"the message function must return a dict with the field {msg_field!r} the reduce "
+                                "reads")
         # Several fields, or the layer's own modules and parameters (RelGraphConv's linear_r, which a
         # separate message module could not reach nor lower): computed on the edges (_reduce_edges).
         if len(node_reads) > 1 or len(edge_reads) > 1 or any(n.op in ("call_module", "get_attr") for n in added):
@@ -342,28 +495,33 @@ class GraphProxy(fx.Proxy):
         node_field = next(iter(node_reads), None)
         edge_field = next(iter(edge_reads), None)
         fn = self._register(_UserMessage(func, node_field, edge_field, msg_field))
-        x = self._node(node_field) if node_field else self._any_node()
+        x = self._src_field(node_field) if node_field else self._any_node()
         return fn, x, (self._edge(edge_field) if edge_field else None)
 
     def _reduce_edges(self, func: Callable, msg_field: str, reduce: str):
-        """A message function reading several node or edge fields: its messages computed on
-        per-edge rows (``E x F``, where message_passing keeps one block at a time), then
-        reduced into their destinations."""
-        if reduce == "max":
-            raise CompileError(
-                "update_all(message, dgl.function.max) with a message function reading several node or edge "
-                "fields is not supported yet: use sum or mean, or put what it reads in one node and one edge tensor"
+        """Messages computed on per-edge rows (``E x F``, where message_passing keeps one
+        block at a time), then reduced into their destinations: for a message reading
+        several node or edge fields, and on a relation between two node types."""
+        if reduce in ("max", "min"):
+            raise self._refusal(
+                f"update_all(message, dgl.function.{reduce}) with a message function reading several node or edge "
+                "fields (or on a relation between two node types) is not supported yet: use sum or mean, or "
+                "dgl.function.copy_u, or put what it reads in one node and one edge tensor"
             )
-        out = func(_Edges(_Gathered(self, _SRC), _Gathered(self, _DST), self.edata))
-        if not isinstance(out, dict) or msg_field not in out:
-            raise CompileError(f"the message function must return a dict with the field {msg_field!r} the reduce reads")
+        out = self._on_edges(func)
+        if msg_field not in out:
+            raise self._refusal(f"the message function must return a dict with the field {msg_field!r} the reduce "
+                                "reads")
         return edge_reduce(self, out[msg_field], reduce)
 
     def _any_node(self):
         """Some node tensor for a message that reads none (message_passing needs rows)."""
         if not self.ndata:
-            raise CompileError("a message that reads no node field needs some g.ndata field set")
+            raise self._refusal("a message that reads no node field needs some g.ndata field set")
         return next(iter(self.ndata.values()))
+
+    def _refusal(self, message: str) -> CompileError:
+        return refusal(message, self.tracer)
 
     def _register(self, module: nn.Module) -> nn.Module:
         """Make ``module`` reachable from the traced root, where IR ops find it by path."""
@@ -407,19 +565,23 @@ class _InDegrees(fx.Proxy):
     __hash__ = fx.Proxy.__hash__
 
 
-def _reduce_of(reduce_func) -> tuple[str, str]:
+def _is_all(which: Any) -> bool:
+    return isinstance(which, str) and which == _ALL
+
+
+def _reduce_of(reduce_func, tracer: fx.Tracer | None = None) -> tuple[str, str]:
     name = getattr(reduce_func, "_name", None)
     if type(reduce_func).__name__ != "SimpleReduceFunction" or name not in _REDUCES:
-        raise CompileError(
-            f"reduce function {_describe(reduce_func)} is not supported yet: use dgl.function.sum, mean or max "
-            "(a function on nodes.mailbox cannot be split into blocks)"
+        raise refusal(
+            f"reduce function {_describe(reduce_func)} is not supported yet: use dgl.function.sum, mean, max or min "
+            "(a function on nodes.mailbox cannot be split into blocks)", tracer
         )
     return reduce_func.msg_field, _REDUCES[name]
 
 
 def _check_field(message_out: str, reduce_in: str) -> None:
     if message_out != reduce_in:
-        raise CompileError(f"the message writes {message_out!r} but the reduce reads {reduce_in!r}")
+        raise refusal(f"the message writes {message_out!r} but the reduce reads {reduce_in!r}")
 
 
 def _describe(func) -> str:
