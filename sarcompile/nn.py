@@ -15,7 +15,7 @@ from .errors import GraphError
 from .ops import batch_norm, edge_dropout, edge_softmax, sddmm, spmm
 from .lowering import register_lowering
 from .opdef import EDGE_CHUNK_ELEMENTS
-from .rng import mix32, uniform
+from .rng import keep, mix32
 
 __all__ = ["SAGEConv", "GCNConv", "GINConv", "GATConv", "BatchNorm", "NodeDropout", "RandomStream"]
 
@@ -149,13 +149,14 @@ class NodeDropout(nn.Module):
                              "pass the graph (or relation) whose nodes x's rows are, and source=True for its sources")
         # A bool mask, hashed a bounded slice of rows at a time: the int64 keys and hash
         # temporaries of all [n, F] entries at once were several times the layer's input.
-        keep = torch.empty((x.shape[0], width), dtype=torch.bool, device=x.device)
+        kept = torch.empty((x.shape[0], width), dtype=torch.bool, device=x.device)
         rows = max(1, EDGE_CHUNK_ELEMENTS // width)
         for lo in range(0, x.shape[0], rows):
             keys = ids[lo : lo + rows].unsqueeze(1) * width + torch.arange(width)
-            keep[lo : lo + rows] = uniform(keys, salt) >= self.p
-        # masked_fill keeps the bool mask for backward, not a float copy of it
-        return x.masked_fill(~keep.reshape(x.shape), 0.0) / (1.0 - self.p)
+            kept[lo : lo + rows] = keep(keys, salt, self.p)
+        # A product with the bool mask keeps the mask (not a float copy of it) for backward,
+        # and is several times faster than masked_fill on the CPU.
+        return x * kept.reshape(x.shape) / (1.0 - self.p)
 
     def extra_repr(self) -> str:
         return f"p={self.p}" + (", source=True" if self.source else "")

@@ -7,11 +7,13 @@ draw the same mask again instead of storing it.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .opdef import EDGE_CHUNK_ELEMENTS
 
-__all__ = ["edge_keep", "mix32", "uniform"]
+__all__ = ["edge_keep", "keep", "mix32", "uniform"]
 
 _MASK32 = 0xFFFFFFFF
 
@@ -25,12 +27,29 @@ def mix32(h: torch.Tensor) -> torch.Tensor:
     return (h >> 16) ^ h
 
 
-def uniform(keys: torch.Tensor, salt: torch.Tensor) -> torch.Tensor:
-    """A float64 in [0, 1) for every non-negative int64 key, a pure function of (key, salt),
-    on the salt's device (a model's buffer: where the model is), wherever the keys are."""
+def _hash(keys: torch.Tensor, salt: torch.Tensor) -> torch.Tensor:
+    """A 32-bit hash of every non-negative int64 key and the salt, on the salt's device (a
+    model's buffer: where the model is), wherever the keys are. The keys' high half goes
+    through its own round; keys below 2^32 (every node and edge key of a graph of fewer
+    than 4 billion entries) share it, so it is hashed once, not per key."""
     keys = keys.to(salt.device)
+    if keys.numel() and int(keys.max()) <= _MASK32:
+        salted = mix32(mix32(salt & _MASK32))  # (keys >> 32) is 0 for all: one scalar round
+        return mix32(keys ^ salted)
     salted = mix32((keys >> 32) ^ mix32(salt & _MASK32))
-    return mix32((keys & _MASK32) ^ salted).to(torch.float64) / 2.0**32
+    return mix32((keys & _MASK32) ^ salted)
+
+
+def uniform(keys: torch.Tensor, salt: torch.Tensor) -> torch.Tensor:
+    """A float64 in [0, 1) for every non-negative int64 key, a pure function of (key, salt)."""
+    return _hash(keys, salt).to(torch.float64) / 2.0**32
+
+
+def keep(keys: torch.Tensor, salt: torch.Tensor, p: float) -> torch.Tensor:
+    """Whether each key is kept by dropout of probability ``p``: ``uniform(keys, salt) >=
+    p``, compared on the integer hash (``h / 2^32 >= p`` exactly when ``h >=
+    ceil(p * 2^32)``, both sides exact in float64), with no float draws made."""
+    return _hash(keys, salt) >= math.ceil(p * 2.0**32)
 
 
 def edge_keep(edge_ids: torch.Tensor, heads: int, p: float, salt: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -42,5 +61,5 @@ def edge_keep(edge_ids: torch.Tensor, heads: int, p: float, salt: torch.Tensor, 
     step = max(1, EDGE_CHUNK_ELEMENTS // max(heads, 1))
     for lo in range(0, edge_ids.numel(), step):
         keys = edge_ids[lo : lo + step].unsqueeze(1) * heads + torch.arange(heads)
-        out[lo : lo + step] = (uniform(keys, salt) >= p).to(dtype) / (1.0 - p)
+        out[lo : lo + step] = keep(keys, salt, p).to(dtype) / (1.0 - p)
     return out

@@ -72,9 +72,23 @@ def _edge_slice(t: torch.Tensor | None, shard: ShardGraph, q: int) -> torch.Tens
 
 def _mean_weights(shard: ShardGraph, like: torch.Tensor) -> Callable[[Block], torch.Tensor]:
     """The mean's ``1/deg`` as a block's edge weights, in ``like``'s dtype and on its
-    device: the degrees once, spread over each block's edges from its CSR offsets when asked."""
-    inv_deg = 1.0 / shard.in_degrees().clamp(min=1).to(like.device, like.dtype)
-    return lambda block: block.on(like.device).per_edge(inv_deg[: block.num_dst])
+    device: the degrees spread over each block's edges from its CSR offsets, made once per
+    shard, block and dtype and kept (an element per edge; spreading them anew on every
+    call took 4% of an RGCN epoch). Kept by the shard, not the block: a graph with
+    self-loops shares its remote blocks with the graph without, whose degrees differ."""
+    cache = shard.__dict__.setdefault("_mean_weights", {})
+    inv_deg = None
+
+    def weights(block: Block) -> torch.Tensor:
+        nonlocal inv_deg
+        key = (id(block), like.dtype, like.device)
+        if key not in cache:
+            if inv_deg is None:
+                inv_deg = 1.0 / shard.in_degrees().clamp(min=1).to(like.device, like.dtype)
+            cache[key] = (block, block.on(like.device).per_edge(inv_deg[: block.num_dst]))
+        return cache[key][1]
+
+    return weights
 
 
 def _bcast(deg: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
