@@ -68,7 +68,7 @@ def graph_bytes(w: WorkerStats, r: int, derived: set[str]) -> int:
     keeps them; and the destination of every edge (int64). The destinations are kept
     only by kernels that gather by them across a whole block (max, messages); sum and
     mean products, and attention (one row range at a time), make none to keep, so for
-    those this is 8 bytes per edge high.
+    those this is 8 bytes per edge high (4 for a mean, which keeps its 1/deg per edge).
     A derived graph (with self-loops, say) shares the remote blocks and adds a local block
     with one self-loop per node, and its own edge ids."""
     blocks, halo = len(w.block_edges), sum(w.halo)
