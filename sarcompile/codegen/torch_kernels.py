@@ -93,10 +93,15 @@ def _heads(one, out: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def spmm_t(block: Block, g: torch.Tensor, weight: torch.Tensor | None, out: torch.Tensor | None = None) -> torch.Tensor:
+def spmm_t(block: Block, g: torch.Tensor, weight: torch.Tensor | None, out: torch.Tensor | None = None,
+           transposed: bool = False) -> torch.Tensor:
     """Transpose of :func:`spmm`: gradient rows for the block's source rows, written into
-    ``out`` (``[num_src, ...]``, a strided view is fine) when given."""
+    ``out`` (``[num_src, ...]``, a strided view is fine) when given. ``transposed``: a
+    weight per edge given in the block's CSC order already (kept by the caller)."""
     block = block.on(g.device)
+    if transposed:
+        flat = _csr_mm(block.sparse_t(weight, g.dtype, permuted=True), _flat(g), None if out is None else out.flatten(1))
+        return out if out is not None else flat if g.dim() == 2 else flat.reshape(block.num_src, *g.shape[1:])
     if _scalar_weight(weight):
         flat = _csr_mm(block.sparse_t(weight, g.dtype), _flat(g), None if out is None else out.flatten(1))
         return out if out is not None else flat if g.dim() == 2 else flat.reshape(block.num_src, *g.shape[1:])

@@ -94,13 +94,15 @@ def spmm(block: Block, x: torch.Tensor, weight: torch.Tensor | None, into: torch
     return out if into is None else into.add_(out)
 
 
-def spmm_t(block: Block, g: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
-    """The transpose as the same kernel over the CSC view: race-free, no atomics."""
+def spmm_t(block: Block, g: torch.Tensor, weight: torch.Tensor | None, transposed: bool = False) -> torch.Tensor:
+    """The transpose as the same kernel over the CSC view: race-free, no atomics.
+    ``transposed``: a weight per edge in the block's CSC order already."""
     cols = weight_cols(g.shape, None if weight is None else tuple(weight.shape))
     if cols is None:
-        return T.spmm_t(block, g, weight)
+        return T.spmm_t(block, g, weight, transposed=transposed)
     b = block.on(g.device)
-    return _aggregate(b.transpose_indptr, b.transpose_row, b.transpose_perm, weight, cols, g, block.num_src, permuted=True)
+    return _aggregate(b.transpose_indptr, b.transpose_row, b.transpose_perm, weight, cols, g, block.num_src,
+                      permuted=not transposed)
 
 
 def edge_dot(block: Block, g: torch.Tensor, x: torch.Tensor, weight_shape: torch.Size) -> torch.Tensor:
