@@ -2,9 +2,14 @@
 
     python benchmarks/vs_dgl.py                              # 100k nodes / 2M edges, N = 1, 2, 4, 8
     python benchmarks/vs_dgl.py --nodes 20000 --workers 1 2 --models sage --epochs 3   # a quick look
+    python benchmarks/vs_dgl.py --models rgcn --workers 1 4  # RGCN on a MAG-like typed graph
 
 Generates one graph (a stochastic block model: symmetric, with self-loops, 128 features,
-16 classes), METIS-partitions it for every worker count, then runs each model in DGL (one
+16 classes) for SAGE and GAT, and for RGCN a MAG-like typed graph (sarcompile.synthetic.mag_like:
+papers, authors, institutions, fields of study, 212k nodes and 2.29M edges with the reverse
+relations, the papers' 128 features and 16 classes; ``--mag-scale``), where both engines
+train DGL's ogbn-mag example model (learnable embeddings of the featureless types, two
+relational layers, ``--rgcn-hidden`` wide), METIS-partitions each for every worker count, then runs each model in DGL (one
 process, in the project's DGL environment: scripts/dgl_env.sh) and in sarcompile (one
 plain process for N=1, torchrun for N>1), one after the other. Every run is its own
 process (benchmarks/vs_dgl_worker.py) and reports the peak resident size above its floor
@@ -55,6 +60,26 @@ def make_graph(path: Path, nodes: int, edges: int, features: int, classes: int) 
     torch.save(data, path)
 
 
+def make_mag(path: Path, scale: float, features: int, classes: int) -> None:
+    """A MAG-like typed graph (sarcompile.synthetic.mag_like at ``scale`` of its default
+    212k nodes, reverse relations included) with the papers' features and classes."""
+    from sarcompile.synthetic import mag_like, mag_like_sizes
+
+    data = mag_like(**mag_like_sizes(scale), features=features, num_classes=classes, seed=0)
+    paper = data.node_data["paper"]
+    torch.save({"edges": {r: (g.src, g.dst) for r, g in data.graph.items()},
+                "num_nodes": {t: data.graph.num_nodes(t) for t in data.graph.node_types},
+                "x": paper["x"], "y": paper["y"]}, path)
+
+
+def partition_mag(path: Path, num_parts: int, out: Path) -> None:
+    import sarcompile as sc
+
+    data = torch.load(path)
+    g = sc.HeteroGraph.from_edges(data["edges"], data["num_nodes"])
+    sc.partition(g, num_parts, out, node_data={"paper": {"x": data["x"], "y": data["y"]}})
+
+
 def dgl_python() -> str:
     done = subprocess.run(["bash", str(ROOT / "scripts" / "dgl_env.sh")], capture_output=True, text=True)
     if done.returncode != 0:
@@ -97,32 +122,42 @@ def measure(a: argparse.Namespace) -> list[dict]:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        graph = tmp / "graph.pt"
-        make_graph(graph, a.nodes, a.edges, a.features, a.classes)
+        # One graph per kind: the SBM for sage and gat, the MAG-like typed graph for rgcn.
+        graphs = {}
+        if set(a.models) & {"sage", "gat"}:
+            graphs["sbm"] = tmp / "graph.pt"
+            make_graph(graphs["sbm"], a.nodes, a.edges, a.features, a.classes)
+            for n in a.workers:
+                subprocess.run([sys.executable, "-m", "sarcompile", "partition", "--edges", str(graphs["sbm"]),
+                                "--parts", str(n), "--out", str(tmp / f"sbm{n}")], check=True, capture_output=True,
+                               env=base)
+        if "rgcn" in a.models:
+            graphs["mag"] = tmp / "mag.pt"
+            make_mag(graphs["mag"], a.mag_scale, a.features, a.classes)
+            for n in a.workers:
+                partition_mag(graphs["mag"], n, tmp / f"mag{n}")
         dgl = dgl_python() if not a.skip_dgl else None
         worker = str(HERE / "vs_dgl_worker.py")
         common = ["--hidden", str(a.hidden), "--classes", str(a.classes), "--epochs", str(a.epochs)]
-        for n in a.workers:
-            parts = tmp / f"parts{n}"
-            subprocess.run([sys.executable, "-m", "sarcompile", "partition", "--edges", str(graph), "--parts", str(n),
-                            "--out", str(parts)], check=True, capture_output=True, env=base)
         for allocator in a.allocator:
             extra = allocator_env(allocator)
             for model in a.models:
+                kind = "mag" if model == "rgcn" else "sbm"
+                hidden = ["--hidden", str(a.rgcn_hidden)] if model == "rgcn" else []  # (the later flag wins)
                 out = tmp / "run.json"
                 tag = {"model": model, "allocator": allocator}
                 if dgl and allocator not in OWN_SETTINGS:
                     env = {**base, **extra, "OMP_NUM_THREADS": str(threads), "DGLBACKEND": "pytorch",
                            "PYTHONPATH": str(ROOT)}
-                    rec = run_one([dgl, worker, "--engine", "dgl", "--model", model, "--graph", str(graph),
-                                   "--out", str(out), *common], out, env, a.timeout)
+                    rec = run_one([dgl, worker, "--engine", "dgl", "--model", model, "--graph", str(graphs[kind]),
+                                   "--out", str(out), *common, *hidden], out, env, a.timeout)
                     if rec:
                         rows.append({"engine": "dgl", **tag, "workers": 1, "per_worker": rec})
                         print(line(rows[-1]), flush=True)
                 for n in a.workers:
                     env = {**base, **extra, "OMP_NUM_THREADS": str(max(threads // n, 1))}
-                    args = [worker, "--engine", "sarcompile", "--model", model, "--parts", str(tmp / f"parts{n}"),
-                            "--out", str(out), *common]
+                    args = [worker, "--engine", "sarcompile", "--model", model, "--parts", str(tmp / f"{kind}{n}"),
+                            "--out", str(out), *common, *hidden]
                     launch = [sys.executable] if n == 1 else [
                         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(n)]
                     rec = run_one(launch + args, out, env, a.timeout)
@@ -222,7 +257,10 @@ def main() -> None:
     ap.add_argument("--features", type=int, default=128)
     ap.add_argument("--classes", type=int, default=16)
     ap.add_argument("--hidden", type=int, default=256)
-    ap.add_argument("--models", nargs="+", default=["sage", "gat"], choices=["sage", "gat"])
+    ap.add_argument("--models", nargs="+", default=["sage", "gat", "rgcn"], choices=["sage", "gat", "rgcn"])
+    ap.add_argument("--mag-scale", type=float, default=1.0,
+                    help="rgcn's MAG-like graph, in units of sarcompile.synthetic.mag_like's default (212k nodes)")
+    ap.add_argument("--rgcn-hidden", type=int, default=64, help="rgcn's hidden width (DGL's ogbn-mag example: 64)")
     ap.add_argument("--workers", nargs="+", type=int, default=[1, 2, 4, 8])
     ap.add_argument("--epochs", type=int, default=5, help="timed epochs after one warm-up")
     ap.add_argument("--threads", type=int, default=0, help="threads of the one process (default: all cores)")
@@ -239,7 +277,7 @@ def main() -> None:
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     config = {k: getattr(a, k) for k in ("nodes", "edges", "features", "classes", "hidden", "epochs", "threads",
-                                         "allocator")}
+                                         "allocator", "mag_scale", "rgcn_hidden")}
     tmp = out.with_suffix(".tmp")
     tmp.write_text(json.dumps({"config": config, "rows": rows}, indent=1))
     tmp.replace(out)

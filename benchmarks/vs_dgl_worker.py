@@ -1,5 +1,8 @@
 """One run of the DGL comparison (started by benchmarks/vs_dgl.py): one engine, one model.
 
+SAGE and GAT run on a one-type graph; RGCN (DGL's ogbn-mag example model, and
+sarcompile.hetero_models.RGCN) on a MAG-like typed graph, predicting the papers' classes.
+
     python benchmarks/vs_dgl_worker.py --engine dgl --graph g.pt --model sage --out r.json      # DGL env
     python benchmarks/vs_dgl_worker.py --engine sarcompile --parts parts1 --model gat --out r.json
     torchrun --standalone --nproc-per-node 4 benchmarks/vs_dgl_worker.py --engine sarcompile --parts parts4 ...
@@ -79,16 +82,81 @@ def dgl_model(name: str, in_dim: int, hidden: int, classes: int):
     return GAT()
 
 
-def run_dgl(a) -> list[dict]:
+class DglRGCNLayer(torch.nn.Module):
+    """The relational layer of DGL's ogbn-mag RGCN example: per relation a GraphConv
+    (norm="right": the mean over in-neighbours) with the relation's weight handed in,
+    summed over the relations into a type (HeteroGraphConv), plus a self-loop weight and a
+    bias. Only the types ``out_types`` are computed, as in sarcompile's model (the last
+    layer: the target type only)."""
+
+    def __init__(self, in_dims: dict, out_dim: int, edge_types: list, out_types: list):
+        import dgl.nn as dglnn
+        from torch import nn
+
+        super().__init__()
+        self.rels = [r for r in edge_types if r[2] in out_types]
+        self.conv = dglnn.HeteroGraphConv({r: dglnn.GraphConv(in_dims[r[0]], out_dim, norm="right", weight=False,
+                                                              bias=False, allow_zero_in_degree=True)
+                                           for r in self.rels}, aggregate="sum")
+        self.weight = nn.ParameterDict({"__".join(r): nn.Parameter(torch.empty(in_dims[r[0]], out_dim))
+                                        for r in self.rels})
+        self.loop = nn.ParameterDict({t: nn.Parameter(torch.empty(in_dims[t], out_dim)) for t in out_types})
+        self.bias = nn.ParameterDict({t: nn.Parameter(torch.zeros(out_dim)) for t in out_types})
+        for w in (*self.weight.values(), *self.loop.values()):
+            nn.init.xavier_uniform_(w, gain=nn.init.calculate_gain("relu"))
+
+    def forward(self, g, x: dict) -> dict:
+        kwargs = {r[1]: {"weight": self.weight["__".join(r)]} for r in self.rels}  # (DGL keys them by name)
+        # HeteroGraphConv runs a module for every relation of the graph it is given
+        sub = g if len(self.rels) == len(g.canonical_etypes) else g.edge_type_subgraph(self.rels)
+        out = self.conv(sub, {t: v for t, v in x.items() if t in sub.ntypes}, mod_kwargs=kwargs)
+        return {t: out.get(t, 0) + x[t] @ self.loop[t] + self.bias[t] for t in self.loop}
+
+
+class DglRGCN(torch.nn.Module):
+    """DGL's ogbn-mag RGCN example as a full-graph model: learnable embeddings of the
+    featureless types (HeteroEmbedding, as wide as the papers' features), two relational
+    layers, ReLU and dropout between them; the papers' logits."""
+
+    def __init__(self, g, in_dims: dict, hidden: int, classes: int, target: str, dropout: float, embed_dim: int):
+        import dgl.nn as dglnn
+
+        super().__init__()
+        rels = list(g.canonical_etypes)
+        self.featureless = [t for t in g.ntypes if t not in in_dims]
+        self.embed = dglnn.HeteroEmbedding({t: g.num_nodes(t) for t in self.featureless}, embed_dim)
+        dims = {**in_dims, **{t: embed_dim for t in self.featureless}}
+        first = [t for t in g.ntypes if t == target or any(r[2] == target and r[0] == t for r in rels)]
+        self.layer1 = DglRGCNLayer(dims, hidden, rels, first)
+        self.layer2 = DglRGCNLayer({t: hidden for t in g.ntypes}, classes, rels, [target])
+        self.target, self.dropout = target, dropout
+
+    def forward(self, g, x: dict) -> torch.Tensor:
+        h = {**x, **self.embed.weight}  # every node's own row of its type's table
+        h = self.layer1(g, h)
+        h = {t: torch.nn.functional.dropout(torch.relu(v), self.dropout, self.training) for t, v in h.items()}
+        return self.layer2(g, h)[self.target]
+
+
+def _dgl_inputs(a):
+    """(graph, model input, labels, model) of the DGL run."""
     import dgl
 
-    floor = floor_bytes()
     data = torch.load(a.graph)
-    g = dgl.graph((data["src"], data["dst"]), num_nodes=data["num_nodes"])
-    x, y = data["x"], data["y"]
-    del data
+    if a.model != "rgcn":
+        g = dgl.graph((data["src"], data["dst"]), num_nodes=data["num_nodes"])
+        torch.manual_seed(0)
+        return g, data["x"], data["y"], dgl_model(a.model, data["x"].shape[1], a.hidden, a.classes)
+    g = dgl.heterograph({tuple(r): (s, d) for r, (s, d) in data["edges"].items()}, data["num_nodes"])
     torch.manual_seed(0)
-    model = dgl_model(a.model, x.shape[1], a.hidden, a.classes)
+    width = data["x"].shape[1]
+    model = DglRGCN(g, {"paper": width}, a.hidden, a.classes, "paper", a.dropout, embed_dim=width)
+    return g, {"paper": data["x"]}, data["y"], model
+
+
+def run_dgl(a) -> list[dict]:
+    floor = floor_bytes()
+    g, x, y, model = _dgl_inputs(a)
     opt = torch.optim.Adam(model.parameters(), lr=0.01)
 
     def step() -> float:
@@ -147,6 +215,17 @@ def _graph_tensors(graph) -> list:
     return out
 
 
+def _typed_model(a, manifest):
+    """sarcompile's RGCN (sarcompile.hetero_models), the same layers as :class:`DglRGCN`."""
+    from sarcompile.hetero import parse_relation_key
+    from sarcompile.hetero_models import RGCN
+
+    counts = {t: info["num_nodes"] for t, info in manifest.node_types.items()}
+    width = manifest.node_types["paper"]["node_data"]["x"]["shape"][0]
+    rels = [parse_relation_key(k) for k in manifest.edge_types]
+    return RGCN(counts, rels, {"paper": width}, "paper", a.classes, a.hidden, 2, a.dropout, embed_dim=width)
+
+
 def run_sarcompile(a) -> list[dict]:
     import torch.distributed as dist
 
@@ -157,11 +236,14 @@ def run_sarcompile(a) -> list[dict]:
     floor = floor_bytes()
     code_floor = status_bytes("RssFile")
     part = sc.load_partition(a.parts)
-    x, y = part.node_data["x"], part.node_data["y"]
-    loaded = status_bytes("VmRSS") - floor
     manifest = read_manifest(a.parts)
+    typed = manifest.typed
+    data = part.node_data["paper"] if typed else part.node_data
+    x, y = ({"paper": data["x"]} if typed else data["x"]), data["y"]
+    loaded = status_bytes("VmRSS") - floor
     torch.manual_seed(0)
-    model = sc.distribute(sc_model(a.model, x.shape[1], a.hidden, a.classes))
+    net = _typed_model(a, manifest) if typed else sc_model(a.model, x.shape[1], a.hidden, a.classes)
+    model = sc.distribute(net)
     opt = torch.optim.Adam(model.parameters(), lr=0.01)
     estimate = model.plan(a.parts, optimizer=opt).memory_estimate()[rank]
     total = sc.global_sum(torch.tensor(float(y.numel())))
@@ -186,9 +268,10 @@ def run_sarcompile(a) -> list[dict]:
     times, losses = _train(step, a.epochs)
     params = list(model.parameters())
     state = [t for s in opt.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
+    shards = list(part.graph.relations.values()) if typed else [part.graph]
     ledger = {
-        "node_data": _tensor_bytes(part.node_data.values()),
-        "graph_structures": _tensor_bytes(_graph_tensors(part.graph)),
+        "node_data": _tensor_bytes(data.values()),
+        "graph_structures": _tensor_bytes([t for shard in shards for t in _graph_tensors(shard)]),
         "parameters": _tensor_bytes(params),
         "gradients": _tensor_bytes(p.grad for p in params),
         "optimizer": _tensor_bytes(state),
@@ -215,12 +298,13 @@ def run_sarcompile(a) -> list[dict]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--engine", choices=("dgl", "sarcompile"), required=True)
-    ap.add_argument("--model", choices=("sage", "gat"), required=True)
+    ap.add_argument("--model", choices=("sage", "gat", "rgcn"), required=True)
     ap.add_argument("--graph", help="the generated graph (.pt), for DGL")
     ap.add_argument("--parts", help="partition directory, for sarcompile")
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--classes", type=int, default=16)
     ap.add_argument("--epochs", type=int, default=5)
+    ap.add_argument("--dropout", type=float, default=0.5, help="rgcn's dropout between its layers")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     records = run_dgl(a) if a.engine == "dgl" else run_sarcompile(a)
