@@ -256,7 +256,7 @@ def _cases() -> list[Case]:
 
     f = F_IN
     pos = "needs node positions (pos)"
-    hetero = "heterogeneous graph (node/edge types as dicts)"
+    hetero = "heterogeneous graph (node/edge types as dicts): swept in benchmarks/pyg_hetero_zoo.py"
     conv = [
         Case("SimpleConv", "conv", lambda: Plain(g.SimpleConv())),
         Case("GCNConv", "conv", lambda: Plain(g.GCNConv(f, f))),
@@ -321,7 +321,7 @@ def _cases() -> list[Case]:
              edge="attr"),
         Case("GeneralConv", "conv", lambda: Plain(g.GeneralConv(f, f))),
         Case("HGTConv", "conv", None, na=hetero),
-        Case("HEATConv", "conv", None, na="heterogeneous: needs node_type and edge_type per node/edge"),
+        Case("HEATConv", "conv", None, na="heterogeneous: needs node_type and edge_type per node/edge: swept in benchmarks/pyg_hetero_zoo.py"),
         Case("HeteroConv", "conv", None, na=hetero),
         Case("HANConv", "conv", None, na=hetero),
         Case("LGConv", "conv", lambda: Plain(g.LGConv())),
