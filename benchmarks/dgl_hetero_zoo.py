@@ -45,24 +45,18 @@ Usage (DGL runs in the torch 2.2 environment of ``scripts/dgl_env.sh``)::
     python benchmarks/dgl_hetero_zoo.py --load --table                # print the table of the saved results
     python benchmarks/dgl_hetero_zoo.py --load --summary              # ... in the README's shorter form
 
-The workers are ``benchmarks/dgl_zoo.py``'s pool, running this zoo's cases; what judges a
-case (``judge``, the outcomes, the detail) is that zoo's too.
+The workers are ``benchmarks/zoo_pool.py``'s pool, running this zoo's cases; what judges a
+case (the outcomes, the detail), the table and the command line are ``benchmarks/zoo_sweep.py``'s,
+shared with the other zoos.
 """
 
 from __future__ import annotations
 
-import argparse
-import copy
-import json
+import functools
 import math
 import os
-import shlex
 import sys
-import tempfile
-import time
-import traceback
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
@@ -74,18 +68,17 @@ from torch import nn
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "tests" / "frontends"))  # the tests' models (DGL's ogbn-mag RGCN)
-from dgl_zoo import (  # noqa: E402  (the homogeneous zoo's pool and judging, shared)
-    CRASH, DETAIL_CHARS, EXACT, NA, REFUSED, WRONG, Pool, Record, _diff, _error, _first_line, _short, _where,
-    counts, float64_default, judge, sarcompile_version,
+import zoo_sweep  # noqa: E402  (the zoos' judging, sweep and command line, shared)
+from dgl_zoo import FRONTEND, float64_default  # noqa: E402
+from zoo_pool import Pool, describe_error  # noqa: E402
+from zoo_sweep import (  # noqa: E402, F401  (the outcomes: tests read them)
+    CRASH, DT, EXACT, NA, REFUSED, WORLD_SIZES, WRONG, Record, diff,
 )
 
-DT = torch.float64
-TOL = 1e-9
 NODES = {"paper": 60, "author": 40, "field": 8, "institution": 6}
 ISOLATED = {"paper": 3, "author": 2, "field": 1, "institution": 1}  # the last nodes of each type: no edges
 EDGE_DIM = 3
 W_COLS = 64  # width of the loss weights; outputs use their first columns
-WORLD_SIZES = (1, 2, 3)
 RESULTS = HERE / "results" / "dgl_hetero_zoo.json"
 # The heterograph-capable classes of dgl.nn, each swept (tests/frontends/test_dgl_hetero_zoo.py checks it).
 HETERO_CLASSES = ("HeteroGraphConv", "HeteroLinear", "HeteroEmbedding", "RelGraphConv", "HGTConv", "TypedLinear",
@@ -426,14 +419,9 @@ def _product(tensors: list, dsttype: str):
     return out
 
 
-_CASES: dict[str, Case] | None = None
-
-
+@functools.cache
 def cases() -> dict[str, Case]:
-    global _CASES
-    if _CASES is None:
-        _CASES = {c.name: c for c in _cases()}
-    return _CASES
+    return {c.name: c for c in _cases()}
 
 
 def swept_classes() -> set[str]:
@@ -533,7 +521,7 @@ def compare(got: dict, want: dict) -> tuple[float, float, str]:
     """Max abs and relative difference over outputs and gradients, and where the worst is."""
     worst = (0.0, 0.0, "")
     for what, a, b in _items(got, want):
-        m, r = (float("inf"), float("inf")) if isinstance(b, float) else _diff(a, b)
+        m, r = (float("inf"), float("inf")) if isinstance(b, float) else diff(a, b)
         if r > worst[1] or (r == worst[1] == float("inf") and not worst[2]):
             worst = (m, r, what)
     return worst
@@ -566,7 +554,7 @@ def _worker_case(part, payload: dict) -> dict:
         r["grads"] = {k: None if p.grad is None else p.grad.clone() for k, p in model.named_parameters()
                       if p.requires_grad and k not in tables}
     except Exception as e:
-        return {"error": _error(e)}
+        return {"error": describe_error(e)}
     r["ids"], r["edge_ids"] = ids, edge_ids
     r["table_types"] = {k: sc.tables.table_type(p) for k, p in model.named_parameters() if k in r["table_grads"]}
     return r
@@ -600,114 +588,50 @@ def _assemble(results: list[dict], want: dict) -> dict:
 
 
 def reference(name: str) -> tuple[Record, dict | None, dict | None]:
-    """Eager DGL and the compiled model on one machine. Returns the record so far, the eager
-    result and the model state (None when the case is decided here)."""
+    """Eager DGL and the compiled model on one machine; see ``zoo_sweep.reference``."""
     import sarcompile as sc
 
     case = cases()[name]
-    rec = Record(name, case.group)
-    if case.build is None:
-        rec.outcome, rec.detail = NA, case.na or ""
-        return rec, None, None
     inp = inputs()
     w = inp.w_h if case.kind == "homogeneous" else inp.w
-    try:
-        eager = build(name)
-        state = copy.deepcopy(eager.state_dict())
-        compiled_model = copy.deepcopy(eager)
+
+    def eager(model: nn.Module) -> dict:
         graph = _models().homogeneous(hetero_graph())[0] if case.kind == "homogeneous" else hetero_graph()
-        with _models().as_oracle(eager):
-            want = run_model(eager, case, graph, eager_args(case), w)
-    except Exception as e:
-        why = _first_line(e) or f"(no message, at {_where(traceback.format_exc())})"
-        rec.outcome, rec.detail = NA, f"eager DGL fails here: {type(e).__name__}: {why}"
-        return rec, None, None
-    hg = hetero_graph()
-    g = sc.Graph.from_dgl(_models().homogeneous(hg)[0]) if case.kind == "homogeneous" else sc.HeteroGraph.from_dgl(hg)
-    try:
-        got = run_model(sc.distribute(compiled_model), case, g, eager_args(case), w)
-    except Exception as e:
-        err = _error(e)
-        rec.errors["local"] = f"{err['type']}: {err['message']}"
-        rec.outcome = REFUSED if err["sarcompile"] else CRASH
-        rec.detail = f"{err['type']}: {err['message']}"
-        if not err["sarcompile"]:
-            rec.detail = f"one machine: {rec.detail} (at {_where(err['traceback'])})"
-        return rec, None, None
-    rec.diffs["local"] = _record_diff(rec, "local", got, want)
-    return rec, want, state
+        with _models().as_oracle(model):
+            return run_model(model, case, graph, eager_args(case), w)
 
+    def compiled(model: nn.Module) -> dict:
+        hg = hetero_graph()
+        homogeneous = case.kind == "homogeneous"
+        g = sc.Graph.from_dgl(_models().homogeneous(hg)[0]) if homogeneous else sc.HeteroGraph.from_dgl(hg)
+        return run_model(sc.distribute(model), case, g, eager_args(case), w)
 
-def _record_diff(rec: Record, run: str, got: dict, want: dict) -> float:
-    m, r, what = compare(got, want)
-    if r > TOL:
-        rec.errors[run] = f"differs: {what} off by {m:.3g}"
-    return m
+    return zoo_sweep.reference(case, build, eager, compiled, "DGL", compare)
 
 
 def distributed(rec: Record, want: dict, state: dict, pool: Pool, part_dir: str) -> None:
-    run = f"{pool.world_size}w"
-    try:
-        results = pool.run({"name": rec.name, "state": state, "dir": part_dir})
-    except TimeoutError as e:
-        rec.errors[run], rec.diffs[run] = f"TimeoutError: {e}", None
-        return
-    errors = [r["error"] for r in results if "error" in r]
-    if errors:
-        root = next((e for e in errors if not e["comm"]), errors[0])  # the cause, not a peer's timeout
-        tag = "refused" if root["sarcompile"] and not root["comm"] else "crash"
-        rec.errors[run] = f"{tag}|{root['type']}: {root['message']}" + (
-            "" if root["sarcompile"] else f" (at {_where(root['traceback'])})")
-        rec.diffs[run] = None
-        if not (len(errors) == pool.world_size and all(e["sarcompile"] and not e["comm"] for e in errors)):
-            pool.close()  # peers may be mid-exchange: a fresh group for the next case
-        return
-    got = _assemble(results, want)
-    worst = 0.0
-    for r in results:  # every rank holds the all-reduced parameter gradients
-        got["grads"] = r["grads"]
-        worst = max(worst, _record_diff(rec, run, got, want))
-    rec.diffs[run] = worst
+    zoo_sweep.distributed(rec, want, pool, {"name": rec.name, "state": state, "dir": part_dir},
+                          lambda results: _assemble(results, want), compare)
 
 
 def sweep(names: list[str], world_sizes=WORLD_SIZES, log=print) -> list[Record]:
     import sarcompile as sc
 
-    torch.set_num_threads(1)
-    records, refs = [], {}
-    for name in names:
-        t = time.monotonic()
-        rec, want, state = reference(name)
-        rec.seconds = time.monotonic() - t
-        records.append(rec)
-        if want is not None:
-            refs[name] = (want, state)
     hg = hetero_graph()
     graphs = {"hetero": sc.HeteroGraph.from_dgl(hg), "homogeneous": sc.Graph.from_dgl(_models().homogeneous(hg)[0])}
-    with tempfile.TemporaryDirectory(prefix="dgl-hetero-zoo-parts-") as tmp:
-        for ws in world_sizes:
-            todo = [r for r in records if r.name in refs]
-            if not todo:
-                break
-            dirs = {}
-            for kind in sorted({cases()[r.name].kind for r in todo}):
-                dirs[kind] = os.path.join(tmp, f"{kind}-w{ws}")
-                sc.partition(graphs[kind], ws, dirs[kind], method="random", seed=1)
-            pool = None
-            try:
-                for rec in todo:
-                    t = time.monotonic()
-                    if pool is None or pool.closed:
-                        pool = Pool(ws, _worker_case)
-                    distributed(rec, *refs[rec.name], pool, dirs[cases()[rec.name].kind])
-                    rec.seconds += time.monotonic() - t
-                    log(f"  {ws} workers  {rec.name:<48} {rec.errors.get(f'{ws}w', 'ok')[:100]}")
-            finally:
-                if pool is not None:
-                    pool.close()
-    for rec in records:
-        judge(rec)
-    return records
+
+    def partition(tmp: str, world_size: int, names: list[str]) -> dict[str, str]:
+        """The graphs these cases run on, cut into ``world_size`` random parts under ``tmp``;
+        each case's directory."""
+        dirs = {}
+        for kind in sorted({cases()[n].kind for n in names}):
+            dirs[kind] = os.path.join(tmp, f"{kind}-w{world_size}")
+            sc.partition(graphs[kind], world_size, dirs[kind], method="random", seed=1)
+        return {n: dirs[cases()[n].kind] for n in names}
+
+    return zoo_sweep.sweep(names, world_sizes, log, reference=reference, partition=partition,
+                           distributed=distributed, width=48,
+                           pool=functools.partial(Pool, case=_worker_case, frontend=FRONTEND))
 
 
 # --- output --------------------------------------------------------------------------------
@@ -716,107 +640,25 @@ _TITLES = {"layer": "heterogeneous `dgl.nn` layers and models", "variant": "opti
 
 
 def table(records: list[Record], meta: dict) -> str:
-    c = counts(records)
-    lines = [
-        f"DGL heterogeneous zoo, {meta['date']}: `{meta['command']}` ({meta['seconds']:.0f} s; sarcompile "
-        f"{meta.get('sarcompile', '?')}, torch {meta['torch']}, dgl {meta['dgl']}; float64, nodes "
-        f"{', '.join(f'{t} {n}' for t, n in NODES.items())}, {meta['edges']} edges in {meta['relations']} relations; "
-        f"compared: one machine (`sc.HeteroGraph.from_dgl`) and {', '.join(str(w) for w in meta['world_sizes'])} "
-        "gloo workers)",
-        "",
-        "| case | outcome | detail |",
-        "| --- | --- | --- |",
-    ]
-    for r in records:
-        detail = r.detail if len(r.detail) <= DETAIL_CHARS else r.detail[: DETAIL_CHARS - 1] + "…"
-        detail = detail.replace("|", "\\|").replace("\n", " ")
-        name = r.name if r.group == "layer" else f"{r.name} ({r.group})"
-        lines.append(f"| `{name}` | {'**' + r.outcome + '**' if r.outcome in (WRONG, CRASH) else r.outcome} "
-                     f"| {detail} |")
-    lines += ["", f"{len(records)} cases: " + ", ".join(f"{n} {o}" for o, n in c.items()) + "."]
-    return "\n".join(lines)
+    compared = (f"float64, nodes {', '.join(f'{t} {n}' for t, n in NODES.items())}, {meta['edges']} edges in "
+                f"{meta['relations']} relations; compared: one machine (`sc.HeteroGraph.from_dgl`) and")
+    return zoo_sweep.table(records, meta, zoo_sweep.header(meta, "DGL heterogeneous zoo", FRONTEND, compared),
+                           column="case", noun="cases", untagged={"layer"})
 
 
 def summary(records: list[Record], meta: dict) -> str:
-    """The README's form of the table: per group, the counts, the exact cases in one line and
-    one row per other case with the first clause of its reason."""
-    lines = [f"DGL heterogeneous zoo, {meta['date']}: `{meta['command']}` (sarcompile {meta.get('sarcompile', '?')}, "
-             f"torch {meta['torch']}, dgl {meta['dgl']}; float64; one machine and "
-             f"{', '.join(str(w) for w in meta['world_sizes'])} gloo workers)", ""]
-    for group, title in _TITLES.items():
-        rows = [r for r in records if r.group == group]
-        c = counts(rows)
-        lines.append(f"**{title}** ({len(rows)}): " + ", ".join(f"{n} {o}" for o, n in c.items() if n) + ".")
-        lines.append("exact: " + ", ".join(f"`{r.name}`" for r in rows if r.outcome == EXACT) + ".")
-        others = [r for r in rows if r.outcome != EXACT]
-        if others:
-            lines += ["", "| case | outcome | why |", "| --- | --- | --- |"]
-            lines += [f"| `{r.name}` | {r.outcome} | {_short(r.detail)} |" for r in others]
-        lines.append("")
-    return "\n".join(lines).rstrip()
+    header = zoo_sweep.header(meta, "DGL heterogeneous zoo", FRONTEND, "float64; one machine and", seconds=False)
+    return zoo_sweep.summary(records, header, _TITLES, column="case", empty_tables=False)
+
+
+def _describe() -> dict:
+    hg = hetero_graph()
+    return {"edges": hg.num_edges(), "relations": len(hg.canonical_etypes)}
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--only", nargs="+", metavar="NAME", help="run these cases only (names as in the table)")
-    ap.add_argument("--table", action="store_true", help="print the Markdown table")
-    ap.add_argument("--summary", action="store_true", help="print the README's shorter form of the table")
-    ap.add_argument("--load", action="store_true", help="do not run: read the saved results")
-    ap.add_argument("--out", type=Path, help=f"results file (default {RESULTS} for a full sweep)")
-    ap.add_argument("--world-sizes", type=int, nargs="+", default=list(WORLD_SIZES))
-    ap.add_argument("--list", action="store_true", help="list the case names")
-    args = ap.parse_args(argv)
-
-    import dgl
-
-    if args.list:
-        print("\n".join(cases()))
-        return 0
-    out = args.out or (None if args.only else RESULTS)
-    if args.load:
-        data = json.loads((args.out or RESULTS).read_text())
-        records = [Record(**r) for r in data["records"]]
-        meta = data["meta"]
-    else:
-        names = list(cases())
-        if args.only:
-            unknown = [n for n in args.only if n not in cases()]
-            if unknown:
-                ap.error(f"unknown case(s) {unknown}; see --list")
-            names = args.only
-        t = time.monotonic()
-        records = sweep(names, tuple(args.world_sizes), log=lambda s: print(s, file=sys.stderr, flush=True))
-        hg = hetero_graph()
-        meta = {
-            "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-            "command": "python " + " ".join(shlex.quote(a) for a in [
-                os.path.relpath(__file__) if not os.path.isabs(sys.argv[0]) else __file__, *sys.argv[1:]]),
-            "seconds": time.monotonic() - t,
-            "sarcompile": sarcompile_version(),
-            "torch": torch.__version__.split("+")[0],
-            "dgl": dgl.__version__,
-            "edges": hg.num_edges(),
-            "relations": len(hg.canonical_etypes),
-            "world_sizes": list(args.world_sizes),
-            "tolerance": TOL,
-            "counts": counts(records),
-        }
-        if out is not None:
-            out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text(json.dumps({"meta": meta, "records": [r.__dict__ for r in records]}, indent=1) + "\n")
-            out.with_suffix(".md").write_text(table(records, meta) + "\n")
-            print(f"wrote {out}", file=sys.stderr)
-    if args.table:
-        print(table(records, meta))
-    elif args.summary:
-        print(summary(records, meta))
-    else:
-        c = counts(records)
-        print(", ".join(f"{n} {o}" for o, n in c.items()))
-        for r in records:
-            if r.outcome in (WRONG, CRASH):
-                print(f"{r.outcome}: {r.name}: {r.detail}")
-    return 0
+    return zoo_sweep.main(argv, doc=__doc__, script=__file__, results=RESULTS, frontend=FRONTEND, cases=cases,
+                          sweep=sweep, table=table, summary=summary, describe=_describe)
 
 
 if __name__ == "__main__":

@@ -35,52 +35,39 @@ Usage::
     python benchmarks/pyg_hetero_zoo.py --load --table  # print the table of the saved results
     python benchmarks/pyg_hetero_zoo.py --load --summary   # ... in the README's shorter form
 
-The workers are a small pool of ``torch.multiprocessing`` processes per world size, in one
-gloo group on a FileStore, running many cases each. Every wait is bounded. What judges a
-case (``judge``, the outcomes, the detail) is ``benchmarks/pyg_zoo.py``'s.
+The workers are ``benchmarks/zoo_pool.py``'s pool: a few ``torch.multiprocessing`` processes
+per world size, in one gloo group on a FileStore, running many cases each. Every wait is
+bounded. What judges a case (the outcomes, the detail), the table and the command line are
+``benchmarks/zoo_sweep.py``'s, shared with the other zoos.
 """
 
 from __future__ import annotations
 
-import argparse
-import copy
-import io
-import json
+import functools
 import math
 import os
-import queue
-import shlex
 import sys
-import tempfile
-import time
-import traceback
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
-import torch.multiprocessing as mp
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from pyg_zoo import (  # noqa: E402  (the homogeneous zoo's judging, shared)
-    CRASH, DETAIL_CHARS, EXACT, NA, REFUSED, WRONG, Record, _diff, _error, _first_line, _short, _where, counts, judge,
-    sarcompile_version,
+import zoo_sweep  # noqa: E402  (the zoos' judging, sweep and command line, shared)
+from zoo_pool import Pool, describe_error  # noqa: E402
+from zoo_sweep import (  # noqa: E402, F401  (the outcomes: tests read them)
+    CRASH, DT, EXACT, NA, REFUSED, WORLD_SIZES, WRONG, Record, diff,
 )
 
-DT = torch.float64
-TOL = 1e-9
 NODES = {"paper": 60, "author": 40, "field": 8}
 WIDTHS = {"paper": 8, "author": 6, "field": 4}
 TYPED_WIDTH = 8  # the homogeneous view's features: one width for every type
 HIDDEN = 8
 EDGE_DIM = 3
 W_COLS = 64  # width of the per-node loss weights; outputs use their first columns
-WORLD_SIZES = (1, 2, 3)
-JOB_TIMEOUT_S = 90.0
-START_TIMEOUT_S = 180.0
-COMM_TIMEOUT_S = "20"  # SARCOMPILE_TIMEOUT in the workers: a peer that died fails fast
+FRONTEND = "torch_geometric"  # imported by the command and by every worker: it loads sarcompile's PyG front-end
 RESULTS = Path(__file__).resolve().parent / "results" / "pyg_hetero_zoo.json"
 WRITES, REV, CITES, TOPIC = (("author", "writes", "paper"), ("paper", "rev_writes", "author"),
                              ("paper", "cites", "paper"), ("paper", "has_topic", "field"))
@@ -458,14 +445,9 @@ def _cases() -> list[Case]:
     return convs + to_hetero + layers + homogeneous
 
 
-_CASES: dict[str, Case] | None = None
-
-
+@functools.cache
 def cases() -> dict[str, Case]:
-    global _CASES
-    if _CASES is None:
-        _CASES = {c.name: c for c in _cases()}
-    return _CASES
+    return {c.name: c for c in _cases()}
 
 
 def skipped() -> dict[str, str]:
@@ -560,57 +542,13 @@ def compare(got: dict, want: dict) -> tuple[float, float, str]:
             differ = sorted(map(str, set(got[what]) ^ set(want[what])))
             return float("inf"), float("inf"), f"{what} keys differ: {differ}"
         for key, b in want[what].items():
-            m, r = _diff(got[what][key], b)
+            m, r = diff(got[what][key], b)
             if r > worst[1] or (r == worst[1] == float("inf") and not worst[2]):
                 worst = (m, r, f"{what} of {key}")
     return worst
 
 
 # --- workers -------------------------------------------------------------------------------
-def _dumps(obj: Any) -> bytes:
-    buf = io.BytesIO()
-    torch.save(obj, buf)
-    return buf.getvalue()
-
-
-def _loads(data: bytes) -> Any:
-    return torch.load(io.BytesIO(data), weights_only=False)
-
-
-def _worker_main(rank: int, world_size: int, store_path: str, jobs, results) -> None:
-    os.environ["SARCOMPILE_TIMEOUT"] = COMM_TIMEOUT_S
-    import torch.distributed as dist
-
-    torch.set_num_threads(1)
-    try:
-        import sarcompile as sc
-        import torch_geometric  # noqa: F401  (registers sarcompile's PyG front-end)
-
-        store = dist.FileStore(store_path, world_size)
-        dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size)
-    except Exception:
-        results.put((rank, -1, False, traceback.format_exc()))
-        return
-    results.put((rank, -1, True, None))
-    parts: dict[str, Any] = {}
-    try:
-        while True:
-            job = jobs.get()
-            if job is None:
-                break
-            job_id, data = job
-            try:
-                payload = _loads(data)
-                d = payload["dir"]
-                if d not in parts:
-                    parts[d] = sc.load_partition(d, rank, world_size)
-                results.put((rank, job_id, True, _dumps(_worker_case(parts[d], payload))))
-            except Exception as e:  # reported to the parent, which judges the case
-                results.put((rank, job_id, True, _dumps({"error": _error(e)})))
-    finally:
-        dist.destroy_process_group()
-
-
 def _worker_case(part, payload: dict) -> dict:
     """This worker's rows of one case: the compiled model on its part, gradients synced."""
     import sarcompile as sc
@@ -636,148 +574,14 @@ def _worker_case(part, payload: dict) -> dict:
         r["grads"] = {k: None if p.grad is None else p.grad.clone() for k, p in model.named_parameters()
                       if p.requires_grad}
     except Exception as e:
-        return {"error": _error(e)}
+        return {"error": describe_error(e)}
     r["ids"], r["edge_ids"] = ids, edge_ids
     return r
 
 
-class Pool:
-    """``world_size`` worker processes in one gloo group; :meth:`run` sends one case to all."""
-
-    def __init__(self, world_size: int):
-        ctx = mp.get_context("spawn")
-        self.world_size = world_size
-        self.closed = False
-        self._dir = tempfile.TemporaryDirectory(prefix="pyg-hetero-zoo-pool-")
-        self.jobs = [ctx.Queue() for _ in range(world_size)]
-        self.results = ctx.Queue()
-        self._next = 0
-        store = os.path.join(self._dir.name, "store")
-        self.procs = [ctx.Process(target=_worker_main, args=(r, world_size, store, self.jobs[r], self.results),
-                                  daemon=True) for r in range(world_size)]
-        for p in self.procs:
-            p.start()
-        for _ in range(world_size):
-            rank, _, ok, err = self._get(START_TIMEOUT_S, -1)
-            if not ok:
-                self.close()
-                raise RuntimeError(f"worker {rank} failed to start:\n{err}")
-
-    def _get(self, timeout: float, job_id: int):
-        deadline = time.monotonic() + timeout
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError
-            try:
-                item = self.results.get(timeout=left)
-            except queue.Empty:
-                raise TimeoutError from None
-            if item[1] == job_id:
-                return item
-            # a late answer to an earlier, abandoned job: drop it
-
-    def run(self, payload: dict, timeout: float = JOB_TIMEOUT_S) -> list[dict]:
-        """One result per rank (a dict with "error" where that rank raised); raises
-        TimeoutError when a rank does not answer in time (the pool is then closed)."""
-        self._next += 1
-        data = _dumps(payload)
-        for q in self.jobs:
-            q.put((self._next, data))
-        out: dict[int, dict] = {}
-        try:
-            for _ in range(self.world_size):
-                rank, _, _, value = self._get(timeout, self._next)
-                out[rank] = _loads(value)
-        except TimeoutError:
-            dead = [r for r, p in enumerate(self.procs) if not p.is_alive()]
-            self.close()
-            raise TimeoutError(f"no answer from ranks {sorted(set(range(self.world_size)) - set(out))} "
-                               f"within {timeout:.0f}s (dead: {dead})") from None
-        return [out[r] for r in range(self.world_size)]
-
-    def close(self) -> None:
-        if self.closed:
-            return
-        self.closed = True
-        for q in self.jobs:
-            q.put(None)
-        for p in self.procs:
-            p.join(timeout=10)
-            if p.is_alive():
-                p.kill()
-                p.join(timeout=5)
-        self._dir.cleanup()
-
-
-# --- the sweep -----------------------------------------------------------------------------
-def reference(name: str) -> tuple[Record, dict | None, dict | None]:
-    """Eager PyG and the compiled model on one machine. Returns the record so far, the eager
-    result and the model state (None when the case is decided here)."""
-    import sarcompile as sc
-
-    case = cases()[name]
-    rec = Record(name, case.group)
-    if case.build is None:
-        rec.outcome, rec.detail = NA, case.na or ""
-        return rec, None, None
-    args = eager_args(case)
-    try:
-        eager = build(name)
-        state = copy.deepcopy(eager.state_dict())
-        compiled_model = copy.deepcopy(eager)
-        want = run_model(eager, case, args, _loss_weights(case))
-    except Exception as e:
-        why = _first_line(e) or f"(no message, at {_where(traceback.format_exc())})"
-        rec.outcome, rec.detail = NA, f"eager PyG fails here: {type(e).__name__}: {why}"
-        return rec, None, None
-    graph = sc.Graph.from_pyg(inputs().typed) if case.typed else sc.HeteroGraph.from_pyg(inputs().data)
-    try:
-        got = run_model(sc.distribute(compiled_model), case, (args[0], graph, *args[2:]), _loss_weights(case))
-    except Exception as e:
-        err = _error(e)
-        rec.errors["local"] = f"{err['type']}: {err['message']}"
-        rec.outcome = REFUSED if err["sarcompile"] else CRASH
-        rec.detail = f"{err['type']}: {err['message']}"
-        if not err["sarcompile"]:  # the workers are not run: they would crash the same way
-            rec.detail = f"one machine: {rec.detail} (at {_where(err['traceback'])})"
-        return rec, None, None
-    rec.diffs["local"] = _record_diff(rec, "local", got, want)
-    return rec, want, state
-
-
-def _record_diff(rec: Record, run: str, got: dict, want: dict) -> float:
-    m, r, what = compare(got, want)
-    if r > TOL:
-        rec.errors[run] = f"differs: {what} off by {m:.3g}"
-    return m
-
-
-def distributed(rec: Record, want: dict, state: dict, pool: Pool, part_dir: str) -> None:
-    case = cases()[rec.name]
-    inp = inputs()
-    ws = pool.world_size
-    payload = {"name": rec.name, "state": state, "dir": part_dir,
-               "edge": {k: inp.edge[k] for k in case.edges},
-               "edge_type": inp.typed.edge_type, "edge_attr": inp.typed.edge_attr}
-    run = f"{ws}w"
-    try:
-        results = pool.run(payload)
-    except TimeoutError as e:
-        rec.errors[run] = f"TimeoutError: {e}"
-        rec.diffs[run] = None
-        return
-    errors = [r["error"] for r in results if "error" in r]
-    if errors:
-        # the root cause, not a peer's timeout waiting for it
-        root = next((e for e in errors if not e["comm"]), errors[0])
-        tag = "refused" if root["sarcompile"] and not root["comm"] else "crash"
-        rec.errors[run] = f"{tag}|{root['type']}: {root['message']}" + (
-            "" if root["sarcompile"] else f" (at {_where(root['traceback'])})")
-        rec.diffs[run] = None
-        if not (len(errors) == ws and all(e["sarcompile"] and not e["comm"] for e in errors)):
-            pool.close()  # peers may be mid-exchange: a fresh group for the next case
-        return
+def _assemble(results: list[dict], want: dict) -> dict:
+    """The workers' rows put back in the whole graph's order (NaN where none came or they
+    came in another width); a key the model gave on a worker and not eagerly, as it came."""
     got: dict[str, dict] = {"out": {}, "x_grad": {}, "edge_grad": {}}
     for what, ids in (("out", "ids"), ("x_grad", "ids"), ("edge_grad", "edge_ids")):
         for key, full in want[what].items():
@@ -786,55 +590,57 @@ def distributed(rec: Record, want: dict, state: dict, pool: Pool, part_dir: str)
                 part = r[what].get(key)
                 rows[r[ids][key]] = part if part is not None and part.shape[1:] == full.shape[1:] else float("nan")
             got[what][key] = rows
-        for r in results:  # a key the model gave on a worker and not eagerly
+        for r in results:
             for key in set(r[what]) - set(want[what]):
                 got[what][key] = r[what][key]
-    worst = 0.0
-    for r in results:  # every rank holds the all-reduced parameter gradients
-        got["grads"] = r["grads"]
-        worst = max(worst, _record_diff(rec, run, got, want))
-    rec.diffs[run] = worst
+    return got
+
+
+# --- the sweep -----------------------------------------------------------------------------
+def reference(name: str) -> tuple[Record, dict | None, dict | None]:
+    """Eager PyG and the compiled model on one machine; see ``zoo_sweep.reference``."""
+    import sarcompile as sc
+
+    case = cases()[name]
+    args = eager_args(case)
+
+    def eager(model: nn.Module) -> dict:
+        return run_model(model, case, args, _loss_weights(case))
+
+    def compiled(model: nn.Module) -> dict:
+        graph = sc.Graph.from_pyg(inputs().typed) if case.typed else sc.HeteroGraph.from_pyg(inputs().data)
+        return run_model(sc.distribute(model), case, (args[0], graph, *args[2:]), _loss_weights(case))
+
+    return zoo_sweep.reference(case, build, eager, compiled, "PyG", compare)
+
+
+def distributed(rec: Record, want: dict, state: dict, pool: Pool, part_dir: str) -> None:
+    inp = inputs()
+    payload = {"name": rec.name, "state": state, "dir": part_dir,
+               "edge": {k: inp.edge[k] for k in cases()[rec.name].edges},
+               "edge_type": inp.typed.edge_type, "edge_attr": inp.typed.edge_attr}
+    zoo_sweep.distributed(rec, want, pool, payload, lambda results: _assemble(results, want), compare)
+
+
+def _partition(tmp: str, world_size: int, names: list[str]) -> dict[str, str]:
+    """The typed graph and its homogeneous view cut into ``world_size`` parts under ``tmp``;
+    each case's directory."""
+    import sarcompile as sc
+
+    inp = inputs()
+    dirs = {"hetero": os.path.join(tmp, f"hetero-w{world_size}"), "typed": os.path.join(tmp, f"typed-w{world_size}")}
+    sc.partition(sc.HeteroGraph.from_pyg(inp.data), world_size, dirs["hetero"],
+                 node_data={t: {"x": inp.data[t].x, "w": inp.w[t]} for t in NODES}, method=assignment(world_size))
+    sc.partition(sc.Graph.from_pyg(inp.typed), world_size, dirs["typed"],
+                 node_data={"x": inp.typed.x, "node_type": inp.typed.node_type, "w": inp.typed.w},
+                 method=typed_assignment(world_size))
+    return {n: dirs["typed" if cases()[n].typed else "hetero"] for n in names}
 
 
 def sweep(names: list[str], world_sizes=WORLD_SIZES, log=print) -> list[Record]:
-    import sarcompile as sc
-
-    torch.set_num_threads(1)
-    records, refs = [], {}
-    for name in names:
-        t = time.monotonic()
-        rec, want, state = reference(name)
-        rec.seconds = time.monotonic() - t
-        records.append(rec)
-        if want is not None:
-            refs[name] = (want, state)
-    inp = inputs()
-    with tempfile.TemporaryDirectory(prefix="pyg-hetero-zoo-parts-") as tmp:
-        for ws in world_sizes:
-            todo = [r for r in records if r.name in refs]
-            if not todo:
-                break
-            dirs = {"hetero": os.path.join(tmp, f"hetero-w{ws}"), "typed": os.path.join(tmp, f"typed-w{ws}")}
-            sc.partition(sc.HeteroGraph.from_pyg(inp.data), ws, dirs["hetero"],
-                         node_data={t: {"x": inp.data[t].x, "w": inp.w[t]} for t in NODES}, method=assignment(ws))
-            sc.partition(sc.Graph.from_pyg(inp.typed), ws, dirs["typed"],
-                         node_data={"x": inp.typed.x, "node_type": inp.typed.node_type, "w": inp.typed.w},
-                         method=typed_assignment(ws))
-            pool = None
-            try:
-                for rec in todo:
-                    t = time.monotonic()
-                    if pool is None or pool.closed:
-                        pool = Pool(ws)
-                    distributed(rec, *refs[rec.name], pool, dirs["typed" if cases()[rec.name].typed else "hetero"])
-                    rec.seconds += time.monotonic() - t
-                    log(f"  {ws} workers  {rec.name:<56} {rec.errors.get(f'{ws}w', 'ok')[:100]}")
-            finally:
-                if pool is not None:
-                    pool.close()
-    for rec in records:
-        judge(rec)
-    return records
+    return zoo_sweep.sweep(names, world_sizes, log, reference=reference, partition=_partition,
+                           distributed=distributed, width=56,
+                           pool=functools.partial(Pool, case=_worker_case, frontend=FRONTEND))
 
 
 # --- output --------------------------------------------------------------------------------
@@ -843,107 +649,29 @@ GROUPS = {"heteroconv": "`HeteroConv` over each conv", "to_hetero": "`to_hetero`
 
 
 def _header(meta: dict) -> str:
+    nodes = ", ".join(f"{t} {n}" for t, n in meta["nodes"].items())
     edges = ", ".join(f"{k} {v}" for k, v in meta["edges"].items())
-    return (f"PyG heterogeneous zoo, {meta['date']}: `{meta['command']}` ({meta['seconds']:.0f} s; sarcompile "
-            f"{meta.get('sarcompile', '?')}, torch {meta['torch']}, torch_geometric {meta['torch_geometric']}; "
-            f"float64; nodes {', '.join(f'{t} {n}' for t, n in meta['nodes'].items())}; edges {edges}; compared: "
-            f"one machine and {', '.join(str(w) for w in meta['world_sizes'])} gloo workers)")
+    return zoo_sweep.header(meta, "PyG heterogeneous zoo", FRONTEND,
+                            f"float64; nodes {nodes}; edges {edges}; compared: one machine and")
 
 
 def table(records: list[Record], meta: dict) -> str:
-    c = counts(records)
-    lines = [_header(meta), "", "| case | outcome | detail |", "| --- | --- | --- |"]
-    for r in records:
-        detail = r.detail if len(r.detail) <= DETAIL_CHARS else r.detail[: DETAIL_CHARS - 1] + "…"
-        detail = detail.replace("|", "\\|").replace("\n", " ")
-        outcome = f"**{r.outcome}**" if r.outcome in (WRONG, CRASH) else r.outcome
-        lines.append(f"| `{r.name}` | {outcome} | {detail} |")
-    for name, why in meta.get("skipped", {}).items():
-        lines.append(f"| `{name}` | skipped | {why} |")
-    lines += ["", f"{len(records)} cases: " + ", ".join(f"{n} {o}" for o, n in c.items()) + "."]
-    return "\n".join(lines)
+    return zoo_sweep.table(records, meta, _header(meta), column="case", noun="cases", untagged=GROUPS)
 
 
 def summary(records: list[Record], meta: dict) -> str:
-    """The README's form of the table: per group, the counts, the exact cases in one line and
-    one row per other case with the first clause of its reason."""
-    lines = [_header(meta), ""]
-    for group, title in GROUPS.items():
-        rows = [r for r in records if r.group == group]
-        c = counts(rows)
-        lines.append(f"**{title}** ({len(rows)}): " + ", ".join(f"{n} {o}" for o, n in c.items() if n) + ".")
-        lines.append("exact: " + ", ".join(f"`{r.name}`" for r in rows if r.outcome == EXACT) + ".")
-        lines += ["", "| case | outcome | why |", "| --- | --- | --- |"]
-        lines += [f"| `{r.name}` | {r.outcome} | {_short(r.detail)} |" for r in rows if r.outcome != EXACT]
-        lines.append("")
-    c = counts(records)
-    lines.append(f"{len(records)} cases: " + ", ".join(f"{n} {o}" for o, n in c.items()) + ".")
-    return "\n".join(lines)
+    return zoo_sweep.summary(records, _header(meta), GROUPS, column="case", class_prefix="torch_geometric.nn.",
+                             total="cases")
+
+
+def _describe() -> dict:
+    data = inputs().data
+    return {"nodes": dict(NODES), "edges": {rel[1]: int(data[rel].edge_index.size(1)) for rel in data.edge_types}}
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--only", nargs="+", metavar="NAME", help="run these cases only (names as in the table)")
-    ap.add_argument("--table", action="store_true", help="print the Markdown table")
-    ap.add_argument("--summary", action="store_true", help="print the README's shorter form of the table")
-    ap.add_argument("--load", action="store_true", help="do not run: read the saved results")
-    ap.add_argument("--out", type=Path, help=f"results file (default {RESULTS} for a full sweep; the table goes "
-                                              "beside it as .md)")
-    ap.add_argument("--world-sizes", type=int, nargs="+", default=list(WORLD_SIZES))
-    ap.add_argument("--list", action="store_true", help="list the case names")
-    args = ap.parse_args(argv)
-
-    import torch_geometric
-
-    if args.list:
-        print("\n".join(cases()))
-        return 0
-    out = args.out or (None if args.only else RESULTS)
-    if args.load:
-        data = json.loads((args.out or RESULTS).read_text())
-        records = [Record(**r) for r in data["records"]]
-        meta = data["meta"]
-    else:
-        names = list(cases())
-        if args.only:
-            unknown = [n for n in args.only if n not in cases()]
-            if unknown:
-                ap.error(f"unknown case(s) {unknown}; see --list")
-            names = args.only
-        t = time.monotonic()
-        records = sweep(names, tuple(args.world_sizes), log=lambda s: print(s, file=sys.stderr, flush=True))
-        inp = inputs()
-        meta = {
-            "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-            "command": "python " + " ".join(shlex.quote(a) for a in [
-                os.path.relpath(__file__) if not os.path.isabs(sys.argv[0]) else __file__, *sys.argv[1:]]),
-            "seconds": time.monotonic() - t,
-            "sarcompile": sarcompile_version(),
-            "torch": torch.__version__.split("+")[0],
-            "torch_geometric": torch_geometric.__version__,
-            "nodes": dict(NODES),
-            "edges": {rel[1]: int(inp.data[rel].edge_index.size(1)) for rel in inp.data.edge_types},
-            "world_sizes": list(args.world_sizes),
-            "tolerance": TOL,
-            "skipped": skipped() if not args.only else {},
-            "counts": counts(records),
-        }
-        if out is not None:
-            out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text(json.dumps({"meta": meta, "records": [r.__dict__ for r in records]}, indent=1) + "\n")
-            out.with_suffix(".md").write_text(table(records, meta) + "\n")
-            print(f"wrote {out} and {out.with_suffix('.md')}", file=sys.stderr)
-    if args.table:
-        print(table(records, meta))
-    elif args.summary:
-        print(summary(records, meta))
-    else:
-        c = counts(records)
-        print(", ".join(f"{n} {o}" for o, n in c.items()))
-        for r in records:
-            if r.outcome in (WRONG, CRASH):
-                print(f"{r.outcome}: {r.name}: {r.detail}")
-    return 0
+    return zoo_sweep.main(argv, doc=__doc__, script=__file__, results=RESULTS, frontend=FRONTEND, cases=cases,
+                          sweep=sweep, table=table, summary=summary, describe=_describe, skipped=skipped)
 
 
 if __name__ == "__main__":

@@ -40,11 +40,18 @@ def typed_graphs(draw, max_nodes: int = 12, max_edges: int = 30):
             s, d = types[1], types[0]
         else:
             s, d = draw(st.sampled_from(types)), draw(st.sampled_from(types))
-        m = draw(st.integers(0, max_edges)) if counts[s] and counts[d] else 0
-        src = draw(st.lists(st.integers(0, max(counts[s] - 1, 0)), min_size=m, max_size=m))
-        dst = draw(st.lists(st.integers(0, max(counts[d] - 1, 0)), min_size=m, max_size=m))
-        edges[(s, f"r{i}", d)] = (torch.tensor(src, dtype=torch.long), torch.tensor(dst, dtype=torch.long))
+        edges[(s, f"r{i}", d)] = relation_edges(draw, counts, s, d, max_edges)
     return sc.HeteroGraph.from_edges(edges, counts), draw(st.integers(0, 2**16))
+
+
+def relation_edges(draw, counts: dict[str, int], s: str, d: str, max_edges: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(src, dst)`` of a relation from type ``s`` to type ``d`` (``counts``: nodes per type),
+    drawn in a hypothesis strategy: up to ``max_edges`` edges, none where a side has no
+    nodes; multi-edges and self-loops as the draws fall."""
+    m = draw(st.integers(0, max_edges)) if counts[s] and counts[d] else 0
+    src = draw(st.lists(st.integers(0, max(counts[s] - 1, 0)), min_size=m, max_size=m))
+    dst = draw(st.lists(st.integers(0, max(counts[d] - 1, 0)), min_size=m, max_size=m))
+    return torch.tensor(src, dtype=torch.long), torch.tensor(dst, dtype=torch.long)
 
 
 class RelationNet(nn.Module):

@@ -5,27 +5,18 @@ gradient; and every case the saved sweep calls exact is exact on this tree (one 
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
+from commands import ROOT, import_script
 
 pytest.importorskip("torch_geometric")
 
-ZOO_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "pyg_hetero_zoo.py"
+ZOO_PATH = ROOT / "benchmarks" / "pyg_hetero_zoo.py"
 
 
 def _zoo():
-    # Imported under its own module name so that the spawned workers can import it too.
-    if "pyg_hetero_zoo" not in sys.modules:
-        sys.path.insert(0, str(ZOO_PATH.parent))
-        spec = importlib.util.spec_from_file_location("pyg_hetero_zoo", ZOO_PATH)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["pyg_hetero_zoo"] = module
-        spec.loader.exec_module(module)
-    return sys.modules["pyg_hetero_zoo"]
+    return import_script(ZOO_PATH)
 
 
 def test_sweep_judges_exact_refused_and_not_applicable():

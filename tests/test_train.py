@@ -15,17 +15,17 @@ from pathlib import Path
 
 import pytest
 import torch
+from train_jobs import ACC_KEYS, curve, run_train, train_job
 
 import sarcompile as sc
 from sarcompile.checkpoint import load_checkpoint, save_checkpoint
 from sarcompile.codegen.torch_kernels import packed_row_bytes
-from sarcompile.errors import CheckpointError, SarcompileError
+from sarcompile.errors import CheckpointError
 from sarcompile.runtime.link import WIRE_SCALE
 from sarcompile.runtime.memory import active_allocator
 from sarcompile.train import build_model, evaluate, load_trained, parse_args
 
 ROOT = Path(__file__).resolve().parents[1]
-ACC_KEYS = ("loss", "train_acc", "val_acc", "test_acc")
 
 
 def _sbm(*args):
@@ -51,29 +51,8 @@ def parts(tmp_path_factory) -> dict[int, str]:
     return _partition(_sbm(1200, 4, 4, 0.8, 8, 0), [1, 2, 4], tmp_path_factory.mktemp("graph"))
 
 
-def _train_job(rank: int, world_size: int, argv: list[str]):
-    """Runs on a pool worker: the trainer's records, or the message of its error."""
-    from sarcompile.train import train
-
-    try:
-        return train(argv)
-    except (SarcompileError, ValueError) as e:
-        return f"{type(e).__name__}: {e}"
-
-
-def _run(pool, n: int, argv: list[str]):
-    results = pool(n).run(_train_job, [argv] * n)
-    if isinstance(results[0], list):
-        assert all(_numbers(r) == _numbers(results[0]) for r in results), "ranks disagree"
-    return results[0]
-
-
 def _args(parts: str, out: Path, *extra) -> list[str]:
     return ["--parts", parts, "--out", str(out), "--hidden", "16", "--no-progress", *map(str, extra)]
-
-
-def _numbers(records: list[dict]) -> list[tuple]:
-    return [(r["epoch"], *(r[k] for k in ACC_KEYS)) for r in records]
 
 
 def _close(a: list[dict], b: list[dict], rel: float) -> bool:
@@ -90,8 +69,8 @@ def test_same_curve_on_1_2_4_workers(pool, parts, tmp_path, model, batch_norm):
     extra += ["--batch-norm"] if batch_norm else []
     curves = {}
     for n in (1, 2, 4):
-        results = pool(n).run(_train_job, [_args(parts[n], tmp_path / f"n{n}", *extra)] * n)
-        assert all(_numbers(r) == _numbers(results[0]) for r in results), "ranks disagree"
+        results = pool(n).run(train_job, [_args(parts[n], tmp_path / f"n{n}", *extra)] * n)
+        assert all(curve(r) == curve(results[0]) for r in results), "ranks disagree"
         curves[n] = results[0]
         assert [r["world_size"] for r in curves[n]] == [n] * 5
     for n in (2, 4):
@@ -105,7 +84,7 @@ def full_run(pool, parts, tmp_path_factory):
     """An uninterrupted 6-epoch run on 2 workers: (out dir, records, argv extras)."""
     extra = ["--epochs", 6, "--dropout", 0.5, "--checkpoint-every", 2, "--seed", 1, "--batch-norm"]
     out = tmp_path_factory.mktemp("full")
-    return out, _run(pool, 2, _args(parts[2], out, *extra)), extra
+    return out, run_train(pool, 2, _args(parts[2], out, *extra)), extra
 
 
 def _state(out: Path) -> dict:
@@ -114,19 +93,19 @@ def _state(out: Path) -> dict:
 
 def test_kill_and_resume_reproduces_uninterrupted_run(pool, parts, full_run, tmp_path):
     full_out, full, extra = full_run
-    first = _run(pool, 2, _args(parts[2], tmp_path, *extra, "--stop-after", 3))
+    first = run_train(pool, 2, _args(parts[2], tmp_path, *extra, "--stop-after", 3))
     assert [r["epoch"] for r in first] == [1, 2, 3]
     assert _state(tmp_path)["epoch"] == 3
     # A kill during epoch 5 would leave log lines past the checkpoint, the last one cut short.
     with open(tmp_path / "log.jsonl", "a") as f:
         f.write(json.dumps({**first[-1], "epoch": 4, "loss": 9.0}) + '\n{"epoch": 5, "lo')
-    rest = _run(pool, 2, _args(parts[2], tmp_path, *extra, "--resume"))
+    rest = run_train(pool, 2, _args(parts[2], tmp_path, *extra, "--resume"))
     assert [r["epoch"] for r in rest] == [4, 5, 6]
-    assert _numbers(first + rest) == _numbers(full)  # bit for bit
+    assert curve(first + rest) == curve(full)  # bit for bit
 
     logged = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
     reference = [json.loads(line) for line in (full_out / "log.jsonl").read_text().splitlines()]
-    assert _numbers(logged) == _numbers(reference)
+    assert curve(logged) == curve(reference)
     a, b = _state(tmp_path), _state(full_out)
     assert a["epoch"] == b["epoch"] == 6
     assert a["model"].keys() == b["model"].keys()
@@ -137,31 +116,31 @@ def test_kill_and_resume_reproduces_uninterrupted_run(pool, parts, full_run, tmp
 def test_resume_on_another_world_size_continues_the_curve(pool, parts, full_run, tmp_path):
     """A checkpoint is world-size independent: 2 workers to 3 epochs, 1 worker after."""
     _, full, extra = full_run
-    _run(pool, 2, _args(parts[2], tmp_path, *extra, "--stop-after", 3))
-    rest = _run(pool, 1, _args(parts[1], tmp_path, *extra, "--resume"))
+    run_train(pool, 2, _args(parts[2], tmp_path, *extra, "--stop-after", 3))
+    rest = run_train(pool, 1, _args(parts[1], tmp_path, *extra, "--resume"))
     assert _close(rest, full[3:], 1e-5), (rest, full[3:])
 
 
 def test_resume_refuses_other_options_and_damaged_checkpoints(pool, parts, full_run, tmp_path):
     _, _, extra = full_run
     out = tmp_path / "run"
-    _run(pool, 2, _args(parts[2], out, *extra, "--stop-after", 2))
-    msg = _run(pool, 2, _args(parts[2], out, *extra, "--resume", "--lr", 0.1))
+    run_train(pool, 2, _args(parts[2], out, *extra, "--stop-after", 2))
+    msg = run_train(pool, 2, _args(parts[2], out, *extra, "--resume", "--lr", 0.1))
     assert msg.startswith("CheckpointError") and "lr: checkpoint 0.01, this run 0.1" in msg and "--lr 0.01" in msg
     # The communication reduction options change the numbers too.
-    msg = _run(pool, 2, _args(parts[2], out, *extra, "--resume", "--staleness", 2))
+    msg = run_train(pool, 2, _args(parts[2], out, *extra, "--resume", "--staleness", 2))
     assert "staleness: checkpoint 1, this run 2" in msg and "--staleness 1" in msg
-    msg = _run(pool, 2, _args(parts[2], out, *extra, "--resume", "--compress", "int8", "--no-error-feedback"))
+    msg = run_train(pool, 2, _args(parts[2], out, *extra, "--resume", "--compress", "int8", "--no-error-feedback"))
     assert "compress: checkpoint None, this run 'int8'" in msg and "(no --no-error-feedback)" in msg
-    msg = _run(pool, 2, _args(parts[2], out, *extra))
+    msg = run_train(pool, 2, _args(parts[2], out, *extra))
     assert "already holds a checkpoint: pass --resume" in msg
-    msg = _run(pool, 2, _args(parts[2], tmp_path / "nothing", *extra, "--resume"))
+    msg = run_train(pool, 2, _args(parts[2], tmp_path / "nothing", *extra, "--resume"))
     assert "no checkpoint at" in msg
     path = out / "checkpoint.pt"
     data = bytearray(path.read_bytes())
     data[-100] ^= 0xFF
     path.write_bytes(bytes(data))
-    msg = _run(pool, 2, _args(parts[2], out, *extra, "--resume"))
+    msg = run_train(pool, 2, _args(parts[2], out, *extra, "--resume"))
     assert msg.startswith("CheckpointError") and "is corrupt" in msg
 
 
@@ -263,7 +242,7 @@ def test_sage_learns_an_sbm_graph_on_2_workers(pool, tmp_path):
     # val 0.993). The threshold, 0.9, leaves a wide margin below that and is 7x chance.
     data = _sbm(4000, 8, 5.0, 0.7, 32, 0)
     parts = _partition(data, [2], tmp_path)
-    records = _run(pool, 2, ["--parts", parts[2], "--out", str(tmp_path / "run"), "--hidden", "32",
+    records = run_train(pool, 2, ["--parts", parts[2], "--out", str(tmp_path / "run"), "--hidden", "32",
                              "--epochs", "30", "--no-progress"])
     assert records[-1]["test_acc"] >= 0.9, records[-1]
 
@@ -286,7 +265,7 @@ def _comm(records: list[dict], direction: str, phase: str) -> list[list[int]]:
     ],
 )
 def test_stale_options_exchange_rows_only_when_due(pool, parts, tmp_path, flags, sends):
-    records = _run(pool, 2, _args(parts[2], tmp_path, "--epochs", 5, *flags))
+    records = run_train(pool, 2, _args(parts[2], tmp_path, "--epochs", 5, *flags))
     assert [r["epoch"] for r in records] == [1, 2, 3, 4, 5]
     for phase in ("forward", "backward"):  # evaluation is not counted
         for direction in ("sent", "received"):
@@ -312,7 +291,7 @@ def test_1bit_compression_cuts_halo_traffic_to_the_packed_row_size(pool, wide_pa
         # send its 4-wide projection, see passes/linear_first)
         argv = ["--parts", wide_parts, "--out", str(tmp_path / name), "--hidden", "32", "--epochs", "3",
                 "--model", "gin", "--no-progress", *map(str, extra)]
-        return _run(pool, 2, argv)
+        return run_train(pool, 2, argv)
 
     exact = run("exact")
     packed = run("1bit", "--compress", "1bit")
@@ -411,16 +390,16 @@ def test_nan_features_are_refused_at_load_and_allowed_on_request(pool, tmp_path)
     with pytest.raises(sc.GraphError, match=r"node_data\['x'\] holds a non-finite value: nan at node 57, column 1"):
         sc.partition(g, 1, tmp_path / "parts", node_data={k: data[k] for k in keys})
     sc.partition(g, 1, tmp_path / "parts", node_data={k: data[k] for k in keys}, allow_nonfinite=True)
-    msg = _run(pool, 1, _args(str(tmp_path / "parts"), tmp_path / "a", "--epochs", 2))
+    msg = run_train(pool, 1, _args(str(tmp_path / "parts"), tmp_path / "a", "--epochs", 2))
     assert msg.startswith("PartitionError: part file") and "nan at node 57, column 1" in msg, msg
     assert "--allow-nonfinite" in msg
-    records = _run(pool, 1, _args(str(tmp_path / "parts"), tmp_path / "b", "--epochs", 2, "--allow-nonfinite"))
+    records = run_train(pool, 1, _args(str(tmp_path / "parts"), tmp_path / "b", "--epochs", 2, "--allow-nonfinite"))
     assert [r["epoch"] for r in records] == [1, 2] and math.isnan(records[-1]["loss"])  # as asked
 
 
 def test_nonfinite_loss_stops_and_keeps_the_last_good_checkpoint(pool, parts, tmp_path):
     # Adam moves every weight by about lr per step: lr 1e30 overflows the logits on epoch 2.
-    msg = _run(pool, 2, _args(parts[2], tmp_path, "--epochs", 6, "--lr", 1e30, "--checkpoint-every", 1))
+    msg = run_train(pool, 2, _args(parts[2], tmp_path, "--epochs", 6, "--lr", 1e30, "--checkpoint-every", 1))
     assert msg.startswith("TrainingError: epoch 2: the training loss is nan, not finite"), msg
     assert f"the last good checkpoint, of epoch 1, is kept in '{tmp_path / 'checkpoint.pt'}'" in msg
     state = _state(tmp_path)
@@ -434,18 +413,18 @@ def test_resume_refuses_another_graph_of_the_same_size(pool, parts, tmp_path):
     other = _partition(_sbm(1200, 4, 4, 0.8, 8, 1), [2], tmp_path / "other")[2]  # another seed, same sizes
     same, theirs = sc.load_partition(parts[2], 0, 2).manifest, sc.load_partition(other, 0, 2).manifest
     assert (same.num_nodes, same.num_edges) == (theirs.num_nodes, theirs.num_edges)
-    _run(pool, 2, _args(parts[2], tmp_path / "run", "--epochs", 4, "--stop-after", 2))
+    run_train(pool, 2, _args(parts[2], tmp_path / "run", "--epochs", 4, "--stop-after", 2))
     assert _state(tmp_path / "run")["graph"]["sha256"] == same.graph_sha256
-    msg = _run(pool, 2, _args(other, tmp_path / "run", "--epochs", 4, "--resume"))
+    msg = run_train(pool, 2, _args(other, tmp_path / "run", "--epochs", 4, "--resume"))
     assert msg.startswith("CheckpointError") and "another graph of the same size" in msg, msg
     assert f"its graph sha256 is {same.graph_sha256}, this partition's is {theirs.graph_sha256}" in msg
     # The identity does not depend on the number of workers: 1 worker resumes the 2-worker run.
-    assert [r["epoch"] for r in _run(pool, 1, _args(parts[1], tmp_path / "run", "--epochs", 3, "--resume"))] == [3]
+    assert [r["epoch"] for r in run_train(pool, 1, _args(parts[1], tmp_path / "run", "--epochs", 3, "--resume"))] == [3]
     # A checkpoint from before the identity existed still resumes (on the sizes alone).
     state = _state(tmp_path / "run")
     del state["graph"]["sha256"]
     save_checkpoint(tmp_path / "run" / "checkpoint.pt", state)
-    assert [r["epoch"] for r in _run(pool, 2, _args(parts[2], tmp_path / "run", "--epochs", 4, "--resume"))] == [4]
+    assert [r["epoch"] for r in run_train(pool, 2, _args(parts[2], tmp_path / "run", "--epochs", 4, "--resume"))] == [4]
 
 
 def _slow_checkpoint_job(rank: int, world_size: int, payload):
@@ -467,7 +446,7 @@ def _slow_checkpoint_job(rank: int, world_size: int, payload):
     T.save_checkpoint = slow_disk
     start = time.monotonic()
     try:
-        records = _train_job(rank, world_size, argv)
+        records = train_job(rank, world_size, argv)
         return time.monotonic() - start, records
     finally:
         T.save_checkpoint = real
@@ -504,14 +483,14 @@ def test_a_fresh_run_keeps_another_runs_log_and_cleans_stale_temp_files(pool, pa
     out = tmp_path / "run"
     out.mkdir()
     (out / "log.jsonl").write_text('{"epoch": 1, "loss": 1.0}\n')
-    msg = _run(pool, 1, _args(parts[1], out, "--epochs", 1))
+    msg = run_train(pool, 1, _args(parts[1], out, "--epochs", 1))
     assert msg.startswith("RunDirError") and f"the log '{out / 'log.jsonl'}' already holds another run's lines" in msg
     assert (out / "log.jsonl").read_text() == '{"epoch": 1, "loss": 1.0}\n'
     (out / "log.jsonl").unlink()
     stale = [out / ".checkpoint.pt.0123456789ab.tmp", out / ".log.jsonl.0123456789ab.tmp"]
     for p in stale:
         p.write_bytes(b"left by a killed run")
-    assert [r["epoch"] for r in _run(pool, 1, _args(parts[1], out, "--epochs", 1))] == [1]
+    assert [r["epoch"] for r in run_train(pool, 1, _args(parts[1], out, "--epochs", 1))] == [1]
     assert not any(p.exists() for p in stale)
     assert sorted(p.name for p in out.iterdir()) == [".lock", "checkpoint.pt", "log.jsonl"]
 

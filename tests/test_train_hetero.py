@@ -22,18 +22,17 @@ from hetero_cases import typed_graphs
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from ogb_files import write_mag
+from train_jobs import ACC_KEYS, curve, run_train
 
 import sarcompile as sc
 from sarcompile.checkpoint import load_checkpoint
 from sarcompile.cli import main as cli
-from sarcompile.errors import SarcompileError
 from sarcompile.hetero_models import HGT, RGCN
 from sarcompile.partitioning import read_manifest
 from sarcompile.synthetic import mag_like
 from sarcompile.train import build_model, evaluate, load_trained
 
 ROOT = Path(__file__).resolve().parents[1]
-ACC_KEYS = ("loss", "train_acc", "val_acc", "test_acc")
 MODELS = {"rgcn": RGCN, "hgt": HGT}
 
 
@@ -51,29 +50,8 @@ def mag(tmp_path_factory) -> dict:
     return out
 
 
-def _train_job(rank: int, world_size: int, argv: list[str]):
-    """Runs on a pool worker: the trainer's records, or the message of its error."""
-    from sarcompile.train import train
-
-    try:
-        return train(argv)
-    except (SarcompileError, ValueError) as e:
-        return f"{type(e).__name__}: {e}"
-
-
-def _run(pool, n: int, argv: list[str]):
-    results = pool(n).run(_train_job, [argv] * n)
-    if isinstance(results[0], list):
-        assert all(_numbers(r) == _numbers(results[0]) for r in results), "ranks disagree"
-    return results[0]
-
-
 def _args(parts: str, out: Path, *extra) -> list[str]:
     return ["--parts", parts, "--out", str(out), "--hidden", "8", "--heads", "2", "--no-progress", *map(str, extra)]
-
-
-def _numbers(records: list[dict]) -> list[tuple]:
-    return [(r["epoch"], *(r[k] for k in ACC_KEYS)) for r in records]
 
 
 def _assert_close(a: list[dict], b: list[dict], rel: float = 1e-5) -> None:
@@ -201,7 +179,7 @@ def test_dropout_of_the_wrong_type_is_refused():
 @pytest.mark.parametrize("model", sorted(MODELS))
 def test_same_curve_on_1_2_3_workers(pool, mag, tmp_path, model):
     extra = ["--model", model, "--epochs", 3, "--dropout", 0.5, "--seed", 3, "--embed-dim", 5]
-    curves = {n: _run(pool, n, _args(mag[n], tmp_path / f"n{n}", *extra)) for n in (1, 2, 3)}
+    curves = {n: run_train(pool, n, _args(mag[n], tmp_path / f"n{n}", *extra)) for n in (1, 2, 3)}
     assert [r["world_size"] for r in curves[3]] == [3] * 3
     assert all(len(r["comm"]["sent"]["forward"]) == 3 and min(r["comm"]["sent"]["forward"]) > 0 for r in curves[3])
     for n in (2, 3):
@@ -214,13 +192,13 @@ def full_run(pool, mag, tmp_path_factory):
     """An uninterrupted 4-epoch RGCN run on 2 workers: (out dir, records, argv extras)."""
     extra = ["--model", "rgcn", "--epochs", 4, "--dropout", 0.5, "--checkpoint-every", 2, "--seed", 1]
     out = tmp_path_factory.mktemp("full")
-    return out, _run(pool, 2, _args(mag[2], out, *extra)), extra
+    return out, run_train(pool, 2, _args(mag[2], out, *extra)), extra
 
 
 def test_a_checkpoint_of_2_workers_resumes_on_3(pool, mag, full_run, tmp_path):
     full_out, full, extra = full_run
-    first = _run(pool, 2, _args(mag[2], tmp_path, *extra, "--stop-after", 2))
-    rest = _run(pool, 3, _args(mag[3], tmp_path, *extra, "--resume"))
+    first = run_train(pool, 2, _args(mag[2], tmp_path, *extra, "--stop-after", 2))
+    rest = run_train(pool, 3, _args(mag[3], tmp_path, *extra, "--resume"))
     assert [r["epoch"] for r in rest] == [3, 4]
     _assert_close(first + rest, full)
     a, b = load_checkpoint(tmp_path / "checkpoint.pt"), load_checkpoint(full_out / "checkpoint.pt")
@@ -254,12 +232,12 @@ def test_a_killed_run_resumes_to_the_uninterrupted_curve(pool, mag, tmp_path):
     saved = load_checkpoint(tmp_path / "killed" / "checkpoint.pt")["epoch"]
     assert saved >= 2
     epochs = ["--epochs", saved + 2]
-    rest = _run(pool, 2, _args(mag[2], tmp_path / "killed", *extra, *epochs, "--resume"))
+    rest = run_train(pool, 2, _args(mag[2], tmp_path / "killed", *extra, *epochs, "--resume"))
     assert [r["epoch"] for r in rest] == [saved + 1, saved + 2]
-    full = _run(pool, 1, _args(mag[1], tmp_path / "full", *extra, *epochs))
+    full = run_train(pool, 1, _args(mag[1], tmp_path / "full", *extra, *epochs))
     logged = [json.loads(line) for line in log.read_text().splitlines()]
     _assert_close(logged, full)
-    assert _numbers(logged[:saved]) == _numbers(full[:saved])  # the same worker count: bit for bit
+    assert curve(logged[:saved]) == curve(full[:saved])  # the same worker count: bit for bit
 
 
 def test_the_checkpoint_serves_in_the_eager_model_with_the_logged_accuracy(mag, full_run):
@@ -332,7 +310,7 @@ def _labels(n: int) -> dict:
      r"ValueError: --batch-norm and --residual are options of sage, gcn, gin, gat; --model rgcn has neither"),
 ])
 def test_typed_partitions_without_what_the_trainer_needs_are_refused(pool, tmp_path, node_data, extra, message):
-    got = _run(pool, 1, _args(_typed_parts(tmp_path, node_data), tmp_path / "run", "--epochs", 1, *extra))
+    got = run_train(pool, 1, _args(_typed_parts(tmp_path, node_data), tmp_path / "run", "--epochs", 1, *extra))
     assert isinstance(got, str)
     assert re.search(message, got), got
 
@@ -340,17 +318,17 @@ def test_typed_partitions_without_what_the_trainer_needs_are_refused(pool, tmp_p
 def test_a_typed_model_on_a_one_type_partition_is_refused(pool, tmp_path):
     g = sc.Graph.from_edges(torch.tensor([0, 1]), torch.tensor([1, 2]), 3)
     sc.partition(g, 1, tmp_path / "parts", node_data={"x": torch.randn(3, 2), **_labels(3)})
-    got = _run(pool, 1, _args(str(tmp_path / "parts"), tmp_path / "run", "--model", "hgt"))
+    got = run_train(pool, 1, _args(str(tmp_path / "parts"), tmp_path / "run", "--model", "hgt"))
     assert got == (f"PartitionError: --model hgt trains heterogeneous graphs, but partition '{tmp_path / 'parts'}' "
                    "has one node type: use --model sage, gcn, gin, gat")
-    got = _run(pool, 1, _args(str(tmp_path / "parts"), tmp_path / "run", "--target", "paper"))
+    got = run_train(pool, 1, _args(str(tmp_path / "parts"), tmp_path / "run", "--target", "paper"))
     assert got.startswith("ValueError: --target and --embed-dim are options of the typed models (rgcn, hgt)")
 
 
 def test_resume_refuses_another_embedding_width(pool, mag, full_run, tmp_path):
     _, _, extra = full_run
-    _run(pool, 1, _args(mag[1], tmp_path, *extra, "--stop-after", 1))
-    got = _run(pool, 1, _args(mag[1], tmp_path, *extra, "--resume", "--embed-dim", 3))
+    run_train(pool, 1, _args(mag[1], tmp_path, *extra, "--stop-after", 1))
+    got = run_train(pool, 1, _args(mag[1], tmp_path, *extra, "--resume", "--embed-dim", 3))
     assert "embed_dim: checkpoint 6, this run 3" in got and "(--embed-dim 6)" in got
 
 

@@ -18,6 +18,7 @@ import dgl.nn as dglnn  # noqa: E402
 import torch  # noqa: E402
 from dgl_hetero_models import (HOMOGENEOUS, MODELS, as_oracle, build, features, homogeneous,  # noqa: E402
                                loss_weights, run_worker, step, table_type)
+from hetero_cases import relation_edges  # noqa: E402
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from torch import nn  # noqa: E402
@@ -42,10 +43,7 @@ def heterographs(draw, max_nodes: int = 10, max_edges: int = 24):
             counts[s] = max(counts[s], 1)
         else:
             s, d = draw(st.sampled_from(types)), draw(st.sampled_from(types))
-        m = draw(st.integers(0, max_edges)) if counts[s] and counts[d] else 0
-        src = draw(st.lists(st.integers(0, max(counts[s] - 1, 0)), min_size=m, max_size=m))
-        dst = draw(st.lists(st.integers(0, max(counts[d] - 1, 0)), min_size=m, max_size=m))
-        edges[(s, f"r{i}", d)] = (torch.tensor(src, dtype=torch.long), torch.tensor(dst, dtype=torch.long))
+        edges[(s, f"r{i}", d)] = relation_edges(draw, counts, s, d, max_edges)
     first = next(iter(edges))
     if not {s for s, _, _ in edges} & {d for _, _, d in edges}:  # DGL makes a graph whose sources and
         s, _, d = first  # destinations are types apart a block-like one (no dst author): add a reverse

@@ -1,0 +1,433 @@
+"""What the four zoo sweeps share (``pyg_zoo.py``, ``pyg_hetero_zoo.py``, ``dgl_zoo.py``,
+``dgl_hetero_zoo.py``): a case's record and how it is judged, the sweep over world sizes,
+the Markdown table, the README's summary and the command line.
+
+A zoo script says what its cases are and how one runs: eagerly and compiled on one machine
+(handed to :func:`reference`), on a pool of workers (its ``case(part, payload)`` for
+``zoo_pool.Pool`` and the rows it puts back together, handed to :func:`distributed`), and how
+its graphs are partitioned (handed to :func:`sweep`). Each case ends as exactly one of
+``exact``, ``refused``, ``n/a``, ``WRONG`` or ``CRASH`` (see :func:`judge`).
+
+Neither PyG nor DGL is imported here (the DGL zoos run under torch 2.2 in DGL's
+environment).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import importlib
+import json
+import os
+import re
+import shlex
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable, Collection
+
+import torch
+from torch import nn
+from zoo_pool import Pool, describe_error
+
+DT = torch.float64
+TOL = 1e-9
+WORLD_SIZES = (1, 2, 3)
+DETAIL_CHARS = 240  # of a detail in the table (the JSON keeps it whole)
+
+EXACT, REFUSED, NA, WRONG, CRASH = "exact", "refused", "n/a", "WRONG", "CRASH"
+OUTCOMES = (EXACT, REFUSED, NA, WRONG, CRASH)
+
+Compare = Callable[[dict, dict], "tuple[float, float, str]"]
+
+
+@dataclass
+class Record:
+    name: str
+    group: str
+    outcome: str = ""
+    detail: str = ""
+    diffs: dict[str, float | None] = field(default_factory=dict)  # run -> max abs diff
+    errors: dict[str, str] = field(default_factory=dict)  # run -> "Type: message"
+    seconds: float = 0.0
+
+
+# --- comparing -----------------------------------------------------------------------------
+def diff(got: torch.Tensor | None, want: torch.Tensor | None) -> tuple[float, float]:
+    """(max abs difference, the same relative to max(1, |want|)); a missing gradient is zeros."""
+    if got is None and want is None:
+        return 0.0, 0.0
+    if got is None:
+        got = torch.zeros_like(want)
+    if want is None:
+        want = torch.zeros_like(got)
+    if got.shape != want.shape:
+        return float("inf"), float("inf")
+    if not want.numel():
+        return 0.0, 0.0
+    both_nan = torch.isnan(got) & torch.isnan(want)
+    d = torch.where(both_nan, torch.zeros_like(got), (got.to(DT) - want.to(DT)).abs())
+    d = torch.nan_to_num(d, nan=float("inf"))
+    m = float(d.max())
+    scale = max(1.0, float(torch.nan_to_num(want.to(DT).abs(), nan=0.0).max()))
+    return m, m / scale
+
+
+def _record_diff(rec: Record, run: str, got: dict, want: dict, compare: Compare) -> float:
+    m, r, what = compare(got, want)
+    if r > TOL:
+        rec.errors[run] = f"differs: {what} off by {m:.3g}"
+    return m
+
+
+def _first_line(e: BaseException) -> str:
+    lines = str(e).strip().splitlines()
+    return lines[0] if lines else ""
+
+
+def _where(tb: str) -> str:
+    """The innermost 'File ..., line ..., in ...' of a traceback, shortened."""
+    lines = [ln.strip() for ln in tb.splitlines() if ln.strip().startswith("File ")]
+    if not lines:
+        return "?"
+    last = lines[-1].replace('File "', "").replace('"', "")
+    for root in (str(Path(__file__).resolve().parents[1]) + "/", "site-packages/"):
+        if root in last:
+            last = last.split(root, 1)[1]
+    return last
+
+
+# --- one case ------------------------------------------------------------------------------
+def reference(case: Any, build: Callable[[str], nn.Module], eager: Callable[[nn.Module], dict],
+              compiled: Callable[[nn.Module], dict], library: str,
+              compare: Compare) -> tuple[Record, dict | None, dict | None]:
+    """A zoo's ``case`` (its ``name``, ``group``, ``build``, ``na``) on one machine: the eager
+    model (``eager(build(name))``) and a copy of it compiled (``compiled(model)``, which
+    distributes it). Returns the case's record so far, the eager result and the model state,
+    or None for both when the case is decided here: ``n/a`` where the case has no model
+    (``na`` says why) or the eager ``library`` fails, ``refused`` / ``CRASH`` where the
+    compiled model raises (the workers are not run then: they would fail the same way)."""
+    rec = Record(case.name, case.group)
+    if case.build is None:
+        rec.outcome, rec.detail = NA, case.na or ""
+        return rec, None, None
+    try:
+        model = build(case.name)
+        state = copy.deepcopy(model.state_dict())
+        compiled_model = copy.deepcopy(model)
+        want = eager(model)
+    except Exception as e:
+        why = _first_line(e) or f"(no message, at {_where(traceback.format_exc())})"
+        rec.outcome, rec.detail = NA, f"eager {library} fails here: {type(e).__name__}: {why}"
+        return rec, None, None
+    try:
+        got = compiled(compiled_model)
+    except Exception as e:
+        err = describe_error(e)
+        rec.errors["local"] = f"{err['type']}: {err['message']}"
+        rec.outcome = REFUSED if err["sarcompile"] else CRASH
+        rec.detail = f"{err['type']}: {err['message']}"
+        if not err["sarcompile"]:
+            rec.detail = f"one machine: {rec.detail} (at {_where(err['traceback'])})"
+        return rec, None, None
+    rec.diffs["local"] = _record_diff(rec, "local", got, want, compare)
+    return rec, want, state
+
+
+def distributed(rec: Record, want: dict, pool: Pool, payload: dict, assemble: Callable[[list[dict]], dict],
+                compare: Compare) -> None:
+    """Runs one case on every worker of ``pool`` and records the run (``"2w"``): a timeout, the
+    root cause where a worker raised, else the worst difference from ``want`` of the rows
+    the workers gave (``assemble(results)``, in the whole graph's order) with each rank's
+    parameter gradients."""
+    run = f"{pool.world_size}w"
+    try:
+        results = pool.run(payload)
+    except TimeoutError as e:
+        rec.errors[run], rec.diffs[run] = f"TimeoutError: {e}", None
+        return
+    errors = [r["error"] for r in results if "error" in r]
+    if errors:
+        root = next((e for e in errors if not e["comm"]), errors[0])  # the cause, not a peer's timeout
+        tag = "refused" if root["sarcompile"] and not root["comm"] else "crash"
+        rec.errors[run] = f"{tag}|{root['type']}: {root['message']}" + (
+            "" if root["sarcompile"] else f" (at {_where(root['traceback'])})")
+        rec.diffs[run] = None
+        if not (len(errors) == pool.world_size and all(e["sarcompile"] and not e["comm"] for e in errors)):
+            pool.close()  # peers may be mid-exchange: a fresh group for the next case
+        return
+    got = assemble(results)
+    worst = 0.0
+    for r in results:  # every rank holds the all-reduced parameter gradients
+        got["grads"] = r["grads"]
+        worst = max(worst, _record_diff(rec, run, got, want, compare))
+    rec.diffs[run] = worst
+
+
+def node_rows(results: list[dict], want: dict, num_nodes: int, features: int) -> dict:
+    """A homogeneous zoo's worker results (``out`` and ``x_grad`` rows by ``global_ids``,
+    ``edge_grad`` rows by ``edge_ids``) put back in the whole graph's order: NaN rows where an
+    output came in another width, NaN where no edge gradient came, no input gradient where
+    no worker had one (``num_nodes`` x ``features`` inputs)."""
+    got = {"out": torch.zeros_like(want["out"]), "x_grad": None, "edge_grad": None}
+    x_grad = torch.zeros(num_nodes, features, dtype=DT)
+    edge_grad = None if want["edge_grad"] is None else torch.full_like(want["edge_grad"], float("nan"))
+    any_x_grad = False
+    for r in results:
+        got["out"][r["global_ids"]] = r["out"].to(got["out"].dtype) if r["out"].shape[1:] == want["out"].shape[1:] \
+            else torch.full_like(got["out"][r["global_ids"]], float("nan"))
+        if r["x_grad"] is not None:
+            any_x_grad = True
+            x_grad[r["global_ids"]] = r["x_grad"]
+        if edge_grad is not None and r["edge_grad"] is not None:
+            edge_grad[r["edge_ids"]] = r["edge_grad"]
+    got["x_grad"] = x_grad if any_x_grad else None
+    got["edge_grad"] = edge_grad
+    return got
+
+
+def _label(run: str) -> str:
+    if run == "local":
+        return "one machine"
+    w = int(run.removesuffix("w"))
+    return f"{w} worker" + ("s" if w > 1 else "")
+
+
+def judge(rec: Record) -> None:
+    """The outcome from every run: a crash anywhere is a CRASH, else a difference anywhere
+    WRONG, else a refusal anywhere refused, else exact. The detail says what each run did
+    (runs that did the same are listed together)."""
+    if rec.outcome:
+        return
+    kinds = {k: v.split("|", 1)[0] if "|" in v else ("differs" if v.startswith("differs") else "crash")
+             for k, v in rec.errors.items()}
+    if "crash" in kinds.values():
+        rec.outcome = CRASH
+    elif "differs" in kinds.values():
+        rec.outcome = WRONG
+    elif "refused" in kinds.values():
+        rec.outcome = REFUSED
+    else:
+        rec.outcome = EXACT
+        rec.detail = "max abs diff: " + ", ".join(f"{_label(k)} {v:.1e}" for k, v in rec.diffs.items())
+        return
+    said: dict[str, list[str]] = {}
+    for run in ["local", *(f"{w}w" for w in WORLD_SIZES)]:
+        if run in rec.errors:
+            v = rec.errors[run]
+            text = v.split("|", 1)[1] if v.startswith(("crash|", "refused|")) else v.removeprefix("differs: ")
+            if v.startswith("differs"):
+                text = "WRONG, " + text
+        elif run in rec.diffs:
+            text = "exact"
+        else:
+            continue
+        said.setdefault(text, []).append(_label(run))
+    rec.detail = "; ".join(f"{', '.join(runs)}: {text}" for text, runs in said.items())
+
+
+# --- the sweep -----------------------------------------------------------------------------
+def sweep(names: list[str], world_sizes: tuple[int, ...], log: Callable[[str], Any], *,
+          reference: Callable[[str], tuple[Record, dict | None, dict | None]],
+          partition: Callable[[str, int, list[str]], dict[str, str]],
+          distributed: Callable[[Record, dict, dict, Pool, str], None],
+          pool: Callable[[int], Pool], width: int) -> list[Record]:
+    """Every case in ``names`` on one machine (``reference(name)``), then those it did not
+    decide on each world size: ``partition(tmp, world_size, names)`` writes the parts and
+    says each case's directory, ``distributed(rec, want, state, pool, dir)`` runs the case on
+    ``pool(world_size)`` (a fresh one after a pool was closed). Logs a line per case and
+    world size (the name padded to ``width``); returns the judged records."""
+    torch.set_num_threads(1)
+    records, refs = [], {}
+    for name in names:
+        t = time.monotonic()
+        rec, want, state = reference(name)
+        rec.seconds = time.monotonic() - t
+        records.append(rec)
+        if want is not None:
+            refs[name] = (want, state)
+    with tempfile.TemporaryDirectory(prefix="zoo-parts-") as tmp:
+        for ws in world_sizes:
+            todo = [r for r in records if r.name in refs]
+            if not todo:
+                break
+            dirs = partition(tmp, ws, [r.name for r in todo])
+            workers = None
+            try:
+                for rec in todo:
+                    t = time.monotonic()
+                    if workers is None or workers.closed:
+                        workers = pool(ws)
+                    distributed(rec, *refs[rec.name], workers, dirs[rec.name])
+                    rec.seconds += time.monotonic() - t
+                    log(f"  {ws} workers  {rec.name:<{width}} {rec.errors.get(f'{ws}w', 'ok')[:100]}")
+            finally:
+                if workers is not None:
+                    workers.close()
+    for rec in records:
+        judge(rec)
+    return records
+
+
+# --- output --------------------------------------------------------------------------------
+def counts(records: list[Record]) -> dict[str, int]:
+    return {o: sum(r.outcome == o for r in records) for o in OUTCOMES}
+
+
+def _totals(records: list[Record], noun: str) -> str:
+    return f"{len(records)} {noun}: " + ", ".join(f"{n} {o}" for o, n in counts(records).items()) + "."
+
+
+def header(meta: dict, title: str, library: str, compared: str, *, seconds: bool = True) -> str:
+    """A table's first line: ``<title>, <date>: `<command>` (<seconds> s; sarcompile <commit>,
+    torch <version>, <library> <version>; <compared> 1, 2, 3 gloo workers)`` (without the
+    seconds unless ``seconds``); ``compared`` says what ran, up to the world sizes."""
+    took = f"{meta['seconds']:.0f} s; " if seconds else ""
+    return (f"{title}, {meta['date']}: `{meta['command']}` ({took}sarcompile {meta.get('sarcompile', '?')}, "
+            f"torch {meta['torch']}, {library} {meta[library]}; {compared} "
+            f"{', '.join(str(w) for w in meta['world_sizes'])} gloo workers)")
+
+
+def table(records: list[Record], meta: dict, header: str, *, column: str, noun: str,
+          untagged: Collection[str]) -> str:
+    """The Markdown table: ``header``, a row per case (its group in parentheses after the
+    name unless the group is ``untagged``), a row per class the zoo skipped and the totals
+    (``"149 layers and models: ..."``, ``noun`` naming the cases)."""
+    lines = [header, "", f"| {column} | outcome | detail |", "| --- | --- | --- |"]
+    for r in records:
+        detail = r.detail if len(r.detail) <= DETAIL_CHARS else r.detail[: DETAIL_CHARS - 1] + "…"
+        detail = detail.replace("|", "\\|").replace("\n", " ")
+        name = r.name if r.group in untagged else f"{r.name} ({r.group})"
+        outcome = f"**{r.outcome}**" if r.outcome in (WRONG, CRASH) else r.outcome
+        lines.append(f"| `{name}` | {outcome} | {detail} |")
+    for name, why in meta.get("skipped", {}).items():
+        lines.append(f"| `{name}` | skipped | {why} |")
+    lines += ["", _totals(records, noun)]
+    return "\n".join(lines)
+
+
+def _short(detail: str, class_prefix: str = "") -> str:
+    """The gist of a refusal: without the error class, the layer path and the class name
+    (``class_prefix`` + the name, where the message starts with it), up to the first
+    sentence."""
+    why = re.sub(r"^(\w+Error: )?(layer '[^']*': )*", "", detail.replace("\n", " "))
+    if class_prefix:
+        why = re.sub(rf"^{re.escape(class_prefix)}(\w+)\.?", "", why)
+    why = why.strip()
+    why = re.sub(r"^could not be lowered: its forward failed while traced with symbolic tensors and a graph in "
+                 r"place of edge_index \((\w+: )?", "forward not traceable: ", why)
+    why = why.split(". ")[0].split("; ")[0]
+    return (why[:117] + "…" if len(why) > 118 else why).replace("|", "\\|")
+
+
+def summary(records: list[Record], header: str, groups: dict[str, str], *, column: str, class_prefix: str = "",
+            empty_tables: bool = True, total: str | None = None) -> str:
+    """The README's form of the table: ``header``, then per group (``groups``: group ->
+    title) the counts, the exact cases in one line and a row per other case with the first
+    clause of its reason; a group with none gets an empty table only where
+    ``empty_tables``; the totals last where ``total`` names the cases."""
+    lines = [header, ""]
+    for group, title in groups.items():
+        rows = [r for r in records if r.group == group]
+        lines.append(f"**{title}** ({len(rows)}): " + ", ".join(f"{n} {o}" for o, n in counts(rows).items() if n) + ".")
+        lines.append("exact: " + ", ".join(f"`{r.name}`" for r in rows if r.outcome == EXACT) + ".")
+        others = [r for r in rows if r.outcome != EXACT]
+        if others or empty_tables:
+            lines += ["", f"| {column} | outcome | why |", "| --- | --- | --- |"]
+            lines += [f"| `{r.name}` | {r.outcome} | {_short(r.detail, class_prefix)} |" for r in others]
+        lines.append("")
+    if total is not None:
+        lines.append(_totals(records, total))
+    return "\n".join(lines).rstrip()
+
+
+def sarcompile_version() -> str:
+    """The commit the imported sarcompile package comes from, '+dirty' when sarcompile/ has
+    uncommitted changes there."""
+    import subprocess
+
+    import sarcompile as sc
+
+    pkg = Path(sc.__file__).resolve().parent
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=pkg, capture_output=True, text=True,
+                              timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "."], cwd=pkg, capture_output=True,
+                               text=True, timeout=10, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return head + ("+dirty" if dirty else "")
+
+
+# --- the command line ----------------------------------------------------------------------
+def main(argv: list[str] | None, *, doc: str, script: str, results: Path, frontend: str,
+         cases: Callable[[], dict], sweep: Callable[..., list[Record]], table: Callable[[list[Record], dict], str],
+         summary: Callable[[list[Record], dict], str], describe: Callable[[], dict],
+         skipped: Callable[[], dict[str, str]] | None = None) -> int:
+    """A zoo's command line (``--only``, ``--table``, ``--summary``, ``--load``, ``--out``,
+    ``--world-sizes``, ``--list``; see the zoo's docstring ``doc``). A sweep's results go to
+    ``--out``, or to ``results`` for a full sweep, with the table beside them as ``.md``. Their ``meta`` holds the run, the versions (``frontend``'s too), what
+    ``describe()`` says of the graph, and ``skipped()``'s classes where the zoo has them."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    ap.add_argument("--only", nargs="+", metavar="NAME", help="run these cases only (names as in the table)")
+    ap.add_argument("--table", action="store_true", help="print the Markdown table")
+    ap.add_argument("--summary", action="store_true", help="print the README's shorter form of the table")
+    ap.add_argument("--load", action="store_true", help="do not run: read the saved results")
+    ap.add_argument("--out", type=Path, help=f"results file (default {results} for a full sweep; the table goes "
+                                              "beside it as .md)")
+    ap.add_argument("--world-sizes", type=int, nargs="+", default=list(WORLD_SIZES))
+    ap.add_argument("--list", action="store_true", help="list the case names")
+    args = ap.parse_args(argv)
+
+    library = importlib.import_module(frontend)
+
+    if args.list:
+        print("\n".join(cases()))
+        return 0
+    out = args.out or (None if args.only else results)
+    if args.load:
+        data = json.loads((args.out or results).read_text())
+        records = [Record(**r) for r in data["records"]]
+        meta = data["meta"]
+    else:
+        names = list(cases())
+        if args.only:
+            unknown = [n for n in args.only if n not in cases()]
+            if unknown:
+                ap.error(f"unknown case(s) {unknown}; see --list")
+            names = args.only
+        t = time.monotonic()
+        records = sweep(names, tuple(args.world_sizes), log=lambda s: print(s, file=sys.stderr, flush=True))
+        meta = {
+            "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "command": "python " + " ".join(shlex.quote(a) for a in [
+                os.path.relpath(script) if not os.path.isabs(sys.argv[0]) else script, *sys.argv[1:]]),
+            "seconds": time.monotonic() - t,
+            "sarcompile": sarcompile_version(),
+            "torch": torch.__version__.split("+")[0],
+            frontend: library.__version__,
+            **describe(),
+            "world_sizes": list(args.world_sizes),
+            "tolerance": TOL,
+            **({} if skipped is None else {"skipped": skipped() if not args.only else {}}),
+            "counts": counts(records),
+        }
+        if out is not None:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps({"meta": meta, "records": [r.__dict__ for r in records]}, indent=1) + "\n")
+            out.with_suffix(".md").write_text(table(records, meta) + "\n")
+            print(f"wrote {out} and {out.with_suffix('.md')}", file=sys.stderr)
+    if args.table:
+        print(table(records, meta))
+    elif args.summary:
+        print(summary(records, meta))
+    else:
+        print(", ".join(f"{n} {o}" for o, n in counts(records).items()))
+        for r in records:
+            if r.outcome in (WRONG, CRASH):
+                print(f"{r.outcome}: {r.name}: {r.detail}")
+    return 0
