@@ -20,6 +20,7 @@ from .graph import Graph
 from .hetero import HeteroGraph, HeteroShard
 from .ops import edge_softmax, sddmm, spmm
 from .partitioning import Manifest, Partition, load_partition, load_whole_graph, partition
+from .outofcore import partition_files
 from . import hetero_partition as _typed_partitions  # noqa: F401  registers typed partitioning (partitioning.typed)
 from .plan import MemoryEstimate, OpPlan, Plan
 from .runtime import ops as _shard_implementations  # noqa: F401  registers each IR op's shard implementation
@@ -44,6 +45,7 @@ __all__ = [
     "sddmm",
     "edge_softmax",
     "partition",
+    "partition_files",
     "load_partition",
     "load_whole_graph",
     "Partition",

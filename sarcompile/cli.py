@@ -44,6 +44,12 @@ __all__ = ["load_edge_file", "main"]
 EDGE_FORMATS = """\
 graph sources (exactly one):
   --edges FILE                 an edge file (formats below)
+  --edges SRC.npy,DST.npy      two one-dimensional integer .npy arrays (edge i: SRC[i] ->
+                               DST[i]) with --num-nodes N; node data as --node-data
+                               NAME=FILE.npy (x, y, train_mask, ...). Read in chunks and
+                               partitioned out of core within --memory-limit (the whole
+                               process's peak RSS): METIS on the whole graph where that
+                               fits the limit, else on a graph coarsened out of core
   --dataset NAME --root DIR    an OGB dataset read from DIR/NAME-with-_ (e.g. DIR/ogbn_arxiv/)
                                as OGB's zip extracts; never downloaded. Node data: x, y
                                (-1 = unlabelled), train_mask, val_mask, test_mask.
@@ -126,6 +132,20 @@ def _parser() -> argparse.ArgumentParser:
         help="number of parts (= workers); needed by --edges, --dataset, --synthetic",
     )
     p.add_argument("--out", required=True, metavar="DIR", help="directory to write the parts and manifest.json to")
+    p.add_argument("--num-nodes", type=_positive_int, metavar="N", help="with --edges SRC.npy,DST.npy: the node count")
+    p.add_argument(
+        "--node-data", action="append", metavar="NAME=FILE.npy",
+        help="with --edges SRC.npy,DST.npy: a node tensor (one row per node), repeatable",
+    )
+    p.add_argument(
+        "--memory-limit", metavar="SIZE",
+        help="with --edges SRC.npy,DST.npy: the peak RSS the run may reach, e.g. 8GiB (default: 3/4 of "
+        "the memory available)",
+    )
+    p.add_argument(
+        "--scratch", metavar="DIR",
+        help="with --edges SRC.npy,DST.npy: where scratch files go (default: a hidden folder in --out)",
+    )
     p.add_argument(
         "--method", choices=METHODS, help="how nodes are assigned to parts (default: metis)"
     )
@@ -255,6 +275,13 @@ def _partition(args: argparse.Namespace) -> int:
         raise PartitionError("--dgl-mapping applies only to --dgl-partition")
     args.method = args.method or "metis"
     args.seed = 0 if args.seed is None else args.seed
+    if args.edges is not None and "," in args.edges:
+        return _partition_files(args)
+    streamed = [f"--{k.replace('_', '-')}" for k in ("num_nodes", "node_data", "memory_limit", "scratch")
+                if getattr(args, k) is not None]
+    if streamed:
+        raise PartitionError(f"{', '.join(streamed)} apply only to --edges SRC.npy,DST.npy (read out of core); "
+                             "other sources are read whole")
     start = time.perf_counter()
     # Only a terminal shows the (transient) spinner, so logs and pipes see stderr only on error.
     console = Console(stderr=True, highlight=False)
@@ -274,11 +301,46 @@ def _partition(args: argparse.Namespace) -> int:
     return 0
 
 
+def _partition_files(args: argparse.Namespace) -> int:
+    """``--edges SRC.npy,DST.npy``: partition out of core (:mod:`sarcompile.outofcore`)."""
+    from .outofcore import open_edges, partition_files
+    from .outofcore.budget import peak_rss
+
+    paths = args.edges.split(",")
+    if len(paths) != 2 or not all(paths):
+        raise GraphError(f"--edges {args.edges}: give two .npy files, SRC.npy,DST.npy")
+    if args.num_nodes is None:
+        raise GraphError("--edges SRC.npy,DST.npy needs --num-nodes N (node ids are 0..N-1)")
+    given = [f"--{k}" for k in ("root", "symmetrize", "scale") if getattr(args, k) is not None]
+    if given:
+        raise DatasetError(f"{', '.join(given)} do not apply to --edges")
+    node_data = {}
+    for item in args.node_data or []:
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path:
+            raise GraphError(f"--node-data {item}: write NAME=FILE.npy, e.g. --node-data x=features.npy")
+        node_data[name] = path
+    start = time.perf_counter()
+    console = Console(stderr=True, highlight=False)
+    edges = open_edges(paths[0], paths[1], args.num_nodes)
+    manifest = partition_files(
+        edges, args.parts, args.out, node_data, method=args.method, seed=args.seed,
+        name=args.name or Path(paths[0]).stem, memory_limit=args.memory_limit, scratch_dir=args.scratch,
+        allow_nonfinite=args.allow_nonfinite,
+        log=lambda line: console.print(f"[{time.perf_counter() - start:7.1f} s] {line}", markup=False),
+    )
+    print(summary(manifest))
+    print(f"wrote {args.parts} parts to {args.out} in {time.perf_counter() - start:.2f} s; "
+          f"peak RSS {peak_rss() / 2**20:.0f} MiB")
+    return 0
+
+
 def _convert_dgl(args: argparse.Namespace) -> int:
     """Convert a DGL partition, keeping its assignment; print the summary and which ids it uses."""
     from .frontends.dgl_partition import convert_dgl_partition
 
-    given = [f"--{k}" for k in ("root", "symmetrize", "method", "seed", "scale") if getattr(args, k) is not None]
+    given = [f"--{k.replace('_', '-')}" for k in ("root", "symmetrize", "method", "seed", "scale", "num_nodes",
+                                                  "node_data", "memory_limit", "scratch") if getattr(args, k) is not None]
     given += ["--allow-nonfinite"] if args.allow_nonfinite else []
     if given:
         raise PartitionError(

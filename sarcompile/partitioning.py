@@ -32,10 +32,11 @@ import hashlib
 import json
 import os
 import secrets
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import IO, Any, Callable
+from typing import IO, Any
 
 import numpy as np
 import torch
@@ -319,25 +320,38 @@ def partition(
 
 
 def write_directory(
-    out: Path, parts: list[tuple[dict, Callable[[int], PartInfo]]], manifest_of: Callable[[list[PartInfo]], Manifest]
+    out: Path, parts: Sequence[tuple[dict, Callable[[int], PartInfo]]],
+    manifest_of: Callable[[list[PartInfo]], Manifest],
 ) -> Manifest:
     """Write every part (its saved dict, and what makes its manifest entry once written)
     and then the manifest, atomically and under the directory's lock (see the module
     docstring); returns the manifest."""
     with lock_dir(out, "partition run"):  # creates out
-        # Temporary files of a killed run can go: nobody else writes here while we hold the lock.
-        remove_stale_temps(out, ["part-*.pt", MANIFEST])
-        # From here until the new manifest lands the directory must not load: drop the old
-        # manifest first (durably) so old and new part files can never be read as one set.
-        (out / MANIFEST).unlink(missing_ok=True)
-        _fsync_dir(out)
-        _remove_stale_parts(out, len(parts))
-        infos = []
-        for r, (payload, info) in enumerate(parts):
-            path = _write_part(out, r, payload)
-            infos.append(replace(info(r), file=path.name, sha256=_sha256(path), bytes=path.stat().st_size))
-        manifest = manifest_of(infos)
-        _atomic_write(out / MANIFEST, lambda f: f.write(manifest.to_json().encode()))
+        return write_locked(out, len(parts), iter(parts), manifest_of)
+
+
+def write_locked(
+    out: Path, num_parts: int, parts: Iterator[tuple[dict, Callable[[int], PartInfo]]],
+    manifest_of: Callable[[list[PartInfo]], Manifest],
+) -> Manifest:
+    """:func:`write_directory` for a caller that holds ``out``'s lock already, with the
+    parts made one at a time as ``parts`` yields them (only one is ever in memory)."""
+    # Temporary files of a killed run can go: nobody else writes here while we hold the lock.
+    remove_stale_temps(out, ["part-*.pt", MANIFEST])
+    # From here until the new manifest lands the directory must not load: drop the old
+    # manifest first (durably) so old and new part files can never be read as one set.
+    (out / MANIFEST).unlink(missing_ok=True)
+    _fsync_dir(out)
+    _remove_stale_parts(out, num_parts)
+    infos = []
+    for r, (payload, info) in enumerate(parts):
+        path = _write_part(out, r, payload)
+        del payload  # a part can be large: drop it before the next is made
+        infos.append(replace(info(r), file=path.name, sha256=_sha256(path), bytes=path.stat().st_size))
+    if len(infos) != num_parts:
+        raise PartitionError(f"internal error: {len(infos)} parts written of {num_parts}")
+    manifest = manifest_of(infos)
+    _atomic_write(out / MANIFEST, lambda f: f.write(manifest.to_json().encode()))
     return manifest
 
 
@@ -393,14 +407,29 @@ def graph_sha256(g: Graph, node_data: dict[str, torch.Tensor] | None = None) -> 
     """The sha256 of a graph (its node count and edges, in order) and its node tensors
     (by name: dtype, shape and values): the same for any number of parts, different for
     any change that changes what training computes."""
+    node_data = node_data or {}
+    return chunked_graph_sha256(
+        g.num_nodes, g.num_edges, [g.src], [g.dst], {k: (t.dtype, tuple(t.shape), [t]) for k, t in node_data.items()}
+    )
+
+
+def chunked_graph_sha256(
+    num_nodes: int, num_edges: int, src: Iterable[torch.Tensor], dst: Iterable[torch.Tensor],
+    node_data: dict[str, tuple[torch.dtype, tuple[int, ...], Iterable[torch.Tensor]]],
+) -> str:
+    """:func:`graph_sha256` of a graph given as consecutive chunks (all of ``src``, then all
+    of ``dst``, then each node tensor's rows as ``(dtype, shape, chunks)``), as the
+    out-of-core partitioner reads it: the same digest as the whole tensors give."""
     h = hashlib.sha256(b"sarcompile-graph 1\n")
-    h.update(json.dumps([g.num_nodes, g.num_edges]).encode())
-    for t in (g.src, g.dst):
-        _hash_tensor(h, t.to(torch.int64))
-    for key in sorted(node_data or {}):
-        t = node_data[key]
-        h.update(json.dumps([key, str(t.dtype), list(t.shape)]).encode())
-        _hash_tensor(h, t)
+    h.update(json.dumps([num_nodes, num_edges]).encode())
+    for chunks in (src, dst):
+        for t in chunks:
+            _hash_tensor(h, t.to(torch.int64))
+    for key in sorted(node_data):
+        dtype, shape, chunks = node_data[key]
+        h.update(json.dumps([key, str(dtype), list(shape)]).encode())
+        for t in chunks:
+            _hash_tensor(h, t)
     return h.hexdigest()
 
 

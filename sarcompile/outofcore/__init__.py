@@ -1,0 +1,21 @@
+"""Partitioning graphs larger than memory: edges and node data are streamed from disk in
+chunks, nodes are assigned by a multilevel scheme whose working set fits a memory limit,
+and the part files are written one at a time.
+
+The parts are the same files :func:`sarcompile.partition` writes (same manifest, checksums
+and validation), and :func:`sarcompile.load_partition` reads them as it reads any part.
+
+* :mod:`.sources` -- ``.npy`` and CSV readers that hand out chunks, never whole arrays;
+* :mod:`.budget` -- a memory limit turned into chunk, bucket and coarse-graph sizes;
+* :mod:`.adjacency` -- the undirected simple graph as on-disk buckets of whole adjacency lists;
+* :mod:`.multilevel` -- label-propagation coarsening, METIS on the coarse graph, projection
+  and streaming refinement;
+* :mod:`.writer` -- part files written one per part from per-part scratch files;
+* :mod:`.partition` -- :func:`partition_files`, the whole pipeline.
+"""
+
+from .budget import Budget, parse_size
+from .partition import partition_files
+from .sources import NpyArray, NpyEdges, open_edges
+
+__all__ = ["Budget", "NpyArray", "NpyEdges", "open_edges", "parse_size", "partition_files"]

@@ -1,0 +1,162 @@
+"""``partition_files``: partition a graph given as files on disk, within a memory limit."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..errors import GraphError, PartitionError
+from ..graph import Graph
+from ..partitioning import (
+    METHODS, Manifest, PartInfo, _check_num_parts, assign, chunked_graph_sha256, describe_node_data, now,
+    write_locked,
+)
+from ..rundir import lock_dir
+from .adjacency import build_buckets
+from .budget import Budget, parse_size
+from .multilevel import multilevel_partition
+from .sources import NpyArray, NpyEdges, open_edges
+from .writer import PartWriter
+
+__all__ = ["MULTILEVEL", "default_memory_limit", "partition_files"]
+
+MULTILEVEL = "metis-multilevel"  # the manifest's method when METIS saw the coarsened graph
+SCRATCH_PREFIX = ".scratch-"
+
+
+def default_memory_limit() -> int:
+    """Three quarters of the memory the kernel says is available now."""
+    try:
+        with open("/proc/meminfo") as f:
+            info = dict(line.split(":", 1) for line in f)
+        return int(info["MemAvailable"].split()[0]) * 1024 * 3 // 4
+    except (OSError, KeyError, ValueError):
+        return 8 * 2**30
+
+
+def partition_files(
+    edges: NpyEdges | tuple[str | os.PathLike, str | os.PathLike],
+    num_parts: int,
+    out_dir: str | os.PathLike,
+    node_data: dict[str, str | os.PathLike] | None = None,
+    *,
+    num_nodes: int | None = None,
+    method: str = "metis",
+    seed: int = 0,
+    name: str = "graph",
+    memory_limit: int | str | None = None,
+    scratch_dir: str | os.PathLike | None = None,
+    allow_nonfinite: bool = False,
+    log: Callable[[str], None] = lambda s: None,
+) -> Manifest:
+    """Partition the graph of ``edges`` and the node tensors in the ``.npy`` files
+    ``node_data`` (name -> path) into ``num_parts`` part files under ``out_dir``, holding
+    at most ``memory_limit`` bytes of resident memory (the whole process, e.g. ``"8GiB"``;
+    default: 3/4 of what is available). ``edges`` is a pair of ``.npy`` paths (source and
+    destination ids, with ``num_nodes``) or what :func:`.sources.open_edges` returns::
+
+        sc.partition_files(("src.npy", "dst.npy"), 8, "parts8", {"x": "x.npy", "y": "y.npy"},
+                           num_nodes=1_000_000, memory_limit="1GiB")
+
+    The directory is what :func:`sarcompile.partition` writes, locked the same way while
+    this runs. ``method`` is as there; with ``"metis"``, METIS gets the whole graph when
+    that fits the limit (the very assignment :func:`sarcompile.partition` makes, recorded
+    as ``"metis"``), and otherwise the graph coarsened out of core until it fits (recorded
+    as ``"metis-multilevel"``; see :mod:`.multilevel`). Scratch files (about three times
+    the edge files, plus the node data once) go to ``scratch_dir``, by default a hidden
+    folder in ``out_dir``, and are deleted at the end.
+    """
+    if not isinstance(edges, NpyEdges):
+        if num_nodes is None:
+            raise GraphError("partition_files((src, dst), ...) needs num_nodes=N (node ids are 0..N-1)")
+        edges = open_edges(*edges, num_nodes)
+    _check_num_parts(num_parts)
+    if method not in METHODS:
+        raise PartitionError(f"unknown partition method {method!r}; choose one of {', '.join(METHODS)}")
+    limit = default_memory_limit() if memory_limit is None else parse_size(memory_limit) \
+        if isinstance(memory_limit, str) else int(memory_limit)
+    budget = Budget.start(limit)
+    arrays = _open_node_data(node_data or {}, edges.num_nodes)
+    budget.check_nodes(edges.num_nodes)
+    out = Path(out_dir)
+    with lock_dir(out, "partition run"):
+        for stale in out.glob(f"{SCRATCH_PREFIX}*"):  # a killed run's; the lock says it is over
+            shutil.rmtree(stale, ignore_errors=True)
+        scratch = Path(tempfile.mkdtemp(prefix=SCRATCH_PREFIX, dir=scratch_dir or out))
+        try:
+            parts, recorded = _assign(edges, num_parts, method, seed, budget, scratch, log)
+            log(f"assigned: part sizes {np.bincount(parts, minlength=num_parts).tolist()}")
+            writer = PartWriter(edges, arrays, parts, num_parts, scratch, budget.chunk_edges, allow_nonfinite)
+            writer.scatter()
+            digest = _sha256(edges, arrays, budget.chunk_edges)
+            halos = writer.halo_sizes()
+
+            def manifest(infos: list[PartInfo]) -> Manifest:
+                return Manifest(
+                    num_parts=num_parts, num_nodes=edges.num_nodes, num_edges=edges.num_edges, method=recorded,
+                    seed=seed, name=name, parts=infos, halo_sizes=halos, edge_cut=writer.edge_cut,
+                    node_data=describe_node_data({k: _empty(a) for k, a in arrays.items()}), created=now(),
+                    graph_sha256=digest,
+                )
+
+            return write_locked(out, num_parts, writer.payloads(), manifest)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _assign(
+    edges: NpyEdges, num_parts: int, method: str, seed: int, budget: Budget, scratch: Path,
+    log: Callable[[str], None],
+) -> tuple[np.ndarray, str]:
+    """Every node's part, and the method the manifest records."""
+    n = edges.num_nodes
+    if method != "metis" or num_parts == 1 or n == 0:  # what sarcompile.partition computes, without edges
+        no_edges = torch.empty(0, dtype=torch.long)
+        return assign(Graph(no_edges, no_edges, n), num_parts, method, seed).numpy(), method
+    if budget.in_memory_fits(n, edges.num_edges):  # as sarcompile.partition does (assign reads only edges)
+        src = torch.from_numpy(edges.src.read(0, edges.num_edges).astype(np.int64))
+        dst = torch.from_numpy(edges.dst.read(0, edges.num_edges).astype(np.int64))
+        parts = assign(Graph(src, dst, n), num_parts, method, seed).numpy()
+        return parts, method
+    log(f"the whole graph does not fit METIS within {budget.limit / 2**30:.2f} GiB: coarsening out of core")
+    buckets = build_buckets(edges, scratch, budget.chunk_edges, budget.bucket_entries)
+    log(f"{len(buckets.files)} adjacency buckets, {buckets.num_entries} entries")
+    parts = multilevel_partition(buckets.blocks, n, num_parts, budget, seed, log)
+    for path in buckets.files:
+        path.unlink()
+    return parts, MULTILEVEL
+
+
+def _open_node_data(paths: dict[str, str | os.PathLike], num_nodes: int) -> dict[str, NpyArray]:
+    arrays = {}
+    for key, path in paths.items():
+        if not isinstance(key, str) or not key.isidentifier():
+            raise GraphError(f"node data names must be identifiers (x, y, train_mask), got {key!r}")
+        array = NpyArray.open(path)
+        if not array.shape or array.rows != num_nodes:
+            raise GraphError(
+                f"node data {key!r} ('{path}') has shape {array.shape} but the graph has {num_nodes} nodes; "
+                "node tensors need one row per node"
+            )
+        arrays[key] = array
+    return arrays
+
+
+def _empty(array: NpyArray) -> torch.Tensor:
+    """A zero-row tensor of ``array``'s dtype and trailing shape (for the manifest's record)."""
+    return torch.from_numpy(np.empty((0, *array.shape[1:]), dtype=array.dtype))
+
+
+def _sha256(edges: NpyEdges, arrays: dict[str, NpyArray], chunk_edges: int) -> str:
+    """:func:`sarcompile.partitioning.graph_sha256` of the files, read once more in chunks."""
+    def rows(array: NpyArray):
+        return (torch.from_numpy(c) for _, c in array.chunks(max(1, chunk_edges * 8 // max(array.row_bytes, 1))))
+
+    node_data = {k: (_empty(a).dtype, a.shape, rows(a)) for k, a in arrays.items()}
+    return chunked_graph_sha256(edges.num_nodes, edges.num_edges, rows(edges.src), rows(edges.dst), node_data)

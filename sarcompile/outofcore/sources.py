@@ -1,0 +1,122 @@
+"""Arrays on disk read a chunk at a time.
+
+A ``.npy`` file is read with plain file reads at computed offsets rather than through
+``np.load(mmap_mode="r")``: the pages of a mapping stay in the process's resident set once
+touched, so one pass over a mapped 20 GB file would count 20 GB against a memory limit. A
+read chunk is an ordinary array that is freed when the caller drops it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import GraphError
+
+__all__ = ["NpyArray", "NpyEdges", "open_edges"]
+
+
+@dataclass(frozen=True)
+class NpyArray:
+    """A C-ordered ``.npy`` file: its shape and dtype, and where its data starts."""
+
+    path: Path
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    offset: int
+
+    @classmethod
+    def open(cls, path: str | os.PathLike) -> "NpyArray":
+        """Read the header of ``path``; a missing, non-``.npy`` or Fortran-ordered file
+        raises :class:`GraphError` saying so."""
+        path = Path(path)
+        if not path.is_file():
+            raise GraphError(f"array file '{path}' not found")
+        try:
+            with open(path, "rb") as f:
+                version = np.lib.format.read_magic(f)
+                read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else \
+                    np.lib.format.read_array_header_2_0
+                shape, fortran, dtype = read_header(f)
+                offset = f.tell()
+        except ValueError as e:
+            raise GraphError(f"'{path}' is not a .npy file ({e}); save arrays with numpy.save") from None
+        if fortran and len(shape) > 1:
+            raise GraphError(f"'{path}' is Fortran-ordered; save it C-ordered (np.ascontiguousarray) to stream it")
+        if dtype.hasobject:
+            raise GraphError(f"'{path}' holds Python objects; node data and edges must be numeric arrays")
+        expected = offset + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        if path.stat().st_size < expected:
+            raise GraphError(f"'{path}' is truncated: its header promises {expected} bytes, "
+                             f"the file has {path.stat().st_size}")
+        return cls(path, tuple(int(s) for s in shape), dtype, offset)
+
+    @property
+    def rows(self) -> int:
+        return self.shape[0] if self.shape else 1
+
+    @property
+    def row_bytes(self) -> int:
+        return int(np.prod(self.shape[1:], dtype=np.int64)) * self.dtype.itemsize
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        """Rows ``[start, stop)`` as a fresh array."""
+        stop = min(stop, self.rows)
+        count = max(stop - start, 0) * int(np.prod(self.shape[1:], dtype=np.int64))
+        with open(self.path, "rb") as f:
+            f.seek(self.offset + start * self.row_bytes)
+            data = np.fromfile(f, dtype=self.dtype, count=count)
+        return data.reshape((max(stop - start, 0), *self.shape[1:]))
+
+    def chunks(self, rows: int) -> Iterator[tuple[int, np.ndarray]]:
+        """``(start, rows start..start+len)`` for consecutive chunks of at most ``rows`` rows."""
+        for start in range(0, self.rows, max(rows, 1)):
+            yield start, self.read(start, start + rows)
+
+
+@dataclass(frozen=True)
+class NpyEdges:
+    """Edges ``src[i] -> dst[i]`` as two one-dimensional integer ``.npy`` files."""
+
+    src: NpyArray
+    dst: NpyArray
+    num_nodes: int
+
+    @property
+    def num_edges(self) -> int:
+        return self.src.rows
+
+    def chunks(self, size: int) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+        """``(first edge id, src, dst)`` as int64 arrays of at most ``size`` edges, in edge order;
+        an id outside ``[0, num_nodes)`` raises :class:`GraphError` naming the edge."""
+        for start in range(0, self.num_edges, max(size, 1)):
+            src = self.src.read(start, start + size).astype(np.int64, copy=False)
+            dst = self.dst.read(start, start + size).astype(np.int64, copy=False)
+            for name, ids in (("src", src), ("dst", dst)):
+                bad = np.flatnonzero((ids < 0) | (ids >= self.num_nodes))
+                if bad.size:
+                    raise GraphError(
+                        f"edge {start + int(bad[0])} has {name} {int(ids[bad[0]])}, outside [0, {self.num_nodes}): "
+                        "node ids must be below --num-nodes"
+                    )
+            yield start, src, dst
+
+
+def open_edges(src: str | os.PathLike, dst: str | os.PathLike, num_nodes: int) -> NpyEdges:
+    """The edge arrays ``src`` and ``dst`` (``.npy``), checked: one-dimensional integers of
+    one length, and ``num_nodes`` a non-negative integer."""
+    if isinstance(num_nodes, bool) or not isinstance(num_nodes, int) or num_nodes < 0:
+        raise GraphError(f"num_nodes must be an integer >= 0, got {num_nodes!r}")
+    arrays = NpyArray.open(src), NpyArray.open(dst)
+    for a in arrays:
+        if len(a.shape) != 1 or a.dtype.kind not in "iu":
+            raise GraphError(f"'{a.path}' has shape {a.shape} and dtype {a.dtype}: an edge file holds "
+                             "one integer node id per edge (a one-dimensional integer array)")
+    if arrays[0].rows != arrays[1].rows:
+        raise GraphError(f"'{arrays[0].path}' has {arrays[0].rows} edges but '{arrays[1].path}' has "
+                         f"{arrays[1].rows}; src and dst must pair up")
+    return NpyEdges(*arrays, num_nodes)

@@ -1,0 +1,212 @@
+"""sarcompile.outofcore.partition_files and `sarcompile partition --edges SRC.npy,DST.npy`:
+the same directory sc.partition writes for the same assignment, within a memory limit."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import sarcompile as sc
+from sarcompile.cli import main
+from sarcompile.errors import GraphError, PartitionError, RunDirError
+from sarcompile.outofcore import open_edges, partition_files
+from sarcompile.outofcore.budget import MARGIN, current_rss
+from sarcompile.outofcore.partition import MULTILEVEL
+from sarcompile.partitioning import read_manifest, read_part
+from sarcompile.rundir import lock_dir
+from sarcompile.synthetic_stream import write_sbm
+from train_jobs import run_train
+
+from test_ooc_multilevel import edge_lists
+
+
+def _write(d, n, src, dst, node_data):
+    d.mkdir(parents=True, exist_ok=True)
+    np.save(d / "src.npy", src), np.save(d / "dst.npy", dst)
+    for k, v in node_data.items():
+        np.save(d / f"{k}.npy", v)
+    return open_edges(d / "src.npy", d / "dst.npy", n), {k: d / f"{k}.npy" for k in node_data}
+
+
+def _node_data(n, seed):
+    rng = np.random.default_rng(seed)
+    train = rng.random(n) < 0.5
+    return {"x": rng.standard_normal((n, 3)).astype(np.float32), "y": rng.integers(-1, 4, n),
+            "train_mask": train, "val_mask": ~train}
+
+
+def assert_same_directory(a, b):
+    """Two partition directories hold the same parts, manifest entries and graph hash."""
+    ma, mb = read_manifest(a), read_manifest(b)
+    assert (ma.num_parts, ma.num_nodes, ma.num_edges, ma.halo_sizes, ma.edge_cut, ma.node_data, ma.graph_sha256) == \
+        (mb.num_parts, mb.num_nodes, mb.num_edges, mb.halo_sizes, mb.edge_cut, mb.node_data, mb.graph_sha256)
+    for r in range(ma.num_parts):
+        pa, pb = ma.parts[r], mb.parts[r]
+        assert (pa.num_nodes, pa.num_edges, pa.self_loops, pa.block_edges) == \
+            (pb.num_nodes, pb.num_edges, pb.self_loops, pb.block_edges)
+        x, y = read_part(a, ma, r), read_part(b, mb, r)
+        for field in x.__dataclass_fields__:
+            u, v = getattr(x, field), getattr(y, field)
+            pairs = zip(u, v) if isinstance(u, list) else ((u[k], v[k]) for k in u) if isinstance(u, dict) else [(u, v)]
+            if isinstance(u, dict):
+                assert sorted(u) == sorted(v)
+            for s, t in pairs:
+                assert s.dtype == t.dtype and torch.equal(s, t), (r, field)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(graph=edge_lists(), k=st.integers(1, 4), method=st.sampled_from(["metis", "random", "contiguous"]),
+       seed=st.integers(0, 5))
+def test_same_directory_as_sc_partition(tmp_path_factory, graph, k, method, seed):
+    """Isolated nodes, self-loops, repeated edges, empty parts: where METIS fits the limit,
+    the very directory sc.partition writes."""
+    n, src, dst = graph
+    d = tmp_path_factory.mktemp("g")
+    data = _node_data(n, seed)
+    edges, files = _write(d, n, src, dst, data)
+    m = partition_files(edges, k, d / "ooc", files, method=method, seed=seed, memory_limit="4GiB")
+    assert m.method == method
+    g = sc.Graph.from_edges(torch.from_numpy(src), torch.from_numpy(dst), n)
+    sc.partition(g, k, d / "mem", node_data={key: torch.from_numpy(v) for key, v in data.items()},
+                 method=method, seed=seed)
+    assert_same_directory(d / "ooc", d / "mem")
+
+
+@pytest.fixture(scope="module")
+def sbm(tmp_path_factory):
+    """4000 nodes in 4 planted blocks with learnable features."""
+    out = tmp_path_factory.mktemp("sbm")
+    return write_sbm(out, num_nodes=4000, avg_degree=8, num_blocks=4, p_in=0.9, features=8, num_classes=4, seed=2)
+
+
+def _small_limit() -> int:
+    """A limit that leaves 4 MiB above this process: too little for METIS on the whole graph."""
+    return current_rss() + MARGIN + 4 * 2**20
+
+
+@pytest.fixture(scope="module")
+def coarsened(sbm, tmp_path_factory):
+    out = tmp_path_factory.mktemp("parts")
+    files = {k: sbm.files[k] for k in ("x", "y", "train_mask", "val_mask", "test_mask")}
+    m = partition_files(open_edges(*sbm.edges(), sbm.num_nodes), 2, out, files, memory_limit=_small_limit())
+    return out, m
+
+
+def test_coarsened_partition_is_the_given_assignment_in_memory(sbm, coarsened, tmp_path):
+    """Out of core (METIS on a coarsened graph): every node in exactly one part, and the
+    same directory as sc.partition with that assignment, the whole graph in memory."""
+    out, m = coarsened
+    assert m.method == MULTILEVEL
+    ids = torch.cat([sc.load_partition(out, rank=r, world_size=2).global_ids for r in range(2)])
+    assert torch.equal(torch.sort(ids).values, torch.arange(sbm.num_nodes))
+    assignment = torch.empty(sbm.num_nodes, dtype=torch.long)
+    for r in range(2):
+        assignment[sc.load_partition(out, rank=r, world_size=2).global_ids] = r
+    g = sc.Graph.from_edges(torch.from_numpy(np.load(sbm.files["src"])), torch.from_numpy(np.load(sbm.files["dst"])),
+                            sbm.num_nodes)
+    data = {k: torch.from_numpy(np.load(sbm.files[k])) for k in ("x", "y", "train_mask", "val_mask", "test_mask")}
+    sc.partition(g, 2, tmp_path / "mem", node_data=data, method=assignment)
+    assert_same_directory(out, tmp_path / "mem")
+    whole, node_data = sc.load_whole_graph(out)
+    assert torch.equal(whole.src, g.src) and torch.equal(whole.dst, g.dst)
+    assert all(torch.equal(node_data[k], data[k]) for k in data)
+
+
+def test_training_on_a_coarsened_partition_gives_the_one_process_curve(pool, coarsened, tmp_path):
+    out, _ = coarsened
+    one = tmp_path / "one"
+    g, node_data = sc.load_whole_graph(out)
+    sc.partition(g, 1, one, node_data=node_data)
+    argv = ["--hidden", "8", "--epochs", "3", "--no-progress", "--dropout", "0.5"]
+    two = run_train(pool, 2, ["--parts", str(out), "--out", str(tmp_path / "r2"), *argv])
+    single = run_train(pool, 1, ["--parts", str(one), "--out", str(tmp_path / "r1"), *argv])
+    assert isinstance(two, list), two
+    for a, b in zip(two, single, strict=True):
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-5, abs=1e-6), (two, single)
+
+
+def test_bad_node_data_is_refused_before_anything_is_written(sbm, coarsened, tmp_path):
+    out, _ = coarsened
+    before = {p.name: p.read_bytes() for p in out.glob("*") if p.is_file() and p.name != ".lock"}
+    x = np.load(sbm.files["x"])
+    x[1234, 5] = np.nan
+    np.save(tmp_path / "x.npy", x)
+    with pytest.raises(GraphError, match=r"node_data\['x'\].*1234"):
+        partition_files(open_edges(*sbm.edges(), sbm.num_nodes), 2, out, {"x": tmp_path / "x.npy"}, memory_limit="4GiB")
+    assert {p.name: p.read_bytes() for p in out.glob("*") if p.is_file() and p.name != ".lock"} == before  # intact
+    np.save(tmp_path / "short.npy", x[:10])
+    with pytest.raises(GraphError, match="has shape .* but the graph has 4000 nodes"):
+        sc.partition_files(sbm.edges(), 2, tmp_path / "o", {"x": tmp_path / "short.npy"}, num_nodes=sbm.num_nodes)
+    with pytest.raises(GraphError, match="needs num_nodes=N"):
+        sc.partition_files(sbm.edges(), 2, tmp_path / "o")
+
+
+def test_a_limit_below_the_node_arrays_names_the_least_that_works(sbm, tmp_path):
+    with pytest.raises(PartitionError, match="give --memory-limit at least"):
+        partition_files(open_edges(*sbm.edges(), sbm.num_nodes), 2, tmp_path, memory_limit=current_rss())
+
+
+def test_a_second_run_on_the_directory_is_refused_and_a_killed_runs_scratch_removed(sbm, tmp_path):
+    edges = open_edges(*sbm.edges(), sbm.num_nodes)
+    with lock_dir(tmp_path, "partition run"):
+        with pytest.raises(RunDirError, match="in use by another partition run"):
+            partition_files(edges, 2, tmp_path)
+    stale = tmp_path / ".scratch-killed"
+    stale.mkdir()
+    (stale / "edges-0.bin").write_bytes(b"x" * 100)
+    partition_files(edges, 2, tmp_path, memory_limit="4GiB")
+    assert not stale.exists() and not list(tmp_path.glob(".scratch-*"))
+    sc.load_partition(tmp_path, rank=1, world_size=2)
+
+
+def test_cli_two_arrays_and_node_data(sbm, tmp_path, capsys):
+    out = tmp_path / "cli"
+    argv = ["partition", "--edges", ",".join(map(str, sbm.edges())), "--num-nodes", str(sbm.num_nodes),
+            "--parts", "3", "--out", str(out), "--node-data", f"x={sbm.files['x']}", "--node-data",
+            f"y={sbm.files['y']}", "--memory-limit", "4GiB"]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "3 parts (metis, seed 0)" in printed and "peak RSS" in printed
+    part = sc.load_partition(out, rank=2, world_size=3)
+    assert torch.equal(part.node_data["x"], torch.from_numpy(np.load(sbm.files["x"]))[part.global_ids])
+    for bad, message in [
+        (["--num-nodes", "5"], "--num-nodes apply only to --edges SRC.npy,DST.npy"),
+        (["--edges", "a.npy,b.npy,c.npy"], "give two .npy files"),
+        (["--edges", ",".join(map(str, sbm.edges())), "--node-data", "x"], "write NAME=FILE.npy"),
+    ]:
+        base = ["partition", "--parts", "2", "--out", str(tmp_path / "bad")]
+        if "--edges" not in bad:
+            base += ["--edges", str(sbm.files["src"]).replace(".npy", ".pt")]
+        if "--num-nodes" not in bad and "a.npy" not in bad[1]:
+            base += ["--num-nodes", str(sbm.num_nodes)]
+        assert main(base + bad) == 2
+        assert message in capsys.readouterr().err
+    assert main(["partition", "--edges", ",".join(map(str, sbm.edges())), "--parts", "2", "--out",
+                 str(tmp_path / "bad")]) == 2
+    assert "needs --num-nodes N" in capsys.readouterr().err
+
+
+def test_peak_rss_stays_under_the_limit(tmp_path):
+    """The whole process, torch included, in a fresh interpreter: 200k nodes and 2M edges
+    within a limit that forces coarsening."""
+    g = write_sbm(tmp_path, num_nodes=200_000, avg_degree=10, num_blocks=8, p_in=0.9, seed=3)
+    script = textwrap.dedent(f"""
+        from sarcompile.outofcore import open_edges, partition_files
+        from sarcompile.outofcore.budget import current_rss, peak_rss
+        limit = current_rss() + 160 * 2**20
+        m = partition_files(open_edges({str(g.files['src'])!r}, {str(g.files['dst'])!r}, 200_000), 8,
+                            {str(tmp_path / 'parts')!r}, memory_limit=limit)
+        print(m.method, limit, peak_rss())
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    method, limit, peak = done.stdout.split()
+    assert method == MULTILEVEL
+    assert int(peak) <= int(limit), (int(peak) / 2**20, int(limit) / 2**20)
