@@ -6,7 +6,9 @@ instead (``--dataset ogbn-mag``: the heterogeneous one, a typed partition), ``--
 --scale S`` generates a MAG-like typed graph, and ``--dgl-partition CONFIG.json --out DIR``
 converts a partition made by DGL's ``partition_graph`` (keeping its assignment).
 ``sarcompile partition --help`` lists the edge file formats.
-``sarcompile plan MODULE:FACTORY --parts DIR`` prints what a model will do on them.
+``sarcompile plan MODULE:FACTORY --parts DIR`` prints what a model will do on them, and
+``sarcompile estimate MODULE:FACTORY --edges SRC.npy,DST.npy ...`` its memory per worker
+for worker counts not yet partitioned, from the edge files alone.
 ``sarcompile allocator`` prints the path of tcmalloc's library, for
 ``LD_PRELOAD=$(sarcompile allocator) torchrun ...``.
 """
@@ -181,6 +183,31 @@ def _parser() -> argparse.ArgumentParser:
     p.set_defaults(run=_plan)
 
     p = commands.add_parser(
+        "estimate",
+        help="estimate the memory per worker of a model on a graph, for worker counts not yet partitioned",
+        description="Print the estimated peak memory per worker of a model for each worker count: from a "
+        "partition where one is given (--partition N=DIR), else from the random-partition model on the "
+        "graph's degrees, read from its edge files in one pass (the graph is never loaded).",
+        epilog=MODEL_SPEC.replace("sarcompile plan examples/train_sage.py:SAGE --parts parts",
+                                  "sarcompile estimate examples/train_sage.py:SAGE --edges src.npy,dst.npy "
+                                  "--num-nodes 1000000 --features 32 --workers 16 32 64"),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("model", metavar="MODULE:FACTORY", help="the model (see below)")
+    p.add_argument("--args", default="{}", metavar="JSON", help="keyword arguments for FACTORY, as a JSON object")
+    p.add_argument("--edges", required=True, metavar="SRC.npy,DST.npy", help="the graph's edge arrays")
+    p.add_argument("--num-nodes", required=True, type=_positive_int, metavar="N", help="the node count")
+    p.add_argument("--features", required=True, type=_positive_int, metavar="F", help="the width of x (float32)")
+    p.add_argument("--workers", type=_positive_int, nargs="+", default=[1, 2, 4, 8], metavar="N",
+                   help="worker counts (default: 1 2 4 8)")
+    p.add_argument("--partition", action="append", metavar="N=DIR",
+                   help="a partition of this graph into N parts: that row from its plan (repeatable)")
+    p.add_argument("--modes", nargs="+", choices=Mode.values(), default=[str(Mode.SAR)], help="(default: sar)")
+    p.add_argument("--optimizer", choices=("adam", "sgd"), help="count this optimizer's state in the estimate")
+    p.add_argument("--plot", metavar="FILE.png", help="also plot peak per worker against workers")
+    p.set_defaults(run=_estimate)
+
+    p = commands.add_parser(
         "allocator",
         help="print the path of an allocator library to LD_PRELOAD (less memory, faster epochs)",
         description="Print the path of tcmalloc's (or jemalloc's) shared library, for "
@@ -255,6 +282,42 @@ def _plan(args: argparse.Namespace) -> int:
         print(f"\n{plan.kernel_sources()}")
     if args.dot:
         Path(args.dot).write_text(plan.to_dot())
+    return 0
+
+
+def _estimate(args: argparse.Namespace) -> int:
+    from .estimate import estimate
+    from .outofcore import edge_stats, open_edges
+    from .partitioning import read_manifest
+
+    try:
+        kwargs = json.loads(args.args)
+    except json.JSONDecodeError as e:
+        raise GraphError(f"--args is not JSON ({e})") from None
+    paths = args.edges.split(",")
+    if len(paths) != 2 or not all(paths):
+        raise GraphError(f"--edges {args.edges}: give two .npy files, SRC.npy,DST.npy")
+    stats = edge_stats(open_edges(paths[0], paths[1], args.num_nodes))
+    partitions = {}
+    for item in args.partition or []:
+        count, sep, directory = item.partition("=")
+        if not sep or not count.isdigit() or not directory:
+            raise PartitionError(f"--partition {item}: write N=DIR, e.g. --partition 16=parts16")
+        manifest = read_manifest(directory)
+        if (manifest.num_nodes, manifest.num_edges, manifest.num_parts) != (stats.num_nodes, stats.num_edges, int(count)):
+            raise PartitionError(
+                f"--partition {item}: '{directory}' holds {manifest.num_parts} parts of a graph of "
+                f"{manifest.num_nodes} nodes and {manifest.num_edges} edges, not {count} parts of this one "
+                f"({stats.num_nodes} nodes, {stats.num_edges} edges)"
+            )
+        partitions[int(count)] = directory
+    workers = sorted(set(args.workers) | set(partitions))
+    print(f"graph: {stats.num_nodes} nodes, {stats.num_edges} edges ({stats.self_loops} self-loops), "
+          f"x of {args.features} float32 features")
+    table = estimate(_load_factory(args.model)(**kwargs), stats, num_parts=workers, modes=args.modes,
+                     x=torch.zeros(1, args.features), partitions=partitions, optimizer=args.optimizer)
+    if args.plot:
+        table.plot(args.plot)
     return 0
 
 

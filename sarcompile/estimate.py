@@ -26,7 +26,7 @@ from .hetero import HeteroGraph
 from .plan import MemoryEstimate, Plan, TypedWorkerStats, WorkerStats, _size, _table
 from .vocab import Mode
 
-__all__ = ["Estimate", "EstimateTable", "estimate", "model_workers"]
+__all__ = ["Estimate", "EstimateTable", "GraphStats", "estimate", "model_workers"]
 
 
 @dataclass
@@ -77,7 +77,28 @@ class EstimateTable:
         plt.close(fig)
 
 
-def model_workers(g: Graph | HeteroGraph, num_parts: int) -> list[WorkerStats] | list[TypedWorkerStats]:
+@dataclass(frozen=True)
+class GraphStats:
+    """What the random-partition model reads of a graph: its sizes and out-degree histogram
+    (``out_degree_counts[d]``: source nodes with ``d`` out-edges). :func:`graph_stats`
+    takes them from a graph in memory, :func:`sarcompile.outofcore.edge_stats` from edge
+    files in one streaming pass."""
+
+    num_nodes: int
+    num_edges: int
+    self_loops: int
+    out_degree_counts: torch.Tensor
+
+    @classmethod
+    def of(cls, g: Graph) -> "GraphStats":
+        out_degree = torch.bincount(g.src, minlength=g.num_src_nodes)
+        loops = 0 if g.bipartite else int((g.src == g.dst).sum())
+        return cls(g.num_nodes, g.num_edges, loops, torch.bincount(out_degree))
+
+
+def model_workers(
+    g: Graph | HeteroGraph | GraphStats, num_parts: int
+) -> list[WorkerStats] | list[TypedWorkerStats]:
     """Shard sizes of ``num_parts`` equal workers under the random-partition model; of a
     typed graph, every node type split evenly and each relation modelled on its own (its
     halo counts its source type's nodes)."""
@@ -87,16 +108,17 @@ def model_workers(g: Graph | HeteroGraph, num_parts: int) -> list[WorkerStats] |
         counts = {t: g.num_nodes(t) for t in g.node_types}
         return [TypedWorkerStats(dict(nodes), {rel: ws[r] for rel, ws in relations.items()}, counts)
                 for r in range(num_parts)]
+    stats = g if isinstance(g, GraphStats) else GraphStats.of(g)
     n = num_parts
-    out_degree = torch.bincount(g.src, minlength=g.num_src_nodes).to(torch.float64)
-    halo = float((1.0 - (1.0 - 1.0 / n) ** out_degree).sum()) / n if n > 1 else 0.0
-    loops = 0 if g.bipartite else int((g.src == g.dst).sum())
-    edges = _share(g.num_edges, n)
+    degrees = torch.arange(len(stats.out_degree_counts), dtype=torch.float64)
+    reached = (1.0 - (1.0 - 1.0 / n) ** degrees) * stats.out_degree_counts.to(torch.float64)
+    halo = float(reached.sum()) / n if n > 1 else 0.0
+    edges = _share(stats.num_edges, n)
     return [
         WorkerStats(
-            _share(g.num_nodes, n),
+            _share(stats.num_nodes, n),
             edges,
-            _share(loops, n),
+            _share(stats.self_loops, n),
             [0 if q == r else round(halo) for q in range(n)],
             [-(-edges // n)] * n,  # a random partition spreads a node's in-edges evenly
         )
@@ -110,7 +132,7 @@ def _share(total: int, num_parts: int) -> int:
 
 def estimate(
     model: Any,
-    graph: Graph | HeteroGraph,
+    graph: Graph | HeteroGraph | GraphStats,
     num_parts: list[int] = (1, 2, 4, 8),
     modes: list[str] = Mode.values(),
     x: torch.Tensor | dict[str, torch.Tensor] | None = None,
@@ -120,7 +142,8 @@ def estimate(
 ) -> EstimateTable:
     """Estimated per-worker peak for every worker count and mode; printed when ``show``.
 
-    ``model`` is an ``nn.Module`` (or a distributed one); ``x`` an example input (trailing
+    ``model`` is an ``nn.Module`` (or a distributed one); ``graph`` the graph, or only its
+    :class:`GraphStats` (for a graph too large to load); ``x`` an example input (trailing
     shape and dtype; over a :class:`~sarcompile.hetero.HeteroGraph`, a dict of them per
     node type with features). ``partitions`` maps worker counts to existing partition
     directories, which make those rows exact.

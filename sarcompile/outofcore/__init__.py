@@ -11,11 +11,13 @@ and validation), and :func:`sarcompile.load_partition` reads them as it reads an
 * :mod:`.multilevel` -- label-propagation coarsening, METIS on the coarse graph, projection
   and streaming refinement;
 * :mod:`.writer` -- part files written one per part from per-part scratch files;
-* :mod:`.partition` -- :func:`partition_files`, the whole pipeline.
+* :mod:`.partition` -- :func:`partition_files`, the whole pipeline;
+* :mod:`.stats` -- what the memory estimate needs of a graph, from its edge files.
 """
 
 from .budget import Budget, parse_size
 from .partition import partition_files
 from .sources import NpyArray, NpyEdges, open_edges
+from .stats import edge_stats
 
-__all__ = ["Budget", "NpyArray", "NpyEdges", "open_edges", "parse_size", "partition_files"]
+__all__ = ["Budget", "NpyArray", "NpyEdges", "edge_stats", "open_edges", "parse_size", "partition_files"]
