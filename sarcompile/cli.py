@@ -54,7 +54,9 @@ graph sources (exactly one):
                                fits the limit, else on a graph coarsened out of core
   --dataset NAME --root DIR    an OGB dataset read from DIR/NAME-with-_ (e.g. DIR/ogbn_arxiv/)
                                as OGB's zip extracts; never downloaded. Node data: x, y
-                               (-1 = unlabelled), train_mask, val_mask, test_mask.
+                               (-1 = unlabelled), train_mask, val_mask, test_mask. With
+                               --memory-limit its raw files are read in chunks and it is
+                               partitioned out of core (homogeneous datasets).
                                NAME: {datasets}, or {mag} (heterogeneous: a typed
                                partition, reverse relations rev_* added; node data of
                                type paper)
@@ -141,12 +143,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--memory-limit", metavar="SIZE",
-        help="with --edges SRC.npy,DST.npy: the peak RSS the run may reach, e.g. 8GiB (default: 3/4 of "
-        "the memory available)",
+        help="with --edges SRC.npy,DST.npy (default: 3/4 of the memory available) or --dataset: the peak "
+        "RSS the run may reach, e.g. 8GiB; reads in chunks and partitions out of core",
     )
     p.add_argument(
         "--scratch", metavar="DIR",
-        help="with --edges SRC.npy,DST.npy: where scratch files go (default: a hidden folder in --out)",
+        help="out of core: where scratch files go (default: a hidden folder in --out)",
     )
     p.add_argument(
         "--method", choices=METHODS, help="how nodes are assigned to parts (default: metis)"
@@ -340,11 +342,13 @@ def _partition(args: argparse.Namespace) -> int:
     args.seed = 0 if args.seed is None else args.seed
     if args.edges is not None and "," in args.edges:
         return _partition_files(args)
+    if args.dataset is not None and args.memory_limit is not None:
+        return _partition_ogb(args)
     streamed = [f"--{k.replace('_', '-')}" for k in ("num_nodes", "node_data", "memory_limit", "scratch")
                 if getattr(args, k) is not None]
     if streamed:
-        raise PartitionError(f"{', '.join(streamed)} apply only to --edges SRC.npy,DST.npy (read out of core); "
-                             "other sources are read whole")
+        raise PartitionError(f"{', '.join(streamed)} apply only to --edges SRC.npy,DST.npy, or --memory-limit "
+                             "and --scratch to --dataset (read out of core); other sources are read whole")
     start = time.perf_counter()
     # Only a terminal shows the (transient) spinner, so logs and pipes see stderr only on error.
     console = Console(stderr=True, highlight=False)
@@ -392,6 +396,33 @@ def _partition_files(args: argparse.Namespace) -> int:
         allow_nonfinite=args.allow_nonfinite,
         log=lambda line: console.print(f"[{time.perf_counter() - start:7.1f} s] {line}", markup=False),
     )
+    print(summary(manifest))
+    print(f"wrote {args.parts} parts to {args.out} in {time.perf_counter() - start:.2f} s; "
+          f"peak RSS {peak_rss() / 2**20:.0f} MiB")
+    return 0
+
+
+def _partition_ogb(args: argparse.Namespace) -> int:
+    """``--dataset NAME --memory-limit SIZE``: read the raw files in chunks, partition out of core."""
+    from .outofcore.budget import peak_rss
+    from .outofcore.ogb import partition_ogb
+
+    if args.root is None:
+        raise DatasetError(f"--dataset {args.dataset} needs --root DIR, the directory that holds its folder")
+    if args.dataset == MAG:
+        raise DatasetError(f"{MAG} is partitioned in memory (typed graphs are not streamed yet): drop --memory-limit")
+    given = [f"--{k.replace('_', '-')}" for k in ("num_nodes", "node_data") if getattr(args, k) is not None]
+    if given:
+        raise DatasetError(f"{', '.join(given)} apply only to --edges SRC.npy,DST.npy")
+    start = time.perf_counter()
+    console = Console(stderr=True, highlight=False)
+    manifest, ds = partition_ogb(
+        args.dataset, args.root, args.parts, args.out, symmetrize=args.symmetrize, method=args.method,
+        seed=args.seed, memory_limit=args.memory_limit, scratch_dir=args.scratch,
+        log=lambda line: console.print(f"[{time.perf_counter() - start:7.1f} s] {line}", markup=False),
+    )
+    edges = "symmetrized (both directions, each pair once)" if ds.symmetrized else "edges as OGB stores them"
+    print(f"dataset {ds.name}: {edges}; {ds.num_classes} classes; read out of core")
     print(summary(manifest))
     print(f"wrote {args.parts} parts to {args.out} in {time.perf_counter() - start:.2f} s; "
           f"peak RSS {peak_rss() / 2**20:.0f} MiB")

@@ -351,6 +351,22 @@ def _read(name: str, root: Path, folder: Path) -> tuple[Any, dict[str, Any]]:
         ) from None
 
 
+def _read_split(name: str, folder: Path, meta: dict[str, str]) -> dict[str, Any]:
+    """The split's node indices by part, read as ogb's ``get_idx_split`` reads them
+    (its ``split_dict.pt`` shortcut, else the three CSVs), without loading the dataset."""
+    import pandas as pd
+
+    path = folder / "split" / meta["split"]
+    try:
+        if (path / "split_dict.pt").is_file():  # ogb's own shortcut; trusted as ogb trusts it
+            return torch.load(path / "split_dict.pt", map_location="cpu", weights_only=False)
+        return {part: pd.read_csv(path / f"{part}.csv.gz", compression="gzip", header=None).values.T[0]
+                for part in ("train", "valid", "test")}
+    except Exception as e:  # noqa: BLE001 -- pandas and unpickling raise many types for a damaged file
+        raise DatasetError(f"{name}: cannot read the split in '{path}' ({type(e).__name__}: {e}); "
+                           "re-extract OGB's zip") from None
+
+
 # -- node tensors ------------------------------------------------------------------------------
 def _typed_split(split: dict[str, Any], part: str) -> Any:
     """The target type's indices in one part of a heterogeneous split (``split[part][type]``)."""
@@ -366,8 +382,9 @@ def _features(feat: np.ndarray | None, num_nodes: int, name: str) -> torch.Tenso
     return torch.from_numpy(np.ascontiguousarray(feat)).to(torch.float32)
 
 
-def _labels(labels: np.ndarray, num_nodes: int, name: str) -> torch.Tensor:
-    """Labels as int64, -1 where a label is missing (papers100M stores those as NaN)."""
+def _labels(labels: np.ndarray, num_nodes: int, name: str, first: int = 0) -> torch.Tensor:
+    """Labels as int64, -1 where a label is missing (papers100M stores those as NaN);
+    ``first``: the id of the first node in ``labels`` (for a chunk of them)."""
     labels = np.asarray(labels)
     if labels.shape not in ((num_nodes,), (num_nodes, 1)):
         raise DatasetError(f"{name}: expected one label per node ({num_nodes}), got {_shape(labels)}")
@@ -378,7 +395,7 @@ def _labels(labels: np.ndarray, num_nodes: int, name: str) -> torch.Tensor:
         bad = np.flatnonzero(~np.isfinite(labels) | (labels != np.round(labels)))
         if bad.size:
             raise DatasetError(
-                f"{name}: node {int(bad[0])} has label {labels[bad[0]]}, not a class id "
+                f"{name}: node {first + int(bad[0])} has label {labels[bad[0]]}, not a class id "
                 f"({bad.size} such labels); the label file is damaged or not this dataset's"
             )
     elif labels.dtype.kind not in "iu":

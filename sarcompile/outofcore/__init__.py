@@ -17,7 +17,7 @@ and validation), and :func:`sarcompile.load_partition` reads them as it reads an
 
 from .budget import Budget, parse_size
 from .partition import partition_files
-from .sources import NpyArray, NpyEdges, open_edges
+from .sources import DiskArray, EdgeFiles, open_edges
 from .stats import edge_stats
 
-__all__ = ["Budget", "NpyArray", "NpyEdges", "edge_stats", "open_edges", "parse_size", "partition_files"]
+__all__ = ["Budget", "DiskArray", "EdgeFiles", "edge_stats", "open_edges", "parse_size", "partition_files"]

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .sources import NpyEdges
+from .sources import EdgeFiles
 
 __all__ = ["Block", "Buckets", "build_buckets"]
 
@@ -56,7 +56,7 @@ class Buckets:
             yield Block(int(self.bounds[i]), int(self.bounds[i + 1]), pairs[:, 0].copy(), pairs[:, 1].copy())
 
 
-def build_buckets(edges: NpyEdges, scratch: Path, chunk_edges: int, bucket_entries: int) -> Buckets:
+def build_buckets(edges: EdgeFiles, scratch: Path, chunk_edges: int, bucket_entries: int) -> Buckets:
     """Write the buckets of ``edges`` under ``scratch``: one pass for the degrees, one to
     scatter the entries, then each bucket sorted and de-duplicated in place."""
     n = edges.num_nodes

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -21,10 +22,10 @@ from ..rundir import lock_dir
 from .adjacency import build_buckets
 from .budget import Budget, parse_size
 from .multilevel import multilevel_partition
-from .sources import NpyArray, NpyEdges, open_edges
+from .sources import DiskArray, EdgeFiles, open_edges
 from .writer import PartWriter
 
-__all__ = ["MULTILEVEL", "default_memory_limit", "partition_files"]
+__all__ = ["MULTILEVEL", "default_memory_limit", "locked_scratch", "partition_files", "start_budget", "write_partition"]
 
 MULTILEVEL = "metis-multilevel"  # the manifest's method when METIS saw the coarsened graph
 SCRATCH_PREFIX = ".scratch-"
@@ -41,7 +42,7 @@ def default_memory_limit() -> int:
 
 
 def partition_files(
-    edges: NpyEdges | tuple[str | os.PathLike, str | os.PathLike],
+    edges: EdgeFiles | tuple[str | os.PathLike, str | os.PathLike],
     num_parts: int,
     out_dir: str | os.PathLike,
     node_data: dict[str, str | os.PathLike] | None = None,
@@ -72,46 +73,67 @@ def partition_files(
     the edge files, plus the node data once) go to ``scratch_dir``, by default a hidden
     folder in ``out_dir``, and are deleted at the end.
     """
-    if not isinstance(edges, NpyEdges):
+    if not isinstance(edges, EdgeFiles):
         if num_nodes is None:
             raise GraphError("partition_files((src, dst), ...) needs num_nodes=N (node ids are 0..N-1)")
         edges = open_edges(*edges, num_nodes)
+    budget = start_budget(num_parts, method, memory_limit)
+    arrays = _open_node_data(node_data or {}, edges.num_nodes)
+    budget.check_nodes(edges.num_nodes)
+    with locked_scratch(Path(out_dir), scratch_dir) as scratch:
+        return write_partition(edges, arrays, num_parts, Path(out_dir), scratch, budget, method=method, seed=seed,
+                               name=name, allow_nonfinite=allow_nonfinite, log=log)
+
+
+def start_budget(num_parts: int, method: str, memory_limit: int | str | None) -> Budget:
+    """The run's budget, after checking the arguments every entry point shares."""
     _check_num_parts(num_parts)
     if method not in METHODS:
         raise PartitionError(f"unknown partition method {method!r}; choose one of {', '.join(METHODS)}")
     limit = default_memory_limit() if memory_limit is None else parse_size(memory_limit) \
         if isinstance(memory_limit, str) else int(memory_limit)
-    budget = Budget.start(limit)
-    arrays = _open_node_data(node_data or {}, edges.num_nodes)
-    budget.check_nodes(edges.num_nodes)
-    out = Path(out_dir)
+    return Budget.start(limit)
+
+
+@contextlib.contextmanager
+def locked_scratch(out: Path, scratch_dir: str | os.PathLike | None) -> Iterator[Path]:
+    """``out`` locked for a partition run, and a scratch folder deleted at the end (a
+    killed run's scratch in ``out`` is deleted first: holding the lock says it is over)."""
     with lock_dir(out, "partition run"):
-        for stale in out.glob(f"{SCRATCH_PREFIX}*"):  # a killed run's; the lock says it is over
+        for stale in out.glob(f"{SCRATCH_PREFIX}*"):
             shutil.rmtree(stale, ignore_errors=True)
         scratch = Path(tempfile.mkdtemp(prefix=SCRATCH_PREFIX, dir=scratch_dir or out))
         try:
-            parts, recorded = _assign(edges, num_parts, method, seed, budget, scratch, log)
-            log(f"assigned: part sizes {np.bincount(parts, minlength=num_parts).tolist()}")
-            writer = PartWriter(edges, arrays, parts, num_parts, scratch, budget.chunk_edges, allow_nonfinite)
-            writer.scatter()
-            digest = _sha256(edges, arrays, budget.chunk_edges)
-            halos = writer.halo_sizes()
-
-            def manifest(infos: list[PartInfo]) -> Manifest:
-                return Manifest(
-                    num_parts=num_parts, num_nodes=edges.num_nodes, num_edges=edges.num_edges, method=recorded,
-                    seed=seed, name=name, parts=infos, halo_sizes=halos, edge_cut=writer.edge_cut,
-                    node_data=describe_node_data({k: _empty(a) for k, a in arrays.items()}), created=now(),
-                    graph_sha256=digest,
-                )
-
-            return write_locked(out, num_parts, writer.payloads(), manifest)
+            yield scratch
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
 
 
+def write_partition(
+    edges: EdgeFiles, arrays: dict[str, DiskArray], num_parts: int, out: Path, scratch: Path, budget: Budget, *,
+    method: str, seed: int, name: str, allow_nonfinite: bool, log: Callable[[str], None],
+) -> Manifest:
+    """Assign, scatter and write, ``out`` being locked by the caller (see :func:`partition_files`)."""
+    parts, recorded = _assign(edges, num_parts, method, seed, budget, scratch, log)
+    log(f"assigned: part sizes {np.bincount(parts, minlength=num_parts).tolist()}")
+    writer = PartWriter(edges, arrays, parts, num_parts, scratch, budget.chunk_edges, allow_nonfinite)
+    writer.scatter()
+    digest = _sha256(edges, arrays, budget.chunk_edges)
+    halos = writer.halo_sizes()
+
+    def manifest(infos: list[PartInfo]) -> Manifest:
+        return Manifest(
+            num_parts=num_parts, num_nodes=edges.num_nodes, num_edges=edges.num_edges, method=recorded,
+            seed=seed, name=name, parts=infos, halo_sizes=halos, edge_cut=writer.edge_cut,
+            node_data=describe_node_data({k: _empty(a) for k, a in arrays.items()}), created=now(),
+            graph_sha256=digest,
+        )
+
+    return write_locked(out, num_parts, writer.payloads(), manifest)
+
+
 def _assign(
-    edges: NpyEdges, num_parts: int, method: str, seed: int, budget: Budget, scratch: Path,
+    edges: EdgeFiles, num_parts: int, method: str, seed: int, budget: Budget, scratch: Path,
     log: Callable[[str], None],
 ) -> tuple[np.ndarray, str]:
     """Every node's part, and the method the manifest records."""
@@ -133,12 +155,12 @@ def _assign(
     return parts, MULTILEVEL
 
 
-def _open_node_data(paths: dict[str, str | os.PathLike], num_nodes: int) -> dict[str, NpyArray]:
+def _open_node_data(paths: dict[str, str | os.PathLike | DiskArray], num_nodes: int) -> dict[str, DiskArray]:
     arrays = {}
     for key, path in paths.items():
         if not isinstance(key, str) or not key.isidentifier():
             raise GraphError(f"node data names must be identifiers (x, y, train_mask), got {key!r}")
-        array = NpyArray.open(path)
+        array = path if isinstance(path, DiskArray) else DiskArray.npy(path)
         if not array.shape or array.rows != num_nodes:
             raise GraphError(
                 f"node data {key!r} ('{path}') has shape {array.shape} but the graph has {num_nodes} nodes; "
@@ -148,14 +170,14 @@ def _open_node_data(paths: dict[str, str | os.PathLike], num_nodes: int) -> dict
     return arrays
 
 
-def _empty(array: NpyArray) -> torch.Tensor:
+def _empty(array: DiskArray) -> torch.Tensor:
     """A zero-row tensor of ``array``'s dtype and trailing shape (for the manifest's record)."""
     return torch.from_numpy(np.empty((0, *array.shape[1:]), dtype=array.dtype))
 
 
-def _sha256(edges: NpyEdges, arrays: dict[str, NpyArray], chunk_edges: int) -> str:
+def _sha256(edges: EdgeFiles, arrays: dict[str, DiskArray], chunk_edges: int) -> str:
     """:func:`sarcompile.partitioning.graph_sha256` of the files, read once more in chunks."""
-    def rows(array: NpyArray):
+    def rows(array: DiskArray):
         return (torch.from_numpy(c) for _, c in array.chunks(max(1, chunk_edges * 8 // max(array.row_bytes, 1))))
 
     node_data = {k: (_empty(a).dtype, a.shape, rows(a)) for k, a in arrays.items()}

@@ -17,12 +17,13 @@ import numpy as np
 
 from ..errors import GraphError
 
-__all__ = ["NpyArray", "NpyEdges", "open_edges"]
+__all__ = ["DiskArray", "EdgeFiles", "open_edges"]
 
 
 @dataclass(frozen=True)
-class NpyArray:
-    """A C-ordered ``.npy`` file: its shape and dtype, and where its data starts."""
+class DiskArray:
+    """A C-ordered array stored in a file from byte ``offset`` on: a ``.npy`` file
+    (:meth:`npy`), or raw bytes another reader wrote or found inside a container."""
 
     path: Path
     shape: tuple[int, ...]
@@ -30,14 +31,16 @@ class NpyArray:
     offset: int
 
     @classmethod
-    def open(cls, path: str | os.PathLike) -> "NpyArray":
-        """Read the header of ``path``; a missing, non-``.npy`` or Fortran-ordered file
-        raises :class:`GraphError` saying so."""
+    def npy(cls, path: str | os.PathLike, start: int = 0) -> "DiskArray":
+        """Read the header of the ``.npy`` data at byte ``start`` of ``path`` (0: a ``.npy``
+        file; more: one stored inside a container); a missing, non-``.npy`` or
+        Fortran-ordered file raises :class:`GraphError` saying so."""
         path = Path(path)
         if not path.is_file():
             raise GraphError(f"array file '{path}' not found")
         try:
             with open(path, "rb") as f:
+                f.seek(start)
                 version = np.lib.format.read_magic(f)
                 read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else \
                     np.lib.format.read_array_header_2_0
@@ -79,11 +82,11 @@ class NpyArray:
 
 
 @dataclass(frozen=True)
-class NpyEdges:
+class EdgeFiles:
     """Edges ``src[i] -> dst[i]`` as two one-dimensional integer ``.npy`` files."""
 
-    src: NpyArray
-    dst: NpyArray
+    src: DiskArray
+    dst: DiskArray
     num_nodes: int
 
     @property
@@ -106,12 +109,12 @@ class NpyEdges:
             yield start, src, dst
 
 
-def open_edges(src: str | os.PathLike, dst: str | os.PathLike, num_nodes: int) -> NpyEdges:
+def open_edges(src: str | os.PathLike, dst: str | os.PathLike, num_nodes: int) -> EdgeFiles:
     """The edge arrays ``src`` and ``dst`` (``.npy``), checked: one-dimensional integers of
     one length, and ``num_nodes`` a non-negative integer."""
     if isinstance(num_nodes, bool) or not isinstance(num_nodes, int) or num_nodes < 0:
         raise GraphError(f"num_nodes must be an integer >= 0, got {num_nodes!r}")
-    arrays = NpyArray.open(src), NpyArray.open(dst)
+    arrays = DiskArray.npy(src), DiskArray.npy(dst)
     for a in arrays:
         if len(a.shape) != 1 or a.dtype.kind not in "iu":
             raise GraphError(f"'{a.path}' has shape {a.shape} and dtype {a.dtype}: an edge file holds "
@@ -119,4 +122,4 @@ def open_edges(src: str | os.PathLike, dst: str | os.PathLike, num_nodes: int) -
     if arrays[0].rows != arrays[1].rows:
         raise GraphError(f"'{arrays[0].path}' has {arrays[0].rows} edges but '{arrays[1].path}' has "
                          f"{arrays[1].rows}; src and dst must pair up")
-    return NpyEdges(*arrays, num_nodes)
+    return EdgeFiles(*arrays, num_nodes)

@@ -7,12 +7,12 @@ import numpy as np
 import torch
 
 from ..estimate import GraphStats
-from .sources import NpyEdges
+from .sources import EdgeFiles
 
 __all__ = ["edge_stats"]
 
 
-def edge_stats(edges: NpyEdges, chunk_edges: int = 1 << 22) -> GraphStats:
+def edge_stats(edges: EdgeFiles, chunk_edges: int = 1 << 22) -> GraphStats:
     """Sizes, self-loops and the out-degree histogram of ``edges``."""
     out_degree = np.zeros(edges.num_nodes, dtype=np.int64)
     loops = 0

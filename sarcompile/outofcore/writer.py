@@ -24,7 +24,7 @@ from ..errors import GraphError
 from ..partitioning import PartInfo
 from ..shard import PartData, local_rows
 from ..validate import check_node_data
-from .sources import NpyArray, NpyEdges
+from .sources import DiskArray, EdgeFiles
 
 __all__ = ["PartWriter"]
 
@@ -33,8 +33,8 @@ __all__ = ["PartWriter"]
 class PartWriter:
     """Scatters a graph by ``parts`` into ``scratch`` and then makes each part's saved dict."""
 
-    edges: NpyEdges
-    node_data: dict[str, NpyArray]
+    edges: EdgeFiles
+    node_data: dict[str, DiskArray]
     parts: np.ndarray  # the part of every node
     num_parts: int
     scratch: Path
@@ -72,7 +72,7 @@ class PartWriter:
                 _scatter(outs, dst_part, np.stack([eid, src, dst], axis=1))
         return cut
 
-    def _scatter_rows(self, key: str, array: NpyArray) -> None:
+    def _scatter_rows(self, key: str, array: DiskArray) -> None:
         rows = max(1, self.chunk_edges * 24 // max(array.row_bytes, 1))  # about one edge chunk's bytes
         with contextlib.ExitStack() as stack:
             outs = [stack.enter_context(open(self._rows_file(key, r), "wb")) for r in range(self.num_parts)]
@@ -127,7 +127,7 @@ class PartWriter:
             )
             yield part.to_dict(), lambda rank, info=info: info
 
-    def _read_rows(self, key: str, array: NpyArray, r: int) -> torch.Tensor:
+    def _read_rows(self, key: str, array: DiskArray, r: int) -> torch.Tensor:
         rows = np.fromfile(self._rows_file(key, r), dtype=array.dtype).reshape(self.counts[r], *array.shape[1:])
         return torch.from_numpy(rows)
 

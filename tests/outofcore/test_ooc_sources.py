@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from sarcompile.errors import GraphError
-from sarcompile.outofcore import NpyArray, open_edges
+from sarcompile.outofcore import DiskArray, open_edges
 
 
 @pytest.mark.parametrize("dtype", [np.int32, np.int64, np.float32, np.bool_])
@@ -14,7 +14,7 @@ from sarcompile.outofcore import NpyArray, open_edges
 def test_chunks_reassemble_the_array(tmp_path, dtype, shape):
     a = (np.arange(int(np.prod(shape))) % 5).astype(dtype).reshape(shape)
     np.save(tmp_path / "a.npy", a)
-    f = NpyArray.open(tmp_path / "a.npy")
+    f = DiskArray.npy(tmp_path / "a.npy")
     assert (f.shape, f.dtype) == (a.shape, a.dtype)
     for rows in (1, 3, 100):
         chunks = list(f.chunks(rows))
@@ -50,7 +50,7 @@ def _save(path, a, fortran=False):
 )
 def test_bad_array_files_are_named(tmp_path, make, message):
     with pytest.raises(GraphError, match=message):
-        NpyArray.open(make(tmp_path))
+        DiskArray.npy(make(tmp_path))
 
 
 def test_a_truncated_file_is_refused_before_reading(tmp_path):
@@ -58,7 +58,7 @@ def test_a_truncated_file_is_refused_before_reading(tmp_path):
     data = (tmp_path / "a.npy").read_bytes()
     (tmp_path / "a.npy").write_bytes(data[:-8])
     with pytest.raises(GraphError, match="truncated"):
-        NpyArray.open(tmp_path / "a.npy")
+        DiskArray.npy(tmp_path / "a.npy")
 
 
 @pytest.mark.parametrize(
