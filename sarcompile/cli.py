@@ -36,6 +36,7 @@ from .datasets import MAG, SUPPORTED, HeteroDataset, load_ogb, load_ogb_mag
 from .errors import DatasetError, GraphError, PartitionError, SarcompileError
 from .graph import Graph
 from .hetero import HeteroGraph
+from .outofcore.sources import csv_header
 from .partitioning import METHODS, partition, summary
 from .runtime import memory
 from .synthetic import MAG_SIZES, mag_like, mag_like_sizes
@@ -51,7 +52,9 @@ graph sources (exactly one):
                                NAME=FILE.npy (x, y, train_mask, ...). Read in chunks and
                                partitioned out of core within --memory-limit (the whole
                                process's peak RSS): METIS on the whole graph where that
-                               fits the limit, else on a graph coarsened out of core
+                               fits the limit, else on a graph coarsened out of core.
+                               An edge .csv with --num-nodes or --memory-limit is read so
+                               too
   --dataset NAME --root DIR    an OGB dataset read from DIR/NAME-with-_ (e.g. DIR/ogbn_arxiv/)
                                as OGB's zip extracts; never downloaded. Node data: x, y
                                (-1 = unlabelled), train_mask, val_mask, test_mask. With
@@ -340,7 +343,8 @@ def _partition(args: argparse.Namespace) -> int:
         raise PartitionError("--dgl-mapping applies only to --dgl-partition")
     args.method = args.method or "metis"
     args.seed = 0 if args.seed is None else args.seed
-    if args.edges is not None and "," in args.edges:
+    if args.edges is not None and ("," in args.edges or (args.edges.lower().endswith(".csv") and (
+            args.memory_limit is not None or args.num_nodes is not None))):
         return _partition_files(args)
     if args.dataset is not None and args.memory_limit is not None:
         return _partition_ogb(args)
@@ -374,10 +378,10 @@ def _partition_files(args: argparse.Namespace) -> int:
     from .outofcore.budget import peak_rss
 
     paths = args.edges.split(",")
-    if len(paths) != 2 or not all(paths):
+    if len(paths) > 2 or not all(paths):
         raise GraphError(f"--edges {args.edges}: give two .npy files, SRC.npy,DST.npy")
     if args.num_nodes is None:
-        raise GraphError("--edges SRC.npy,DST.npy needs --num-nodes N (node ids are 0..N-1)")
+        raise GraphError(f"--edges {args.edges} out of core needs --num-nodes N (node ids are 0..N-1)")
     given = [f"--{k}" for k in ("root", "symmetrize", "scale") if getattr(args, k) is not None]
     if given:
         raise DatasetError(f"{', '.join(given)} do not apply to --edges")
@@ -389,9 +393,9 @@ def _partition_files(args: argparse.Namespace) -> int:
         node_data[name] = path
     start = time.perf_counter()
     console = Console(stderr=True, highlight=False)
-    edges = open_edges(paths[0], paths[1], args.num_nodes)
+    edges = open_edges(paths[0], paths[1], args.num_nodes) if len(paths) == 2 else paths[0]  # or a CSV
     manifest = partition_files(
-        edges, args.parts, args.out, node_data, method=args.method, seed=args.seed,
+        edges, args.parts, args.out, node_data, num_nodes=args.num_nodes, method=args.method, seed=args.seed,
         name=args.name or Path(paths[0]).stem, memory_limit=args.memory_limit, scratch_dir=args.scratch,
         allow_nonfinite=args.allow_nonfinite,
         log=lambda line: console.print(f"[{time.perf_counter() - start:7.1f} s] {line}", markup=False),
@@ -599,13 +603,12 @@ def _num_nodes(
     return int(max(src.max(), dst.max())) + 1 if src.numel() else 0
 
 
-CSV_COLUMNS = ("src", "dst")
 
 
 def _read_csv(path: Path) -> tuple[torch.Tensor, torch.Tensor]:
     with open(path, encoding="utf-8-sig") as f:  # -sig: a byte-order mark is not part of the first name
         first = f.readline()
-    order = _csv_header(first, path)
+    order = csv_header(first, path)
     try:
         with warnings.catch_warnings():  # numpy warns on an empty file; we raise instead
             warnings.simplefilter("ignore", UserWarning)
@@ -623,26 +626,3 @@ def _read_csv(path: Path) -> tuple[torch.Tensor, torch.Tensor]:
     return edges[:, src].contiguous(), edges[:, dst].contiguous()
 
 
-def _csv_header(line: str, path: Path) -> list[str] | None:
-    """The column names of a header line (``src,dst`` in either order), or None for a line
-    of data. A line with a number in it is always data (``1e3,2`` is a bad edge, not a
-    header); a line of other words that are not src and dst is refused, since taking
-    its columns by position could swap the edges' directions."""
-    fields = [c.strip() for c in line.split(",")]
-    if not line.strip() or any(_is_number(c) for c in fields):
-        return None
-    names = [c.lower() for c in fields]
-    if sorted(names) == sorted(CSV_COLUMNS):
-        return names
-    raise GraphError(
-        f"'{path}': the header line {line.strip()!r} does not name the columns src and dst; "
-        "write the header as src,dst (or dst,src) or leave it out (the columns are then src,dst)"
-    )
-
-
-def _is_number(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True

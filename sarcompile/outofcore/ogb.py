@@ -21,11 +21,12 @@ from pathlib import Path
 
 import numpy as np
 
-from ..datasets import SPLIT_OF_MASK, _check_files, _labels, _mask, _meta, _read_split
+from ..datasets import SPLIT_OF_MASK, _check_files, _mask, _meta, _read_split
 from ..errors import DatasetError
 from ..partitioning import Manifest
 from .adjacency import build_buckets
 from .partition import locked_scratch, start_budget, write_partition
+from .convert import ScratchWriter, read_csv
 from .sources import DiskArray, EdgeFiles
 
 __all__ = ["StreamedDataset", "partition_ogb", "stream_ogb"]
@@ -69,7 +70,7 @@ def stream_ogb(name: str, root: str | Path, scratch: Path, chunk_rows: int, symm
     binary = meta["binary"] == "True"
     _check_files(name, folder, meta, _raw_files(binary))
     raw = folder / "raw"
-    writer = _Writer(scratch, chunk_rows)
+    writer = ScratchWriter(scratch, chunk_rows)
     if binary:
         n = int(_npz_array(raw / "data.npz", "num_nodes_list", scratch).read(0, 1)[0])
         edge_index = _npz_array(raw / "data.npz", "edge_index", scratch)
@@ -79,15 +80,15 @@ def stream_ogb(name: str, root: str | Path, scratch: Path, chunk_rows: int, symm
         labels = _chunks(_npz_array(raw / "node-label.npz", "node_label", scratch), chunk_rows)
     else:
         n = int(np.loadtxt(raw / "num-node-list.csv.gz", dtype=np.int64, ndmin=1)[0])
-        pairs = _csv(raw / "edge.csv.gz", np.int64, chunk_rows)
+        pairs = read_csv(raw / "edge.csv.gz", np.int64, chunk_rows)
         if meta["add_inverse_edge"] == "True":  # ogb interleaves: each edge, then its reverse
             pairs = (np.repeat(p, 2, axis=0) for p in pairs)
             pairs = (np.where(np.arange(len(p))[:, None] % 2 == 1, p[:, ::-1], p) for p in pairs)
         src, dst = writer.edges(pairs)
         width = _csv_width(raw / "node-feat.csv.gz")
         # As ogb does: parsed as float64, then float32.
-        x = writer.convert("x", _csv(raw / "node-feat.csv.gz", np.float64, _rows(chunk_rows, 8 * width)), np.float32)
-        labels = _csv(raw / "node-label.csv.gz", np.float64, chunk_rows)
+        x = writer.convert("x", read_csv(raw / "node-feat.csv.gz", np.float64, _rows(chunk_rows, 8 * width)), np.float32)
+        labels = read_csv(raw / "node-label.csv.gz", np.float64, chunk_rows)
     if x.rows != n:
         raise DatasetError(f"{name}: expected node features with {n} rows, got {x.rows}")
     y = writer.labels(labels, name)
@@ -117,43 +118,7 @@ def _raw_files(binary: bool) -> Callable[[Path, dict[str, str]], list[Path]]:
     return needed
 
 
-class _Writer:
-    """Raw binary files in ``scratch``, appended a chunk at a time."""
-
-    def __init__(self, scratch: Path, chunk_rows: int):
-        self.scratch, self.chunk_rows = scratch, chunk_rows
-
-    def convert(self, key: str, chunks: Iterator, dtype: type) -> DiskArray:
-        path, rows, shape = self.scratch / f"{key}.bin", 0, ()
-        with open(path, "wb") as f:
-            for chunk in chunks:
-                np.ascontiguousarray(chunk, dtype=dtype).tofile(f)
-                rows, shape = rows + len(chunk), chunk.shape[1:]
-        return DiskArray(path, (rows, *shape), np.dtype(dtype), 0)
-
-    def labels(self, chunks: Iterator, name: str) -> DiskArray:
-        def checked():
-            first = 0
-            for chunk in chunks:
-                yield _labels(chunk.reshape(len(chunk), -1), len(chunk), name, first).numpy()
-                first += len(chunk)
-        return self.convert("y", checked(), np.int64)
-
-    def edges(self, pairs: Iterator[np.ndarray]) -> tuple[DiskArray, DiskArray]:
-        paths = self.scratch / "src.bin", self.scratch / "dst.bin"
-        count = 0
-        with open(paths[0], "wb") as fs, open(paths[1], "wb") as fd:
-            for p in pairs:
-                np.ascontiguousarray(p[:, 0]).tofile(fs)
-                np.ascontiguousarray(p[:, 1]).tofile(fd)
-                count += len(p)
-        return tuple(DiskArray(path, (count,), np.dtype(np.int64), 0) for path in paths)
-
-    def array(self, key: str, values: np.ndarray) -> DiskArray:
-        return self.convert(key, iter([values]), values.dtype.type)
-
-
-def _symmetrized(edges: EdgeFiles, writer: _Writer) -> EdgeFiles:
+def _symmetrized(edges: EdgeFiles, writer: ScratchWriter) -> EdgeFiles:
     """Both directions of every edge, each pair once, sorted by (src, dst), self-loops as
     given: the adjacency buckets (which drop self-loops) with the loops merged back."""
     n = edges.num_nodes
@@ -200,18 +165,6 @@ def _npz_array(path: Path, key: str, scratch: Path) -> DiskArray:
     except (zipfile.BadZipFile, KeyError, OSError) as e:
         raise DatasetError(f"cannot read {key!r} from '{path}' ({type(e).__name__}: {e}); re-extract OGB's zip") \
             from None
-
-
-def _csv(path: Path, dtype: type, chunk_rows: int) -> Iterator[np.ndarray]:
-    """The rows of one of OGB's headerless gzip CSVs, ``chunk_rows`` at a time."""
-    import pandas as pd  # an ogb dependency
-
-    try:
-        with pd.read_csv(path, header=None, dtype=dtype, chunksize=chunk_rows, compression="gzip") as reader:
-            for frame in reader:
-                yield frame.to_numpy()
-    except (ValueError, OSError, pd.errors.ParserError) as e:
-        raise DatasetError(f"cannot read '{path}' ({type(e).__name__}: {e}); re-extract OGB's zip") from None
 
 
 def _rows(chunk_rows: int, row_bytes: int) -> int:

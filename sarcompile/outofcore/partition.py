@@ -21,6 +21,7 @@ from ..partitioning import (
 from ..rundir import lock_dir
 from .adjacency import build_buckets
 from .budget import Budget, parse_size
+from .convert import ScratchWriter, csv_edges
 from .multilevel import multilevel_partition
 from .sources import DiskArray, EdgeFiles, open_edges
 from .writer import PartWriter
@@ -42,7 +43,7 @@ def default_memory_limit() -> int:
 
 
 def partition_files(
-    edges: EdgeFiles | tuple[str | os.PathLike, str | os.PathLike],
+    edges: EdgeFiles | tuple[str | os.PathLike, str | os.PathLike] | str | os.PathLike,
     num_parts: int,
     out_dir: str | os.PathLike,
     node_data: dict[str, str | os.PathLike] | None = None,
@@ -60,7 +61,9 @@ def partition_files(
     ``node_data`` (name -> path) into ``num_parts`` part files under ``out_dir``, holding
     at most ``memory_limit`` bytes of resident memory (the whole process, e.g. ``"8GiB"``;
     default: 3/4 of what is available). ``edges`` is a pair of ``.npy`` paths (source and
-    destination ids, with ``num_nodes``) or what :func:`.sources.open_edges` returns::
+    destination ids), the path of an edge CSV (two integer columns, optionally under a
+    ``src,dst`` header; converted in chunks), both with ``num_nodes``, or what
+    :func:`.sources.open_edges` returns::
 
         sc.partition_files(("src.npy", "dst.npy"), 8, "parts8", {"x": "x.npy", "y": "y.npy"},
                            num_nodes=1_000_000, memory_limit="1GiB")
@@ -73,14 +76,17 @@ def partition_files(
     the edge files, plus the node data once) go to ``scratch_dir``, by default a hidden
     folder in ``out_dir``, and are deleted at the end.
     """
-    if not isinstance(edges, EdgeFiles):
-        if num_nodes is None:
-            raise GraphError("partition_files((src, dst), ...) needs num_nodes=N (node ids are 0..N-1)")
+    if not isinstance(edges, EdgeFiles) and num_nodes is None:
+        raise GraphError("partition_files(edge files, ...) needs num_nodes=N (node ids are 0..N-1)")
+    if isinstance(edges, tuple):
         edges = open_edges(*edges, num_nodes)
+    n = edges.num_nodes if isinstance(edges, EdgeFiles) else num_nodes
     budget = start_budget(num_parts, method, memory_limit)
-    arrays = _open_node_data(node_data or {}, edges.num_nodes)
-    budget.check_nodes(edges.num_nodes)
+    arrays = _open_node_data(node_data or {}, n)
+    budget.check_nodes(n)
     with locked_scratch(Path(out_dir), scratch_dir) as scratch:
+        if not isinstance(edges, EdgeFiles):
+            edges = csv_edges(edges, n, ScratchWriter(scratch, budget.chunk_edges))
         return write_partition(edges, arrays, num_parts, Path(out_dir), scratch, budget, method=method, seed=seed,
                                name=name, allow_nonfinite=allow_nonfinite, log=log)
 

@@ -17,7 +17,9 @@ import numpy as np
 
 from ..errors import GraphError
 
-__all__ = ["DiskArray", "EdgeFiles", "open_edges"]
+__all__ = ["CSV_COLUMNS", "DiskArray", "EdgeFiles", "csv_header", "open_edges"]
+
+CSV_COLUMNS = ("src", "dst")
 
 
 @dataclass(frozen=True)
@@ -123,3 +125,28 @@ def open_edges(src: str | os.PathLike, dst: str | os.PathLike, num_nodes: int) -
         raise GraphError(f"'{arrays[0].path}' has {arrays[0].rows} edges but '{arrays[1].path}' has "
                          f"{arrays[1].rows}; src and dst must pair up")
     return EdgeFiles(*arrays, num_nodes)
+
+
+def csv_header(line: str, path: Path) -> list[str] | None:
+    """The column names of an edge CSV's header line (``src,dst`` in either order), or None
+    for a line of data. A line with a number in it is always data (``1e3,2`` is a bad
+    edge, not a header); a line of other words that are not src and dst is refused, since
+    taking its columns by position could swap the edges' directions."""
+    fields = [c.strip() for c in line.split(",")]
+    if not line.strip() or any(_is_number(c) for c in fields):
+        return None
+    names = [c.lower() for c in fields]
+    if sorted(names) == sorted(CSV_COLUMNS):
+        return names
+    raise GraphError(
+        f"'{path}': the header line {line.strip()!r} does not name the columns src and dst; "
+        "write the header as src,dst (or dst,src) or leave it out (the columns are then src,dst)"
+    )
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True

@@ -220,3 +220,20 @@ def test_peak_rss_stays_under_the_limit(tmp_path):
     method, limit, peak = done.stdout.split()
     assert method == MULTILEVEL
     assert int(peak) <= int(limit), (int(peak) / 2**20, int(limit) / 2**20)
+
+
+@pytest.mark.parametrize("header", ["", "src,dst\n", "dst,src\n"])
+def test_a_csv_edge_file_partitions_as_its_arrays(tmp_path, header, capsys):
+    rng = np.random.default_rng(1)
+    src, dst = rng.integers(0, 50, 300), rng.integers(0, 50, 300)
+    cols = (dst, src) if header.startswith("dst") else (src, dst)
+    (tmp_path / "g.csv").write_text(header + "".join(f"{a},{b}\n" for a, b in zip(*cols)))
+    np.save(tmp_path / "s.npy", src), np.save(tmp_path / "d.npy", dst)
+    sc.partition_files((tmp_path / "s.npy", tmp_path / "d.npy"), 3, tmp_path / "npy", num_nodes=50)
+    argv = ["partition", "--edges", str(tmp_path / "g.csv"), "--num-nodes", "50", "--parts", "3",
+            "--memory-limit", "4GiB", "--out", str(tmp_path / "csv")]
+    assert main(argv) == 0
+    assert_same_directory(tmp_path / "csv", tmp_path / "npy")
+    (tmp_path / "bad.csv").write_text("src,dst\n1,2\n3,x\n")
+    with pytest.raises(GraphError, match="is not a CSV of integer src,dst pairs"):
+        sc.partition_files(tmp_path / "bad.csv", 2, tmp_path / "bad", num_nodes=5)
