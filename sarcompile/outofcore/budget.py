@@ -25,7 +25,7 @@ CHUNK_EDGE_BYTES = 160  # per streamed edge: the chunk, both directions, keys an
 BUCKET_ENTRY_BYTES = 96  # per adjacency entry of a loaded bucket: two ids, key, unique's sort
 METIS_ENTRY_BYTES = 72  # per coarse adjacency entry: CSR and weights (24) + METIS itself (~40, measured)
 METIS_NODE_BYTES = 640  # per coarse node in METIS (measured 380-630 on 200k-1M node graphs)
-IN_MEMORY_EDGE_BYTES = 240  # today's path per edge: src, dst, the symmetric CSR's unique, METIS
+IN_MEMORY_EDGE_BYTES = 300  # today's path per edge: src, dst, the symmetric CSR's unique, METIS (~250 measured)
 
 
 def parse_size(text: str) -> int:

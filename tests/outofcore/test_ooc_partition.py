@@ -204,22 +204,26 @@ def test_cli_two_arrays_and_node_data(sbm, tmp_path, capsys):
 
 
 def test_peak_rss_stays_under_the_limit(tmp_path):
-    """The whole process, torch included, in a fresh interpreter: 200k nodes and 2M edges
-    within a limit that forces coarsening."""
+    """The whole process, torch included, in a fresh interpreter, 200k nodes and 2M edges:
+    within a limit that forces coarsening, then within the least limit that lets METIS
+    take the whole graph."""
     g = write_sbm(tmp_path, num_nodes=200_000, avg_degree=10, num_blocks=8, p_in=0.9, seed=3)
     script = textwrap.dedent(f"""
-        from sarcompile.outofcore import open_edges, partition_files
-        from sarcompile.outofcore.budget import current_rss, peak_rss
-        limit = current_rss() + 160 * 2**20
-        m = partition_files(open_edges({str(g.files['src'])!r}, {str(g.files['dst'])!r}, 200_000), 8,
-                            {str(tmp_path / 'parts')!r}, memory_limit=limit)
-        print(m.method, limit, peak_rss())
+        from sarcompile.outofcore import budget, open_edges, partition_files
+        edges = open_edges({str(g.files['src'])!r}, {str(g.files['dst'])!r}, 200_000)
+        tight = budget.current_rss() + 160 * 2**20
+        m = partition_files(edges, 8, {str(tmp_path / 'a')!r}, memory_limit=tight)
+        print(m.method, tight, budget.peak_rss())
+        whole = (budget.current_rss() + budget.MARGIN + 2**20 + 200_000 * (budget.NODE_BYTES + budget.METIS_NODE_BYTES)
+                 + edges.num_edges * budget.IN_MEMORY_EDGE_BYTES)
+        m = partition_files(edges, 8, {str(tmp_path / 'b')!r}, memory_limit=whole)
+        print(m.method, whole, budget.peak_rss())
     """)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
-    method, limit, peak = done.stdout.split()
-    assert method == MULTILEVEL
-    assert int(peak) <= int(limit), (int(peak) / 2**20, int(limit) / 2**20)
+    (method, limit, peak), (method2, limit2, peak2) = (line.split() for line in done.stdout.splitlines())
+    assert method == MULTILEVEL and int(peak) <= int(limit), (int(peak) / 2**20, int(limit) / 2**20)
+    assert method2 == "metis" and int(peak2) <= int(limit2), (int(peak2) / 2**20, int(limit2) / 2**20)
 
 
 @pytest.mark.parametrize("header", ["", "src,dst\n", "dst,src\n"])
