@@ -65,7 +65,7 @@ class Budget:
     baseline: int
 
     @classmethod
-    def start(cls, limit: int) -> "Budget":
+    def start(cls, limit: int) -> Budget:
         return cls(limit, current_rss())
 
     @property

@@ -63,7 +63,7 @@ def read_csv(path: Path, dtype: type, chunk_rows: int) -> Iterator[np.ndarray]:
         raise DatasetError(f"cannot read '{path}' ({type(e).__name__}: {e}); re-extract OGB's zip") from None
 
 
-def csv_edges(path: str | Path, num_nodes: int, writer: "ScratchWriter") -> EdgeFiles:
+def csv_edges(path: str | Path, num_nodes: int, writer: ScratchWriter) -> EdgeFiles:
     """The edges of a CSV edge file (two integer columns; an optional header names them
     ``src,dst`` or ``dst,src``), converted a chunk at a time."""
     import pandas as pd

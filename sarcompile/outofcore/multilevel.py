@@ -107,7 +107,7 @@ def refine(blocks: Callable[[], Iterable[Block]], parts: np.ndarray, num_parts: 
             break
 
 
-def _move(block: Block, group: np.ndarray, sizes: np.ndarray, cap: int, vw: np.ndarray, choose: "Chooser") -> int:
+def _move(block: Block, group: np.ndarray, sizes: np.ndarray, cap: int, vw: np.ndarray, choose: Chooser) -> int:
     """Move the block's nodes, a slice at a time, to their best group; how many moved."""
     slice_of = (block.a * 0x9E3779B1 >> 7) % SLICES  # a hash: slices mix the node-id order
     order = np.argsort(slice_of, kind="stable")

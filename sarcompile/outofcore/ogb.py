@@ -25,8 +25,8 @@ from ..datasets import SPLIT_OF_MASK, _check_files, _mask, _meta, _read_split
 from ..errors import DatasetError
 from ..partitioning import Manifest
 from .adjacency import build_buckets
-from .partition import locked_scratch, start_budget, write_partition
 from .convert import ScratchWriter, read_csv
+from .partition import locked_scratch, start_budget, write_partition
 from .sources import DiskArray, EdgeFiles
 
 __all__ = ["StreamedDataset", "partition_ogb", "stream_ogb"]

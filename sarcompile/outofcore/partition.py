@@ -15,7 +15,14 @@ import torch
 from ..errors import GraphError, PartitionError
 from ..graph import Graph
 from ..partitioning import (
-    METHODS, Manifest, PartInfo, _check_num_parts, assign, chunked_graph_sha256, describe_node_data, now,
+    METHODS,
+    Manifest,
+    PartInfo,
+    _check_num_parts,
+    assign,
+    chunked_graph_sha256,
+    describe_node_data,
+    now,
     write_locked,
 )
 from ..rundir import lock_dir

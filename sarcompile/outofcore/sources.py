@@ -33,7 +33,7 @@ class DiskArray:
     offset: int
 
     @classmethod
-    def npy(cls, path: str | os.PathLike, start: int = 0) -> "DiskArray":
+    def npy(cls, path: str | os.PathLike, start: int = 0) -> DiskArray:
         """Read the header of the ``.npy`` data at byte ``start`` of ``path`` (0: a ``.npy``
         file; more: one stored inside a container); a missing, non-``.npy`` or
         Fortran-ordered file raises :class:`GraphError` saying so."""

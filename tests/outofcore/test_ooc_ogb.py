@@ -6,14 +6,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from test_datasets import write_ogbn_arxiv, write_ogbn_papers100m, write_ogbn_products
+from test_ooc_partition import assert_same_directory
 
 import sarcompile as sc
 from sarcompile.cli import main
 from sarcompile.errors import DatasetError
 from sarcompile.outofcore.ogb import partition_ogb
-
-from test_datasets import write_ogbn_arxiv, write_ogbn_papers100m, write_ogbn_products
-from test_ooc_partition import assert_same_directory
 
 WRITERS = {"ogbn-arxiv": write_ogbn_arxiv, "ogbn-products": write_ogbn_products,
            "ogbn-papers100M": write_ogbn_papers100m}
@@ -25,7 +24,7 @@ def test_same_directory_as_load_ogb(tmp_path, name, symmetrize):
     WRITERS[name](tmp_path / "ogb")
     ds = sc.load_ogb(name, tmp_path / "ogb", symmetrize=symmetrize)
     sc.partition(ds.graph, 3, tmp_path / "mem", node_data=ds.node_data, name=name)
-    manifest, streamed = partition_ogb(name, tmp_path / "ogb", 3, tmp_path / "ooc", symmetrize=symmetrize,
+    _, streamed = partition_ogb(name, tmp_path / "ogb", 3, tmp_path / "ooc", symmetrize=symmetrize,
                                        memory_limit="4GiB")
     assert (streamed.num_classes, streamed.symmetrized) == (ds.num_classes, ds.symmetrized)
     assert_same_directory(tmp_path / "ooc", tmp_path / "mem")

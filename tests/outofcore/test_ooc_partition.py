@@ -13,6 +13,8 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_ooc_multilevel import edge_lists
+from train_jobs import curve, run_train, train_job
 
 import sarcompile as sc
 from sarcompile.cli import main
@@ -23,9 +25,6 @@ from sarcompile.outofcore.partition import MULTILEVEL
 from sarcompile.partitioning import read_manifest, read_part
 from sarcompile.rundir import lock_dir
 from sarcompile.synthetic_stream import write_sbm
-from train_jobs import curve, run_train, train_job
-
-from test_ooc_multilevel import edge_lists
 
 
 def _write(d, n, src, dst, node_data):

@@ -7,14 +7,13 @@ import numpy as np
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
+from test_ooc_multilevel import edge_lists
 
 import sarcompile as sc
 from sarcompile.cli import main
 from sarcompile.estimate import GraphStats
 from sarcompile.outofcore import edge_stats, open_edges
 from sarcompile.train import GNN
-
-from test_ooc_multilevel import edge_lists
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
