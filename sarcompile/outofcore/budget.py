@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 import resource
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..errors import PartitionError
 
@@ -20,7 +20,9 @@ _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 
           "t": 10**12, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 
 MARGIN = 64 * 2**20  # the allocator's free lists and fragmentation, Python objects
-NODE_BYTES = 64  # per node: part and local row (int64 each), labels, sizes, weights, degrees
+# Per node, held through a run: labels, cluster sizes and weights, parts, local rows and
+# their sort (int64 each), degrees; measured 240-260 bytes at 4M-16M nodes.
+NODE_BYTES = 256
 CHUNK_EDGE_BYTES = 160  # per streamed edge: the chunk, both directions, keys and sort temporaries
 BUCKET_ENTRY_BYTES = 96  # per adjacency entry of a loaded bucket: two ids, key, unique's sort
 METIS_ENTRY_BYTES = 72  # per coarse adjacency entry: CSR and weights (24) + METIS itself (~40, measured)
@@ -59,34 +61,43 @@ def peak_rss() -> int:
 @dataclass(frozen=True)
 class Budget:
     """What a partition run may hold: ``limit`` bytes of peak RSS, of which ``baseline``
-    were resident when it started."""
+    were resident when it started, and arrays of :data:`NODE_BYTES` for each of
+    ``num_nodes`` nodes held throughout (0 until :meth:`for_nodes` is called)."""
 
     limit: int
     baseline: int
+    num_nodes: int = 0
 
     @classmethod
-    def start(cls, limit: int) -> Budget:
+    def start(cls, limit: int) -> "Budget":
         return cls(limit, current_rss())
 
     @property
-    def work(self) -> int:
-        """Bytes the passes may hold at once."""
+    def total(self) -> int:
+        """Bytes above the baseline and the margin."""
         return self.limit - self.baseline - MARGIN
 
-    def check_nodes(self, num_nodes: int, extra_per_node: int = 0) -> None:
-        """Refuse a limit that cannot even hold the per-node arrays, saying how much would."""
-        need = num_nodes * (NODE_BYTES + extra_per_node)
-        if need > self.work // 2:
-            least = self.baseline + MARGIN + 2 * need
+    @property
+    def work(self) -> int:
+        """Bytes a pass may hold at once beside the per-node arrays."""
+        return self.total - self.num_nodes * NODE_BYTES
+
+    def for_nodes(self, num_nodes: int) -> "Budget":
+        """This budget with the per-node arrays of ``num_nodes`` nodes reserved; a limit that
+        leaves the passes less than a quarter is refused, saying how much would do."""
+        budget = replace(self, num_nodes=num_nodes)
+        if budget.work < self.total // 4:
+            least = self.baseline + MARGIN + num_nodes * NODE_BYTES * 4 // 3
             raise PartitionError(
                 f"a memory limit of {_mib(self.limit)} is too small for {num_nodes} nodes: this process "
-                f"already holds {_mib(self.baseline)} and the per-node arrays need {_mib(need)}; "
+                f"already holds {_mib(self.baseline)} and the per-node arrays need {_mib(num_nodes * NODE_BYTES)}; "
                 f"give --memory-limit at least {_mib(least)}"
             )
+        return budget
 
     @property
     def chunk_edges(self) -> int:
-        """Edges per streamed chunk: a quarter of the budget (node arrays hold the rest)."""
+        """Edges per streamed chunk."""
         return _clamp(self.work // 4 // CHUNK_EDGE_BYTES, 1 << 12, 1 << 24)
 
     @property
@@ -96,7 +107,7 @@ class Budget:
 
     @property
     def metis_entries(self) -> int:
-        """Adjacency entries of the largest graph METIS is given (half the budget, with its nodes)."""
+        """Adjacency entries of the largest graph METIS is given (half the passes' share, with its nodes)."""
         return max(self.work // 2 // METIS_ENTRY_BYTES, 1 << 10)
 
     def metis_fits(self, num_nodes: int, entries: int) -> bool:
@@ -105,7 +116,7 @@ class Budget:
     def in_memory_fits(self, num_nodes: int, num_edges: int) -> bool:
         """Whether today's whole-graph METIS (load everything, :func:`sarcompile.partitioning.assign`)
         fits: then the out-of-core run gives exactly its assignment."""
-        return num_nodes * (NODE_BYTES + METIS_NODE_BYTES) + num_edges * IN_MEMORY_EDGE_BYTES <= self.work
+        return num_nodes * (NODE_BYTES + METIS_NODE_BYTES) + num_edges * IN_MEMORY_EDGE_BYTES <= self.total
 
 
 def _clamp(value: int, low: int, high: int) -> int:

@@ -55,7 +55,7 @@ def partition_ogb(
     budget = start_budget(num_parts, method, memory_limit)
     with locked_scratch(Path(out_dir), scratch_dir) as scratch:
         ds = stream_ogb(name, root, scratch, budget.chunk_edges, symmetrize, log)
-        budget.check_nodes(ds.edges.num_nodes)
+        budget = budget.for_nodes(ds.edges.num_nodes)
         manifest = write_partition(ds.edges, ds.node_data, num_parts, Path(out_dir), scratch, budget, method=method,
                                    seed=seed, name=name, allow_nonfinite=False, log=log)
     return manifest, ds

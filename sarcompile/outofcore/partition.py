@@ -90,7 +90,7 @@ def partition_files(
     n = edges.num_nodes if isinstance(edges, EdgeFiles) else num_nodes
     budget = start_budget(num_parts, method, memory_limit)
     arrays = _open_node_data(node_data or {}, n)
-    budget.check_nodes(n)
+    budget = budget.for_nodes(n)
     with locked_scratch(Path(out_dir), scratch_dir) as scratch:
         if not isinstance(edges, EdgeFiles):
             edges = csv_edges(edges, n, ScratchWriter(scratch, budget.chunk_edges))

@@ -25,6 +25,6 @@ def test_the_budget_grows_with_the_limit_and_refuses_too_little_for_the_nodes():
     assert small.chunk_edges < large.chunk_edges and small.bucket_entries < large.bucket_entries
     assert small.metis_entries < large.metis_entries
     assert large.in_memory_fits(10**5, 10**6) and not small.in_memory_fits(10**5, 10**6)
-    small.check_nodes(10**5)
+    assert small.for_nodes(10**5).chunk_edges < small.chunk_edges  # the nodes' arrays come first
     with pytest.raises(PartitionError, match=r"give --memory-limit at least \d+ MiB"):
-        small.check_nodes(10**7)
+        small.for_nodes(10**6)
