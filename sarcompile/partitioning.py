@@ -557,7 +557,8 @@ def load_partition(
     if manifest.num_parts != world_size:
         raise PartitionError(
             f"partition '{out_dir}' has {manifest.num_parts} parts but this run has {world_size} workers: "
-            f"start torchrun with --nproc-per-node {manifest.num_parts}, or repartition with --parts {world_size}"
+            f"start {manifest.num_parts} workers in all (torchrun's --nnodes x --nproc-per-node), "
+            f"or repartition with --parts {world_size}"
         )
     if not 0 <= rank < world_size:
         raise PartitionError(f"rank {rank} is outside [0, {world_size})")
