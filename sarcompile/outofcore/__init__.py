@@ -5,7 +5,9 @@ and the part files are written one at a time.
 The parts are the same files :func:`sarcompile.partition` writes (same manifest, checksums
 and validation), and :func:`sarcompile.load_partition` reads them as it reads any part.
 
-* :mod:`.sources` -- ``.npy`` and CSV readers that hand out chunks, never whole arrays;
+* :mod:`.sources` -- arrays on disk (``.npy`` files, raw scratch files) read a chunk at a time;
+* :mod:`.convert` -- edge CSVs and other text or container formats turned into such files;
+* :mod:`.ogb` -- OGB's homogeneous datasets from their raw files (``--dataset ... --memory-limit``);
 * :mod:`.budget` -- a memory limit turned into chunk, bucket and coarse-graph sizes;
 * :mod:`.adjacency` -- the undirected simple graph as on-disk buckets of whole adjacency lists;
 * :mod:`.multilevel` -- label-propagation coarsening, METIS on the coarse graph, projection
