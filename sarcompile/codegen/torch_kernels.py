@@ -99,11 +99,9 @@ def spmm_t(block: Block, g: torch.Tensor, weight: torch.Tensor | None, out: torc
     ``out`` (``[num_src, ...]``, a strided view is fine) when given. ``transposed``: a
     weight per edge given in the block's CSC order already (kept by the caller)."""
     block = block.on(g.device)
-    if transposed:
-        flat = _csr_mm(block.sparse_t(weight, g.dtype, permuted=True), _flat(g), None if out is None else out.flatten(1))
-        return out if out is not None else flat if g.dim() == 2 else flat.reshape(block.num_src, *g.shape[1:])
-    if _scalar_weight(weight):
-        flat = _csr_mm(block.sparse_t(weight, g.dtype), _flat(g), None if out is None else out.flatten(1))
+    if transposed or _scalar_weight(weight):  # (a weight in CSC order is one per edge)
+        flat = _csr_mm(block.sparse_t(weight, g.dtype, permuted=transposed), _flat(g),
+                       None if out is None else out.flatten(1))
         return out if out is not None else flat if g.dim() == 2 else flat.reshape(block.num_src, *g.shape[1:])
     if _per_head(weight, g):
         return _heads(lambda k, o: _csr_mm(block.sparse_t(weight[:, k], g.dtype), g[:, k], o),
