@@ -19,6 +19,9 @@ directory that refuses to load rather than one that mixes two partitionings. A p
 run locks the directory (``.lock``, see :mod:`sarcompile.rundir`), so a second one on the
 same directory is refused, and deletes the temporary files a killed run left there.
 
+A worker memory-maps its part file (copy-on-write): the edge lists are read once into
+its shard and unmapped, and only the node rows it uses become resident.
+
 Node data is checked when it is partitioned and again when a part is loaded
 (:mod:`sarcompile.validate`): features ``x`` floating point ``[nodes, features]`` and
 finite, labels ``y`` integers, masks boolean. The manifest records ``graph_sha256``, a
@@ -564,17 +567,21 @@ def load_partition(
         raise PartitionError(f"rank {rank} is outside [0, {world_size})")
     if manifest.typed:
         return typed.load(out_dir, manifest, rank, allow_nonfinite)
-    part = read_part(out_dir, manifest, rank)
-    check_node_data(
-        part.node_data, ids=part.global_ids, allow_nonfinite=allow_nonfinite, error=PartitionError,
-        where=f"part file '{Path(out_dir) / manifest.parts[rank].file}': node_data",
-        fix="re-run partition with corrected node data",
-    )
+    part = read_part(out_dir, manifest, rank, mmap=True)
     graph = ShardGraph.from_part(part, rank, world_size, manifest.num_nodes, manifest.num_edges)
-    node_data, global_ids = part.node_data, part.global_ids
-    del part  # the file's edge lists: the shard's blocks replace them
+    # The part file is mapped, not read: a worker's pages are only those it touches. Its
+    # edge lists were touched to build the shard, which holds copies; dropping every
+    # tensor of that mapping unmaps them. The node data comes from a second mapping of
+    # the same (already checked) file, so only its node-data pages become resident.
+    path = Path(out_dir) / manifest.parts[rank].file
+    del part
+    node_data = _as_part(_load_part(path, mmap=True), path).node_data
+    check_node_data(
+        node_data, ids=graph.global_ids, allow_nonfinite=allow_nonfinite, error=PartitionError,
+        where=f"part file '{path}': node_data", fix="re-run partition with corrected node data",
+    )
     release_free()
-    return Partition(graph, node_data, global_ids, rank, manifest)
+    return Partition(graph, node_data, graph.global_ids, rank, manifest)
 
 
 def load_whole_graph(out_dir: str | os.PathLike) -> tuple[Graph | HeteroGraph, dict[str, Any]]:
@@ -598,15 +605,18 @@ def load_whole_graph(out_dir: str | os.PathLike) -> tuple[Graph | HeteroGraph, d
     return Graph(src, dst, manifest.num_nodes), node_data
 
 
-def read_part(out_dir: str | os.PathLike, manifest: Manifest, rank: int) -> PartData:
-    """Part ``rank``, after checking it exists and matches the manifest's checksum and halos."""
-    path, saved = read_part_file(out_dir, manifest, rank)
+def read_part(out_dir: str | os.PathLike, manifest: Manifest, rank: int, mmap: bool = False) -> PartData:
+    """Part ``rank``, after checking it exists and matches the manifest's checksum and halos.
+    With ``mmap``, its tensors are copy-on-write views of the mapped file."""
+    path, saved = read_part_file(out_dir, manifest, rank, mmap)
     part = _as_part(saved, path)
     _check_halos(part, manifest.halo_sizes, rank, path)
     return part
 
 
-def read_part_file(out_dir: str | os.PathLike, manifest: Manifest, rank: int) -> tuple[Path, dict]:
+def read_part_file(
+    out_dir: str | os.PathLike, manifest: Manifest, rank: int, mmap: bool = False,
+) -> tuple[Path, dict]:
     """The path and saved contents of part ``rank``'s file, after checking it exists and
     matches the manifest's checksum."""
     info = manifest.parts[rank]
@@ -618,14 +628,18 @@ def read_part_file(out_dir: str | os.PathLike, manifest: Manifest, rank: int) ->
             f"part file '{path}' does not match the manifest's checksum: "
             "file corrupt or from another partitioning; re-run partition"
         )
+    return path, _load_part(path, mmap)
+
+
+def _load_part(path: Path, mmap: bool) -> dict:
     try:
         # weights_only (in every torch >= 2.2 this package supports) refuses arbitrary pickles.
-        saved = torch.load(path, map_location="cpu", weights_only=True)
+        saved = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except Exception as e:  # unpickling raises many types; every one means the same here
         raise PartitionError(f"cannot read part file '{path}' ({type(e).__name__}: {e}); re-run partition") from None
     if not isinstance(saved, dict):
         raise PartitionError(f"part file '{path}' holds a {type(saved).__name__}, not a part; re-run partition")
-    return path, saved
+    return saved
 
 
 def _as_part(saved: dict, path: Path) -> PartData:

@@ -179,9 +179,14 @@ class ShardGraph:
         src_global_ids: torch.Tensor | None = None,
     ) -> "ShardGraph":
         """The shard of ``part``; ``src_global_ids``: for a bipartite relation, the global
-        ids of the source type's local rows (in that type's numbering)."""
-        n = part.global_ids.numel()
-        local_src = part.global_ids if src_global_ids is None else src_global_ids
+        ids of the source type's local rows (in that type's numbering).
+
+        The shard holds copies, never views, of ``part``'s tensors: a part read from a
+        memory-mapped file can then be unmapped, and the edge pages read to build the shard
+        leave the worker's resident set with it."""
+        global_ids = part.global_ids.clone()
+        n = global_ids.numel()
+        local_src = global_ids if src_global_ids is None else src_global_ids
         # Shard order: edges sorted by (source part, destination), stable within.
         order = torch.sort(part.edge_src_part * max(n, 1) + part.edge_dst_local, stable=True).indices
         src_part = part.edge_src_part[order]
@@ -200,8 +205,8 @@ class ShardGraph:
             indptr = torch.cat([torch.zeros(1, dtype=torch.long), torch.cumsum(counts, 0)])
             blocks.append(Block(indptr, col.reshape(-1), num_src, src_gids))
         return cls(
-            rank, world_size, part.global_ids, blocks, part.send_index, part.edge_ids[order], num_global_nodes,
-            num_global_edges, src_global_ids,
+            rank, world_size, global_ids, blocks, [rows.clone() for rows in part.send_index], part.edge_ids[order],
+            num_global_nodes, num_global_edges, src_global_ids,
         )
 
     # -- the Graph-like surface models use ---------------------------------------------------

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -139,6 +140,76 @@ def test_training_on_a_coarsened_partition_gives_the_one_process_curve(pool, coa
     single = run_train(pool, 1, ["--parts", str(one), "--out", str(tmp_path / "r1"), *argv])
     for a, b in zip(two[0], single, strict=True):
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-5, abs=1e-6), (two[0], single)
+
+
+_WATCHED: list[Path] = []  # the directory a pool worker's audit hook records opens under, while a job runs
+_OPENED: set[str] = set()
+
+
+def _record_open(event: str, args: tuple) -> None:
+    if event == "open" and _WATCHED and isinstance(args[0], (str, os.PathLike)):
+        path = Path(args[0]).resolve()
+        if path.parent == _WATCHED[0]:
+            _OPENED.add(path.name)
+
+
+def _mapped_bytes(directory: Path) -> dict[str, int]:
+    """Resident bytes of each file of ``directory`` this process has mapped, from /proc/self/smaps."""
+    resident: dict[str, int] = {}
+    name = None
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()
+        if "-" in head[0] and len(head) >= 5:  # a mapping's first line: address range, ..., path
+            name = Path(head[5]).name if len(head) > 5 and Path(head[5]).parent == directory else None
+        elif name is not None and head[0] == "Rss:":
+            resident[name] = resident.get(name, 0) + int(head[1]) * 1024
+    return resident
+
+
+def pages_job(rank: int, world_size: int, argv: list[str]) -> dict:
+    """Runs on a pool worker: trains with ``argv`` and reports the files of the partition
+    directory this process opened, and the resident bytes of each file it had mapped
+    while it trained (after the first step)."""
+    import sarcompile.train as trainer
+
+    directory = Path(argv[argv.index("--parts") + 1]).resolve()
+    step, mapped = trainer._train_step, {}
+
+    def counted_step(*args):
+        loss = step(*args)
+        mapped.update(mapped or _mapped_bytes(directory))
+        return loss
+
+    if not _WATCHED:
+        sys.addaudithook(_record_open)  # hooks cannot be removed: _WATCHED turns it off between jobs
+    _WATCHED[:] = [directory]
+    _OPENED.clear()
+    trainer._train_step = counted_step
+    try:
+        records = trainer.train(argv)
+    finally:
+        trainer._train_step, _WATCHED[:] = step, []
+    return {"epochs": len(records), "opened": sorted(_OPENED), "mapped": mapped}
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="counts pages from Linux's /proc/self/smaps")
+def test_each_rank_maps_only_its_own_rows(pool, coarsened, tmp_path):
+    """Both ranks train from one shared directory: each opens the manifest and its own part
+    file only, and the part file's pages resident while it trains are its node rows
+    (features, labels, masks), not the file's edge lists, which the shard copied."""
+    out, m = coarsened
+    argv = ["--parts", str(out), "--out", str(tmp_path / "run"), "--hidden", "8", "--epochs", "1", "--no-progress"]
+    got = pool(2).run(pages_job, [argv] * 2)
+    for r, seen in enumerate(got):
+        own = m.parts[r].file
+        assert seen["epochs"] == 1
+        assert seen["opened"] == sorted(["manifest.json", own]), seen
+        assert list(seen["mapped"]) == [own], seen
+        node_bytes = sum(t.numel() * t.element_size() for t in read_part(out, m, r).node_data.values())
+        # A fault on a file mapping also maps the cached pages around it (Linux's fault-around,
+        # 64 KiB by default): allow that much on either side of each node tensor.
+        assert 0 < seen["mapped"][own] <= node_bytes + 2 * 64 * 1024 * len(m.node_data), (seen, node_bytes)
+        assert seen["mapped"][own] < (out / own).stat().st_size / 3, seen  # the edge lists are most of the file
 
 
 def test_bad_node_data_is_refused_before_anything_is_written(sbm, coarsened, tmp_path):
