@@ -45,13 +45,20 @@ class SarTracer(fx.Tracer):
     def __init__(self, graph_input: int | str | None = None, layouts: tuple[ArgLayout, ...] = (),
                  tables: Mapping[str, Input] | None = None):
         super().__init__()
-        self.record_stack_traces = True  # the residency pass names the user's line it refuses
         self.graph_input = graph_input
         self.layouts = layouts  # a call with dicts or a typed graph: one placeholder per leaf
         self.tables = dict(tables or {})  # node tables (parameter name -> its input): inputs, not get_attr
         self._table_proxies: dict[str, fx.Proxy] = {}
         self.helpers: list[str] = []  # modules added to the root while tracing, see add_helper_module
         self._swapped: list[tuple[dict, str, Any]] = []  # (module globals, name, original), see _swap_functions
+
+    def create_node(self, *args, **kwargs) -> fx.Node:
+        node = super().create_node(*args, **kwargs)
+        # Where in the user's code the node comes from, for the residency pass to name the
+        # line it refuses. fx's own record_stack_traces would symbolize a whole stack per
+        # node, and its first use imports torch._dynamo: a second on every fresh compile.
+        node.meta["user_frame"] = user_frame(sys._getframe(1))
+        return node
 
     def trace(self, root, concrete_args=None):
         try:
@@ -523,3 +530,25 @@ def user_line(error: BaseException) -> str:
         return ""
     f = frames[-1]
     return f", at {Path(f.filename).name}:{f.lineno}: `{(f.line or '').strip()}`"
+
+
+# -- where a node comes from -----------------------------------------------------------------
+# As the interpreter spells code files (the paths modules were imported from), with the
+# separator: torch_geometric's files are not torch's.
+_TORCH = os.path.dirname(torch.__file__) + os.sep
+_OURS = os.path.dirname(__file__) + os.sep
+_TRACER = __file__  # the tracer's own frames name no line of code
+
+
+def user_frame(frame: Any) -> tuple[str, int] | None:
+    """``(file, line)`` of the innermost frame from ``frame`` outward that is outside torch
+    and sarcompile (outside torch and this tracer, if there is none), or None."""
+    ours = None
+    while frame is not None:
+        file = frame.f_code.co_filename
+        if not file.startswith(_TORCH) and file != _TRACER:
+            if not file.startswith(_OURS):
+                return file, frame.f_lineno
+            ours = ours or (file, frame.f_lineno)
+        frame = frame.f_back
+    return ours

@@ -68,8 +68,8 @@ from __future__ import annotations
 import builtins
 import inspect
 import itertools
+import linecache
 import operator
-import os
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -217,25 +217,14 @@ def _name_of(node: fx.Node) -> str | None:
     return None
 
 
-# -- where a node comes from -----------------------------------------------------------------
-# (with the separator: torch_geometric's files are not torch's)
-_TORCH = str(Path(torch.__file__).resolve().parent) + os.sep
-_OURS = str(Path(__file__).resolve().parents[1]) + os.sep
-_TRACER = str(Path(__file__).resolve().parents[1] / "trace.py")  # the tracer's own frames name no line of code
-
-
 def _source_line(node: fx.Node) -> str:
-    """``file.py:12: `code``` for the innermost frame of the node's stack trace outside
-    torch and sarcompile (outside torch if there is none), or ''."""
-    trace = node.meta.get("stack_trace") or ""
-    frames = re.findall(r'File "([^"]+)", line (\d+), in [^\n]*\n\s*([^\n]*)', trace)
-    outside_torch = [f for f in frames if not str(Path(f[0]).resolve()).startswith(_TORCH)
-                     and str(Path(f[0]).resolve()) != _TRACER]
-    user = [f for f in outside_torch if not str(Path(f[0]).resolve()).startswith(_OURS)] or outside_torch
-    if not user:
+    """``file.py:12: `code``` of the user's line the node was traced from (see
+    :func:`sarcompile.trace.user_frame`), or ''."""
+    where = node.meta.get("user_frame")
+    if where is None:
         return ""
-    file, line, code = user[-1]
-    return f"{Path(file).name}:{line}: `{code.strip()}`"
+    file, line = where
+    return f"{Path(file).name}:{line}: `{linecache.getline(file, line).strip()}`"
 
 
 def _layer(node: fx.Node, gm: fx.GraphModule | None) -> str:
