@@ -281,6 +281,7 @@ def _plan(args: argparse.Namespace) -> int:
     model = distribute(_load_factory(args.model)(**kwargs), mode=args.mode)
     plan = model.plan(args.parts, optimizer=args.optimizer)
     print(plan)
+    print(plan.compile_summary())
     if args.stage:
         print(f"\nprogram after {args.stage}:\n{plan.stage(args.stage)}")
     if args.show_kernels:

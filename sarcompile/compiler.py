@@ -22,6 +22,7 @@ import functools
 import inspect
 import os
 import re
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,6 +70,7 @@ class Program:
     stages: list[tuple[str, str]] = field(default_factory=list)
     # Node tables (sarcompile.tables) the program takes after the call's inputs, in order.
     tables: tuple[str, ...] = ()
+    seconds: dict[str, float] = field(default_factory=dict)  # wall time of tracing and of each pass
 
     def inputs(self, model: nn.Module, call: "CallShape", args: tuple, kwargs: dict) -> tuple:
         """What the program is called with for ``model(*args, **kwargs)``."""
@@ -241,6 +243,7 @@ def compile_program(model: nn.Module, options: CompileOptions, partitioned: bool
     inputs = dict(call.inputs)
     typed = next((layout for layout in call.layouts if layout.kind == "typed"), None)
     tables = {} if typed is None else find_node_tables(model, dict(zip(typed.node_types, typed.node_counts)))
+    start = time.perf_counter()
     gm = trace(model, call.graph_input, call.none_inputs, inputs, call.layouts,
                {path: table_input(model.get_parameter(path), t) for path, t in tables.items()})
     for node in gm.graph.nodes:  # what the residency pass starts from
@@ -249,6 +252,7 @@ def compile_program(model: nn.Module, options: CompileOptions, partitioned: bool
         if node.op == "placeholder" and name in inputs:
             node.meta["input"] = inputs[name]
     stages = [("trace", gm.code)]
+    seconds = {"trace": time.perf_counter() - start}
     check = functools.partial(residency, distributed=partitioned)
     # node_tables runs only where a typed model holds node tables, so one-type plans read as before
     passes = [("node_tables", node_tables)] if tables else []
@@ -258,10 +262,12 @@ def compile_program(model: nn.Module, options: CompileOptions, partitioned: bool
     passes += [("kernels", kernels), ("inplace", inplace), ("linear_groups", linear_groups), ("accumulate", accumulate),
                ("head_dot", head_dot)]
     for name, run in passes:
+        start = time.perf_counter()
         gm = run(gm, options)
+        seconds[name] = time.perf_counter() - start
         stages.append((name, listing(gm) if run is check else gm.code))
     order = tuple(n.meta["table"] for n in gm.graph.nodes if n.op == "placeholder" and "table" in n.meta)
-    return Program(gm, stages, order)
+    return Program(gm, stages, order, seconds)
 
 
 def _example_features(source: Any) -> torch.Tensor | dict[str, torch.Tensor]:
@@ -409,7 +415,8 @@ class DistributedModule(nn.Module):
         buffers = {k: v.clone() for k, v in self._orig.named_buffers()}
         try:
             return build_plan(
-                type(self._orig).__name__, self._options.mode, program.module, program.stages, workers, x, optimizer
+                type(self._orig).__name__, self._options.mode, program.module, program.stages, workers, x, optimizer,
+                program.seconds,
             )
         finally:
             with torch.no_grad():

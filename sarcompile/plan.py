@@ -20,6 +20,7 @@ counters; the workspace of the kernels is a documented approximation.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -101,6 +102,10 @@ class Plan:
     kernels: list[Kernel] = field(default_factory=list)  # generated kernels, per op and role
     warnings: list[str] = field(default_factory=list)  # e.g. stale or compressed attention
     tables: list[NodeTable] = field(default_factory=list)  # node tables held per worker (typed graphs)
+    # Wall seconds of compiling: tracing, each pass, and "plan" (probing the program for
+    # this plan's sizes). A program compiled once serves later plans and calls: its stages
+    # keep the times of that compile.
+    compile_seconds: dict[str, float] = field(default_factory=dict)
 
     def memory_estimate(self) -> list[MemoryEstimate]:
         """Per worker: ``peak_bytes`` and a ``breakdown`` into node_data (the part's
@@ -115,6 +120,14 @@ class Plan:
         ``staleness`` or ``bounded_staleness``, link_cache (the remote blocks each such op
         keeps between iterations). With ``compress``, traffic is counted as sent (packed)."""
         return list(self.estimates)
+
+    def compile_summary(self) -> str:
+        """One line: the compile's wall time in all and its slowest stages."""
+        if not self.compile_seconds:
+            return "compile time not recorded"
+        slowest = sorted(self.compile_seconds.items(), key=lambda kv: -kv[1])[:4]
+        return (f"compiled in {sum(self.compile_seconds.values()):.2f} s ("
+                + ", ".join(f"{name} {t:.3f} s" for name, t in slowest) + ", ...)")
 
     def forward_bytes(self, rank: int) -> int:
         """Bytes worker ``rank`` receives in one forward pass."""
@@ -369,9 +382,12 @@ def build_plan(
     workers: list[WorkerStats] | list[TypedWorkerStats],
     x: torch.Tensor | dict[str, torch.Tensor] | None,
     optimizer: Any = None,
+    compile_seconds: dict[str, float] | None = None,
 ) -> Plan:
     """The plan of the partitioned program ``gm`` for workers of the given sizes; ``x``
-    the example features (per node type, for a program over a typed graph)."""
+    the example features (per node type, for a program over a typed graph);
+    ``compile_seconds`` the program's compile times by stage, to which the plan adds its own."""
+    start = time.perf_counter()
     probe = _Probe(gm)
     shape = probe_for(gm, x)
     args = shape.inputs()
@@ -435,7 +451,8 @@ def build_plan(
     warned = [node.meta["comm_warning"] for node in gm.graph.nodes if "comm_warning" in node.meta]
     tables = [NodeTable(path, ntype, row, [w.nodes.get(ntype, 0) * row for w in workers])
               for path, ntype, row in shape.tables]
-    return Plan(model_name, mode, n, workers, ops, list(stages), estimates, kernels, warned, tables)
+    seconds = {**(compile_seconds or {}), "plan": time.perf_counter() - start}
+    return Plan(model_name, mode, n, workers, ops, list(stages), estimates, kernels, warned, tables, seconds)
 
 
 def _layer(node: fx.Node) -> str:

@@ -64,6 +64,16 @@ def test_stages_are_readable_python():
         plan.stage("codegen")
 
 
+def test_compile_seconds_name_every_stage_and_the_plan():
+    plan = sc.distribute(Small()).plan(_graph(), 2, x=torch.zeros(1, 8), method="contiguous")
+    assert list(plan.compile_seconds) == [s for s, _ in plan.stages] + ["plan"]
+    assert all(t > 0 for t in plan.compile_seconds.values())
+    line = plan.compile_summary()
+    assert line.startswith(f"compiled in {sum(plan.compile_seconds.values()):.2f} s (")
+    slowest = max(plan.compile_seconds, key=plan.compile_seconds.get)
+    assert f"{slowest} {plan.compile_seconds[slowest]:.3f} s" in line
+
+
 def test_to_dot_lists_every_op_in_order():
     plan = sc.distribute(Small()).plan(_graph(), 2, x=torch.zeros(1, 8), method="contiguous")
     dot = plan.to_dot()
