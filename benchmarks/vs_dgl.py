@@ -14,7 +14,8 @@ process, in the project's DGL environment: scripts/dgl_env.sh) and in sarcompile
 plain process for N=1, torchrun for N>1), one after the other. Every run is its own
 process (benchmarks/vs_dgl_worker.py) and reports the peak resident size above its floor
 (after the imports and torch's lazy optimizer imports) and the median epoch; sarcompile's
-runs add a measured memory ledger per worker and the plan's estimate. Prints the table with
+runs add a measured memory ledger per worker, the plan's estimate, and a time ledger of the
+step (computing, waiting on the exchange, all-reduces, the optimizer). Prints the table with
 ratios to DGL's one process; writes benchmarks/results/vs_dgl.json and vs_dgl.png.
 
 By default no allocator variables are set: this is the environment a user has (where
@@ -223,6 +224,23 @@ def ledger(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
+def time_ledger(rows: list[dict]) -> str:
+    """Where each sarcompile run's slowest worker's step went (medians over the timed steps):
+    computing, blocked on the halo exchange, in all-reduces, in the optimizer."""
+    out = ["| model | malloc | workers | step (s) | compute | waiting on the exchange | all-reduce | optimizer |",
+           "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for r in rows:
+        if r["engine"] != "sarcompile" or "time_ledger" not in r["per_worker"][0]:
+            continue
+        w = max(r["per_worker"], key=lambda w: w["epoch_s"])
+        t = w["time_ledger"]
+        total = sum(t.values())
+        cells = " | ".join(f"{t[k]:.2f} ({100 * t[k] / total:.0f}%)" for k in
+                           ("compute", "exchange_wait", "allreduce", "optimizer"))
+        out.append(f"| {r['model']} | {r['allocator']} | {r['workers']} | {total:.2f} | {cells} |")
+    return "\n".join(out)
+
+
 def plot(rows: list[dict], path: Path) -> None:
     import matplotlib
 
@@ -284,6 +302,7 @@ def main() -> None:
     plot(rows, out.with_suffix(".png"))
     print(table(rows))
     print(ledger(rows))
+    print(time_ledger(rows))
     print(f"wrote {out} and {out.with_suffix('.png')}")
 
 

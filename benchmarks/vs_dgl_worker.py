@@ -231,11 +231,13 @@ def run_sarcompile(a) -> list[dict]:
 
     import sarcompile as sc
     from sarcompile.partitioning import read_manifest
+    from sarcompile.runtime.comm import stats
 
     rank, world = sc.init()
     floor = floor_bytes()
-    code_floor = status_bytes("RssFile")
     part = sc.load_partition(a.parts)
+    # after loading: the part file is mapped, and its node rows are file-backed pages too
+    code_floor = status_bytes("RssFile")
     manifest = read_manifest(a.parts)
     typed = manifest.typed
     data = part.node_data["paper"] if typed else part.node_data
@@ -253,7 +255,11 @@ def run_sarcompile(a) -> list[dict]:
         saved["ids"].setdefault(t.untyped_storage().data_ptr(), t.untyped_storage().nbytes())
         return t
 
+    ledgers = []  # per step: seconds computing, waiting on the exchange, in all-reduces, in the optimizer
+
     def step() -> float:
+        start = time.perf_counter()
+        stats.reset()
         opt.zero_grad()
         saved["ids"] = {}
         with torch.autograd.graph.saved_tensors_hooks(count_saved, lambda t: t):
@@ -262,10 +268,17 @@ def run_sarcompile(a) -> list[dict]:
         loss = torch.nn.functional.cross_entropy(out, y, reduction="sum") / total
         loss.backward()
         sc.sync_gradients(model)
+        stepped = time.perf_counter()
         opt.step()
+        done = time.perf_counter()
+        wait, reduce = stats.waited.get("exchange", 0.0), stats.waited.get("allreduce", 0.0)
+        ledgers.append({"compute": stepped - start - wait - reduce, "exchange_wait": wait, "allreduce": reduce,
+                        "optimizer": done - stepped})
         return float(sc.global_sum(loss.detach()))
 
     times, losses = _train(step, a.epochs)
+    steady = ledgers[1:]  # the warm-up step left out, as from the times
+    time_ledger = {k: statistics.median(d[k] for d in steady) for k in steady[0]}
     params = list(model.parameters())
     state = [t for s in opt.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
     shards = list(part.graph.relations.values()) if typed else [part.graph]
@@ -285,7 +298,8 @@ def run_sarcompile(a) -> list[dict]:
     mine = {"engine": "sarcompile", "rank": rank, "world": world, "floor_bytes": floor,
             "peak_above_floor_bytes": status_bytes("VmHWM") - floor, "epoch_s": statistics.median(times),
             "losses": losses, "threads": torch.get_num_threads(), "torch": torch.__version__,
-            "ledger": ledger, "estimate": {"peak_bytes": estimate.peak_bytes, **estimate.breakdown},
+            "ledger": ledger, "time_ledger": time_ledger,
+            "estimate": {"peak_bytes": estimate.peak_bytes, **estimate.breakdown},
             "num_nodes": manifest.num_nodes}
     everyone = [mine]
     if world > 1:

@@ -135,6 +135,10 @@ COMPRESS = Compression.values()
 # three are always logged, the others only when some worker sent or received something.
 PHASES = ("forward", "backward", "allreduce", "batch_norm")
 ALWAYS_LOGGED = PHASES[:3]
+# The time ledger of a training step, per worker (the log's "time" field, in seconds):
+# computing, blocked on the halo exchange, in all-reduces (the slowest worker's lateness
+# included), and in the optimizer's step. They add up to the step's wall time.
+TIME_LEDGER = ("compute", "exchange_wait", "allreduce", "optimizer")
 FORMAT = 1
 NEGATED = ("error_feedback", "progress")  # options set by a --no-... flag
 CHECKPOINT_TIMEOUT_ENV = "SARCOMPILE_CHECKPOINT_TIMEOUT"
@@ -802,18 +806,22 @@ def _train(cfg: TrainConfig, rank: int, world_size: int, manifest, target: str |
         for epoch in range(start + 1, cfg.epochs + 1):
             t0 = time.perf_counter()
             stats.reset()
-            loss = _train_step(model, opt, part.graph, x, y, masks["train_mask"], num_train)
+            loss, optimizer_s = _train_step(model, opt, part.graph, x, y, masks["train_mask"], num_train)
             train_s = time.perf_counter() - t0
-            traffic = _comm_row(rank, world_size)  # read before evaluating: its traffic is not training's
+            # read before evaluating: its traffic and waits are not training's
+            traffic, times = _comm_row(rank, world_size), _time_row(rank, world_size, train_s, optimizer_s)
             counts = _counts(model, part.graph, x, y, masks)
-            # One all-reduce per epoch: the loss, the accuracy counts and every rank's traffic.
-            summed = global_sum(torch.cat([loss.to(torch.float64).reshape(1), counts, traffic.reshape(-1)]))
-            n = 1 + counts.numel()
+            # One all-reduce per epoch: the loss, the accuracy counts, every rank's traffic and time ledger.
+            summed = global_sum(torch.cat([loss.to(torch.float64).reshape(1), counts, traffic.reshape(-1),
+                                           times.reshape(-1)]))
+            n, m = 1 + counts.numel(), 1 + counts.numel() + traffic.numel()
             rec = {"epoch": epoch, "loss": float(summed[0]), **_accuracies(summed[1:n])}
             if not (cfg.allow_nonfinite or math.isfinite(rec["loss"])):  # the same sum on every rank
                 raise TrainingError(_nonfinite_loss_message(epoch, rec["loss"], ckpt_path, saved))
             rec.update(epoch_s=round(time.perf_counter() - t0, 4), train_s=round(train_s, 4), world_size=world_size)
-            rec["comm"] = _comm_record(summed[n:].reshape(traffic.shape))
+            rec["comm"] = _comm_record(summed[n:m].reshape(traffic.shape))
+            rec["time"] = {k: [round(float(v), 4) for v in summed[m:].reshape(times.shape)[:, i]]
+                           for i, k in enumerate(TIME_LEDGER)}
             records.append(rec)
             if log is not None:
                 log.write(json.dumps(rec) + "\n")
@@ -867,8 +875,9 @@ def _model_fields(cfg: TrainConfig, manifest, target: str | None, x) -> dict[str
     }
 
 
-def _train_step(model, opt, graph, x, y, mask, num_train: int) -> torch.Tensor:
-    """One full-batch step; returns this worker's share of the global mean loss."""
+def _train_step(model, opt, graph, x, y, mask, num_train: int) -> tuple[torch.Tensor, float]:
+    """One full-batch step; returns this worker's share of the global mean loss, and the
+    seconds the optimizer's step took."""
     opt.zero_grad()
     out = model(graph, x)
     loss = F.cross_entropy(out[mask], y[mask], reduction="sum") / num_train
@@ -880,8 +889,9 @@ def _train_step(model, opt, graph, x, y, mask, num_train: int) -> torch.Tensor:
         if p.grad is None and table_type(p) is not None:
             p.grad = torch.zeros_like(p)
     sync_gradients(model)  # each worker holds its nodes' share of the gradient: sum them
+    start = time.perf_counter()
     opt.step()
-    return loss.detach()
+    return loss.detach(), time.perf_counter() - start
 
 
 def _check_layer_paths(net: nn.Module, paths: list[str] | None) -> None:
@@ -920,6 +930,16 @@ def _comm_row(rank: int, world_size: int) -> torch.Tensor:
     received = [stats.received.get(p, 0) for p in PHASES]
     table = torch.zeros(world_size, 2 * len(PHASES), dtype=torch.float64)
     table[rank] = torch.tensor(sent + received, dtype=torch.float64)
+    return table
+
+
+def _time_row(rank: int, world_size: int, step_s: float, optimizer_s: float) -> torch.Tensor:
+    """This worker's time ledger of a step of ``step_s`` seconds (see TIME_LEDGER), from the
+    waits counted since ``stats.reset()``, in row ``rank`` of a zero ``[world_size, 4]``
+    float64 tensor, gathered as :func:`_comm_row`'s."""
+    wait, reduce = stats.waited.get("exchange", 0.0), stats.waited.get("allreduce", 0.0)
+    table = torch.zeros(world_size, len(TIME_LEDGER), dtype=torch.float64)
+    table[rank] = torch.tensor([step_s - wait - reduce - optimizer_s, wait, reduce, optimizer_s], dtype=torch.float64)
     return table
 
 
@@ -970,6 +990,8 @@ def _report(records: list[dict[str, Any]], probe: MemoryProbe, rank: int, world_
         print(f"worker {r}: peak {mem[r, 0]:.0f} MiB above the imports (plan's estimate {mem[r, 1]:.0f} MiB), "
               f"+{mem[r, 2]:.0f} MiB during training", flush=True)
     print(f"allocator: {_allocator_line()}", flush=True)
+    for r in range(world_size):
+        print(f"worker {r}: per epoch {_time_line(records, r)}", flush=True)
     if world_size > 1:  # one worker communicates nothing
         for r in range(world_size):
             print(f"worker {r}: per epoch {_traffic_line(records, r)}", flush=True)
@@ -986,6 +1008,22 @@ def _allocator_line() -> str:
     hint = "LD_PRELOAD=$(sarcompile allocator) before torchrun" if find_allocator() else \
         "install tcmalloc and LD_PRELOAD=$(sarcompile allocator)"
     return f"glibc's malloc (it keeps freed memory in heap holes; {hint} for less memory, see README)"
+
+
+def _time_line(records: list[dict[str, Any]], rank: int) -> str:
+    """The median training step of ``rank`` and its time ledger's median parts (the first
+    epoch, which warms caches and allocates the optimizer's state, left out when there are others)."""
+    steady = records[1:] or records
+
+    def median(values: list[float]) -> float:
+        return sorted(values)[len(values) // 2]
+
+    step = median([sum(rec["time"][k][rank] for k in TIME_LEDGER) for rec in steady])  # the rank's own step
+    parts = {k: median([rec["time"][k][rank] for rec in steady]) for k in TIME_LEDGER}
+    share = lambda k: f" ({100 * parts[k] / step:.0f}%)" if step > 0 else ""
+    return (f"step {step:.2f} s: compute {parts['compute']:.2f} s, waiting on the exchange "
+            f"{parts['exchange_wait']:.2f} s{share('exchange_wait')}, all-reduce {parts['allreduce']:.2f} s"
+            f"{share('allreduce')}, optimizer {parts['optimizer']:.2f} s")
 
 
 def _traffic_line(records: list[dict[str, Any]], rank: int) -> str:

@@ -357,8 +357,13 @@ def test_cli_under_torchrun(parts, tmp_path):
     log = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
     assert [r["epoch"] for r in log] == [1, 2, 3, 4]
     assert set(log[0]) == {"epoch", "loss", "train_acc", "val_acc", "test_acc", "epoch_s", "train_s", "world_size",
-                           "comm"}
+                           "comm", "time"}
     assert all(r["world_size"] == 2 for r in log)
+    for r in log:  # the time ledger: rank 0's parts add up to its step, every part of every rank counted
+        assert list(r["time"]) == ["compute", "exchange_wait", "allreduce", "optimizer"]
+        assert all(len(ranks) == 2 and min(ranks) >= 0 for ranks in r["time"].values())
+        assert min(r["time"]["compute"]) > 0 and min(r["time"]["exchange_wait"]) > 0
+        assert sum(part[0] for part in r["time"].values()) == pytest.approx(r["train_s"], abs=1e-3)
     assert all(set(r["comm"]["sent"]) >= {"forward", "backward", "allreduce"} for r in log)
     assert all(len(r["comm"]["sent"]["forward"]) == 2 and min(r["comm"]["sent"]["forward"]) > 0 for r in log)
     assert f"loss {log[-1]['loss']:.6f}" in epochs[-1]
@@ -366,6 +371,8 @@ def test_cli_under_torchrun(parts, tmp_path):
     assert f"test_acc {log[-1]['test_acc']:.4f}" in final
     assert sum(line.startswith(("worker 0: peak ", "worker 1: peak ")) and "plan's estimate" in line for line in lines) == 2
     assert any(line.startswith(f"allocator: {active_allocator()}") for line in lines)  # the workers' malloc
+    ledger = [line for line in lines if line.startswith(("worker 0: per epoch step ", "worker 1: per epoch step "))]
+    assert len(ledger) == 2 and all("waiting on the exchange" in line and "optimizer" in line for line in ledger)
     traffic = [line for line in lines if line.startswith(("worker 0: per epoch sent fwd", "worker 1: per epoch sent fwd"))]
     assert len(traffic) == 2 and all("; received fwd" in line and "allreduce" in line for line in traffic)
     assert "epoch" in done.stderr  # the progress bar

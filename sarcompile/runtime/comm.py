@@ -21,6 +21,7 @@ import os
 import socket
 import struct
 import sys
+import time
 import weakref
 from collections import defaultdict, deque
 from collections.abc import Callable
@@ -260,7 +261,7 @@ def shutdown() -> None:
         return
     if dist.get_world_size() > 1:
         try:
-            _wait([dist.barrier(async_op=True)], "shutdown")
+            _wait([dist.barrier(async_op=True)], "shutdown", "shutdown")
         except CommError:
             pass  # a peer is already gone: nothing left to wait for
     failure.stop()
@@ -270,14 +271,20 @@ def shutdown() -> None:
 # -- accounting ---------------------------------------------------------------------------
 @dataclass
 class CommStats:
-    """Bytes sent and received by this worker, per phase (forward, backward, allreduce)."""
+    """Bytes sent and received by this worker, per phase (forward, backward, allreduce),
+    and the seconds it spent blocked on the others, per kind of wait: ``exchange`` (halo
+    rows and their gradients, while nothing else is left to compute) and ``allreduce``
+    (collectives: gradients, loss, counts; the time the slowest worker takes to get there
+    included)."""
 
     sent: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     received: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    waited: dict[str, float] = field(default_factory=lambda: defaultdict(float))
 
     def reset(self) -> None:
         self.sent.clear()
         self.received.clear()
+        self.waited.clear()
 
     def as_dict(self) -> dict[str, dict[str, int]]:
         return {"sent": dict(self.sent), "received": dict(self.received)}
@@ -320,8 +327,11 @@ stats = CommStats()
 live = LiveBlocks()
 
 
-def _wait(works: list, what: str) -> None:
+def _wait(works: list, what: str, kind: str = "exchange") -> None:
+    """Wait for posted ``works``, within the timeout; the time blocked is counted in
+    ``stats.waited[kind]``."""
     limit = timedelta(seconds=timeout())
+    start = time.perf_counter()
     for w in works:
         try:
             w.wait(limit)
@@ -330,6 +340,7 @@ def _wait(works: list, what: str) -> None:
                 f"{what}: a peer worker did not answer within {limit.total_seconds():.0f}s or went away "
                 f"({e}). Check the other workers' logs; raise SARCOMPILE_TIMEOUT if they are just slow."
             ) from None
+    stats.waited[kind] += time.perf_counter() - start
 
 
 # -- the rounds -----------------------------------------------------------------------------
@@ -622,7 +633,7 @@ def global_sum(t: torch.Tensor, phase: str | None = None) -> torch.Tensor:
             stats.sent[phase] += out.numel() * out.element_size()
             stats.received[phase] += out.numel() * out.element_size()
         work = dist.all_reduce(out, async_op=True)
-        _wait([work], "global_sum")
+        _wait([work], "global_sum", "allreduce")
     return out
 
 
@@ -654,7 +665,7 @@ def global_max(t: torch.Tensor, phase: str | None = None) -> torch.Tensor:
         if phase is not None:
             stats.sent[phase] += out.numel() * out.element_size()
             stats.received[phase] += out.numel() * out.element_size()
-        _wait([dist.all_reduce(out, op=dist.ReduceOp.MAX, async_op=True)], "global_max")
+        _wait([dist.all_reduce(out, op=dist.ReduceOp.MAX, async_op=True)], "global_max", "allreduce")
     return out
 
 
@@ -678,7 +689,7 @@ def sync_gradients(model: torch.nn.Module) -> None:
     # counted as the reduced tensor, sent and received once (whatever the algorithm moves)
     stats.sent["allreduce"] += flat.numel() * flat.element_size()
     stats.received["allreduce"] += flat.numel() * flat.element_size()
-    _wait([dist.all_reduce(flat, async_op=True)], "sync_gradients")
+    _wait([dist.all_reduce(flat, async_op=True)], "sync_gradients", "allreduce")
     offset = 0
     for p in params:
         p.grad.copy_(flat[offset : offset + p.numel()].view_as(p))
