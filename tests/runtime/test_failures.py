@@ -20,6 +20,9 @@ def _worker(rank: int, store_path: str, behaviour: str, results) -> None:
     from sarcompile.shard import ShardGraph, split_graph
 
     dist.init_process_group("gloo", store=dist.FileStore(store_path, 2), rank=rank, world_size=2)
+    # Both ranks past gloo's connection handshake: init returning on rank 1 does not mean rank
+    # 0's side of the pair is up, and a rank 1 gone before it is makes rank 0's init fail instead.
+    dist.barrier()
     g = sc.Graph.from_edges(torch.tensor([0, 1, 2, 3]), torch.tensor([2, 3, 0, 1]), 4)
     parts = split_graph(g, torch.tensor([0, 0, 1, 1]), 2)
     shard = ShardGraph.from_part(parts[rank], rank, 2, 4, 4)
