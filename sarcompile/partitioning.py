@@ -634,7 +634,8 @@ def read_part_file(
 def _load_part(path: Path, mmap: bool) -> dict:
     try:
         # weights_only (in every torch >= 2.2 this package supports) refuses arbitrary pickles.
-        saved = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+        # (a str: torch 2.2 maps only a file named by one)
+        saved = torch.load(str(path), map_location="cpu", weights_only=True, mmap=mmap)
     except Exception as e:  # unpickling raises many types; every one means the same here
         raise PartitionError(f"cannot read part file '{path}' ({type(e).__name__}: {e}); re-run partition") from None
     if not isinstance(saved, dict):
