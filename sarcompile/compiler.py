@@ -56,7 +56,7 @@ from .plan import Plan, TypedWorkerStats, WorkerStats, build_plan, worker_stats
 from .probe import Input
 from .shard import ShardGraph
 from .tables import find_node_tables, shard_tables, table_input
-from .trace import trace
+from .trace import generated_wraps_dropped, trace
 from .vocab import Residency
 
 __all__ = ["Program", "compile_program", "distribute", "DistributedModule"]
@@ -232,6 +232,11 @@ def _lazy_layers(model: nn.Module) -> list[str]:
 def compile_program(model: nn.Module, options: CompileOptions, partitioned: bool, call: CallShape = CallShape()) -> Program:
     """Run the pipeline on ``model`` as called with ``call``; a single machine skips
     ``partition`` and ``strategy``."""
+    with generated_wraps_dropped():
+        return _compile(model, options, partitioned, call)
+
+
+def _compile(model: nn.Module, options: CompileOptions, partitioned: bool, call: CallShape) -> Program:
     load_available()  # lowering rules for the layers of libraries in use (PyG)
     lazy = _lazy_layers(model)
     if lazy:

@@ -25,6 +25,7 @@ __all__ = ["register_lowering", "lowering_for", "has_lowering", "declare", "decl
 _RULES: dict[type, Callable[[nn.Module], nn.Module]] = {}
 _FUNCTIONS: dict[int, tuple[Callable, Callable]] = {}  # id(original) -> (original, replacement)
 _HOMES: list[ModuleType | str] = []  # modules whose attributes are swapped too
+_HOMES_FOUND: dict[str, Any] = {}  # function_homes' last answer, and the sizes it was found for
 _DECLARED: dict[Callable, Any] = {}  # row-local helpers -> their output residency (see declare)
 
 
@@ -80,11 +81,14 @@ def function_lowerings() -> dict[int, tuple[Callable, Callable]]:
 def function_homes() -> list[ModuleType]:
     """The modules named by the function rules as where the originals are reached (a
     package's modules as loaded now)."""
-    loaded = list(sys.modules.items())
-    out: list[ModuleType] = []
-    for home in _HOMES:
-        if isinstance(home, str):
-            out.extend(m for name, m in loaded if m is not None and (name == home or name.startswith(home + ".")))
-        else:
-            out.append(home)
-    return out
+    key = (len(sys.modules), len(_HOMES))  # every trace asks; imports and rules change the answer
+    if _HOMES_FOUND.get("key") != key:
+        loaded = list(sys.modules.items())
+        out: list[ModuleType] = []
+        for home in _HOMES:
+            if isinstance(home, str):
+                out.extend(m for name, m in loaded if m is not None and (name == home or name.startswith(home + ".")))
+            else:
+                out.append(home)
+        _HOMES_FOUND.update(key=key, modules=out)
+    return _HOMES_FOUND["modules"]

@@ -23,6 +23,7 @@ from typing import Any, Callable
 
 import torch
 import torch.fx as fx
+from torch.fx import _symbolic_trace
 from torch import nn
 
 from .errors import CompileError, SarcompileError
@@ -33,7 +34,7 @@ from .nn import NodeDropout, RandomStream
 from .probe import PROBES, ROW_COUNTS, Input, example
 from .runtime.comm import offline
 
-__all__ = ["SarTracer", "ShapeTracer", "UNKNOWN", "trace"]
+__all__ = ["SarTracer", "ShapeTracer", "UNKNOWN", "generated_wraps_dropped", "trace"]
 
 
 class SarTracer(fx.Tracer):
@@ -122,7 +123,8 @@ class SarTracer(fx.Tracer):
         rules = function_lowerings()
         if not rules:
             return
-        for name, value in list(frame.items()):
+        for name in _bound_originals(frame, rules):
+            value = frame.get(name)
             rule = rules.get(id(value))
             if rule is not None and rule[0] is value:
                 self._swapped.append((frame, name, value))
@@ -530,6 +532,47 @@ def user_line(error: BaseException) -> str:
         return ""
     f = frames[-1]
     return f", at {Path(f.filename).name}:{f.lineno}: `{(f.line or '').strip()}`"
+
+
+# -- fx's table of wrapped functions -----------------------------------------------------------
+@contextlib.contextmanager
+def generated_wraps_dropped():
+    """Within: what fx's generated code adds to its table of ``torch.fx.wrap``'ed functions
+    is dropped again on the way out. Each recompile of a GraphModule calling a wrapped
+    function registers it anew, keyed by that code's fresh globals, and fx never removes
+    an entry, while every trace patches every entry: tracing got slower with each program
+    compiled in a process (a sweep of 150 models spent a third of its time there). A
+    module's own ``torch.fx.wrap`` calls (an import within) are kept."""
+    table = _symbolic_trace._wrapped_fns_to_patch
+    before = set(table)
+    try:
+        yield
+    finally:
+        for key in [k for k in table if k not in before]:
+            module = sys.modules.get(table[key].get("__name__", ""))
+            if module is None or vars(module) is not table[key]:
+                del table[key]
+
+
+# -- which names to swap -----------------------------------------------------------------------
+# A module's names bound to a function with a rule, found by scanning its globals: every
+# trace swaps those of each home module (every loaded module of a package such as
+# torch_geometric, some 600), so a scan is kept until the module or the rules change size.
+# Only modules' own globals are kept (they live as long as the process); any other dict,
+# such as the globals of fx's generated code, is scanned each time.
+_BOUND: dict[int, tuple[dict, int, int, list[str]]] = {}
+
+
+def _bound_originals(frame: dict, rules: dict[int, tuple[Callable, Callable]]) -> list[str]:
+    """The names in ``frame`` bound to a function with a rule, to check and swap."""
+    kept = _BOUND.get(id(frame))
+    if kept is not None and kept[0] is frame and kept[1] == len(frame) and kept[2] == len(rules):
+        return kept[3]
+    names = [name for name, value in list(frame.items()) if id(value) in rules]
+    module = sys.modules.get(frame.get("__name__", ""))  # (a module's own globals: kept)
+    if module is not None and vars(module) is frame:
+        _BOUND[id(frame)] = (frame, len(frame), len(rules), names)
+    return names
 
 
 # -- where a node comes from -----------------------------------------------------------------
