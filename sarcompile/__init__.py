@@ -1,7 +1,11 @@
 """sarcompile: compile a single-machine PyTorch GNN into exact distributed full-batch
 training with Sequential Aggregation and Rematerialization (SAR)."""
 
-from . import nn, ops
+from .runtime import memory as _memory
+
+_memory.request_huge_pages()  # first: torch reads its huge-page switch at its first allocation
+
+from . import nn, ops  # noqa: E402
 from .compiler import DistributedModule, distribute
 from .datasets import Dataset, HeteroDataset, load_ogb, load_ogb_mag
 from .errors import (

@@ -106,7 +106,8 @@ from .partitioning import _atomic_write, load_partition, read_manifest
 from .rundir import lock_dir, remove_stale_temps
 from .runtime import failure
 from .runtime.comm import global_max, global_sum, init, shutdown, stats, sync_gradients, timeout
-from .runtime.memory import MMAP_THRESHOLD, MemoryProbe, active_allocator, allocator_tuned, find_allocator, floor_bytes
+from .runtime.memory import (MMAP_THRESHOLD, MemoryProbe, active_allocator, allocator_tuned, find_allocator, floor_bytes,
+                             huge_pages_requested)
 from .tables import table_type
 from .validate import check_node_data
 from .vocab import Compression, Mode
@@ -1003,8 +1004,10 @@ def _allocator_line() -> str:
     if name != "glibc":
         return name
     if allocator_tuned():
+        pages = "; tensors of 2 MiB or more on huge pages, for fewer page faults" if huge_pages_requested() else ""
         return (f"glibc's malloc; sc.init() fixed its mmap threshold at {MMAP_THRESHOLD >> 10} KiB, so freed "
-                "tensors go back to the OS (SARCOMPILE_MALLOC=off: glibc's own, faster on some graphs, see README)")
+                f"tensors go back to the OS{pages} (SARCOMPILE_MALLOC=off: glibc's own, faster on some graphs, "
+                "see README)")
     hint = "LD_PRELOAD=$(sarcompile allocator) before torchrun" if find_allocator() else \
         "install tcmalloc and LD_PRELOAD=$(sarcompile allocator)"
     return f"glibc's malloc (it keeps freed memory in heap holes; {hint} for less memory, see README)"

@@ -45,8 +45,10 @@ __all__ = [
     "allocator_tuned",
     "find_allocator",
     "floor_bytes",
+    "huge_pages_requested",
     "malloc_stats",
     "release_free",
+    "request_huge_pages",
     "status_bytes",
     "tune_allocator",
 ]
@@ -198,15 +200,7 @@ def tune_allocator(world_size: int = 1) -> bool:
     A threshold the user set (``MALLOC_MMAP_THRESHOLD_``, ``MALLOC_TRIM_THRESHOLD_``) is
     kept. Returns whether it changed anything (False off glibc, e.g. macOS or musl, or when
     another allocator is preloaded)."""
-    mode = os.environ.get("SARCOMPILE_MALLOC", "auto")
-    if mode == "default":  # the name of "off" before auto existed
-        warnings.warn("SARCOMPILE_MALLOC=default is deprecated: it means 'off' (glibc's own thresholds); "
-                      "set SARCOMPILE_MALLOC=off", DeprecationWarning, stacklevel=2)
-        mode = "off"
-    if mode not in MALLOC_MODES:
-        raise ValueError(f"SARCOMPILE_MALLOC={mode!r} is not one of {', '.join(MALLOC_MODES)} "
-                         "(auto: fixed thresholds on more than one worker; lean: always; off: glibc's own)")
-    if mode == "off" or (mode == "auto" and world_size < 2) or active_allocator() != "glibc":
+    if not _tunes(world_size):
         return False
     libc = _libc()
     if libc is None:
@@ -221,6 +215,60 @@ def tune_allocator(world_size: int = 1) -> bool:
 
 
 _tuned = False  # whether tune_allocator changed glibc's thresholds in this process
+
+
+def _tunes(world_size: int) -> bool:
+    """Whether ``SARCOMPILE_MALLOC`` fixes glibc's thresholds for ``world_size`` workers."""
+    mode = os.environ.get("SARCOMPILE_MALLOC", "auto")
+    if mode == "default":  # the name of "off" before auto existed
+        warnings.warn("SARCOMPILE_MALLOC=default is deprecated: it means 'off' (glibc's own thresholds); "
+                      "set SARCOMPILE_MALLOC=off", DeprecationWarning, stacklevel=3)
+        mode = "off"
+    if mode not in MALLOC_MODES:
+        raise ValueError(f"SARCOMPILE_MALLOC={mode!r} is not one of {', '.join(MALLOC_MODES)} "
+                         "(auto: fixed thresholds on more than one worker; lean: always; off: glibc's own)")
+    return not (mode == "off" or (mode == "auto" and world_size < 2)) and active_allocator() == "glibc"
+
+
+# torch's CPU allocator puts tensors of 2 MiB or more on transparent huge pages when this
+# variable is 1 (c10's alloc_cpu: 2 MiB alignment and madvise(MADV_HUGEPAGE)). It reads it
+# once, at its first allocation.
+HUGE_PAGES_ENV = "THP_MEM_ALLOC_ENABLE"
+_huge_pages = False  # whether request_huge_pages set it in this process
+
+
+def request_huge_pages() -> bool:
+    """Ask torch for huge pages where :func:`tune_allocator` will fix glibc's thresholds
+    (``SARCOMPILE_MALLOC``; the worker count from torchrun's ``WORLD_SIZE``). Fixed
+    thresholds give each large tensor a fresh mapping, faulted in a page at a time: with
+    4 KiB pages that cost N=4 epochs 18-25% (benchmarks/vs_dgl.py); with 2 MiB pages, 512
+    times fewer faults. ``import sarcompile`` calls it before any tensor exists, as torch
+    reads the variable once; a tensor made before (``import torch`` alone makes none) or a
+    value the user set leaves torch as it is. Returns whether it set the variable."""
+    global _huge_pages
+    try:
+        with warnings.catch_warnings():  # a bad or deprecated setting is named by sc.init(), once
+            warnings.simplefilter("ignore")
+            tunes = _tunes(_world_size_from_env())
+    except ValueError:
+        return False
+    if HUGE_PAGES_ENV in os.environ or not tunes:
+        return False
+    os.environ[HUGE_PAGES_ENV] = "1"
+    _huge_pages = True
+    return True
+
+
+def huge_pages_requested() -> bool:
+    """Whether :func:`request_huge_pages` asked torch for huge pages in this process."""
+    return _huge_pages
+
+
+def _world_size_from_env() -> int:
+    try:
+        return int(os.environ.get("WORLD_SIZE", "1"))
+    except ValueError:
+        return 1  # sc.init() names a bad WORLD_SIZE; not this
 
 
 def allocator_tuned() -> bool:

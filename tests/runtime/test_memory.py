@@ -1,6 +1,7 @@
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -110,3 +111,50 @@ def test_tune_allocator_names_bad_and_deprecated_settings(monkeypatch):
     monkeypatch.setenv("SARCOMPILE_MALLOC", "default")
     with pytest.warns(DeprecationWarning, match="SARCOMPILE_MALLOC=off"):
         assert memory.tune_allocator(2) is False  # "off": nothing changed
+
+
+# A fresh process per case: torch reads its huge-page switch at its first allocation.
+_HUGE = """
+import os, re, sarcompile, torch
+from sarcompile.runtime import memory
+x = torch.ones(4 << 20)  # 16 MiB, touched
+start, end = x.data_ptr(), x.data_ptr() + x.numel() * x.element_size()
+huge, inside = 0, False
+for line in open("/proc/self/smaps"):
+    head = line.split()
+    if "-" in head[0] and len(head) >= 5:
+        lo, hi = (int(v, 16) for v in head[0].split("-"))
+        inside = lo < end and start < hi
+    elif inside and head[0] == "AnonHugePages:":
+        huge += int(head[1]) << 10
+print(os.environ.get("THP_MEM_ALLOC_ENABLE"), memory.huge_pages_requested(), huge > 0)
+"""
+
+
+def _huge(**env: str) -> list[str]:
+    full = {k: v for k, v in os.environ.items()
+            if k not in ("SARCOMPILE_MALLOC", "WORLD_SIZE", memory.HUGE_PAGES_ENV, "LD_PRELOAD")}
+    done = subprocess.run([sys.executable, "-c", _HUGE], env={**full, **env}, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.split()
+
+
+@pytest.mark.parametrize(("env", "expected"), [
+    ({"WORLD_SIZE": "4"}, ["1", "True"]),  # auto on workers: huge pages for tensors of 2 MiB or more
+    ({"WORLD_SIZE": "1"}, ["None", "False"]),  # one process: glibc's own thresholds, torch's own pages
+    ({"WORLD_SIZE": "4", "SARCOMPILE_MALLOC": "off"}, ["None", "False"]),
+    ({"SARCOMPILE_MALLOC": "lean"}, ["1", "True"]),
+    ({"WORLD_SIZE": "4", "THP_MEM_ALLOC_ENABLE": "0"}, ["0", "False"]),  # the user's value is kept
+    ({"WORLD_SIZE": "4", "SARCOMPILE_MALLOC": "small"}, ["None", "False"]),  # sc.init() names it, not the import
+])
+def test_import_asks_torch_for_huge_pages_where_glibcs_thresholds_are_fixed(env, expected):
+    if "LD_PRELOAD" in os.environ or memory._libc() is None:
+        pytest.skip("needs glibc and no preloaded allocator")
+    got = _huge(**env)
+    assert got[:2] == expected
+    thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    if expected[0] == "1" and thp.exists() and "[never]" not in thp.read_text():
+        assert got[2] == "True", "the kernel allows huge pages, yet the tensor has none"
+    if expected[0] != "1" and thp.exists() and "[always]" not in thp.read_text():
+        assert got[2] == "False"
