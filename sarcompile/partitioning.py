@@ -637,6 +637,8 @@ def _load_part(path: Path, mmap: bool) -> dict:
         # (a str: torch 2.2 maps only a file named by one)
         saved = torch.load(str(path), map_location="cpu", weights_only=True, mmap=mmap)
     except Exception as e:  # unpickling raises many types; every one means the same here
+        if mmap:  # a file system that cannot map files: read it whole (a damaged file fails there too)
+            return _load_part(path, mmap=False)
         raise PartitionError(f"cannot read part file '{path}' ({type(e).__name__}: {e}); re-run partition") from None
     if not isinstance(saved, dict):
         raise PartitionError(f"part file '{path}' holds a {type(saved).__name__}, not a part; re-run partition")

@@ -300,6 +300,24 @@ def test_corrupt_part_file(written):
         load_partition(written, 2, 3)
 
 
+def test_a_part_file_that_cannot_be_mapped_is_read_whole(written, monkeypatch):
+    """A file system that cannot map files (some network or FUSE mounts) loads the same part."""
+    want = load_partition(written, 1, 3)
+    real = torch.load
+
+    def no_mmap(*args, mmap=None, **kwargs):
+        if mmap:
+            raise RuntimeError("mmap: operation not supported")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "load", no_mmap)
+    got = load_partition(written, 1, 3)
+    assert torch.equal(got.global_ids, want.global_ids) and got.node_data.keys() == want.node_data.keys()
+    assert all(torch.equal(got.node_data[k], want.node_data[k]) for k in want.node_data)
+    assert all(torch.equal(a.indptr, b.indptr) and torch.equal(a.col, b.col)
+               for a, b in zip(got.graph.blocks, want.graph.blocks))
+
+
 def test_halo_mismatch_is_caught(written):
     m = read_manifest(written)
     m.halo_sizes[1][0] += 1
