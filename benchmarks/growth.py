@@ -18,12 +18,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from vs_dgl import MiB, make_graph, run_one
+from vs_dgl import MiB, launcher, make_graph, run_one
 
 HERE = Path(__file__).resolve().parent
 
@@ -44,9 +45,7 @@ def measure(a: argparse.Namespace) -> list[dict]:
                                 str(n), "--out", str(parts)], check=True, capture_output=True, env=base)
                 out = tmp / "run.json"
                 env = {**base, "OMP_NUM_THREADS": str(max(threads // n, 1))}
-                launch = [sys.executable] if n == 1 else [
-                    sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(n)]
-                rec = run_one(launch + [str(HERE / "vs_dgl_worker.py"), "--engine", "sarcompile", "--model", "sage",
+                rec = run_one(launcher(n) + [str(HERE / "vs_dgl_worker.py"), "--engine", "sarcompile", "--model", "sage",
                                         "--parts", str(parts), "--out", str(out), "--hidden", "256",
                                         "--epochs", str(a.epochs)], out, env, a.timeout)
                 if rec is None:
@@ -57,7 +56,7 @@ def measure(a: argparse.Namespace) -> list[dict]:
                              "peak_bytes": largest["peak_above_floor_bytes"], "time_ledger": slowest["time_ledger"],
                              "estimate_bytes": largest["estimate"]["peak_bytes"]})
                 print(line(rows[-1]), flush=True)
-                subprocess.run(["rm", "-rf", str(parts)], check=True)
+                shutil.rmtree(parts)
     return rows
 
 

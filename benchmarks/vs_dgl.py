@@ -40,6 +40,7 @@ from pathlib import Path
 
 import torch
 
+from sarcompile.runtime.comm import TIME_LEDGER
 from sarcompile.runtime.memory import find_allocator
 
 HERE = Path(__file__).resolve().parent
@@ -86,6 +87,13 @@ def dgl_python() -> str:
     if done.returncode != 0:
         raise SystemExit(f"the DGL environment could not be made (scripts/dgl_env.sh):\n{done.stderr[-2000:]}")
     return str(Path(done.stdout.strip()) / "bin" / "python")
+
+
+def launcher(n: int) -> list[str]:
+    """How a run on ``n`` workers starts: one plain process, or torchrun on this machine."""
+    if n == 1:
+        return [sys.executable]
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(n)]
 
 
 def run_one(cmd: list[str], out: Path, env: dict, timeout: float) -> list[dict] | None:
@@ -159,9 +167,7 @@ def measure(a: argparse.Namespace) -> list[dict]:
                     env = {**base, **extra, "OMP_NUM_THREADS": str(max(threads // n, 1))}
                     args = [worker, "--engine", "sarcompile", "--model", model, "--parts", str(tmp / f"{kind}{n}"),
                             "--out", str(out), *common, *hidden]
-                    launch = [sys.executable] if n == 1 else [
-                        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(n)]
-                    rec = run_one(launch + args, out, env, a.timeout)
+                    rec = run_one(launcher(n) + args, out, env, a.timeout)
                     if rec:
                         rows.append({"engine": "sarcompile", **tag, "workers": n, "per_worker": rec})
                         print(line(rows[-1]), flush=True)
@@ -235,8 +241,7 @@ def time_ledger(rows: list[dict]) -> str:
         w = max(r["per_worker"], key=lambda w: w["epoch_s"])
         t = w["time_ledger"]
         total = sum(t.values())
-        cells = " | ".join(f"{t[k]:.2f} ({100 * t[k] / total:.0f}%)" for k in
-                           ("compute", "exchange_wait", "allreduce", "optimizer"))
+        cells = " | ".join(f"{t[k]:.2f} ({100 * t[k] / total:.0f}%)" for k in TIME_LEDGER)
         out.append(f"| {r['model']} | {r['allocator']} | {r['workers']} | {total:.2f} | {cells} |")
     return "\n".join(out)
 

@@ -271,9 +271,7 @@ def run_sarcompile(a) -> list[dict]:
         stepped = time.perf_counter()
         opt.step()
         done = time.perf_counter()
-        wait, reduce = stats.waited.get("exchange", 0.0), stats.waited.get("allreduce", 0.0)
-        ledgers.append({"compute": stepped - start - wait - reduce, "exchange_wait": wait, "allreduce": reduce,
-                        "optimizer": done - stepped})
+        ledgers.append(stats.time_ledger(done - start, done - stepped))
         return float(sc.global_sum(loss.detach()))
 
     times, losses = _train(step, a.epochs)

@@ -548,10 +548,14 @@ def generated_wraps_dropped():
     try:
         yield
     finally:
-        for key in [k for k in table if k not in before]:
-            module = sys.modules.get(table[key].get("__name__", ""))
-            if module is None or vars(module) is not table[key]:
-                del table[key]
+        for key in [k for k in table if k not in before and not _module_globals(table[k])]:
+            del table[key]
+
+
+def _module_globals(frame: dict) -> bool:
+    """Whether ``frame`` is a loaded module's own globals (not, say, fx's generated code's)."""
+    module = sys.modules.get(frame.get("__name__", ""))
+    return module is not None and vars(module) is frame
 
 
 # -- which names to swap -----------------------------------------------------------------------
@@ -569,8 +573,7 @@ def _bound_originals(frame: dict, rules: dict[int, tuple[Callable, Callable]]) -
     if kept is not None and kept[0] is frame and kept[1] == len(frame) and kept[2] == len(rules):
         return kept[3]
     names = [name for name, value in list(frame.items()) if id(value) in rules]
-    module = sys.modules.get(frame.get("__name__", ""))  # (a module's own globals: kept)
-    if module is not None and vars(module) is frame:
+    if _module_globals(frame):
         _BOUND[id(frame)] = (frame, len(frame), len(rules), names)
     return names
 

@@ -105,7 +105,7 @@ from .hetero_models import TYPED_MODELS, build_typed
 from .partitioning import _atomic_write, load_partition, read_manifest
 from .rundir import lock_dir, remove_stale_temps
 from .runtime import failure
-from .runtime.comm import global_max, global_sum, init, shutdown, stats, sync_gradients, timeout
+from .runtime.comm import TIME_LEDGER, global_max, global_sum, init, shutdown, stats, sync_gradients, timeout
 from .runtime.memory import (MMAP_THRESHOLD, MemoryProbe, active_allocator, allocator_tuned, find_allocator, floor_bytes,
                              huge_pages_requested)
 from .tables import table_type
@@ -136,10 +136,6 @@ COMPRESS = Compression.values()
 # three are always logged, the others only when some worker sent or received something.
 PHASES = ("forward", "backward", "allreduce", "batch_norm")
 ALWAYS_LOGGED = PHASES[:3]
-# The time ledger of a training step, per worker (the log's "time" field, in seconds):
-# computing, blocked on the halo exchange, in all-reduces (the slowest worker's lateness
-# included), and in the optimizer's step. They add up to the step's wall time.
-TIME_LEDGER = ("compute", "exchange_wait", "allreduce", "optimizer")
 FORMAT = 1
 NEGATED = ("error_feedback", "progress")  # options set by a --no-... flag
 CHECKPOINT_TIMEOUT_ENV = "SARCOMPILE_CHECKPOINT_TIMEOUT"
@@ -923,25 +919,24 @@ def _comm_summary(cfg: TrainConfig) -> str:
     return "".join(", " + p for p in parts)
 
 
-def _comm_row(rank: int, world_size: int) -> torch.Tensor:
-    """This worker's bytes since ``stats.reset()`` in row ``rank`` of a zero
-    ``[world_size, 2 * len(PHASES)]`` float64 tensor (sent per phase, then received), so
+def _own_row(rank: int, world_size: int, values: list[float]) -> torch.Tensor:
+    """``values`` in row ``rank`` of a zero ``[world_size, len(values)]`` float64 tensor, so
     that summing the tensors of all workers gathers everyone's row."""
-    sent = [stats.sent.get(p, 0) for p in PHASES]
-    received = [stats.received.get(p, 0) for p in PHASES]
-    table = torch.zeros(world_size, 2 * len(PHASES), dtype=torch.float64)
-    table[rank] = torch.tensor(sent + received, dtype=torch.float64)
+    table = torch.zeros(world_size, len(values), dtype=torch.float64)
+    table[rank] = torch.tensor(values, dtype=torch.float64)
     return table
+
+
+def _comm_row(rank: int, world_size: int) -> torch.Tensor:
+    """This worker's bytes since ``stats.reset()`` (sent per phase, then received) in its row."""
+    return _own_row(rank, world_size, [stats.sent.get(p, 0) for p in PHASES] +
+                    [stats.received.get(p, 0) for p in PHASES])
 
 
 def _time_row(rank: int, world_size: int, step_s: float, optimizer_s: float) -> torch.Tensor:
-    """This worker's time ledger of a step of ``step_s`` seconds (see TIME_LEDGER), from the
-    waits counted since ``stats.reset()``, in row ``rank`` of a zero ``[world_size, 4]``
-    float64 tensor, gathered as :func:`_comm_row`'s."""
-    wait, reduce = stats.waited.get("exchange", 0.0), stats.waited.get("allreduce", 0.0)
-    table = torch.zeros(world_size, len(TIME_LEDGER), dtype=torch.float64)
-    table[rank] = torch.tensor([step_s - wait - reduce - optimizer_s, wait, reduce, optimizer_s], dtype=torch.float64)
-    return table
+    """This worker's time ledger of a step of ``step_s`` seconds (TIME_LEDGER) in its row."""
+    ledger = stats.time_ledger(step_s, optimizer_s)
+    return _own_row(rank, world_size, [ledger[k] for k in TIME_LEDGER])
 
 
 def _comm_record(table: torch.Tensor) -> dict[str, dict[str, list[int]]]:

@@ -73,17 +73,6 @@ def _under_torchrun() -> bool:
     return "TORCHELASTIC_RUN_ID" in os.environ
 
 
-def _env_world_size() -> int:
-    """The group's size as the environment describes it, before the group exists (1 when
-    it does not say; a malformed value is init_process_group's to report)."""
-    if "MASTER_ADDR" not in os.environ:
-        return 1
-    try:
-        return int(os.environ.get("WORLD_SIZE", "1"))
-    except ValueError:
-        return 1
-
-
 def init(backend: str | None = None, timeout_s: float | None = None) -> tuple[int, int]:
     """Join the process group torchrun describes in the environment; returns (rank, world size).
 
@@ -99,7 +88,7 @@ def init(backend: str | None = None, timeout_s: float | None = None) -> tuple[in
     if dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     # Before the big allocations: glibc's thresholds apply to what comes after.
-    memory.tune_allocator(_env_world_size())
+    memory.tune_allocator(memory.env_world_size())
     backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
     limit = timeout() if timeout_s is None else _check_timeout(timeout_s, "timeout_s")
     wait = timedelta(seconds=limit)
@@ -288,6 +277,19 @@ class CommStats:
 
     def as_dict(self) -> dict[str, dict[str, int]]:
         return {"sent": dict(self.sent), "received": dict(self.received)}
+
+    def time_ledger(self, step_s: float, optimizer_s: float) -> dict[str, float]:
+        """A training step of ``step_s`` seconds, of which the optimizer took ``optimizer_s``,
+        split as :data:`TIME_LEDGER` says by the waits counted since :meth:`reset`."""
+        wait, reduce = self.waited.get("exchange", 0.0), self.waited.get("allreduce", 0.0)
+        return {"compute": step_s - wait - reduce - optimizer_s, "exchange_wait": wait, "allreduce": reduce,
+                "optimizer": optimizer_s}
+
+
+# The time ledger of a training step (CommStats.time_ledger), in seconds: computing, blocked
+# on the halo exchange, in all-reduces (the slowest worker's lateness included), and in the
+# optimizer's step. They add up to the step's wall time.
+TIME_LEDGER = ("compute", "exchange_wait", "allreduce", "optimizer")
 
 
 class LiveBlocks:

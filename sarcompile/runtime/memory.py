@@ -43,6 +43,7 @@ __all__ = [
     "MemoryProbe",
     "active_allocator",
     "allocator_tuned",
+    "env_world_size",
     "find_allocator",
     "floor_bytes",
     "huge_pages_requested",
@@ -239,7 +240,7 @@ _huge_pages = False  # whether request_huge_pages set it in this process
 
 def request_huge_pages() -> bool:
     """Ask torch for huge pages where :func:`tune_allocator` will fix glibc's thresholds
-    (``SARCOMPILE_MALLOC``; the worker count from torchrun's ``WORLD_SIZE``). Fixed
+    (``SARCOMPILE_MALLOC``; the worker count from torchrun's environment). Fixed
     thresholds give each large tensor a fresh mapping, faulted in a page at a time: with
     4 KiB pages that cost N=4 epochs 18-25% (benchmarks/vs_dgl.py); with 2 MiB pages, 512
     times fewer faults. ``import sarcompile`` calls it before any tensor exists, as torch
@@ -249,7 +250,7 @@ def request_huge_pages() -> bool:
     try:
         with warnings.catch_warnings():  # a bad or deprecated setting is named by sc.init(), once
             warnings.simplefilter("ignore")
-            tunes = _tunes(_world_size_from_env())
+            tunes = _tunes(env_world_size())
     except ValueError:
         return False
     if HUGE_PAGES_ENV in os.environ or not tunes:
@@ -264,11 +265,16 @@ def huge_pages_requested() -> bool:
     return _huge_pages
 
 
-def _world_size_from_env() -> int:
+def env_world_size() -> int:
+    """The group's size as the environment describes it, before the group exists (1 when
+    it does not say; a malformed value is init_process_group's to report): what
+    ``sc.init()`` tunes the allocator for."""
+    if "MASTER_ADDR" not in os.environ:
+        return 1
     try:
         return int(os.environ.get("WORLD_SIZE", "1"))
     except ValueError:
-        return 1  # sc.init() names a bad WORLD_SIZE; not this
+        return 1
 
 
 def allocator_tuned() -> bool:

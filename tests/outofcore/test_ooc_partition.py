@@ -176,9 +176,10 @@ def pages_job(rank: int, world_size: int, argv: list[str]) -> dict:
     step, mapped = trainer._train_step, {}
 
     def counted_step(*args):
-        loss = step(*args)
-        mapped.update(mapped or _mapped_bytes(directory))
-        return loss
+        result = step(*args)
+        if not mapped:  # after the first step
+            mapped.update(_mapped_bytes(directory))
+        return result
 
     if not _WATCHED:
         sys.addaudithook(_record_open)  # hooks cannot be removed: _WATCHED turns it off between jobs

@@ -133,7 +133,9 @@ print(os.environ.get("THP_MEM_ALLOC_ENABLE"), memory.huge_pages_requested(), hug
 
 def _huge(**env: str) -> list[str]:
     full = {k: v for k, v in os.environ.items()
-            if k not in ("SARCOMPILE_MALLOC", "WORLD_SIZE", memory.HUGE_PAGES_ENV, "LD_PRELOAD")}
+            if k not in ("SARCOMPILE_MALLOC", "WORLD_SIZE", "MASTER_ADDR", memory.HUGE_PAGES_ENV, "LD_PRELOAD")}
+    if "WORLD_SIZE" in env:
+        env = {"MASTER_ADDR": "127.0.0.1", **env}  # as torchrun sets them
     done = subprocess.run([sys.executable, "-c", _HUGE], env={**full, **env}, capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0, done.stderr
@@ -143,6 +145,7 @@ def _huge(**env: str) -> list[str]:
 @pytest.mark.parametrize(("env", "expected"), [
     ({"WORLD_SIZE": "4"}, ["1", "True"]),  # auto on workers: huge pages for tensors of 2 MiB or more
     ({"WORLD_SIZE": "1"}, ["None", "False"]),  # one process: glibc's own thresholds, torch's own pages
+    ({}, ["None", "False"]),  # no torchrun: sc.init() starts a one-worker group
     ({"WORLD_SIZE": "4", "SARCOMPILE_MALLOC": "off"}, ["None", "False"]),
     ({"SARCOMPILE_MALLOC": "lean"}, ["1", "True"]),
     ({"WORLD_SIZE": "4", "THP_MEM_ALLOC_ENABLE": "0"}, ["0", "False"]),  # the user's value is kept
