@@ -817,7 +817,8 @@ def _train(cfg: TrainConfig, rank: int, world_size: int, manifest, target: str |
                 raise TrainingError(_nonfinite_loss_message(epoch, rec["loss"], ckpt_path, saved))
             rec.update(epoch_s=round(time.perf_counter() - t0, 4), train_s=round(train_s, 4), world_size=world_size)
             rec["comm"] = _comm_record(summed[n:m].reshape(traffic.shape))
-            rec["time"] = {k: [round(float(v), 4) for v in summed[m:].reshape(times.shape)[:, i]]
+            # to the microsecond: a rank's exchange waits on a small graph can sum to under 0.1 ms
+            rec["time"] = {k: [round(float(v), 6) for v in summed[m:].reshape(times.shape)[:, i]]
                            for i, k in enumerate(TIME_LEDGER)}
             records.append(rec)
             if log is not None:
