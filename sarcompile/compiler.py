@@ -461,6 +461,7 @@ def distribute(
     bounded_staleness: int | None = None,
     error_feedback: bool = True,
     compress_layers: list[str] | None = None,
+    blocks_in_flight: int = 1,
 ):
     """Compile a model for exact distributed full-batch training.
 
@@ -473,16 +474,22 @@ def distribute(
     cross workers quantized per row; with ``error_feedback``, the default, the
     quantization error is carried to the next send), applied to the layers in
     ``compress_layers`` (all when None). See :mod:`sarcompile.runtime.link`.
+
+    ``blocks_in_flight``: remote blocks each exchange posts ahead of the one it computes on,
+    and gradient pushes kept in flight (default 1; 0 for the least memory, more for more
+    overlap at one block buffer each). The plan counts their buffers.
     """
     options = CompileOptions(
         mode, executor, staleness, compress, dict(strategies or {}), bounded_staleness, error_feedback,
         # a str stays a str, so that the options refuse it rather than split it into letters
         compress_layers if compress_layers is None or isinstance(compress_layers, str) else tuple(compress_layers),
+        blocks_in_flight,
     )
     if model is None:
         return lambda m: distribute(m, mode=mode, executor=executor, staleness=staleness, compress=compress,
                                     strategies=strategies, bounded_staleness=bounded_staleness,
-                                    error_feedback=error_feedback, compress_layers=compress_layers)
+                                    error_feedback=error_feedback, compress_layers=compress_layers,
+                                    blocks_in_flight=blocks_in_flight)
     if isinstance(model, type):
         if not issubclass(model, nn.Module):
             raise CompileError(f"@distribute decorates torch.nn.Module classes, not {model.__name__}")

@@ -175,6 +175,7 @@ def spmm(
     edge_weight: torch.Tensor | None = None,
     *,
     strategy: Strategy = Strategy.REMAT,
+    in_flight: int = 1,
     executor: Executor = Executor.AUTO,
     comm: LinkPolicy | None = None,
     into: torch.Tensor | None = None,
@@ -191,13 +192,14 @@ def spmm(
     aggregate (the pass ``accumulate`` writes it so); a mean is then summed with weights
     ``1/deg`` per edge, which rounds differently from dividing the sum."""
     if reduce == "min":
-        return -spmm(g, -x, "max", strategy=strategy, executor=executor, comm=comm)
+        return -spmm(g, -x, "max", strategy=strategy, in_flight=in_flight, executor=executor, comm=comm)
     _check_rows(g, x, "x", g.num_src_nodes)
     if edge_weight is not None:
         _check_rows(g, edge_weight, "edge_weight", g.num_edges)
     if isinstance(g, Graph):
         return spmm.definition.run(_single(g), x, reduce, _to_csr_order(g, edge_weight), executor=executor, into=into)
-    return spmm.definition.run(g, x, reduce, edge_weight, strategy=strategy, executor=executor, comm=comm, into=into)
+    return spmm.definition.run(g, x, reduce, edge_weight, strategy=strategy, in_flight=in_flight, executor=executor,
+                               comm=comm, into=into)
 
 
 # --------------------------------------------------------------------------------- sddmm
@@ -228,6 +230,7 @@ def sddmm(
     op: str = "add",
     *,
     strategy: Strategy = Strategy.REMAT,
+    in_flight: int = 1,
     comm: LinkPolicy | None = None,
 ) -> torch.Tensor:
     """One value per edge u->v from ``a[u]`` and ``b[v]``."""
@@ -235,7 +238,7 @@ def sddmm(
     _check_rows(g, b, "b", g.num_nodes)
     if isinstance(g, Graph):
         return _from_csr_order(g, sddmm.definition.run(_single(g), a, b, op))
-    return sddmm.definition.run(g, a, b, op, strategy=strategy, comm=comm)
+    return sddmm.definition.run(g, a, b, op, strategy=strategy, in_flight=in_flight, comm=comm)
 
 
 # ------------------------------------------------------------------ gather, edge_reduce
@@ -257,7 +260,7 @@ def _check_graph(g, x) -> None:
     temporaries=lambda a, row: Temporaries(1, 2 * row),  # the gathered rows and their gradient
 )
 def gather_src(
-    g, x: torch.Tensor, *, strategy: Strategy = Strategy.REMAT, comm: LinkPolicy | None = None
+    g, x: torch.Tensor, *, strategy: Strategy = Strategy.REMAT, in_flight: int = 1, comm: LinkPolicy | None = None
 ) -> torch.Tensor:
     """``x[u]`` for every edge u->v, the way a message function reads its source rows
     (PyG's ``x_j``). On a worker, remote sources arrive through the halo exchange; the
@@ -266,7 +269,7 @@ def gather_src(
     _check_rows(g, x, "x", g.num_src_nodes)
     if isinstance(g, Graph):
         return _from_csr_order(g, gather_src.definition.run(_single(g), x))
-    return gather_src.definition.run(g, x, strategy=strategy, comm=comm)
+    return gather_src.definition.run(g, x, strategy=strategy, in_flight=in_flight, comm=comm)
 
 
 @ir_op(check=_check_graph, output=EDGE, inputs={"x": NODE})
@@ -536,6 +539,7 @@ def attention(
     a_edge: torch.Tensor | None = None,
     *,
     strategy: Strategy = Strategy.REMAT,
+    in_flight: int = 1,
     executor: Executor = Executor.AUTO,
     comm: LinkPolicy | None = None,
 ) -> torch.Tensor:
@@ -547,13 +551,14 @@ def attention(
         _check_rows(g, t, name, g.num_nodes if name == "a_dst" else g.num_src_nodes)
     salt = torch.zeros((), dtype=torch.long) if salt is None else salt
     if not _fusable_shapes(g, h, a_src, a_dst, a_edge):  # e.g. one score per edge shared by all heads
-        score = sddmm(g, a_src, a_dst, "add", comm=comm)
+        score = sddmm(g, a_src, a_dst, "add", in_flight=in_flight, comm=comm)
         score = torch.nn.functional.leaky_relu(score if a_edge is None else score + a_edge, negative_slope)
         weight = edge_softmax(g, score)
         if dropout:
             weight = edge_dropout(g, weight, dropout, salt)
         second = None if comm is None else comm.second()
-        return spmm(g, h, "sum", edge_weight=weight, strategy=strategy, executor=executor, comm=second)
+        return spmm(g, h, "sum", edge_weight=weight, strategy=strategy, in_flight=in_flight, executor=executor,
+                    comm=second)
     single = a_src.dim() == 1
     if single:
         h, a_src, a_dst = h.unsqueeze(1), a_src.unsqueeze(1), a_dst.unsqueeze(1)
@@ -563,7 +568,8 @@ def attention(
     else:
         shard = g
     out = attention.definition.run(
-        shard, h, a_src, a_dst, negative_slope, dropout, salt, a_edge, strategy=strategy, executor=executor, comm=comm
+        shard, h, a_src, a_dst, negative_slope, dropout, salt, a_edge, strategy=strategy, in_flight=in_flight,
+        executor=executor, comm=comm,
     )
     return out.squeeze(1) if single else out
 
@@ -670,6 +676,7 @@ def message_passing(
     reduce: str = "sum",
     *,
     strategy: Strategy = Strategy.REMAT,
+    in_flight: int = 1,
     comm: LinkPolicy | None = None,
 ) -> torch.Tensor:
     """General message passing: ``out[v] = reduce_{u->v} fn(x[u], x[v], edge_attr[e])``.
@@ -686,4 +693,4 @@ def message_passing(
         _check_rows(g, edge_attr, "edge_attr", g.num_edges)
     if isinstance(g, Graph):
         return message_passing.definition.run(_single(g), fn, x, _to_csr_order(g, edge_attr), reduce)
-    return message_passing.definition.run(g, fn, x, edge_attr, reduce, strategy=strategy, comm=comm)
+    return message_passing.definition.run(g, fn, x, edge_attr, reduce, strategy=strategy, in_flight=in_flight, comm=comm)

@@ -106,6 +106,9 @@ class Plan:
     # this plan's sizes). A program compiled once serves later plans and calls: its stages
     # keep the times of that compile.
     compile_seconds: dict[str, float] = field(default_factory=dict)
+    # Remote blocks each exchange posts ahead of the one it computes on, and gradient
+    # pushes it keeps in flight (sc.distribute's blocks_in_flight); None: no op exchanges rows.
+    blocks_in_flight: int | None = None
 
     def memory_estimate(self) -> list[MemoryEstimate]:
         """Per worker: ``peak_bytes`` and a ``breakdown`` into node_data (the part's
@@ -177,8 +180,11 @@ class Plan:
         )
         kernels = [f"  {k.op} {k.role}: {k.name}" for k in self.kernels] or ["  none (torch code only)"]
         warned = ["warnings:", *(f"  {w}" for w in self.warnings)] if self.warnings else []
+        overlap = [] if self.blocks_in_flight is None else [
+            f"overlap (blocks_in_flight={self.blocks_in_flight}): remote blocks posted ahead of the one computed on: "
+            f"{self.blocks_in_flight} (oneshot: all); rounds of gradients in flight: {self.blocks_in_flight}"]
         return "\n".join(
-            [head, *_table(header, rows), *warned, "why:", *why, "received per step:", *per_worker,
+            [head, *_table(header, rows), *overlap, *warned, "why:", *why, "received per step:", *per_worker,
              *(self._typed_lines() if typed else ()), "estimated memory per worker:", *("  " + line for line in memory),
              "generated kernels on CUDA (sources: plan.kernels, sarcompile plan --show-kernels):", *kernels]
         )
@@ -336,20 +342,30 @@ class _Exchange:
     row_bytes: int
     temporaries: Temporaries
     stats: list[WorkerStats]  # per worker, the sizes of the graph the op aggregates over
+    in_flight: int = 1  # blocks posted ahead, and pushes not yet completed (blocks_in_flight)
 
 
-def _round_peak(blocks: list[int], sends: list[int], fetch: bool, push: bool) -> int:
+def _round_peak(blocks: list[int], sends: list[int], fetch: bool, push: bool, in_flight: int = 1) -> int:
     """Most bytes alive at once over one exchange's rounds. Round k holds the block it
     visits and, when gradients go back, that block's gradient (then the owner's gradient
-    for the rows sent, arriving); with the next block being received and the rows sent
-    for it gathered into their own buffer."""
+    for the rows sent, arriving). Besides: the next ``in_flight`` blocks being received,
+    each with the rows sent for it gathered into their own buffer, and the last
+    ``in_flight`` rounds' gradients on their way (each that block's gradient and the
+    owner's, arriving)."""
+
+    def window(lo: int, hi: int) -> int:
+        return sum(blocks[j] + sends[j] for j in range(max(lo, 0), min(hi, len(blocks))))
+
     peak = 0
     for k, block in enumerate(blocks):
         here = block if fetch else 0
         if push:
             here = max(here, sends[k]) + block
-        ahead = blocks[k + 1] + sends[k + 1] if fetch and k + 1 < len(blocks) else 0
-        peak = max(peak, here + ahead)
+        if fetch and not in_flight:  # posted as it is visited: its rows sent while it arrives
+            here = max(here, block + sends[k])
+        coming = window(k + 1, k + 1 + in_flight) if fetch else 0
+        going = window(k - in_flight, k) if push else 0
+        peak = max(peak, here + coming + going)
     return peak
 
 
@@ -361,7 +377,7 @@ def _remote_peak(ops: list[_Exchange], r: int, buffers: bool) -> int:
 
     def rounds(op: _Exchange, fetch: bool, push: bool, blocks: list[int]) -> int:
         sends = op.sends[r] if buffers else [0] * len(blocks)
-        return _round_peak(blocks, sends, fetch, push and buffers)
+        return _round_peak(blocks, sends, fetch, push and buffers, op.in_flight)
 
     for op in ops:  # forward: kept blocks pile up until backward
         blocks = op.blocks[r]
@@ -452,7 +468,9 @@ def build_plan(
     tables = [NodeTable(path, ntype, row, [w.nodes.get(ntype, 0) * row for w in workers])
               for path, ntype, row in shape.tables]
     seconds = {**(compile_seconds or {}), "plan": time.perf_counter() - start}
-    return Plan(model_name, mode, n, workers, ops, list(stages), estimates, kernels, warned, tables, seconds)
+    in_flight = {node.kwargs["in_flight"] for node in gm.graph.nodes if "in_flight" in node.kwargs}
+    return Plan(model_name, mode, n, workers, ops, list(stages), estimates, kernels, warned, tables, seconds,
+                max(in_flight) if in_flight and n > 1 else None)
 
 
 def _layer(node: fx.Node) -> str:
@@ -492,7 +510,7 @@ def _halo_traffic(row: OpPlan, node: fx.Node, op: OpDef, args: dict[str, Any], w
     row.backward_bytes = [(sent_rows[r] if pushes else 0) + (recv[r] if refetch else 0) for r in range(n)]
     row.round_bytes = [max(b, default=0) for b in blocks]
     return _Exchange(blocks, sends, strategy.keeps_blocks, (True, False), (refetch, pushes), width,
-                     op.temporaries(args, width), workers)
+                     op.temporaries(args, width), workers, node.kwargs.get("in_flight", 1))
 
 
 def _round_bytes(workers: list[WorkerStats], width: int) -> tuple[list[list[int]], list[list[int]]]:

@@ -173,6 +173,7 @@ class TrainConfig:
     compress: str | None = None
     error_feedback: bool = True
     compress_layers: list[str] | None = None
+    blocks_in_flight: int = 1
 
     def __post_init__(self) -> None:
         # A list, whatever sequence was given: the resume check compares it with the
@@ -189,6 +190,8 @@ class TrainConfig:
         for name in ("layers", "hidden", "heads"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name} must be >= 1, got {getattr(self, name)}")
+        if self.blocks_in_flight < 0:
+            raise ValueError(f"--blocks-in-flight must be >= 0 (0: no overlap), got {self.blocks_in_flight}")
         if self.epochs < 0 or self.checkpoint_every < 0:
             raise ValueError("--epochs and --checkpoint-every must be >= 0")
         if not 0.0 <= self.dropout < 1.0:
@@ -755,6 +758,7 @@ def _train(cfg: TrainConfig, rank: int, world_size: int, manifest, target: str |
     model = distribute(
         net, mode=cfg.mode, staleness=cfg.staleness, bounded_staleness=cfg.bounded_staleness,
         compress=cfg.compress, error_feedback=cfg.error_feedback, compress_layers=cfg.compress_layers,
+        blocks_in_flight=cfg.blocks_in_flight,
     )
 
     def make_state(epoch: int) -> dict[str, Any] | None:
@@ -1082,6 +1086,9 @@ def _parser() -> argparse.ArgumentParser:
                        help="width of the learnable embedding of each node type without features "
                        "(default: the target's feature width)")
     ap.add_argument("--mode", choices=MODES, default=d.mode, help=f"sc.distribute mode (default {d.mode})")
+    ap.add_argument("--blocks-in-flight", type=int, default=d.blocks_in_flight, metavar="K",
+                    help="remote blocks each exchange posts ahead of the one it computes on, and gradient pushes "
+                    f"kept in flight: 0 for the least memory, more for more overlap (default {d.blocks_in_flight})")
     ap.add_argument("--seed", type=int, default=d.seed, help=f"initial weights and dropout masks (default {d.seed})")
     ap.add_argument("--out", help="run directory for the log and checkpoint (default runs/<timestamp>)")
     # --log-file first: under torchrun, whose parser sees every argument, a bare --log is an

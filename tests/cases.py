@@ -241,6 +241,7 @@ class Case:
     mode: str = "sar"
     train: bool = True
     executor: str = "auto"
+    blocks_in_flight: int = 1
 
 
 @dataclass
@@ -270,7 +271,8 @@ def payloads(case: Case, world_size: int) -> list[dict[str, Any]]:
     parts = split_graph(case.graph, case.assignment, world_size, {"x": case.x, "w": case.loss_weight})
     return [
         {"part": p, "model": case.model, "seed": case.seed, "mode": case.mode, "train": case.train,
-         "executor": case.executor, "num_nodes": case.graph.num_nodes, "num_edges": case.graph.num_edges}
+         "executor": case.executor, "blocks_in_flight": case.blocks_in_flight, "num_nodes": case.graph.num_nodes,
+         "num_edges": case.graph.num_edges}
         for p in parts
     ]
 
@@ -279,7 +281,8 @@ def run_worker(rank: int, world_size: int, payload: dict[str, Any]) -> Result:
     part: PartData = payload["part"]
     shard = ShardGraph.from_part(part, rank, world_size, payload["num_nodes"], payload["num_edges"])
     model = make_model(payload["model"], payload["seed"])
-    dm = sc.distribute(model, mode=payload["mode"], executor=payload.get("executor", "auto"))
+    dm = sc.distribute(model, mode=payload["mode"], executor=payload.get("executor", "auto"),
+                       blocks_in_flight=payload.get("blocks_in_flight", 1))
     dm.train(payload["train"])
     x = part.node_data["x"].clone().requires_grad_(True)
     comm.stats.reset()

@@ -182,8 +182,15 @@ def test_round_peak_counts_the_buffers_each_round_holds():
     # Fetch: the block visited, the next one arriving and the rows gathered for it.
     assert _round_peak(blocks, sends, fetch=True, push=False) == max(10 + 30 + 2, 30 + 20 + 3, 20)
     assert _round_peak(blocks, [0, 0, 0], fetch=True, push=False) == 50  # the pair of blocks alone
-    # Backward that fetches again and pushes: each block's gradient too.
-    assert _round_peak(blocks, sends, fetch=True, push=True) == max(20 + 32, 60 + 23, 40)
+    # Backward that fetches again and pushes: each block's gradient too, and the last
+    # round's push (its gradient, the owner's arriving) still in flight.
+    assert _round_peak(blocks, sends, fetch=True, push=True) == max(20 + 32, 60 + 23 + 11, 40 + 32)
     # Push only (blocks kept, or forward of a push op): the gradient and the owner's arriving.
-    assert _round_peak(blocks, sends, fetch=False, push=True) == max(11, 32, 23)
+    assert _round_peak(blocks, sends, fetch=False, push=True) == max(11, 32 + 11, 23 + 32)
     assert _round_peak([], [], fetch=True, push=True) == 0
+    # blocks_in_flight=0: nothing ahead, each push completed before the next block
+    assert _round_peak(blocks, sends, fetch=True, push=False, in_flight=0) == max(11, 32, 23)
+    assert _round_peak(blocks, sends, fetch=True, push=True, in_flight=0) == max(20, 60, 40)
+    assert _round_peak(blocks, sends, fetch=False, push=True, in_flight=0) == max(11, 32, 23)
+    # blocks_in_flight=2: two blocks arriving while the first is visited
+    assert _round_peak(blocks, sends, fetch=True, push=False, in_flight=2) == max(10 + 32 + 23, 30 + 23, 20)

@@ -21,6 +21,11 @@ class CompileOptions:
     ``staleness``, ``bounded_staleness``, ``compress`` and ``error_feedback`` choose an
     opt-in communication reduction (see :mod:`sarcompile.runtime.link`) for the layers in
     ``compress_layers`` (None: all).
+
+    ``blocks_in_flight``: how many remote blocks each exchange posts ahead of the one it
+    computes on, and how many rounds' gradient pushes stay in flight while it computes the
+    next (1: the transfer of one block overlaps the compute of another; 0: none, the least
+    memory; more: more overlap, one block buffer more each). ``oneshot`` posts every block at once.
     """
 
     mode: Mode = Mode.SAR
@@ -31,6 +36,7 @@ class CompileOptions:
     bounded_staleness: int | None = None
     error_feedback: bool = True
     compress_layers: tuple[str, ...] | None = None
+    blocks_in_flight: int = 1
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__  # frozen: normalise once, here
@@ -58,6 +64,10 @@ class CompileOptions:
         ):
             raise CompileError(
                 f"compress_layers must be a list of layer paths (e.g. ['conv1']), got {self.compress_layers!r}"
+            )
+        if isinstance(self.blocks_in_flight, bool) or not isinstance(self.blocks_in_flight, int) or self.blocks_in_flight < 0:
+            raise CompileError(
+                f"blocks_in_flight must be an integer >= 0 (0: no overlap, 1: the default), got {self.blocks_in_flight!r}"
             )
         halo = Strategy.halo()
         for key, strategy in self.strategies.items():

@@ -12,6 +12,10 @@ halo rows has ``kwargs["strategy"]`` in ``direct | remat | stash | oneshot``
 * mode ``stash``: every op keeps its remote blocks for backward.
 * mode ``oneshot``: every op fetches all halos at once and keeps them (domain parallel).
 
+Every such op also gets ``kwargs["in_flight"]``: the remote blocks it posts ahead of the
+one it computes on, and the gradient pushes it keeps in flight
+(``CompileOptions.blocks_in_flight``; ``oneshot`` posts all at once whatever it says).
+
 ``CompileOptions.strategies`` overrides the choice by layer path or node name; a key that
 names no layer or op, or ``direct`` for an op whose backward reads remote inputs, is
 refused with a :class:`~sarcompile.errors.CompileError`. Collective ops (batch norm) keep
@@ -57,7 +61,7 @@ def strategy(gm: fx.GraphModule, ctx: CompileOptions) -> fx.GraphModule:
                         f"strategies[{key!r}] = 'direct' for {node.name} ({op.describe(args)}): its backward reads "
                         "remote inputs, which 'direct' never fetches; use 'remat', 'stash' or 'oneshot'"
                     )
-        node.kwargs = {**node.kwargs, "strategy": chosen}
+        node.kwargs = {**node.kwargs, "strategy": chosen, "in_flight": ctx.blocks_in_flight}
         node.meta["strategy_reason"] = reason
     gm.recompile()
     return gm

@@ -416,20 +416,24 @@ def run_rounds(
     visit: Visit,
     *,
     fetch: torch.Tensor | None = None,
-    push_into: torch.Tensor | None = None,
+    push_into: torch.Tensor | Callable[[], torch.Tensor] | None = None,
     lookahead: int = 1,
     phase: str = "forward",
     what: str = "exchange",
     link=None,
     iteration: int = 0,
-) -> None:
+) -> torch.Tensor | None:
     """Visit every source partition once, local first, then ``q = r-1, r-2, ...``.
 
     ``fetch``: a node tensor (or :class:`Columns`) whose rows each peer needs; ``visit(q,
     block)`` then gets ``q``'s halo rows of it (the local block gets ``fetch`` itself), with ``lookahead``
     rounds posted ahead (1 for SAR; N-1 fetches everything at once, as domain parallel).
     ``push_into``: if given, what ``visit`` returns for ``q`` (gradient rows for ``q``'s
-    halo) is sent back to ``q``, and what peers return for our rows is summed into it.
+    halo) is sent back to ``q``, and what peers return for our rows is summed into it; up
+    to ``lookahead`` rounds' pushes stay in flight while the next blocks are visited.
+    ``push_into`` may be a function that makes the buffer (the local block's gradient, say):
+    it is called once the first blocks are posted, so that their transfer overlaps it.
+    Returns the buffer pushed into.
 
     ``link`` (a :class:`~sarcompile.runtime.link.LinkState`, None for exact SAR) makes the
     rounds of training ``iteration`` compressed, stale or pipelined (see that module).
@@ -439,7 +443,7 @@ def run_rounds(
     if kind == "sync" or (kind == "pipelined" and push_into is None and link.pending["forward"] is None):
         if cached and push_into is None:
             link.cache.clear()
-        blocks = _sync_rounds(shard, visit, fetch, push_into, lookahead, phase, what, link, iteration,
+        blocks, push_into = _sync_rounds(shard, visit, fetch, push_into, lookahead, phase, what, link, iteration,
                               keep=cached and push_into is None,
                               reuse=link.cache if cached and push_into is not None else None)
         if cached and push_into is None:  # a forward: keep the blocks for stale iterations
@@ -449,16 +453,19 @@ def run_rounds(
         if link is not None and link.policy.bounded and push_into is not None:
             _drain(link, "backward", what)  # last iteration's late gradients: superseded
     else:
+        push_into = push_into() if callable(push_into) else push_into
         _local_rounds(shard, visit, fetch, push_into, link, iteration, phase, what, kind)
     pipelined_next = link is not None and link.policy.bounded and link.policy.kind(iteration + 1) != "sync"
     if pipelined_next and push_into is None and fetch is not None:  # a forward: send for the next iteration
         _post_pipelined(shard, link, fetch, iteration, phase, what)
+    return push_into
 
 
-def _sync_rounds(shard, visit, fetch, push_into, lookahead, phase, what, link, iteration, keep, reuse) -> dict:
-    """The exact exchange (optionally compressed). ``keep``: return the remote blocks
-    received (else each is freed after its visit). ``reuse``: blocks already held (a
-    stale-capable forward's), visited instead of fetching them again."""
+def _sync_rounds(shard, visit, fetch, push_into, lookahead, phase, what, link, iteration, keep, reuse):
+    """The exact exchange (optionally compressed). Returns the remote blocks received if
+    ``keep`` (else each is freed after its visit; ``{}``) and the buffer pushed into.
+    ``reuse``: blocks already held (a stale-capable forward's), visited instead of fetching
+    them again."""
     n, r = shard.world_size, shard.rank
     tail = lambda t: tuple(t.shape[1:])
     wire = None if link is None else link.wire
@@ -510,20 +517,25 @@ def _sync_rounds(shard, visit, fetch, push_into, lookahead, phase, what, link, i
                 buf = wire.decode(buf, rows_p, tail(push_into), push_into.dtype)
             push_into.index_add_(0, shard.send_index[p], buf)
 
-    pending = deque()
-    if fetch_remote is not None:
-        pending.extend(post_fetch(k) for k in range(1, min(lookahead, n - 1) + 1))
+    pending = deque()  # fetches posted, their blocks not yet visited
+    posted = 0
+
+    def post_fetches_until(last: int) -> None:
+        nonlocal posted
+        while fetch_remote is not None and posted < min(last, n - 1):
+            posted += 1
+            pending.append(post_fetch(posted))
+
+    post_fetches_until(lookahead)
+    if callable(push_into):
+        push_into = push_into()
     local = visit(r, fetch)
     if push_into is not None and local is not None:
         push_into += local
-    in_flight = None
+    in_flight = deque()  # pushes posted, their gradients not yet added
     for k in range(1, n):
-        if in_flight is not None:
-            # The last round's gradients are added before this block's are made: two pushes
-            # in flight would hold four more [rows, F] buffers at the exchange's peak.
-            finish_push(in_flight)
-            in_flight = None
         if fetch_remote is not None:
+            post_fetches_until(k)  # (none ahead: this block's fetch is posted as it is visited)
             p, q, buf, works = pending.popleft()
             _wait(works, f"{what}: features to worker {p} / from worker {q}")
             del works
@@ -531,8 +543,7 @@ def _sync_rounds(shard, visit, fetch, push_into, lookahead, phase, what, link, i
                 buf = fetch.new_empty((0, *tail(fetch)))
             elif wire is not None and wire.policy.bits:
                 buf = live.track(wire.decode(buf, shard.blocks[q].num_src, tail(fetch), fetch.dtype))
-            if k + lookahead < n:
-                pending.append(post_fetch(k + lookahead))
+            post_fetches_until(k + lookahead)
             if keep:
                 received[q] = buf
         elif reuse is not None and fetch is not None:
@@ -543,11 +554,14 @@ def _sync_rounds(shard, visit, fetch, push_into, lookahead, phase, what, link, i
         out = visit(q, buf)
         del buf  # the block is freed here unless visit (stash) or the link's cache kept it
         if push_into is not None:
-            in_flight = post_push(k, out)
+            in_flight.append(post_push(k, out))
             del out
-    if in_flight is not None:
-        finish_push(in_flight)
-    return received
+            # Each push in flight holds two more block-sized buffers (plan._round_peak)
+            while len(in_flight) > lookahead:
+                finish_push(in_flight.popleft())
+    while in_flight:
+        finish_push(in_flight.popleft())
+    return received, push_into
 
 
 def _local_rounds(shard, visit, fetch, push_into, link, iteration, phase, what, kind) -> None:

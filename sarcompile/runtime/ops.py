@@ -40,8 +40,9 @@ __all__ = [
 ]
 
 
-def _lookahead(shard: ShardGraph, strategy: Strategy) -> int:
-    return max(shard.world_size - 1, 1) if strategy is Strategy.ONESHOT else 1
+def _lookahead(shard: ShardGraph, strategy: Strategy, in_flight: int) -> int:
+    """Blocks a forward posts ahead of the one it computes on: ``oneshot`` posts them all."""
+    return max(shard.world_size - 1, 1) if strategy is Strategy.ONESHOT else in_flight
 
 
 def _refetch(op, strategy: Strategy, args: dict, needs_grad: dict[str, bool]) -> bool:
@@ -99,10 +100,10 @@ def _bcast(deg: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 
 class _SarSpmm(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, shard: ShardGraph, reduce: str, strategy: Strategy, executor: str, link, iteration: int,
-                into=None):
+    def forward(ctx, x, weight, shard: ShardGraph, reduce: str, strategy: Strategy, in_flight: int, executor: str, link,
+                iteration: int, into=None):
         K = ctx.K = kernels_for(executor, x.device)
-        ctx.link, ctx.iteration = link, iteration
+        ctx.link, ctx.iteration, ctx.in_flight = link, iteration, in_flight
         wants = {"x": ctx.needs_input_grad[0], "edge_weight": weight is not None and ctx.needs_input_grad[1]}
         ctx.refetch = _refetch(ir.spmm, strategy, {"reduce": reduce}, wants)
         tail = tuple(x.shape[1:])
@@ -125,7 +126,7 @@ class _SarSpmm(torch.autograd.Function):
             else:  # the local block comes first: its sums are the buffer, unless given one
                 acc["out"] = K.spmm(block, xb, w, into=acc.get("out"))
 
-        run_rounds(shard, visit, fetch=x, lookahead=_lookahead(shard, strategy), what=f"spmm({reduce})",
+        run_rounds(shard, visit, fetch=x, lookahead=_lookahead(shard, strategy, in_flight), what=f"spmm({reduce})",
                    link=link, iteration=iteration)
         # x itself only for the edge weights' gradient (<g[v], x[u]>); the rest needs its shape
         keep_x = x if wants["edge_weight"] else None
@@ -147,7 +148,7 @@ class _SarSpmm(torch.autograd.Function):
         shard, reduce, K = ctx.shard, ctx.reduce, ctx.K
         x, weight, *pos = ctx.saved_tensors
         want_x, want_w = ctx.needs_input_grad[0], weight is not None and ctx.needs_input_grad[1]
-        g_into = g if ctx.needs_input_grad[8] else None  # d(into + sums)/d(into): g as it is
+        g_into = g if ctx.needs_input_grad[9] else None  # d(into + sums)/d(into): g as it is
         gw = torch.zeros_like(weight) if want_w else None
         # The mean's 1/deg: as the edges' weights where there are none (no [n, F] copy of g)
         per_edge = reduce == "mean" and weight is None
@@ -165,9 +166,6 @@ class _SarSpmm(torch.autograd.Function):
                 return K.spmm_t(block, g, mean_weights(block), transposed=True)
             return K.spmm_t(block, g, _edge_slice(weight, shard, q))
 
-        # The local block's gradient is the buffer the peers' pushes add into: no zeroed copy.
-        gx = grad_x(shard.rank) if want_x else None
-
         def visit(q: int, xb: torch.Tensor | None):
             if want_w:
                 xb = x if q == shard.rank else kept.get(q, xb)
@@ -175,25 +173,29 @@ class _SarSpmm(torch.autograd.Function):
                 gw[lo:hi] = K.edge_dot(shard.blocks[q], g, xb, weight.shape)
             return grad_x(q) if want_x and q != shard.rank else None
 
+        gx = None
         if want_x or want_w:
-            run_rounds(
+            # The local block's gradient is the buffer the peers' pushes add into (no zeroed
+            # copy), made once the first remote block is on its way.
+            gx = run_rounds(
                 shard,
                 visit,
                 fetch=x.detach() if ctx.refetch else None,
-                push_into=gx,
+                push_into=(lambda: grad_x(shard.rank)) if want_x else None,
                 phase="backward",
                 what=f"spmm({reduce}) backward",
                 link=ctx.link,
                 iteration=ctx.iteration,
+                lookahead=ctx.in_flight,
             )
         ctx.kept = None
-        return gx, gw, None, None, None, None, None, None, g_into
+        return gx, gw, None, None, None, None, None, None, None, g_into
 
 
 class _SarSddmm(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, a, b, shard: ShardGraph, op: str, strategy: Strategy, link, iteration: int):
-        ctx.link, ctx.iteration = link, iteration
+    def forward(ctx, a, b, shard: ShardGraph, op: str, strategy: Strategy, in_flight: int, link, iteration: int):
+        ctx.link, ctx.iteration, ctx.in_flight = link, iteration, in_flight
         ctx.refetch = _refetch(ir.sddmm, strategy, {"op": op}, {"a": ctx.needs_input_grad[0], "b": ctx.needs_input_grad[1]})
         kept: dict[int, torch.Tensor] = {}
         pieces: dict[int, torch.Tensor] = {}
@@ -203,7 +205,7 @@ class _SarSddmm(torch.autograd.Function):
                 kept[q] = ab
             pieces[q] = torch_kernels.sddmm(shard.blocks[q], ab, b, op)
 
-        run_rounds(shard, visit, fetch=a, lookahead=_lookahead(shard, strategy), what=f"sddmm({op})",
+        run_rounds(shard, visit, fetch=a, lookahead=_lookahead(shard, strategy, in_flight), what=f"sddmm({op})",
                    link=link, iteration=iteration)
         # Only mul and dot read the inputs in backward (each the other's); the rest needs shapes.
         product = op in ("mul", "dot")
@@ -240,9 +242,10 @@ class _SarSddmm(torch.autograd.Function):
                 what=f"sddmm({op}) backward",
                 link=ctx.link,
                 iteration=ctx.iteration,
+                lookahead=ctx.in_flight,
             )
         ctx.kept = None
-        return ga, gb, None, None, None, None, None
+        return ga, gb, None, None, None, None, None, None
 
 
 def _link(shard: ShardGraph, policy: LinkPolicy | None) -> tuple[LinkState | None, int]:
@@ -273,10 +276,10 @@ class _SarAttention(torch.autograd.Function):
     @staticmethod
     def forward(
         ctx, h, a_src, a_dst, a_edge, shard: ShardGraph, negative_slope: float, p: float, salt, strategy: Strategy,
-        executor: str, link, iteration: int,
+        in_flight: int, executor: str, link, iteration: int,
     ):
         K = ctx.K = kernels_for(executor, h.device)
-        ctx.link, ctx.iteration = link, iteration
+        ctx.link, ctx.iteration, ctx.in_flight = link, iteration, in_flight
         wants = dict(zip(("h", "a_src", "a_dst", "a_edge"), ctx.needs_input_grad))
         ctx.refetch = _refetch(ir.attention, strategy, {}, wants)
         n, heads, channels = h.shape
@@ -292,7 +295,7 @@ class _SarAttention(torch.autograd.Function):
             keep = _keep(shard, q, heads, p, salt, h.dtype, h.device)
             state.update(block, hb, ab, a_dst, negative_slope, keep, _edge_slice(a_edge, shard, q))
 
-        run_rounds(shard, visit, fetch=payload, lookahead=_lookahead(shard, strategy), what="attention",
+        run_rounds(shard, visit, fetch=payload, lookahead=_lookahead(shard, strategy, in_flight), what="attention",
                    link=link, iteration=iteration)
         del payload  # only the peers needed it: backward keeps h and a_src, which their producers keep too
         out, lse = state.result()
@@ -339,28 +342,28 @@ class _SarAttention(torch.autograd.Function):
             return into
 
         if shard.world_size == 1:
-            return *block_grads(shard.rank, h, a_src), d_a_dst, d_a_edge, None, None, None, None, None, None, None, None
-        # The local block's gradient is the buffer the peers' pushes add into: no zeroed copy.
-        d_payload = pushed_grads(shard.rank, h, a_src)
-
+            return *block_grads(shard.rank, h, a_src), d_a_dst, d_a_edge, None, None, None, None, None, None, None, None, None
         def visit(q: int, block_payload: torch.Tensor | None) -> torch.Tensor | None:
             if q == shard.rank:
                 return None
             return pushed_grads(q, *_split_payload(kept.get(q, block_payload), heads, channels))
 
-        run_rounds(
+        # The local block's gradient is the buffer the peers' pushes add into (no zeroed copy),
+        # made once the first remote block is on its way.
+        d_payload = run_rounds(
             shard,
             visit,
             fetch=_payload(shard, h, a_src) if ctx.refetch else None,
-            push_into=d_payload,
+            push_into=lambda: pushed_grads(shard.rank, h, a_src),
             phase="backward",
             what="attention backward",
             link=ctx.link,
             iteration=ctx.iteration,
+            lookahead=ctx.in_flight,
         )
         ctx.kept = None
         d_h, d_a_src = _split_payload(d_payload, heads, channels)
-        return d_h, d_a_src, d_a_dst, d_a_edge, None, None, None, None, None, None, None, None
+        return d_h, d_a_src, d_a_dst, d_a_edge, None, None, None, None, None, None, None, None, None
 
 
 def _row_term(ctx, d_out: torch.Tensor) -> torch.Tensor:
@@ -415,6 +418,7 @@ def sar_attention(
     a_edge: torch.Tensor | None = None,
     *,
     strategy: Strategy = Strategy.REMAT,
+    in_flight: int = 1,
     executor: str = "auto",
     comm: LinkPolicy | None = None,
 ) -> torch.Tensor:
@@ -422,7 +426,7 @@ def sar_attention(
     ``a_edge [E, H]`` in shard order or None."""
     link, iteration = _link(shard, comm)
     return _SarAttention.apply(
-        h, a_src, a_dst, a_edge, shard, float(negative_slope), float(dropout), salt, Strategy(strategy), executor,
+        h, a_src, a_dst, a_edge, shard, float(negative_slope), float(dropout), salt, Strategy(strategy), in_flight, executor,
         link, iteration,
     )
 
@@ -435,6 +439,7 @@ def sar_spmm(
     edge_weight: torch.Tensor | None = None,
     *,
     strategy: Strategy = Strategy.REMAT,
+    in_flight: int = 1,
     executor: str = "auto",
     comm: LinkPolicy | None = None,
     into: torch.Tensor | None = None,
@@ -442,8 +447,8 @@ def sar_spmm(
     """Partitioned :func:`sarcompile.ops.spmm`; edge weights in shard order."""
     link, iteration = _link(shard, comm)
     if into is not None and not _writable_into(into, (shard.num_nodes, *x.shape[1:]), x.dtype):
-        return into + _SarSpmm.apply(x, edge_weight, shard, reduce, Strategy(strategy), executor, link, iteration, None)
-    return _SarSpmm.apply(x, edge_weight, shard, reduce, Strategy(strategy), executor, link, iteration, into)
+        return into + _SarSpmm.apply(x, edge_weight, shard, reduce, Strategy(strategy), in_flight, executor, link, iteration, None)
+    return _SarSpmm.apply(x, edge_weight, shard, reduce, Strategy(strategy), in_flight, executor, link, iteration, into)
 
 
 def _writable_into(t: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype) -> bool:
@@ -454,11 +459,12 @@ def _writable_into(t: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype) 
 
 @ir.gather_src.definition.implement
 def sar_gather_src(
-    shard: ShardGraph, x: torch.Tensor, *, strategy: Strategy = Strategy.REMAT, comm: LinkPolicy | None = None
+    shard: ShardGraph, x: torch.Tensor, *, strategy: Strategy = Strategy.REMAT, in_flight: int = 1,
+    comm: LinkPolicy | None = None,
 ) -> torch.Tensor:
     """Partitioned :func:`sarcompile.ops.gather_src`: sddmm's exchange with the source side only."""
     link, iteration = _link(shard, comm)
-    return _SarSddmm.apply(x, None, shard, "copy_u", Strategy(strategy), link, iteration)
+    return _SarSddmm.apply(x, None, shard, "copy_u", Strategy(strategy), in_flight, link, iteration)
 
 
 @ir.sddmm.definition.implement
@@ -469,11 +475,12 @@ def sar_sddmm(
     op: str,
     *,
     strategy: Strategy = Strategy.REMAT,
+    in_flight: int = 1,
     comm: LinkPolicy | None = None,
 ) -> torch.Tensor:
     """Partitioned :func:`sarcompile.ops.sddmm`; the result is in shard edge order."""
     link, iteration = _link(shard, comm)
-    return _SarSddmm.apply(a, b, shard, op, Strategy(strategy), link, iteration)
+    return _SarSddmm.apply(a, b, shard, op, Strategy(strategy), in_flight, link, iteration)
 
 
 class _SarEdgeReduceSrc(torch.autograd.Function):
@@ -623,8 +630,9 @@ class _SarMessage(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, x, edge_attr, shard: ShardGraph, fn, reduce: str, strategy: Strategy, link, iteration: int, *params):
-        ctx.link, ctx.iteration = link, iteration
+    def forward(ctx, x, edge_attr, shard: ShardGraph, fn, reduce: str, strategy: Strategy, in_flight: int, link,
+                iteration: int, *params):
+        ctx.link, ctx.iteration, ctx.in_flight = link, iteration, in_flight
         wants = {"x": ctx.needs_input_grad[0], "edge_attr": edge_attr is not None and ctx.needs_input_grad[1]}
         ctx.refetch = _refetch(ir.message_passing, strategy, {"reduce": reduce}, wants)
         kept: dict[int, torch.Tensor] = {}
@@ -644,7 +652,7 @@ class _SarMessage(torch.autograd.Function):
             else:
                 acc["out"].index_add_(0, block.row, msg)
 
-        run_rounds(shard, visit, fetch=x, lookahead=_lookahead(shard, strategy), what=f"message_passing({reduce})",
+        run_rounds(shard, visit, fetch=x, lookahead=_lookahead(shard, strategy, in_flight), what=f"message_passing({reduce})",
                    link=link, iteration=iteration)
         if state is not None:
             out = state.result()
@@ -713,9 +721,10 @@ class _SarMessage(torch.autograd.Function):
             what=f"message_passing({reduce}) backward",
             link=ctx.link,
             iteration=ctx.iteration,
+            lookahead=ctx.in_flight,
         )
         ctx.kept = None
-        return (gx, ge, None, None, None, None, None, None, *gp)
+        return (gx, ge, None, None, None, None, None, None, None, *gp)
 
 
 @ir.message_passing.definition.implement
@@ -727,12 +736,13 @@ def sar_message(
     reduce: str,
     *,
     strategy: Strategy = Strategy.REMAT,
+    in_flight: int = 1,
     comm: LinkPolicy | None = None,
 ) -> torch.Tensor:
     """Partitioned :func:`sarcompile.ops.message_passing`; edge features in shard order."""
     params = [p for p in fn.parameters() if p.requires_grad]
     link, iteration = _link(shard, comm)
-    return _SarMessage.apply(x, edge_attr, shard, fn, reduce, Strategy(strategy), link, iteration, *params)
+    return _SarMessage.apply(x, edge_attr, shard, fn, reduce, Strategy(strategy), in_flight, link, iteration, *params)
 
 
 class _GlobalBatchNorm(torch.autograd.Function):

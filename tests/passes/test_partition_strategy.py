@@ -90,6 +90,14 @@ def test_bad_options_are_rejected_early():
         sc.distribute(Mixed(), staleness=0)
     with pytest.raises(sc.CompileError, match="executor must be one of"):
         sc.distribute(Mixed(), executor="cuda")
+    for bad in (-1, True, "1", 1.0):
+        with pytest.raises(sc.CompileError, match=r"blocks_in_flight must be an integer >= 0 \(0: no overlap"):
+            sc.distribute(Mixed(), blocks_in_flight=bad)
+
+
+def test_every_exchanging_op_gets_the_blocks_in_flight():
+    gm = _compile(CompileOptions(blocks_in_flight=3))
+    assert [n.kwargs["in_flight"] for n in gm.graph.nodes if "ir_op" in n.meta] == [3, 3, 3, 3]
 
 
 def test_instance_norm_is_rejected_at_compile_time():

@@ -166,6 +166,34 @@ def test_metis_partitions(pool):
         check(_case(g, assign(g, world_size, "metis", seed=0), model="mix", seed=world_size), world_size, pool)
 
 
+def test_blocks_in_flight_change_neither_values_nor_traffic(pool):
+    """blocks_in_flight 0 (no overlap), 1 (the default) and 2 give the single machine's
+    values, the same bytes, and as many remote blocks alive at once as the plan says."""
+    from cases import make_model
+
+    gen = torch.Generator().manual_seed(8)
+    n = 48
+    g = _random_graph(n, 260, gen)
+    assignment = torch.randint(0, 4, (n,), generator=gen)
+    peaks = {}
+    for model, mode in (("mix", "sar"), ("edge", "sar"), ("gat3", "sar"), ("msg", "stash"), ("gathers", "sar")):
+        for in_flight in (0, 1, 2):
+            case = _case(g, assignment, model, mode)
+            case.blocks_in_flight = in_flight
+            results = check(case, 4, pool)
+            plan = sc.distribute(make_model(model, case.seed), mode=mode, blocks_in_flight=in_flight).plan(
+                g, 4, x=case.x.clone().requires_grad_(), method=assignment
+            )
+            assert f"blocks_in_flight={in_flight}" in str(plan)
+            for rank, r in enumerate(results):
+                assert plan.forward_bytes(rank) == r.stats["received"].get("forward", 0), (model, in_flight, rank)
+                assert plan.backward_bytes(rank) == r.stats["received"].get("backward", 0), (model, in_flight, rank)
+                assert plan.memory_estimate()[rank].breakdown["remote_blocks"] == r.stats["peak_block_bytes"]
+            peaks[model, in_flight] = max(r.stats["peak_blocks"] for r in results)
+    # More in flight holds more blocks at once: one being visited and `in_flight` arriving
+    assert [peaks["mix", k] for k in (0, 1, 2)] == [1, 2, 3]
+
+
 def test_sar_sum_mean_never_refetches_and_frees_blocks(pool):
     """Direct strategies: backward traffic is exactly the gradients of what forward fetched."""
     gen = torch.Generator().manual_seed(0)
