@@ -166,7 +166,7 @@ def measure(a: argparse.Namespace) -> list[dict]:
                 for n in a.workers:
                     env = {**base, **extra, "OMP_NUM_THREADS": str(max(threads // n, 1))}
                     args = [worker, "--engine", "sarcompile", "--model", model, "--parts", str(tmp / f"{kind}{n}"),
-                            "--out", str(out), *common, *hidden]
+                            "--out", str(out), *common, *hidden, "--blocks-in-flight", str(a.blocks_in_flight)]
                     rec = run_one(launcher(n) + args, out, env, a.timeout)
                     if rec:
                         rows.append({"engine": "sarcompile", **tag, "workers": n, "per_worker": rec})
@@ -286,6 +286,8 @@ def main() -> None:
     ap.add_argument("--rgcn-hidden", type=int, default=64, help="rgcn's hidden width (DGL's ogbn-mag example: 64)")
     ap.add_argument("--workers", nargs="+", type=int, default=[1, 2, 4, 8])
     ap.add_argument("--epochs", type=int, default=5, help="timed epochs after one warm-up")
+    ap.add_argument("--blocks-in-flight", type=int, default=1,
+                    help="sarcompile's overlap: blocks posted ahead and pushes in flight (0: none; default 1)")
     ap.add_argument("--threads", type=int, default=0, help="threads of the one process (default: all cores)")
     ap.add_argument("--allocator", nargs="+", choices=["default", "tcmalloc", "jemalloc", *OWN_SETTINGS],
                     default=["default"],
@@ -300,7 +302,7 @@ def main() -> None:
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     config = {k: getattr(a, k) for k in ("nodes", "edges", "features", "classes", "hidden", "epochs", "threads",
-                                         "allocator", "mag_scale", "rgcn_hidden")}
+                                         "allocator", "mag_scale", "rgcn_hidden", "blocks_in_flight")}
     tmp = out.with_suffix(".tmp")
     tmp.write_text(json.dumps({"config": config, "rows": rows}, indent=1))
     tmp.replace(out)

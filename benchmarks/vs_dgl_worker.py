@@ -245,7 +245,7 @@ def run_sarcompile(a) -> list[dict]:
     loaded = status_bytes("VmRSS") - floor
     torch.manual_seed(0)
     net = _typed_model(a, manifest) if typed else sc_model(a.model, x.shape[1], a.hidden, a.classes)
-    model = sc.distribute(net)
+    model = sc.distribute(net, blocks_in_flight=a.blocks_in_flight)
     opt = torch.optim.Adam(model.parameters(), lr=0.01)
     estimate = model.plan(a.parts, optimizer=opt).memory_estimate()[rank]
     total = sc.global_sum(torch.tensor(float(y.numel())))
@@ -316,6 +316,7 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--classes", type=int, default=16)
     ap.add_argument("--epochs", type=int, default=5)
+    ap.add_argument("--blocks-in-flight", type=int, default=1, help="sarcompile's overlap (sc.distribute)")
     ap.add_argument("--dropout", type=float, default=0.5, help="rgcn's dropout between its layers")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()

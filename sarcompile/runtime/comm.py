@@ -554,10 +554,13 @@ def _sync_rounds(shard, visit, fetch, push_into, lookahead, phase, what, link, i
         out = visit(q, buf)
         del buf  # the block is freed here unless visit (stash) or the link's cache kept it
         if push_into is not None:
+            # Each push in flight holds two block-sized buffers (plan._round_peak): the
+            # oldest completes before the next is posted, never one more than `lookahead`.
+            while in_flight and len(in_flight) >= lookahead:
+                finish_push(in_flight.popleft())
             in_flight.append(post_push(k, out))
             del out
-            # Each push in flight holds two more block-sized buffers (plan._round_peak)
-            while len(in_flight) > lookahead:
+            if not lookahead:
                 finish_push(in_flight.popleft())
     while in_flight:
         finish_push(in_flight.popleft())
