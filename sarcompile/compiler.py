@@ -30,6 +30,7 @@ import torch
 import torch.fx as fx
 from torch import nn
 
+from . import logs
 from .errors import CompileError, GraphError
 from .frontends import load_available
 from .graph import Graph
@@ -271,6 +272,9 @@ def _compile(model: nn.Module, options: CompileOptions, partitioned: bool, call:
         gm = run(gm, options)
         seconds[name] = time.perf_counter() - start
         stages.append((name, listing(gm) if run is check else gm.code))
+    if "passes" in logs.ON:
+        for name, code in stages:
+            logs.log("passes", f"{type(model).__name__} after {name} ({seconds[name] * 1e3:.1f} ms):\n{code.strip()}")
     order = tuple(n.meta["table"] for n in gm.graph.nodes if n.op == "placeholder" and "table" in n.meta)
     return Program(gm, stages, order, seconds)
 

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
+from . import logs
 from .opdef import AllReduce, Halo, OpDef, Push, Temporaries, definition
 from .runtime.comm import offline
 from .runtime.link import Wire
@@ -469,8 +470,13 @@ def build_plan(
               for path, ntype, row in shape.tables]
     seconds = {**(compile_seconds or {}), "plan": time.perf_counter() - start}
     in_flight = {node.kwargs["in_flight"] for node in gm.graph.nodes if "in_flight" in node.kwargs}
-    return Plan(model_name, mode, n, workers, ops, list(stages), estimates, kernels, warned, tables, seconds,
+    plan = Plan(model_name, mode, n, workers, ops, list(stages), estimates, kernels, warned, tables, seconds,
                 max(in_flight) if in_flight and n > 1 else None)
+    if "plan" in logs.ON:
+        peaks = ", ".join(f"{_size(e.peak_bytes)}" for e in estimates)
+        logs.log("plan", f"{model_name} on {n} workers, mode={mode}: {len(ops)} ops, estimated peak per worker "
+                 f"{peaks}; {plan.compile_summary()}" + (f"\n{plan}" if logs.verbose("plan") else ""))
+    return plan
 
 
 def _layer(node: fx.Node) -> str:

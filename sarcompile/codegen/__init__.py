@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from .. import ops
+from .. import logs, ops
 from ..errors import KernelError
 from ..vocab import Executor
 from . import torch_kernels
@@ -32,25 +32,40 @@ def triton_available() -> bool:
 _warned_no_triton = False
 
 
-def kernels_for(executor: str, device: torch.device) -> ModuleType:
-    """The kernel module for ``executor`` on tensors on ``device``.
+def kernels_for(executor: str, device: torch.device, op: str = "") -> ModuleType:
+    """The kernel module for ``executor`` on tensors on ``device``; ``op`` names the op
+    asking, for ``SARCOMPILE_LOGS=kernels``.
 
     ``auto``: Triton on CUDA tensors (torch if triton is not installed, with one warning),
     torch on CPU tensors. ``triton``: generated kernels always -- on CPU tensors only under
     ``TRITON_INTERPRET=1`` (to check them without a GPU). ``torch``: torch kernels.
     """
+    module, why = _choose(executor, device)
+    if "kernels" in logs.ON and (op, executor, device.type) not in _logged:
+        _logged.add((op, executor, device.type))  # once per op, executor and device, not every call
+        logs.log("kernels", f"{op or 'an op'} on {device.type}: {module.__name__.rsplit('.', 1)[-1]} ({why})")
+    return module
+
+
+_logged: set[tuple[str, str, str]] = set()
+
+
+def _choose(executor: str, device: torch.device) -> tuple[ModuleType, str]:
+    """The kernel module and why it was chosen."""
     global _warned_no_triton
     if executor not in Executor.values():
         raise KernelError(f"executor must be one of {Executor.values()}, got {executor!r}")
-    if executor == Executor.TORCH or (executor == Executor.AUTO and device.type != "cuda"):
-        return torch_kernels
+    if executor == Executor.TORCH:
+        return torch_kernels, "executor='torch'"
+    if executor == Executor.AUTO and device.type != "cuda":
+        return torch_kernels, f"executor='auto' on {device.type} tensors: generated Triton kernels run on CUDA"
     if not triton_available():
         if executor == Executor.TRITON:
             raise KernelError("executor='triton' needs the triton package: pip install 'sarcompile[triton]'")
         if not _warned_no_triton:
-            warnings.warn("triton is not installed: CUDA tensors use the torch kernels", stacklevel=2)
+            warnings.warn("triton is not installed: CUDA tensors use the torch kernels", stacklevel=3)
             _warned_no_triton = True
-        return torch_kernels
+        return torch_kernels, "triton is not installed"
     if device.type != "cuda" and current_target() != "interpreter":
         raise KernelError(
             f"executor='triton' got tensors on {device.type}; Triton kernels run on CUDA tensors, or on "
@@ -59,7 +74,8 @@ def kernels_for(executor: str, device: torch.device) -> ModuleType:
         )
     from . import triton_kernels
 
-    return triton_kernels
+    where = "CUDA" if device.type == "cuda" else "the Triton interpreter (TRITON_INTERPRET=1)"
+    return triton_kernels, f"executor={str(executor)!r}: generated Triton kernels on {where}"
 
 
 @ops.spmm.definition.register_kernels

@@ -33,6 +33,7 @@ import torch
 import torch.distributed as dist
 
 from ..errors import CommError
+from .. import logs
 from . import failure, memory
 from .link import Pending
 from ..tables import table_type
@@ -329,9 +330,9 @@ stats = CommStats()
 live = LiveBlocks()
 
 
-def _wait(works: list, what: str, kind: str = "exchange") -> None:
+def _wait(works: list, what: str, kind: str = "exchange") -> float:
     """Wait for posted ``works``, within the timeout; the time blocked is counted in
-    ``stats.waited[kind]``."""
+    ``stats.waited[kind]`` and returned."""
     limit = timedelta(seconds=timeout())
     start = time.perf_counter()
     for w in works:
@@ -342,7 +343,9 @@ def _wait(works: list, what: str, kind: str = "exchange") -> None:
                 f"{what}: a peer worker did not answer within {limit.total_seconds():.0f}s or went away "
                 f"({e}). Check the other workers' logs; raise SARCOMPILE_TIMEOUT if they are just slow."
             ) from None
-    stats.waited[kind] += time.perf_counter() - start
+    waited = time.perf_counter() - start
+    stats.waited[kind] += waited
+    return waited
 
 
 # -- the rounds -----------------------------------------------------------------------------
@@ -444,8 +447,8 @@ def run_rounds(
         if cached and push_into is None:
             link.cache.clear()
         blocks, push_into = _sync_rounds(shard, visit, fetch, push_into, lookahead, phase, what, link, iteration,
-                              keep=cached and push_into is None,
-                              reuse=link.cache if cached and push_into is not None else None)
+                                         keep=cached and push_into is None,
+                                         reuse=link.cache if cached and push_into is not None else None)
         if cached and push_into is None:  # a forward: keep the blocks for stale iterations
             link.cache, link.cache_iteration = blocks, iteration
             link.ages.append(0)
@@ -458,6 +461,9 @@ def run_rounds(
     pipelined_next = link is not None and link.policy.bounded and link.policy.kind(iteration + 1) != "sync"
     if pipelined_next and push_into is None and fetch is not None:  # a forward: send for the next iteration
         _post_pipelined(shard, link, fetch, iteration, phase, what)
+    if "memory" in logs.ON and not _offline:  # (not the plan's probe, which runs on a one-worker shard)
+        logs.log("memory", f"after {_named(what, phase)}: resident {memory.status_bytes('VmRSS') / 2**20:.1f} MiB, remote "
+                 f"blocks alive {live.bytes / 2**20:.2f} MiB (most at once so far {live.peak_bytes / 2**20:.2f} MiB)")
     return push_into
 
 
@@ -474,6 +480,7 @@ def _sync_rounds(shard, visit, fetch, push_into, lookahead, phase, what, link, i
     else:
         fetch_remote = fetch
     received: dict[int, torch.Tensor] = {}
+    sent_bytes: dict[tuple[str, int], int] = {}  # per payload and peer, of the round posted last (for SARCOMPILE_LOGS=comm)
 
     def post_fetch(k: int):
         p, q = (r + k) % n, (r - k) % n
@@ -482,6 +489,7 @@ def _sync_rounds(shard, visit, fetch, push_into, lookahead, phase, what, link, i
         if rows.numel():
             send = fetch_remote[rows] if wire is None else wire.encode(fetch_remote[rows], f"{phase} features", p, iteration)
             send = send.contiguous()
+            sent_bytes["rows", p] = _nbytes(send)
             works.append(_isend(send, p, TAG_FEATURES, phase))
         if shard.blocks[q].num_src:
             rows_q = shard.blocks[q].num_src
@@ -498,6 +506,7 @@ def _sync_rounds(shard, visit, fetch, push_into, lookahead, phase, what, link, i
         if shard.blocks[q].num_src:
             send = grad_rows if wire is None else wire.encode(grad_rows, f"{phase} gradients", q, iteration)
             send = send.contiguous()
+            sent_bytes["gradients", q] = _nbytes(send)
             works.append(_isend(send, q, TAG_GRADS, phase))
         if shard.send_index[p].numel():
             rows_p = shard.send_index[p].numel()
@@ -510,7 +519,9 @@ def _sync_rounds(shard, visit, fetch, push_into, lookahead, phase, what, link, i
 
     def finish_push(posted) -> None:
         p, q, buf, works = posted
-        _wait(works, f"{what}: gradients to worker {q} / from worker {p}")
+        waited = _wait(works, f"{what}: gradients to worker {q} / from worker {p}")
+        if "comm" in logs.ON:
+            _log_round(what, phase, "gradients", q, sent_bytes.pop(("gradients", q), 0), p, _nbytes(buf), waited)
         if buf is not None:
             rows_p = shard.send_index[p].numel()
             if wire is not None:
@@ -537,7 +548,9 @@ def _sync_rounds(shard, visit, fetch, push_into, lookahead, phase, what, link, i
         if fetch_remote is not None:
             post_fetches_until(k)  # (none ahead: this block's fetch is posted as it is visited)
             p, q, buf, works = pending.popleft()
-            _wait(works, f"{what}: features to worker {p} / from worker {q}")
+            waited = _wait(works, f"{what}: features to worker {p} / from worker {q}")
+            if "comm" in logs.ON:
+                _log_round(what, phase, "rows", p, sent_bytes.pop(("rows", p), 0), q, _nbytes(buf), waited)
             del works
             if buf is None:  # nothing to receive from q: an empty block keeps kernels uniform
                 buf = fetch.new_empty((0, *tail(fetch)))
@@ -565,6 +578,20 @@ def _sync_rounds(shard, visit, fetch, push_into, lookahead, phase, what, link, i
     while in_flight:
         finish_push(in_flight.popleft())
     return received, push_into
+
+
+def _nbytes(t: torch.Tensor | None) -> int:
+    return 0 if t is None else t.numel() * t.element_size()
+
+
+def _log_round(what: str, phase: str, payload: str, to: int, sent: int, source: int, got: int, waited: float) -> None:
+    logs.log("comm", f"{_named(what, phase)}: {payload} {sent} B to worker {to}, {got} B from worker {source}, "
+             f"waited {waited * 1e3:.2f} ms")
+
+
+def _named(what: str, phase: str) -> str:
+    """``spmm(mean) forward``, ``attention backward`` (``what`` of a backward names it already)."""
+    return what if what.endswith(phase) else f"{what} {phase}"
 
 
 def _local_rounds(shard, visit, fetch, push_into, link, iteration, phase, what, kind) -> None:

@@ -102,7 +102,7 @@ class _SarSpmm(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, shard: ShardGraph, reduce: str, strategy: Strategy, in_flight: int, executor: str, link,
                 iteration: int, into=None):
-        K = ctx.K = kernels_for(executor, x.device)
+        K = ctx.K = kernels_for(executor, x.device, f"spmm({reduce})")
         ctx.link, ctx.iteration, ctx.in_flight = link, iteration, in_flight
         wants = {"x": ctx.needs_input_grad[0], "edge_weight": weight is not None and ctx.needs_input_grad[1]}
         ctx.refetch = _refetch(ir.spmm, strategy, {"reduce": reduce}, wants)
@@ -278,7 +278,7 @@ class _SarAttention(torch.autograd.Function):
         ctx, h, a_src, a_dst, a_edge, shard: ShardGraph, negative_slope: float, p: float, salt, strategy: Strategy,
         in_flight: int, executor: str, link, iteration: int,
     ):
-        K = ctx.K = kernels_for(executor, h.device)
+        K = ctx.K = kernels_for(executor, h.device, "attention")
         ctx.link, ctx.iteration, ctx.in_flight = link, iteration, in_flight
         wants = dict(zip(("h", "a_src", "a_dst", "a_edge"), ctx.needs_input_grad))
         ctx.refetch = _refetch(ir.attention, strategy, {}, wants)
