@@ -177,6 +177,31 @@ def test_plan_command_prints_the_plan(tmp_path, capsys):
     assert (tmp_path / "plan.dot").read_text().startswith("digraph plan {")
 
 
+def test_explain_says_how_each_layer_is_lowered_or_why_it_is_refused(tmp_path, capsys):
+    spec = str(Path(__file__).resolve().parents[1] / "examples" / "train_sage.py") + ":SAGE"
+    args = '{"in_dim": 8, "hidden": 16, "num_classes": 4, "dropout": 0.5}'
+    assert main(["explain", spec, "--features", "8", "--args", args]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "SAGE, mode=sar: 2 graph ops; every other module and tensor operation runs as written, on each worker's "
+        "own rows",
+        "conv1:", "  spmm(mean) [node -> node]: direct -- backward needs no remote inputs: send gradients to owners",
+        "conv2:", "  spmm(mean) [node -> node]: direct -- backward needs no remote inputs: send gradients to owners",
+    ]
+    (tmp_path / "centered.py").write_text(
+        "import torch\nimport sarcompile as sc\n\n"
+        "class Centered(torch.nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.conv = sc.nn.SAGEConv(8, 8)\n\n"
+        "    def forward(self, g, x):\n"
+        "        h = self.conv(g, x)\n"
+        "        return h - h.mean(0)\n"
+    )
+    assert main(["explain", f"{tmp_path / 'centered.py'}:Centered", "--features", "8"]) == 1
+    out = capsys.readouterr().out
+    assert out.startswith("Centered cannot run distributed: ") and "centered.py" in out and "h.mean(0)" in out
+
+
 def test_plan_command_bad_model_spec(tmp_path, capsys):
     assert main(["plan", "no_such_module:make", "--parts", str(tmp_path)]) == 2
     assert "cannot import 'no_such_module'" in capsys.readouterr().err
