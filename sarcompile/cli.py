@@ -233,7 +233,7 @@ def _parser() -> argparse.ArgumentParser:
         help="print the path of an allocator library to LD_PRELOAD (less memory, faster epochs)",
         description="Print the path of tcmalloc's (or jemalloc's) shared library, for "
         "LD_PRELOAD=$(sarcompile allocator) torchrun ... : glibc's allocator keeps freed tensors' memory "
-        "resident in holes of its heap; tcmalloc reuses it (see the README's benchmarks).",
+        "resident in holes of its heap; tcmalloc reuses it (see docs/benchmarks.md).",
     )
     p.add_argument("name", nargs="?", choices=tuple(memory.ALLOCATORS), default="tcmalloc",
                    help="which allocator (default: tcmalloc)")

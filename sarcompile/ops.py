@@ -1,6 +1,6 @@
 """The IR: the few sparse primitives all message passing is written with.
 
-=====================================  =========================================================
+======================================== =========================================================
 ``spmm(g, x, reduce, edge_weight)``      ``out[v] = reduce over u->v of w_uv * x[u]``; reduce
                                          in sum, mean, max, min (empty neighbourhood gives 0)
 ``sddmm(g, a, b, op)``                   per edge u->v: ``a[u] op b[v]``; op in add, sub, mul,
@@ -28,7 +28,7 @@
 ``batch_norm(x, weight, bias, ...)``     batch norm over all nodes, on every worker
 ``message_passing(g, fn, x, e, reduce)`` ``out[v] = reduce over u->v of fn(x[u], x[v], e_uv)``
                                          for any message function ``fn`` (a module)
-=====================================  =========================================================
+======================================== =========================================================
 
 Each op is defined once, here, with :func:`~sarcompile.opdef.ir_op`: its checks, its
 residency rule, what it exchanges, what it keeps for backward and its temporaries, its

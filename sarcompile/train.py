@@ -1007,10 +1007,10 @@ def _allocator_line() -> str:
         pages = "; tensors of 2 MiB or more on huge pages, for fewer page faults" if huge_pages_requested() else ""
         return (f"glibc's malloc; sc.init() fixed its mmap threshold at {MMAP_THRESHOLD >> 10} KiB, so freed "
                 f"tensors go back to the OS{pages} (SARCOMPILE_MALLOC=off: glibc's own, faster on some graphs, "
-                "see README)")
+                "see docs/benchmarks.md)")
     hint = "LD_PRELOAD=$(sarcompile allocator) before torchrun" if find_allocator() else \
         "install tcmalloc and LD_PRELOAD=$(sarcompile allocator)"
-    return f"glibc's malloc (it keeps freed memory in heap holes; {hint} for less memory, see README)"
+    return f"glibc's malloc (it keeps freed memory in heap holes; {hint} for less memory, see docs/benchmarks.md)"
 
 
 def _time_line(records: list[dict[str, Any]], rank: int) -> str:

@@ -113,7 +113,7 @@ def init(backend: str | None = None, timeout_s: float | None = None) -> tuple[in
                 f"could not connect to {what} (MASTER_ADDR={os.environ['MASTER_ADDR']}, "
                 f"{backend} bound to {f'interface {bound}' if bound else 'the address the hostname resolves to'}): "
                 f"{str(e).splitlines()[0][:300]} On several machines, give torchrun an address every machine "
-                f"reaches, or set {var} (README: 'Several machines')."
+                f"reaches, or set {var} (docs/several-machines.md)."
             ) from None
     else:
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=wait)
@@ -187,8 +187,8 @@ def route_interface(host: str, port: int = 29500) -> tuple[str, str] | None:
                 "MASTER_ADDR=%s is a loopback address here, but the job spans several machines "
                 "(WORLD_SIZE=%s, LOCAL_WORLD_SIZE=%s): workers on other machines cannot reach it. Give "
                 "torchrun an address the other machines reach (--master-addr; with --rdzv-backend c10d, "
-                "--local-addr), or make this machine's hostname resolve to one (see the README, "
-                "'Several machines').", host, os.environ.get("WORLD_SIZE"), os.environ.get("LOCAL_WORLD_SIZE"))
+                "--local-addr), or make this machine's hostname resolve to one (see "
+                "docs/several-machines.md).", host, os.environ.get("WORLD_SIZE"), os.environ.get("LOCAL_WORLD_SIZE"))
         return None
     family, _, _, _, sockaddr = infos[0]
     try:

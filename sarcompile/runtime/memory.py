@@ -16,7 +16,7 @@ Another allocator can replace glibc's for the whole process: ``LD_PRELOAD`` of t
 ``LD_PRELOAD=$(sarcompile allocator) torchrun ...``. :func:`find_allocator` finds its
 library, :func:`active_allocator` says which one a process runs with. tcmalloc keeps
 freed blocks in size classes and reuses them, where glibc's heap leaves holes resident:
-in benchmarks/vs_dgl.py it both cut the peak and sped up the epoch (README, Benchmarks).
+in benchmarks/vs_dgl.py it both cut the peak and sped up the epoch (docs/benchmarks.md).
 
     >>> probe = MemoryProbe()
     >>> with probe:
