@@ -170,7 +170,7 @@ def pages_job(rank: int, world_size: int, argv: list[str]) -> dict:
     """Runs on a pool worker: trains with ``argv`` and reports the files of the partition
     directory this process opened, and the resident bytes of each file it had mapped
     while it trained (after the first step)."""
-    import sarcompile.train as trainer
+    import sarcompile.train.loop as trainer
 
     directory = Path(argv[argv.index("--parts") + 1]).resolve()
     step, mapped = trainer._train_step, {}

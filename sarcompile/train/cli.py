@@ -1,0 +1,40 @@
+"""``python -m sarcompile.train``: :func:`main` runs the command line, agrees a failure with the
+other workers and exits with a one-line message.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch.distributed as dist
+
+from ..runtime import failure
+from ..runtime.comm import shutdown
+from .checkpoints import _distributed
+from .config import parse_args
+from .loop import train
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit status (1 with a one-line message on a known error).
+
+    On several workers a failure is agreed (see :mod:`sarcompile.runtime.failure`): the
+    failing worker prints its error and exits 1 first; every other one prints
+    ``rank R failed: ...`` and exits 3 right after it; a worker that finds a peer gone or
+    silent names it and exits 4; Ctrl-C exits 130. None waits for the timeout.
+    """
+    cfg = parse_args(argv)
+    ok = False
+    try:
+        cfg.validate()
+        train(cfg)
+        ok = True
+    except BaseException as e:  # noqa: BLE001 - every way out is agreed with the other workers
+        if isinstance(e, SystemExit):
+            raise
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        return failure.report(e, rank=rank, distributed=_distributed())
+    finally:
+        if ok or failure.active() is None:  # (after a failure with a watchdog, report exited)
+            shutdown()
+    return 0

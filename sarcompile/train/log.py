@@ -1,0 +1,179 @@
+"""What a run reports: the JSONL log (one record per epoch, with every rank's traffic and time
+ledger), the line printed per epoch, and the summary each worker prints at the end.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..partitioning import _atomic_write
+from ..runtime.comm import TIME_LEDGER, global_sum, stats
+from ..runtime.memory import (
+    MMAP_THRESHOLD,
+    MemoryProbe,
+    active_allocator,
+    allocator_tuned,
+    find_allocator,
+    huge_pages_requested,
+)
+from .config import ALWAYS_LOGGED, PHASES, TrainConfig
+
+
+def _prepare_log(path: Path, keep_through: int) -> None:
+    """Keep the log's lines of epochs <= ``keep_through`` (0: start empty), atomically."""
+    kept = []
+    if keep_through > 0 and path.is_file():
+        for line in path.read_text().splitlines():
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line cut short by a kill
+            if isinstance(rec, dict) and isinstance(rec.get("epoch"), int) and rec["epoch"] <= keep_through:
+                kept.append(line + "\n")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _atomic_write(path, lambda f: f.write("".join(kept).encode()))
+
+
+def _comm_summary(cfg: TrainConfig) -> str:
+    """The communication reduction options for the start line ('' when exact)."""
+    parts = []
+    if cfg.staleness != 1:
+        parts.append(f"staleness={cfg.staleness}")
+    if cfg.bounded_staleness is not None:
+        parts.append(f"bounded_staleness={cfg.bounded_staleness}")
+    if cfg.compress is not None:
+        parts.append(f"compress={cfg.compress}" + ("" if cfg.error_feedback else " (stochastic rounding)"))
+    if parts and cfg.compress_layers is not None:
+        parts.append(f"layers {' '.join(cfg.compress_layers)}")
+    return "".join(", " + p for p in parts)
+
+
+def _own_row(rank: int, world_size: int, values: list[float]) -> torch.Tensor:
+    """``values`` in row ``rank`` of a zero ``[world_size, len(values)]`` float64 tensor, so
+    that summing the tensors of all workers gathers everyone's row."""
+    table = torch.zeros(world_size, len(values), dtype=torch.float64)
+    table[rank] = torch.tensor(values, dtype=torch.float64)
+    return table
+
+
+def _comm_row(rank: int, world_size: int) -> torch.Tensor:
+    """This worker's bytes since ``stats.reset()`` (sent per phase, then received) in its row."""
+    return _own_row(rank, world_size, [stats.sent.get(p, 0) for p in PHASES] +
+                    [stats.received.get(p, 0) for p in PHASES])
+
+
+def _time_row(rank: int, world_size: int, step_s: float, optimizer_s: float) -> torch.Tensor:
+    """This worker's time ledger of a step of ``step_s`` seconds (TIME_LEDGER) in its row."""
+    ledger = stats.time_ledger(step_s, optimizer_s)
+    return _own_row(rank, world_size, [ledger[k] for k in TIME_LEDGER])
+
+
+def _comm_record(table: torch.Tensor) -> dict[str, dict[str, list[int]]]:
+    """The log's ``comm`` field from the gathered ``[world_size, 2 * len(PHASES)]`` table:
+    bytes per rank, by direction and phase; idle optional phases left out."""
+    out: dict[str, dict[str, list[int]]] = {}
+    for d, direction in enumerate(("sent", "received")):
+        out[direction] = {}
+        for i, phase in enumerate(PHASES):
+            column = [int(v) for v in table[:, d * len(PHASES) + i]]
+            if phase in ALWAYS_LOGGED or any(column):
+                out[direction][phase] = column
+    return out
+
+
+def _fmt(acc: float | None) -> str:
+    return "   -  " if acc is None else f"{acc:.4f}"
+
+
+def _epoch_line(rec: dict[str, Any]) -> str:
+    return (
+        f"epoch {rec['epoch']:>4}  loss {rec['loss']:.6f}  train {_fmt(rec['train_acc'])}  "
+        f"val {_fmt(rec['val_acc'])}  test {_fmt(rec['test_acc'])}  {rec['epoch_s']:.2f}s"
+    )
+
+
+def _report(records: list[dict[str, Any]], probe: MemoryProbe, rank: int, world_size: int, start: int, floor: int,
+            estimate: int) -> None:
+    """Final accuracies and every worker's peak memory above its floor (the resident size
+    after the imports) next to the plan's estimate of it, printed by rank 0."""
+    mem = torch.zeros(world_size, 3, dtype=torch.float64)
+    mem[rank] = torch.tensor([probe.peak_bytes - floor, estimate, probe.added_bytes], dtype=torch.float64) / 2**20
+    mem = global_sum(mem)
+    if rank != 0:
+        return
+    if records:
+        r = records[-1]
+        print(
+            f"final (epoch {r['epoch']}): train_acc {_fmt(r['train_acc'])}  val_acc {_fmt(r['val_acc'])}  "
+            f"test_acc {_fmt(r['test_acc'])}",
+            flush=True,
+        )
+    else:
+        print(f"nothing to train: the checkpoint is at epoch {start}, --epochs asks for no more", flush=True)
+        return
+    for r in range(world_size):
+        print(f"worker {r}: peak {mem[r, 0]:.0f} MiB above the imports (plan's estimate {mem[r, 1]:.0f} MiB), "
+              f"+{mem[r, 2]:.0f} MiB during training", flush=True)
+    print(f"allocator: {_allocator_line()}", flush=True)
+    for r in range(world_size):
+        print(f"worker {r}: per epoch {_time_line(records, r)}", flush=True)
+    if world_size > 1:  # one worker communicates nothing
+        for r in range(world_size):
+            print(f"worker {r}: per epoch {_traffic_line(records, r)}", flush=True)
+
+
+def _allocator_line() -> str:
+    """Which malloc the workers ran with, and how to run with tcmalloc when they did not."""
+    name = active_allocator()
+    if name != "glibc":
+        return name
+    if allocator_tuned():
+        pages = "; tensors of 2 MiB or more on huge pages, for fewer page faults" if huge_pages_requested() else ""
+        return (f"glibc's malloc; sc.init() fixed its mmap threshold at {MMAP_THRESHOLD >> 10} KiB, so freed "
+                f"tensors go back to the OS{pages} (SARCOMPILE_MALLOC=off: glibc's own, faster on some graphs, "
+                "see docs/benchmarks.md)")
+    hint = "LD_PRELOAD=$(sarcompile allocator) before torchrun" if find_allocator() else \
+        "install tcmalloc and LD_PRELOAD=$(sarcompile allocator)"
+    return f"glibc's malloc (it keeps freed memory in heap holes; {hint} for less memory, see docs/benchmarks.md)"
+
+
+def _time_line(records: list[dict[str, Any]], rank: int) -> str:
+    """The median training step of ``rank`` and its time ledger's median parts (the first
+    epoch, which warms caches and allocates the optimizer's state, left out when there are others)."""
+    steady = records[1:] or records
+
+    def median(values: list[float]) -> float:
+        return sorted(values)[len(values) // 2]
+
+    step = median([sum(rec["time"][k][rank] for k in TIME_LEDGER) for rec in steady])  # the rank's own step
+    parts = {k: median([rec["time"][k][rank] for rec in steady]) for k in TIME_LEDGER}
+    share = lambda k: f" ({100 * parts[k] / step:.0f}%)" if step > 0 else ""
+    return (f"step {step:.2f} s: compute {parts['compute']:.2f} s, waiting on the exchange "
+            f"{parts['exchange_wait']:.2f} s{share('exchange_wait')}, all-reduce {parts['allreduce']:.2f} s"
+            f"{share('allreduce')}, optimizer {parts['optimizer']:.2f} s")
+
+
+def _traffic_line(records: list[dict[str, Any]], rank: int) -> str:
+    """Mean bytes per epoch that ``rank`` sent and received, by phase, from the records."""
+    short = {"forward": "fwd", "backward": "bwd", "allreduce": "allreduce"}
+    halves = []
+    for direction in ("sent", "received"):
+        sizes = [
+            f"{short[p]} {_size(sum(rec['comm'][direction][p][rank] for rec in records) / len(records))}"
+            for p in ALWAYS_LOGGED
+        ]
+        halves.append(f"{direction} " + ", ".join(sizes))
+    return "; ".join(halves)
+
+
+def _size(nbytes: float) -> str:
+    """``nbytes`` in a fixed-width binary unit: '  1.2 MiB', '512.0 B  '."""
+    for unit in ("B  ", "KiB", "MiB"):
+        if nbytes < 1024:
+            return f"{nbytes:5.1f} {unit}"
+        nbytes /= 1024
+    return f"{nbytes:5.1f} GiB"

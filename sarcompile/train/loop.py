@@ -1,0 +1,325 @@
+"""The training loop: :func:`train` claims the run directory, loads this worker's part, compiles
+the model and runs the epochs (a step, the evaluation, the log record, the checkpoints).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import math
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from tqdm import tqdm
+
+from .. import errors
+from ..checkpoint import CHECKPOINT_NAME, global_state, shard_state
+from ..compiler import distribute
+from ..errors import (
+    CheckpointError,
+    PartitionError,
+    RunDirError,
+    SarcompileError,
+    TrainingError,
+)
+from ..hetero import parse_relation_key
+from ..partitioning import load_partition, read_manifest
+from ..rundir import lock_dir, remove_stale_temps
+from ..runtime.comm import (
+    TIME_LEDGER,
+    global_max,
+    global_sum,
+    init,
+    stats,
+    sync_gradients,
+)
+from ..runtime.memory import MemoryProbe, floor_bytes
+from ..tables import table_type
+from .checkpoints import (
+    _broadcast,
+    _check_resumable,
+    _checkpoint_group,
+    _read_checkpoint,
+    _write_checkpoint,
+    checkpoint_timeout,
+)
+from .config import FORMAT, RESUME_KEYS, TYPED_KEYS, TrainConfig, _as_config, _out_dir
+from .evaluation import _accuracies, _check_model_kind, _counts, _node_tensors
+from .log import (
+    _comm_record,
+    _comm_row,
+    _comm_summary,
+    _epoch_line,
+    _fmt,
+    _prepare_log,
+    _report,
+    _time_row,
+)
+from .model import GNN, build_model
+
+
+def train(config: TrainConfig | Mapping[str, Any] | argparse.Namespace | Sequence[str]) -> list[dict[str, Any]]:
+    """Train as ``python -m sarcompile.train`` does; returns this call's per-epoch records.
+
+    ``config`` is a :class:`TrainConfig`, a dict or namespace of its fields, or a list of
+    command-line arguments. Joins the process group torchrun describes (or uses the one
+    already up; a single process without torchrun). Does not tear the group down: the
+    caller does (``sc.shutdown()``), as :func:`main` does. Every rank returns the same
+    records (the values are summed across workers); with ``resume`` only the epochs run
+    by this call.
+
+    Rank 0 locks the run directory for the whole call (:mod:`sarcompile.rundir`): a second
+    run on the same ``out`` is refused on every rank with a :class:`RunDirError` before
+    anything is written.
+    """
+    cfg = _as_config(config)
+    cfg.validate()
+    ckpt_limit = checkpoint_timeout()
+    rank, world_size = init()
+    manifest = read_manifest(cfg.parts)
+    target = _check_model_kind(cfg, manifest)
+
+    lock, group = None, None
+    try:
+        out, failure = None, None
+        if rank == 0:
+            try:
+                lock, out = _claim_out_dir(cfg)
+            except SarcompileError as e:
+                failure = (type(e).__name__, str(e))
+        out, failure = _broadcast((out, failure))
+        if failure is not None:  # the same error on every rank, each exits cleanly
+            raise getattr(errors, failure[0])(failure[1])
+        group = _checkpoint_group(ckpt_limit)
+        return _train(cfg, rank, world_size, manifest, target, Path(out), group, ckpt_limit)
+    finally:
+        if group is not None:
+            dist.destroy_process_group(group)
+        if lock is not None:
+            lock.release()
+
+
+def _claim_out_dir(cfg: TrainConfig):
+    """Rank 0: create and lock the run directory, refuse what would overwrite another run's
+    files, and delete the temporary files a killed run left; returns (lock, out)."""
+    try:
+        out = Path(_out_dir(cfg))
+    except OSError as e:
+        raise RunDirError(f"cannot create the run directory ({e}); choose another --out") from None
+    lock = lock_dir(out, "training run")
+    try:
+        log_path = Path(cfg.log) if cfg.log else out / "log.jsonl"
+        if not cfg.resume and (out / CHECKPOINT_NAME).exists():
+            raise CheckpointError(
+                f"'{out}' already holds a checkpoint: pass --resume to continue that run, or choose another --out"
+            )
+        if not cfg.resume and log_path.is_file() and log_path.stat().st_size > 0:
+            raise RunDirError(
+                f"the log '{log_path}' already holds another run's lines (and there is no checkpoint to resume): "
+                "a fresh run does not overwrite it; choose another --out (or --log), or delete it"
+            )
+        stale = [CHECKPOINT_NAME] + ([log_path.name] if log_path.parent.resolve() == out.resolve() else [])
+        remove_stale_temps(out, stale)
+    except OSError as e:
+        lock.release()
+        raise RunDirError(f"cannot use the run directory '{out}' ({e})") from None
+    except BaseException:
+        lock.release()
+        raise
+    return lock, str(out)
+
+
+def _train(cfg: TrainConfig, rank: int, world_size: int, manifest, target: str | None, out: Path, group: Any,
+           ckpt_limit: float):
+    log_path = Path(cfg.log) if cfg.log else out / "log.jsonl"
+    ckpt_path = out / CHECKPOINT_NAME
+    floor = floor_bytes()
+    part = load_partition(cfg.parts, allow_nonfinite=cfg.allow_nonfinite)
+    x, y, masks = _node_tensors(part.node_data, where=f"partition '{cfg.parts}'", target=target)
+    num_classes = int(global_max(y.max().reshape(1) if y.numel() else y.new_full((1,), -1))) + 1
+    num_train = int(global_sum(masks["train_mask"].sum()))
+    if num_classes < 1 or num_train == 0:
+        raise PartitionError(f"partition '{cfg.parts}' has no labelled training nodes (train_mask & y >= 0)"
+                             + (f" of the target type {target!r}" if target else ""))
+    run = {**dataclasses.asdict(cfg), "num_classes": num_classes, **_model_fields(cfg, manifest, target, x)}
+    graph = {"num_nodes": manifest.num_nodes, "num_edges": manifest.num_edges}
+    if manifest.graph_sha256:  # the partition's identity, whatever its number of parts
+        graph["sha256"] = manifest.graph_sha256
+
+    state = _read_checkpoint(ckpt_path, group, ckpt_limit) if cfg.resume else None
+    if state is not None:
+        _check_resumable(state, run, graph, ckpt_path)
+    torch.manual_seed(cfg.seed)  # same initial weights and dropout seeds on every worker
+    net = build_model(run)
+    opt = torch.optim.Adam(net.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    start = 0
+    if state is not None:
+        net.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+        torch.set_rng_state(state["rng"]["torch"])
+        start = int(state["epoch"])
+    if target is not None:  # each worker keeps its own rows of the node tables, and of their Adam state
+        shard_state(net, opt, part.graph)
+    _check_layer_paths(net, cfg.compress_layers)
+    model = distribute(
+        net, mode=cfg.mode, staleness=cfg.staleness, bounded_staleness=cfg.bounded_staleness,
+        compress=cfg.compress, error_feedback=cfg.error_feedback, compress_layers=cfg.compress_layers,
+        blocks_in_flight=cfg.blocks_in_flight,
+    )
+
+    def make_state(epoch: int) -> dict[str, Any] | None:
+        """Every rank calls it (the node tables' rows are gathered); rank 0 gets the state."""
+        if target is not None:
+            weights, optimizer = global_state(net, opt, part.graph)
+        else:
+            weights, optimizer = net.state_dict(), opt.state_dict()
+        if rank != 0:
+            return None
+        return {
+            "format": FORMAT,
+            "epoch": epoch,
+            "model": weights,
+            "optimizer": optimizer,
+            "config": {k: run[k] for k in RESUME_KEYS},  # what build_model and --resume need
+            "args": dataclasses.asdict(cfg),  # the whole command line of the run that wrote it
+            "rng": {"torch": torch.get_rng_state()},
+            "graph": graph,
+            "world_size": world_size,
+            "mode": cfg.mode,
+        }
+
+    show = rank == 0
+    if show:
+        _prepare_log(log_path, start)
+        where = f"resuming from epoch {start}" if start else "starting"
+        print(
+            f"{world_size} worker{'s' if world_size > 1 else ''}, {num_train} training nodes"
+            f"{f' of {target!r}' if target else ''}, "
+            f"{cfg.model} x {cfg.layers} layers, mode={cfg.mode}{_comm_summary(cfg)}; {where}; writing {out}",
+            flush=True,
+        )
+    records: list[dict[str, Any]] = []
+    stopped = False
+    saved = start if state is not None else None  # the epoch of the checkpoint on disk
+    estimate = model.plan(cfg.parts, optimizer=opt).memory_estimate()[rank].peak_bytes
+    probe = MemoryProbe()
+    with contextlib.ExitStack() as stack:
+        log = stack.enter_context(open(log_path, "a")) if show else None
+        bar = stack.enter_context(
+            tqdm(total=cfg.epochs, initial=min(start, cfg.epochs), unit="epoch", file=sys.stderr,
+                 disable=not (show and cfg.progress), dynamic_ncols=True)
+        )
+        stack.enter_context(probe)
+        for epoch in range(start + 1, cfg.epochs + 1):
+            t0 = time.perf_counter()
+            stats.reset()
+            loss, optimizer_s = _train_step(model, opt, part.graph, x, y, masks["train_mask"], num_train)
+            train_s = time.perf_counter() - t0
+            # read before evaluating: its traffic and waits are not training's
+            traffic, times = _comm_row(rank, world_size), _time_row(rank, world_size, train_s, optimizer_s)
+            counts = _counts(model, part.graph, x, y, masks)
+            # One all-reduce per epoch: the loss, the accuracy counts, every rank's traffic and time ledger.
+            summed = global_sum(torch.cat([loss.to(torch.float64).reshape(1), counts, traffic.reshape(-1),
+                                           times.reshape(-1)]))
+            n, m = 1 + counts.numel(), 1 + counts.numel() + traffic.numel()
+            rec = {"epoch": epoch, "loss": float(summed[0]), **_accuracies(summed[1:n])}
+            if not (cfg.allow_nonfinite or math.isfinite(rec["loss"])):  # the same sum on every rank
+                raise TrainingError(_nonfinite_loss_message(epoch, rec["loss"], ckpt_path, saved))
+            rec.update(epoch_s=round(time.perf_counter() - t0, 4), train_s=round(train_s, 4), world_size=world_size)
+            rec["comm"] = _comm_record(summed[n:m].reshape(traffic.shape))
+            # to the microsecond: a rank's exchange waits on a small graph can sum to under 0.1 ms
+            rec["time"] = {k: [round(float(v), 6) for v in summed[m:].reshape(times.shape)[:, i]]
+                           for i, k in enumerate(TIME_LEDGER)}
+            records.append(rec)
+            if log is not None:
+                log.write(json.dumps(rec) + "\n")
+                log.flush()
+                bar.write(_epoch_line(rec), file=sys.stdout)
+                sys.stdout.flush()
+                bar.set_postfix(loss=f"{rec['loss']:.4f}", val=_fmt(rec["val_acc"]), refresh=False)
+                bar.update(1)
+            stopped = cfg.stop_after is not None and epoch == cfg.stop_after
+            every = cfg.checkpoint_every and epoch % cfg.checkpoint_every == 0
+            if every or stopped or epoch == cfg.epochs:
+                _write_checkpoint(ckpt_path, rank, make_state, epoch, group, ckpt_limit)
+                saved = epoch
+            if stopped:
+                break
+
+    if stopped:
+        if show:
+            print(f"stopped after epoch {records[-1]['epoch']} (--stop-after); continue with --resume", flush=True)
+        return records
+    _report(records, probe, rank, world_size, start, floor, estimate)
+    return records
+
+
+def _nonfinite_loss_message(epoch: int, loss: float, ckpt_path: Path, saved: int | None) -> str:
+    kept = (
+        f"the last good checkpoint, of epoch {saved}, is kept in '{ckpt_path}'"
+        if saved is not None
+        else "no checkpoint was written before it"
+    )
+    return (
+        f"epoch {epoch}: the training loss is {loss}, not finite, so every later step would be too; stopped, and "
+        f"{kept}. Lower --lr, or check the node data for extreme values; --allow-nonfinite trains on regardless"
+    )
+
+
+def _model_fields(cfg: TrainConfig, manifest, target: str | None, x) -> dict[str, Any]:
+    """What :func:`build_model` needs besides the options and the class count: the feature
+    width of a one-type graph; a typed graph's types, relations, feature widths, target
+    and embedding width (the target's feature width unless --embed-dim says)."""
+    if target is None:
+        return {"in_dim": x.shape[1], **{k: None for k in TYPED_KEYS}}
+    in_dims = {t: v.shape[1] for t, v in x.items()}
+    return {
+        "in_dim": in_dims.get(target),
+        "target": target,
+        "embed_dim": cfg.embed_dim or in_dims[target],
+        "node_counts": {t: info["num_nodes"] for t, info in manifest.node_types.items()},
+        "edge_types": [list(parse_relation_key(k)) for k in manifest.edge_types],
+        "in_dims": in_dims,
+    }
+
+
+def _train_step(model, opt, graph, x, y, mask, num_train: int) -> tuple[torch.Tensor, float]:
+    """One full-batch step; returns this worker's share of the global mean loss, and the
+    seconds the optimizer's step took."""
+    opt.zero_grad()
+    out = model(graph, x)
+    loss = F.cross_entropy(out[mask], y[mask], reduction="sum") / num_train
+    loss.backward()
+    for p in model.parameters():
+        # On one machine every row of a node table has a gradient (0 where nothing reached
+        # it): a worker holding no rows of its type must step it too, so that Adam's state
+        # (its step count) is the same on every worker.
+        if p.grad is None and table_type(p) is not None:
+            p.grad = torch.zeros_like(p)
+    sync_gradients(model)  # each worker holds its nodes' share of the gradient: sum them
+    start = time.perf_counter()
+    opt.step()
+    return loss.detach(), time.perf_counter() - start
+
+
+def _check_layer_paths(net: nn.Module, paths: list[str] | None) -> None:
+    """Refuse a --compress-layers path that names no layer of the model: the compiler would
+    silently leave everything exact."""
+    if paths is None:
+        return
+    known = {name for name, _ in net.named_modules() if name}
+    unknown = [p for p in paths if p not in known]
+    if unknown:
+        stack = net.convs if isinstance(net, GNN) else net.layers
+        prefix = "convs" if isinstance(net, GNN) else "layers"
+        layers = " ".join(f"{prefix}.{i}" for i in range(len(stack)))  # the ones that communicate
+        raise ValueError(f"--compress-layers {' '.join(unknown)}: no such layer in this model (its layers: {layers})")
