@@ -56,6 +56,12 @@ class Dataset:
     -1 where the node has no label) and the bool ``train_mask``, ``val_mask`` and
     ``test_mask`` of the dataset's official split. ``symmetrized`` says whether the
     edges are the union of both directions of the stored ones.
+
+    Example:
+
+    >>> data = sc.load_ogb("ogbn-arxiv", root="dataset")   # doctest: +SKIP
+    >>> data.graph.num_nodes, sorted(data.node_data)   # doctest: +SKIP
+    (169343, ['test_mask', 'train_mask', 'val_mask', 'x', 'y'])
     """
 
     name: str
@@ -73,6 +79,12 @@ class HeteroDataset:
     whose class is predicted) has ``x`` (float32 features), ``y`` (int64 class) and the
     bool ``train_mask``, ``val_mask`` and ``test_mask``; types without stored values have
     an empty dict.
+
+    Example:
+
+    >>> mag = sc.load_ogb_mag(root="dataset")   # doctest: +SKIP
+    >>> mag.graph.node_types   # doctest: +SKIP
+    ['author', 'field_of_study', 'institution', 'paper']
     """
 
     name: str
@@ -94,6 +106,11 @@ def load_ogb(name: str, root: str | Path, symmetrize: bool | None = None) -> Dat
     loads read the cache. That cache is a pickle, unpickled in full (as ogb itself does):
     load only dataset directories you trust. Raises :class:`DatasetError` for an
     unsupported name, missing files or files ogb cannot read; it never downloads or prompts.
+
+    Example:
+
+    >>> data = sc.load_ogb("ogbn-arxiv", root="dataset")   # doctest: +SKIP
+    >>> sc.partition(data.graph, 4, "arxiv4", node_data=data.node_data)   # doctest: +SKIP
     """
     meta = _meta(name)
     folder = Path(root) / name.replace("-", "_")
@@ -129,6 +146,11 @@ def load_ogb_mag(root: str | Path, add_reverse: bool = True) -> HeteroDataset:
 
     Caching, trust and errors are as in :func:`load_ogb`: a :class:`DatasetError` names
     any missing file, the URL and where to unzip; nothing is downloaded.
+
+    Example:
+
+    >>> mag = sc.load_ogb_mag(root="dataset")   # doctest: +SKIP
+    >>> sc.partition(mag.graph, 4, "mag4", node_data=mag.node_data)   # doctest: +SKIP
     """
     meta = _master_column(MAG)
     folder = Path(root) / "ogbn_mag"

@@ -42,9 +42,21 @@ class Estimate:
 
 @dataclass
 class EstimateTable:
+    """What :func:`estimate` returns: one :class:`Estimate` per worker count and mode;
+    ``print(table)`` shows them as a table, :meth:`peak` reads one.
+
+    Example:
+
+    >>> g = sc.Graph.from_edges(torch.tensor([0, 1, 2, 2]), torch.tensor([1, 2, 0, 1]), 3)
+    >>> table = sc.estimate(sc.nn.SAGEConv(2, 4), g, num_parts=[1, 2], modes=["sar"], x=torch.ones(3, 2), show=False)
+    >>> str(table).splitlines()[0]
+    'estimated peak memory per worker (largest worker):'
+    """
+
     rows: list[Estimate] = field(default_factory=list)
 
     def peak(self, num_parts: int, mode: str) -> int:
+        """The estimated peak bytes of the largest worker, for ``num_parts`` workers in ``mode``."""
         return next(r.peak_bytes for r in self.rows if r.num_parts == num_parts and r.mode == mode)
 
     def __str__(self) -> str:
@@ -147,6 +159,13 @@ def estimate(
     shape and dtype; over a :class:`~sarcompile.hetero.HeteroGraph`, a dict of them per
     node type with features). ``partitions`` maps worker counts to existing partition
     directories, which make those rows exact.
+
+    Example:
+
+    >>> g = sc.Graph.from_edges(torch.tensor([0, 1, 2, 2]), torch.tensor([1, 2, 0, 1]), 3)
+    >>> table = sc.estimate(sc.nn.SAGEConv(2, 4), g, num_parts=[1, 2], modes=["sar"], x=torch.ones(3, 2), show=False)
+    >>> [(row.num_parts, row.mode) for row in table.rows]
+    [(1, 'sar'), (2, 'sar')]
     """
     from .compiler import DistributedModule, distribute
 

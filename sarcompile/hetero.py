@@ -119,7 +119,15 @@ class HeteroGraph(_Typed[Graph]):
 
     Build it with :meth:`from_edges`, :meth:`from_pyg` or :meth:`from_dgl`. Node types
     keep the order they are given in; a type with no edges is allowed, as are isolated
-    nodes, multi-edges and self-loops."""
+    nodes, multi-edges and self-loops.
+
+    Example:
+
+    >>> hg = sc.HeteroGraph.from_edges(
+    ...     {("author", "writes", "paper"): (torch.tensor([0, 1]), torch.tensor([0, 0]))}, {"author": 2, "paper": 1})
+    >>> hg.num_nodes("paper"), hg.num_edges(("author", "writes", "paper"))
+    (1, 2)
+    """
 
     def __init__(self, relations: dict[Relation, Graph], num_nodes: dict[str, int]):
         self._num_nodes = {str(t): int(n) for t, n in num_nodes.items()}
@@ -231,7 +239,19 @@ class HeteroShard(_Typed[Any]):
     """A worker's share of a :class:`HeteroGraph` (``part.graph`` of a typed partition):
     per type its own rows, per relation a :class:`~sarcompile.shard.ShardGraph` with the
     in-edges of its destination rows. ``global_ids[t]`` names each local row of type ``t``
-    (its id within the type)."""
+    (its id within the type).
+
+    Example:
+
+    >>> import tempfile
+    >>> hg = sc.HeteroGraph.from_edges(
+    ...     {("author", "writes", "paper"): (torch.tensor([0, 1]), torch.tensor([0, 0]))}, {"author": 2, "paper": 1})
+    >>> d = tempfile.mkdtemp()
+    >>> _ = sc.partition(hg, 2, d)
+    >>> shard = sc.load_partition(d, rank=0, world_size=2).graph
+    >>> type(shard).__name__
+    'HeteroShard'
+    """
 
     def __init__(self, rank: int, world_size: int, global_ids: dict[str, torch.Tensor], relations: dict[Relation, Any],
                  num_global_nodes: dict[str, int]):

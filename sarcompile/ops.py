@@ -190,7 +190,16 @@ def spmm(
     lets be modified (not a view, not a leaf that requires grad), else a new tensor --
     use the returned value. A layer's ``aggregate + root`` then needs no buffer for the
     aggregate (the pass ``accumulate`` writes it so); a mean is then summed with weights
-    ``1/deg`` per edge, which rounds differently from dividing the sum."""
+    ``1/deg`` per edge, which rounds differently from dividing the sum.
+
+    Example:
+
+    >>> g = sc.Graph.from_edges(torch.tensor([0, 1, 2, 2]), torch.tensor([1, 2, 0, 1]), 3)
+    >>> sc.spmm(g, torch.tensor([[1.], [2.], [4.]]), "sum")   # node 1 gets 1 (from 0) + 4 (from 2)
+    tensor([[4.],
+            [5.],
+            [2.]])
+    """
     if reduce == "min":
         return -spmm(g, -x, "max", strategy=strategy, in_flight=in_flight, executor=executor, comm=comm)
     _check_rows(g, x, "x", g.num_src_nodes)
@@ -233,7 +242,18 @@ def sddmm(
     in_flight: int = 1,
     comm: LinkPolicy | None = None,
 ) -> torch.Tensor:
-    """One value per edge u->v from ``a[u]`` and ``b[v]``."""
+    """One value per edge u->v from ``a[u]`` and ``b[v]``.
+
+    Example:
+
+    >>> g = sc.Graph.from_edges(torch.tensor([0, 1, 2, 2]), torch.tensor([1, 2, 0, 1]), 3)
+    >>> v = torch.tensor([[1.], [2.], [4.]])
+    >>> sc.sddmm(g, v, v, "add")   # per edge u->v, in the graph's edge order
+    tensor([[3.],
+            [6.],
+            [5.],
+            [6.]])
+    """
     _check_rows(g, a, "a", g.num_src_nodes)
     _check_rows(g, b, "b", g.num_nodes)
     if isinstance(g, Graph):
@@ -431,7 +451,14 @@ def _check_softmax(g, e) -> None:
 @ir_op(check=_check_softmax, output=EDGE, inputs={"e": EDGE})
 def edge_softmax(g, e: torch.Tensor) -> torch.Tensor:
     """Softmax of edge scores over the in-edges of each node. All in-edges of a node live
-    on its worker, so this never communicates."""
+    on its worker, so this never communicates.
+
+    Example:
+
+    >>> g = sc.Graph.from_edges(torch.tensor([0, 1, 2, 2]), torch.tensor([1, 2, 0, 1]), 3)
+    >>> sc.edge_softmax(g, torch.zeros(4))   # node 1 has two in-edges, nodes 0 and 2 one
+    tensor([0.5000, 1.0000, 1.0000, 0.5000])
+    """
     _check_rows(g, e, "e", g.num_edges)
     dst = g.dst_index.to(e.device)
     idx = dst.reshape(-1, *([1] * (e.dim() - 1))).expand_as(e)

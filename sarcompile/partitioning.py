@@ -204,6 +204,14 @@ class Manifest:
     ``node_data`` maps each node tensor's name to its ``dtype`` and trailing ``shape``.
     ``graph_sha256`` identifies the graph and its node data whatever the number of parts
     (see :func:`graph_sha256`); manifests written before it existed have None.
+
+    Example:
+
+    >>> import tempfile
+    >>> g = sc.Graph.from_edges(torch.tensor([0, 1, 2, 2]), torch.tensor([1, 2, 0, 1]), 3)
+    >>> manifest = sc.partition(g, 2, tempfile.mkdtemp())
+    >>> manifest.num_edges, len(manifest.parts), manifest.edge_cut <= manifest.num_edges
+    (4, 2, True)
     """
 
     num_parts: int
@@ -258,7 +266,18 @@ class Manifest:
 class Partition:
     """One worker's share of a partitioned graph, as :func:`load_partition` returns it.
     Of a typed partition: ``graph`` is a :class:`~sarcompile.hetero.HeteroShard`, and
-    ``node_data`` and ``global_ids`` are dicts by node type (``node_data["paper"]["x"]``)."""
+    ``node_data`` and ``global_ids`` are dicts by node type (``node_data["paper"]["x"]``).
+
+    Example:
+
+    >>> import tempfile
+    >>> g = sc.Graph.from_edges(torch.tensor([0, 1, 2, 2]), torch.tensor([1, 2, 0, 1]), 3)
+    >>> d = tempfile.mkdtemp()
+    >>> _ = sc.partition(g, 2, d, node_data={"x": torch.ones(3, 2)})
+    >>> parts = [sc.load_partition(d, rank=r, world_size=2) for r in range(2)]
+    >>> sum(p.graph.num_nodes for p in parts)   # every node in exactly one part
+    3
+    """
 
     graph: ShardGraph | HeteroShard
     node_data: dict[str, Any] = field(repr=False)  # local rows, local order
@@ -293,6 +312,14 @@ def partition(
     A :class:`~sarcompile.hetero.HeteroGraph` takes ``node_data`` per node type
     (``{"paper": {"x": X, "y": Y}}``) and splits every type across all parts (see
     :mod:`sarcompile.hetero_partition`).
+
+    Example:
+
+    >>> import tempfile
+    >>> g = sc.Graph.from_edges(torch.tensor([0, 1, 2, 2]), torch.tensor([1, 2, 0, 1]), 3)
+    >>> manifest = sc.partition(g, 2, tempfile.mkdtemp(), node_data={"x": torch.ones(3, 2)})
+    >>> manifest.num_parts, manifest.num_nodes, sum(p.num_nodes for p in manifest.parts)
+    (2, 3, 3)
     """
     if isinstance(g, HeteroGraph):
         return typed.partition(g, num_parts, out_dir, node_data, method, seed, name, allow_nonfinite)
@@ -554,6 +581,16 @@ def load_partition(
     halo sizes before it is used, and its node data as :func:`partition` checks it
     (a partition written by an older version may hold NaN features or float labels):
     a :class:`PartitionError` names the node and column.
+
+    Example:
+
+    >>> import tempfile
+    >>> g = sc.Graph.from_edges(torch.tensor([0, 1, 2, 2]), torch.tensor([1, 2, 0, 1]), 3)
+    >>> d = tempfile.mkdtemp()
+    >>> _ = sc.partition(g, 2, d, node_data={"x": torch.arange(6.).reshape(3, 2)})
+    >>> part = sc.load_partition(d, rank=0, world_size=2)   # in a worker: sc.load_partition(d)
+    >>> part.graph.num_nodes == part.node_data["x"].shape[0]
+    True
     """
     rank, world_size = _rank_and_world(rank, world_size)
     manifest = read_manifest(out_dir)
@@ -587,7 +624,18 @@ def load_partition(
 def load_whole_graph(out_dir: str | os.PathLike) -> tuple[Graph | HeteroGraph, dict[str, Any]]:
     """Reassemble the original graph (edges in their original order) and node tensors
     from every part of a partition directory: the single-machine reference of a run.
-    A typed partition gives a :class:`~sarcompile.hetero.HeteroGraph` and node tensors per type."""
+    A typed partition gives a :class:`~sarcompile.hetero.HeteroGraph` and node tensors per type.
+
+    Example:
+
+    >>> import tempfile
+    >>> g = sc.Graph.from_edges(torch.tensor([0, 1, 2, 2]), torch.tensor([1, 2, 0, 1]), 3)
+    >>> d = tempfile.mkdtemp()
+    >>> _ = sc.partition(g, 2, d, node_data={"x": torch.ones(3, 2)})
+    >>> whole, data = sc.load_whole_graph(d)
+    >>> whole.num_nodes, whole.num_edges, list(data)
+    (3, 4, ['x'])
+    """
     manifest = read_manifest(out_dir)
     if manifest.typed:
         return typed.load_whole(out_dir, manifest)

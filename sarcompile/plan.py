@@ -41,7 +41,15 @@ __all__ = ["OpPlan", "Plan", "Kernel", "NodeTable", "MemoryEstimate", "WorkerSta
 
 @dataclass
 class OpPlan:
-    """One op of the plan. Byte lists have one entry per worker (what it receives)."""
+    """One op of the plan. Byte lists have one entry per worker (what it receives).
+
+    Example:
+
+    >>> g = sc.Graph.from_edges(torch.tensor([0, 1, 2, 2]), torch.tensor([1, 2, 0, 1]), 3)
+    >>> op = sc.distribute(sc.nn.SAGEConv(2, 4)).plan(g, 2, x=torch.ones(3, 2)).ops[0]
+    >>> op.layer, op.op, op.rows, str(op.strategy)
+    ('', 'spmm(mean)', 'node -> node', 'direct')
+    """
 
     name: str  # the fx node
     layer: str  # the layer it came from ("" for ops written in the model itself)
@@ -82,7 +90,16 @@ class NodeTable:
 
 @dataclass
 class MemoryEstimate:
-    """Estimated peak bytes of one worker over a training step, and where they go."""
+    """Estimated peak bytes of one worker over a training step, and where they go.
+
+    Example:
+
+    >>> g = sc.Graph.from_edges(torch.tensor([0, 1, 2, 2]), torch.tensor([1, 2, 0, 1]), 3)
+    >>> plan = sc.distribute(sc.nn.SAGEConv(2, 4)).plan(g, 2, x=torch.ones(3, 2))
+    >>> worker0 = plan.memory_estimate()[0]
+    >>> worker0.rank, worker0.peak_bytes == sum(worker0.breakdown.values())
+    (0, True)
+    """
 
     rank: int
     peak_bytes: int
@@ -91,7 +108,17 @@ class MemoryEstimate:
 
 @dataclass
 class Plan:
-    """The plan of a compiled model on a partitioned graph; ``print(plan)`` shows it."""
+    """The plan of a compiled model on a partitioned graph; ``print(plan)`` shows it.
+
+    Example:
+
+    >>> g = sc.Graph.from_edges(torch.tensor([0, 1, 2, 2]), torch.tensor([1, 2, 0, 1]), 3)
+    >>> plan = sc.distribute(sc.nn.SAGEConv(2, 4)).plan(g, 2, x=torch.ones(3, 2))
+    >>> plan.num_parts, [str(op.strategy) for op in plan.ops]
+    (2, ['direct'])
+    >>> plan.forward_bytes(0) == sum(op.forward_bytes[0] for op in plan.ops)
+    True
+    """
 
     model: str
     mode: str

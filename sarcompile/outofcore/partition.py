@@ -82,6 +82,16 @@ def partition_files(
     as ``"metis-multilevel"``; see :mod:`.multilevel`). Scratch files (about three times
     the edge files, plus the node data once) go to ``scratch_dir``, by default a hidden
     folder in ``out_dir``, and are deleted at the end.
+
+    Example:
+
+    >>> import os, tempfile, numpy as np
+    >>> d = tempfile.mkdtemp()
+    >>> np.save(os.path.join(d, "src.npy"), np.array([0, 1, 2, 2])); np.save(os.path.join(d, "dst.npy"), np.array([1, 2, 0, 1]))
+    >>> manifest = sc.partition_files((os.path.join(d, "src.npy"), os.path.join(d, "dst.npy")), 2, os.path.join(d, "parts"),
+    ...                               num_nodes=3, memory_limit="1GiB")
+    >>> manifest.num_parts, manifest.num_edges
+    (2, 4)
     """
     if not isinstance(edges, EdgeFiles) and num_nodes is None:
         raise GraphError("partition_files(edge files, ...) needs num_nodes=N (node ids are 0..N-1)")

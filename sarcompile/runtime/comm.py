@@ -85,6 +85,13 @@ def init(backend: str | None = None, timeout_s: float | None = None) -> tuple[in
     within seconds, and under torchrun a worker dies with its agent; and it fixes glibc's
     mmap threshold, so freed node tensors leave the resident set
     (:func:`~sarcompile.runtime.memory.tune_allocator`, ``SARCOMPILE_MALLOC``).
+
+    Example:
+
+    >>> rank, world_size = sc.init()   # under torchrun: this worker's; here, a one-worker group
+    >>> rank, world_size
+    (0, 1)
+    >>> sc.shutdown()
     """
     if dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
@@ -245,6 +252,11 @@ def shutdown() -> None:
     ("terminate called without an active exception"), so all meet at a barrier first.
     The failure watchdog runs until after it, so a peer failing meanwhile still ends this
     worker in seconds.
+
+    Example:
+
+    >>> rank, world_size = sc.init()
+    >>> sc.shutdown()   # safe to call again, or without init
     """
     if not (dist.is_available() and dist.is_initialized()):
         failure.stop()
@@ -672,7 +684,13 @@ def _post_pipelined(shard, link, fetch: torch.Tensor, iteration: int, phase: str
 # -- collectives users call -------------------------------------------------------------------
 def global_sum(t: torch.Tensor, phase: str | None = None) -> torch.Tensor:
     """All-reduce (SUM) of ``t`` across workers; returns a new tensor (``t`` is untouched).
-    With a ``phase`` the bytes are counted in :data:`stats` under it."""
+    With a ``phase`` the bytes are counted in :data:`stats` under it.
+
+    Example:
+
+    >>> sc.global_sum(torch.tensor([3., 1.]))   # on N workers: the elementwise sum over them
+    tensor([3., 1.])
+    """
     out = t.detach().clone()
     if dist.is_initialized() and dist.get_world_size() > 1 and not _offline:
         if phase is not None:
@@ -705,7 +723,13 @@ def offline():
 
 def global_max(t: torch.Tensor, phase: str | None = None) -> torch.Tensor:
     """Elementwise maximum of ``t`` across workers (all-reduce MAX); returns a new tensor.
-    With a ``phase`` the bytes are counted in :data:`stats` under it."""
+    With a ``phase`` the bytes are counted in :data:`stats` under it.
+
+    Example:
+
+    >>> sc.global_max(torch.tensor(7))   # on N workers: the largest value over them
+    tensor(7)
+    """
     out = t.detach().clone()
     if dist.is_initialized() and dist.get_world_size() > 1 and not _offline:
         if phase is not None:
@@ -721,6 +745,14 @@ def sync_gradients(model: torch.nn.Module) -> None:
 
     Parameters without a gradient on this worker count as zero, so every worker joins
     every all-reduce in the same order.
+
+    Example:
+
+    >>> lin = torch.nn.Linear(2, 1)
+    >>> lin(torch.ones(1, 2)).sum().backward()
+    >>> sc.sync_gradients(lin)   # on N workers: every .grad summed over them; on one, unchanged
+    >>> lin.weight.grad
+    tensor([[1., 1.]])
     """
     if not (dist.is_initialized() and dist.get_world_size() > 1):
         return
