@@ -108,7 +108,7 @@ def _killed_and_resumed(parts: Path, out: Path, a: argparse.Namespace) -> int:
 
 
 def _checkpoint_epoch(out: Path) -> int:
-    from sarcompile.checkpoint import read_header
+    from sarcompile.data.checkpoint import read_header
 
     return int(read_header(out / "checkpoint.pt")[0]["epoch"])
 

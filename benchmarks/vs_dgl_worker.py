@@ -230,7 +230,7 @@ def run_sarcompile(a) -> list[dict]:
     import torch.distributed as dist
 
     import sarcompile as sc
-    from sarcompile.partitioning import read_manifest
+    from sarcompile.data.partitioning import read_manifest
     from sarcompile.runtime.comm import stats
 
     rank, world = sc.init()

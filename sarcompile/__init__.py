@@ -5,9 +5,10 @@ from .runtime import memory as _memory
 
 _memory.request_huge_pages()  # first: torch reads its huge-page switch at its first allocation
 
-from . import nn, ops  # noqa: E402
+from . import nn  # noqa: E402
+from .ir import ops
 from .compiler import DistributedModule, distribute
-from .datasets import Dataset, HeteroDataset, load_ogb, load_ogb_mag
+from .data.datasets import Dataset, HeteroDataset, load_ogb, load_ogb_mag
 from .errors import (
     CheckpointError,
     CommError,
@@ -20,10 +21,10 @@ from .errors import (
     TrainingError,
 )
 from .estimate import EstimateTable, estimate
-from .graph import Graph
+from .ir.graph import Graph
 from .hetero import HeteroGraph, HeteroShard
-from .ops import edge_softmax, sddmm, spmm
-from .partitioning import Manifest, Partition, load_partition, load_whole_graph, partition
+from .ir.ops import edge_softmax, sddmm, spmm
+from .data.partitioning import Manifest, Partition, load_partition, load_whole_graph, partition
 from .outofcore import partition_files
 from . import hetero_partition as _typed_partitions  # noqa: F401  registers typed partitioning (partitioning.typed)
 from .plan import MemoryEstimate, OpPlan, Plan

@@ -32,15 +32,15 @@ import torch
 from rich.console import Console
 from rich.text import Text
 
-from .datasets import MAG, SUPPORTED, HeteroDataset, load_ogb, load_ogb_mag
+from .data.datasets import MAG, SUPPORTED, HeteroDataset, load_ogb, load_ogb_mag
 from .errors import DatasetError, GraphError, PartitionError, SarcompileError
-from .graph import Graph
+from .ir.graph import Graph
 from .hetero import HeteroGraph
 from .outofcore.sources import csv_header
-from .partitioning import METHODS, partition, summary
+from .data.partitioning import METHODS, partition, summary
 from .runtime import memory
 from .synthetic import MAG_SIZES, mag_like, mag_like_sizes
-from .vocab import Mode
+from .ir.vocab import Mode
 
 __all__ = ["load_edge_file", "main"]
 
@@ -341,7 +341,7 @@ def _explain(args: argparse.Namespace) -> int:
 def _estimate(args: argparse.Namespace) -> int:
     from .estimate import estimate
     from .outofcore import edge_stats, open_edges
-    from .partitioning import read_manifest
+    from .data.partitioning import read_manifest
 
     try:
         kwargs = json.loads(args.args)

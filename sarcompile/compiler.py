@@ -33,12 +33,12 @@ from torch import nn
 from . import logs
 from .errors import CompileError, GraphError
 from .frontends import load_available
-from .graph import Graph
+from .ir.graph import Graph
 from .hetero import HeteroGraph, HeteroShard, parse_relation_key
 from .leaves import (TYPED_GRAPHS, ArgLayout, argument_name, call_arguments, layout_of, leaves_of_call, needs_leaves,
                      takes_varargs)
-from .lowering import has_lowering
-from .partitioning import read_manifest
+from .ir.lowering import has_lowering
+from .data.partitioning import read_manifest
 from .passes.context import CompileOptions
 from .passes.communication import communication
 from .passes.fuse import fuse
@@ -54,11 +54,11 @@ from .passes.partition import partition
 from .passes.residency import GRAPH_NAMES, listing, residency
 from .passes.strategy import strategy
 from .plan import Plan, TypedWorkerStats, WorkerStats, build_plan, worker_stats
-from .probe import Input
-from .shard import ShardGraph
+from .ir.probe import Input
+from .data.shard import ShardGraph
 from .tables import find_node_tables, shard_tables, table_input
 from .trace import generated_wraps_dropped, trace
-from .vocab import Residency
+from .ir.vocab import Residency
 
 __all__ = ["Program", "compile_program", "distribute", "DistributedModule"]
 
@@ -86,7 +86,7 @@ class CallShape:
     which optional inputs are None -- traced as constants, so branches such as ``if
     edge_weight is not None`` are decided when compiling (PyG's ready-made models need it).
     ``inputs`` says, per argument name, where each input lives and its trailing shape (see
-    :class:`~sarcompile.probe.Input`): the residency pass checks the program for
+    :class:`~sarcompile.ir.probe.Input`): the residency pass checks the program for
     it. A program is compiled per shape.
 
     A tensor input with as many rows as the graph has nodes is per-node, with as many as it

@@ -86,7 +86,7 @@ class CheckpointError(SarcompileError):
 
     Example:
 
-    >>> from sarcompile.checkpoint import load_checkpoint
+    >>> from sarcompile.data.checkpoint import load_checkpoint
     >>> load_checkpoint("no/such/checkpoint.pt")   # doctest: +ELLIPSIS
     Traceback (most recent call last):
       ...

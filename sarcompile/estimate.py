@@ -21,10 +21,10 @@ from typing import Any
 
 import torch
 
-from .graph import Graph
+from .ir.graph import Graph
 from .hetero import HeteroGraph
 from .plan import MemoryEstimate, Plan, TypedWorkerStats, WorkerStats, _size, _table
-from .vocab import Mode
+from .ir.vocab import Mode
 
 __all__ = ["Estimate", "EstimateTable", "GraphStats", "estimate", "model_workers"]
 

@@ -1,7 +1,7 @@
 """Heterogeneous graphs: several node types, and relations ``(src_type, name, dst_type)``.
 
 A :class:`HeteroGraph` is a set of node types, each with its own number of nodes
-(numbered ``0..n_t-1`` within the type), and relations, each a :class:`~sarcompile.graph.Graph`
+(numbered ``0..n_t-1`` within the type), and relations, each a :class:`~sarcompile.ir.graph.Graph`
 from its source type's nodes to its destination type's nodes: bipartite when the two
 types differ, an ordinary graph when they are the same (``paper cites paper``). So every
 IR op works on a relation as it does on a one-type graph; nothing else needs a second
@@ -20,7 +20,7 @@ code path::
 
 Inside a worker, :class:`HeteroShard` is the same surface over the worker's own rows of
 every type (``part.graph`` of a typed partition): each relation is a
-:class:`~sarcompile.shard.ShardGraph` whose sources are the source type's rows.
+:class:`~sarcompile.data.shard.ShardGraph` whose sources are the source type's rows.
 
 The *homogeneous view* (:meth:`HeteroGraph.to_homogeneous`) numbers all nodes in one
 range, types one after another in :attr:`node_types` order, and concatenates the
@@ -35,7 +35,7 @@ from typing import Any, Generic, Iterable, TypeVar
 import torch
 
 from .errors import CompileError, GraphError
-from .graph import Graph
+from .ir.graph import Graph
 
 __all__ = ["Relation", "HeteroGraph", "HeteroShard", "TracedHetero", "relation_key", "parse_relation_key"]
 
@@ -237,7 +237,7 @@ class HeteroGraph(_Typed[Graph]):
 
 class HeteroShard(_Typed[Any]):
     """A worker's share of a :class:`HeteroGraph` (``part.graph`` of a typed partition):
-    per type its own rows, per relation a :class:`~sarcompile.shard.ShardGraph` with the
+    per type its own rows, per relation a :class:`~sarcompile.data.shard.ShardGraph` with the
     in-edges of its destination rows. ``global_ids[t]`` names each local row of type ``t``
     (its id within the type).
 

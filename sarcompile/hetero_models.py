@@ -41,7 +41,7 @@ from torch import nn
 
 from .hetero import Relation, relation_key
 from .nn import NodeDropout
-from .ops import edge_reduce, gather_dst, sddmm, spmm
+from .ir.ops import edge_reduce, gather_dst, sddmm, spmm
 
 __all__ = ["TYPED_MODELS", "TypedNet", "RGCN", "HGT", "build_typed"]
 

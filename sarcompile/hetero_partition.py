@@ -7,7 +7,7 @@ on its own (:func:`balance_types`, what DGL asks of METIS with ``balance_ntypes`
 pymetis passes METIS one balance constraint only): nodes move out of a part with too
 many of their type to the part where most of their neighbours are, among those with
 room. Each relation is then split exactly as a one-type graph is
-(:func:`sarcompile.shard.split_graph`, with the source type's assignment for its
+(:func:`sarcompile.data.shard.split_graph`, with the source type's assignment for its
 sources), so a worker's relation is an ordinary shard whose halo rows are the source
 type's rows, and the runtime's exchange serves it unchanged.
 
@@ -15,7 +15,7 @@ A typed part file holds ``{"global_ids": {type: ids}, "node_data": {type: {name:
 "relations": {key: part}}``; the manifest records per type the node count and node
 tensors, per relation the edge count, halo sizes and edge cut (``Manifest.node_types``,
 ``Manifest.edge_types``), and its ``halo_sizes`` sum the relations'. Writing, locking,
-checksums and validation are :mod:`sarcompile.partitioning`'s.
+checksums and validation are :mod:`sarcompile.data.partitioning`'s.
 """
 
 from __future__ import annotations
@@ -30,16 +30,12 @@ from typing import Callable
 import torch
 
 from .errors import GraphError, PartitionError
-from .graph import Graph
+from .ir.graph import Graph
 from .hetero import HeteroGraph, HeteroShard, parse_relation_key, relation_key
-from .partitioning import (
-    METHODS, Manifest, Partition, PartInfo, _as_part, _check_halos, _check_node_data, _check_num_parts, _contiguous,
-    _given_assignment, _hash_tensor, _metis, describe_node_data, now, part_self_loops, read_part_file, typed,
-    write_directory,
-)
+from .data.partitioning import METHODS, Manifest, Partition, PartInfo, _as_part, _check_halos, _check_node_data, _check_num_parts, _contiguous, _given_assignment, _hash_tensor, _metis, describe_node_data, now, part_self_loops, read_part_file, typed, write_directory
 from .runtime.memory import release_free
-from .shard import PartData, ShardGraph, local_rows, split_graph
-from .validate import check_node_data
+from .data.shard import PartData, ShardGraph, local_rows, split_graph
+from .data.validate import check_node_data
 
 # How far above an even share of its type a part may be after balancing (METIS's own
 # default imbalance is 3% of the node count).
@@ -227,7 +223,7 @@ def _info(g: HeteroGraph, relations: dict, ids: dict, r: int, num_parts: int) ->
 
 
 def typed_graph_sha256(g: HeteroGraph, node_data: dict[str, dict[str, torch.Tensor]]) -> str:
-    """:func:`sarcompile.partitioning.graph_sha256` for a typed graph: its types and
+    """:func:`sarcompile.data.partitioning.graph_sha256` for a typed graph: its types and
     counts, every relation's edges in order, and every type's node tensors."""
     h = hashlib.sha256(b"sarcompile-hetero-graph 1\n")
     h.update(json.dumps([[t, g.num_nodes(t)] for t in g.node_types]).encode())

@@ -5,7 +5,7 @@ relation) and a typed graph (:class:`~sarcompile.hetero.HeteroGraph` on one mach
 :class:`~sarcompile.hetero.HeteroShard` in a worker). The compiled program takes instead
 one input per *leaf*: a tensor per dict key, a graph per relation. To every pass a
 relation is then an ordinary (bipartite) graph input and a type's features an ordinary
-per-node input, whose :attr:`~sarcompile.probe.Input.of` names its type or relation; the
+per-node input, whose :attr:`~sarcompile.ir.probe.Input.of` names its type or relation; the
 tracer rebuilds the dicts and the typed graph from the leaves before calling ``forward``,
 so the model's Python (``g[rel]``, ``for rel in g.edge_types``, ``x[src]``) runs unchanged.
 

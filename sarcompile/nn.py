@@ -12,10 +12,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from .errors import GraphError
-from .ops import batch_norm, edge_dropout, edge_softmax, sddmm, spmm
-from .lowering import register_lowering
-from .opdef import EDGE_CHUNK_ELEMENTS
-from .rng import keep, mix32
+from .ir.ops import batch_norm, edge_dropout, edge_softmax, sddmm, spmm
+from .ir.lowering import register_lowering
+from .ir.opdef import EDGE_CHUNK_ELEMENTS
+from .ir.rng import keep, mix32
 
 __all__ = ["SAGEConv", "GCNConv", "GINConv", "GATConv", "BatchNorm", "NodeDropout", "RandomStream"]
 
@@ -95,7 +95,7 @@ class BatchNorm(nn.BatchNorm1d):
 
 
 class RandomStream(nn.Module):
-    """The salt of counter-based dropout masks (see :mod:`sarcompile.rng`).
+    """The salt of counter-based dropout masks (see :mod:`sarcompile.ir.rng`).
 
     Each training-mode call advances a step counter and returns a new salt; eval-mode
     calls return the current one. ``seed`` defaults to a draw from torch's RNG, so set

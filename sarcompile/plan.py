@@ -11,7 +11,7 @@ running the compiled program once on a small synthetic graph (a one-worker shard
 widths do not depend on the number of nodes, and every saved tensor is scaled by the
 size it is proportional to (nodes, or edges of the graph variant it belongs to).
 
-Every figure comes from the ops' definitions (:class:`~sarcompile.opdef.OpDef`: what
+Every figure comes from the ops' definitions (:class:`~sarcompile.ir.opdef.OpDef`: what
 each exchanges, keeps and holds as temporaries): the plan is a walk over them, with no
 rule of its own for any op. :meth:`Plan.memory_estimate` adds these up per worker. Two parts are exact -- saved
 activations and remote blocks alive at once, which tests compare with the runtime's own
@@ -28,12 +28,12 @@ import torch
 import torch.fx as fx
 
 from . import logs
-from .opdef import AllReduce, Halo, OpDef, Push, Temporaries, definition
+from .ir.opdef import AllReduce, Halo, OpDef, Push, Temporaries, definition
 from .runtime.comm import offline
 from .runtime.link import Wire
 from .plan_probe import probe_for
 from .sizes import TypedWorkerStats, WorkerStats, worker_stats
-from .vocab import Strategy
+from .ir.vocab import Strategy
 
 __all__ = ["OpPlan", "Plan", "Kernel", "NodeTable", "MemoryEstimate", "WorkerStats", "TypedWorkerStats", "worker_stats",
            "build_plan"]

@@ -24,11 +24,11 @@ import torch
 import torch.fx as fx
 
 from .errors import CompileError
-from .graph import Graph, probe_graph, probe_relation
+from .ir.graph import Graph, probe_graph, probe_relation
 from .hetero import Relation
-from .shard import DERIVED_GRAPHS, ShardGraph
+from .data.shard import DERIVED_GRAPHS, ShardGraph
 from .sizes import TypedWorkerStats, WorkerStats
-from .vocab import Residency
+from .ir.vocab import Residency
 
 __all__ = ["ShardProbe", "TypedShardProbe", "graph_bytes", "probe_for"]
 

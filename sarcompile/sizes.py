@@ -20,11 +20,11 @@ from typing import Any
 import torch
 
 from .errors import CompileError
-from .graph import Graph
+from .ir.graph import Graph
 from .hetero import HeteroGraph, Relation, parse_relation_key, relation_key
 from .hetero_partition import assign_typed, read_typed
-from .partitioning import assign, part_self_loops, read_manifest, read_part
-from .shard import PartData, split_graph
+from .data.partitioning import assign, part_self_loops, read_manifest, read_part
+from .data.shard import PartData, split_graph
 
 __all__ = ["WorkerStats", "TypedWorkerStats", "worker_stats", "shard_stats"]
 
@@ -60,7 +60,7 @@ class TypedWorkerStats:
 
 
 def shard_stats(part: PartData, rank: int, halo: list[int], loops: bool = True) -> WorkerStats:
-    """The sizes of one part as :func:`~sarcompile.shard.split_graph` cut it; ``halo[q]``
+    """The sizes of one part as :func:`~sarcompile.data.shard.split_graph` cut it; ``halo[q]``
     the rows it receives from part ``q``; ``loops``: whether self-loops can occur (not on
     a relation between two types)."""
     return WorkerStats(

@@ -25,10 +25,10 @@ import math
 
 import torch
 
-from .datasets import HeteroDataset, add_reverse_relations
+from .data.datasets import HeteroDataset, add_reverse_relations
 from .errors import GraphError
 from .hetero import HeteroGraph, Relation
-from .validate import MASKS
+from .data.validate import MASKS
 
 __all__ = ["MAG_SIZES", "mag_like", "mag_like_sizes"]
 
@@ -72,7 +72,7 @@ def mag_like(
     seed: int = 0,
     add_reverse: bool = True,
 ) -> HeteroDataset:
-    """An ogbn-mag-like :class:`~sarcompile.datasets.HeteroDataset` (see the module docstring).
+    """An ogbn-mag-like :class:`~sarcompile.data.datasets.HeteroDataset` (see the module docstring).
 
     Relations: ``(author, writes, paper)`` (every paper has at least one author, every
     author at least one paper), ``(paper, cites, paper)`` (no self-loops),
@@ -81,7 +81,7 @@ def mag_like(
     isolated nodes (:data:`ISOLATED` of each type with more than one node) are the
     exceptions: they have no edges. The ``*_per_paper`` means set the edge counts.
     ``add_reverse`` adds the ``rev_`` relations as
-    :func:`~sarcompile.datasets.add_reverse_relations` does.
+    :func:`~sarcompile.data.datasets.add_reverse_relations` does.
 
     ``node_data["paper"]`` holds ``x`` (float32 ``[num_papers, features]``), ``y`` (int64
     in ``[0, num_classes)``) and disjoint random ``train_mask``/``val_mask``/``test_mask``

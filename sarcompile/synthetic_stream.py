@@ -36,7 +36,7 @@ file                dtype, shape                   content
 ==================  =============================  =====================================
 
 Each file is written under a temporary name in ``out_dir`` (``.NAME.<random>.tmp``, what
-:func:`sarcompile.rundir.remove_stale_temps` cleans) and renamed into place only once
+:func:`sarcompile.data.rundir.remove_stale_temps` cleans) and renamed into place only once
 every file of the graph is complete, so a killed run leaves no partial file under a final
 name. Example::
 
@@ -60,9 +60,9 @@ from pathlib import Path
 import numpy as np
 
 from .errors import GraphError
-from .partitioning import _create_temp, _fsync_dir
+from .data.partitioning import _create_temp, _fsync_dir
 from .synthetic import PARETO_ALPHA, SEPARATION, SPLIT
-from .validate import MASKS
+from .data.validate import MASKS
 
 __all__ = [
     "DRAW_UNIT",

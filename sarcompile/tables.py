@@ -18,7 +18,7 @@ mistaken for one.
 The tracer gives each table a program input of its own (:func:`table_input`); in a worker
 :func:`shard_tables` keeps only the worker's rows, in its row order, and marks the
 parameter (:func:`table_type`), so gradient sync skips it and checkpoints know how to put
-its rows back in global order (:func:`sarcompile.checkpoint.global_state`).
+its rows back in global order (:func:`sarcompile.data.checkpoint.global_state`).
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ import torch
 from torch import nn
 
 from .errors import CompileError
-from .probe import Input
-from .vocab import Residency
+from .ir.probe import Input
+from .ir.vocab import Residency
 
 __all__ = ["find_node_tables", "table_type", "shard_tables", "table_input"]
 

@@ -2,8 +2,8 @@
 
 Known graph layers are kept as leaves (``call_module``) so the lower pass can rewrite each
 one by rule; everything else is traced through. IR ops written directly in user code
-become single ``call_function`` nodes by themselves (see :func:`sarcompile.ops.ir_op`).
-Library functions with a function rule (:func:`sarcompile.lowering.register_function_lowering`)
+become single ``call_function`` nodes by themselves (see :func:`sarcompile.ir.ops.ir_op`).
+Library functions with a function rule (:func:`sarcompile.ir.lowering.register_function_lowering`)
 are replaced by their IR-op versions while tracing.
 """
 
@@ -27,11 +27,11 @@ from torch.fx import _symbolic_trace
 from torch import nn
 
 from .errors import CompileError, SarcompileError
-from .lowering import function_homes, function_lowerings, lowering_for
+from .ir.lowering import function_homes, function_lowerings, lowering_for
 from .hetero import TracedHetero
 from .leaves import ArgLayout, rebuilt_arguments
 from .nn import NodeDropout, RandomStream
-from .probe import PROBES, ROW_COUNTS, Input, example
+from .ir.probe import PROBES, ROW_COUNTS, Input, example
 from .runtime.comm import offline
 
 __all__ = ["SarTracer", "ShapeTracer", "UNKNOWN", "generated_wraps_dropped", "trace"]
@@ -239,7 +239,7 @@ class ShapeTracer(SarTracer):
     ``dtype`` and the sizes of feature axes (``if x.size(-1) < k``, ``len(x.size())``) are
     Python constants. Branches on values stay refused (a tensor is never a constant).
 
-    ``examples``: one list per probe (:data:`sarcompile.probe.PROBES`), with a value per
+    ``examples``: one list per probe (:data:`sarcompile.ir.probe.PROBES`), with a value per
     placeholder in order (:data:`UNKNOWN` where none is known); None traces as
     :class:`SarTracer` does. A size is a constant only if it is the same on every probe,
     is not one of the probes' row counts and is not the first axis of a value computed

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from sarcompile.datasets import SPLIT_OF_MASK, HeteroDataset
+from sarcompile.data.datasets import SPLIT_OF_MASK, HeteroDataset
 
 # float32 to text and back exactly: 9 significant digits identify every float32
 FLOAT_FORMAT = "%.9g"

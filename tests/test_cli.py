@@ -12,7 +12,7 @@ import torch
 
 from sarcompile.cli import load_edge_file, main
 from sarcompile.errors import GraphError
-from sarcompile.partitioning import load_partition, read_manifest
+from sarcompile.data.partitioning import load_partition, read_manifest
 
 SRC = torch.tensor([0, 1, 2, 3, 4, 5, 5, 0])
 DST = torch.tensor([1, 2, 0, 4, 5, 3, 5, 4])
@@ -213,7 +213,7 @@ def test_plan_command_bad_model_spec(tmp_path, capsys):
 def test_dataset_end_to_end(tmp_path):
     from test_datasets import write_ogbn_arxiv
 
-    from sarcompile.partitioning import load_whole_graph
+    from sarcompile.data.partitioning import load_whole_graph
 
     written = write_ogbn_arxiv(tmp_path / "ogb")
     out = tmp_path / "parts"

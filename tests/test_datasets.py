@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from sarcompile.datasets import load_ogb, symmetrize_edges
+from sarcompile.data.datasets import load_ogb, symmetrize_edges
 from sarcompile.errors import DatasetError
 
 NUM_NODES = 60
@@ -221,7 +221,7 @@ def _no_prompt(*args: object) -> str:
 
 
 def test_fractional_labels_are_refused_not_truncated():
-    from sarcompile.datasets import _labels
+    from sarcompile.data.datasets import _labels
 
     with pytest.raises(DatasetError, match=r"node 2 has label 1.5, not a class id \(2 such labels\)"):
         _labels(np.array([0.0, np.nan, 1.5, np.inf], dtype=np.float32), 4, "ogbn-x")

@@ -12,7 +12,7 @@ import sarcompile as sc
 from sarcompile.errors import GraphError, PartitionError
 from sarcompile.hetero import relation_key
 from sarcompile.hetero_partition import assign_typed, balance_types
-from sarcompile.partitioning import assign
+from sarcompile.data.partitioning import assign
 
 TOL = 1e-9  # float64: only the order of summation differs
 SETTINGS = settings(max_examples=15, deadline=None, suppress_health_check=list(HealthCheck))
@@ -304,7 +304,7 @@ def test_a_compiled_program_takes_dicts_and_relations_and_names_every_type():
     listing = dict(model.program(False).stages)["residency"]
     assert "x__author: node 'author'" in listing and "g__author__writes__paper: graph ('author', 'writes', 'paper')" \
         in listing
-    assert "sarcompile_ops_spmm(g__author__writes__paper, x__author, 'mean')  # node 'paper'" in listing
+    assert "sarcompile_ir_ops_spmm(g__author__writes__paper, x__author, 'mean')  # node 'paper'" in listing
 
 
 @given(case=typed_graphs(), data=st.data())

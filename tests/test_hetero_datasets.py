@@ -161,7 +161,7 @@ def test_load_ogb_points_mag_to_its_loader(tmp_path):
 
 
 def test_reverse_relation_clash_is_refused():
-    from sarcompile.datasets import add_reverse_relations
+    from sarcompile.data.datasets import add_reverse_relations
 
     e = (torch.tensor([0]), torch.tensor([0]))
     with pytest.raises(GraphError, match="already have a relation"):

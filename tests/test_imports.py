@@ -40,12 +40,12 @@ _COMPILER = (
     "sarcompile.compiler",
     "sarcompile.trace",
     "sarcompile.passes.lower",
-    "sarcompile.lowering",
+    "sarcompile.ir.lowering",
     "sarcompile.plan",
     "sarcompile.estimate",
 )
-# The IR. Names of modules that do not exist (yet) are harmless.
-_IR = ("sarcompile.ops", "sarcompile.opdef", "sarcompile.graph", "sarcompile.shard", "sarcompile.vocab")
+# The IR (the package sarcompile.ir, all of it) and a worker's shard of the graph.
+_IR = ("sarcompile.ir", "sarcompile.data.shard")
 
 # (rule, modules it applies to, modules they must not import). A name covers the module and,
 # when it is a package, everything under it. Checked twice: direct imports (each violation is one
@@ -321,14 +321,15 @@ def _write(root: Path, files: dict[str, str]) -> Path:
 
 
 _CLEAN = {
-    "sarcompile/__init__.py": "from .graph import Graph\nfrom . import runtime\n",
-    "sarcompile/graph.py": "import os\nfrom typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
-    "    from .runtime.shard import Shard\nclass Graph:\n    pass\n",
+    "sarcompile/__init__.py": "from .ir.graph import Graph\nfrom . import runtime\n",
+    "sarcompile/ir/__init__.py": "",
+    "sarcompile/ir/graph.py": "import os\nfrom typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+    "    from ..runtime.shard import Shard\nclass Graph:\n    pass\n",
     "sarcompile/runtime/__init__.py": "from .shard import Shard\n",
-    "sarcompile/runtime/shard.py": "from ..graph import Graph\nimport sarcompile.errors\n",
+    "sarcompile/runtime/shard.py": "from ..ir.graph import Graph\nimport sarcompile.errors\n",
     "sarcompile/errors.py": "",
     "sarcompile/passes/__init__.py": "",
-    "sarcompile/passes/lower.py": "from . import fuse\nfrom .. import graph\nfrom sarcompile.runtime import shard\n",
+    "sarcompile/passes/lower.py": "from . import fuse\nfrom ..ir import graph\nfrom sarcompile.runtime import shard\n",
     "sarcompile/passes/fuse.py": "",
 }
 
@@ -336,13 +337,13 @@ _CLEAN = {
 def test_analyser_passes_a_clean_package(tmp_path):
     nodes, edges = import_edges(_write(tmp_path, _CLEAN))
     assert {(e.src, e.dst) for e in edges} == {
-        ("sarcompile", "sarcompile.graph"),
+        ("sarcompile", "sarcompile.ir.graph"),
         ("sarcompile", "sarcompile.runtime"),
         ("sarcompile.runtime", "sarcompile.runtime.shard"),
-        ("sarcompile.runtime.shard", "sarcompile.graph"),
+        ("sarcompile.runtime.shard", "sarcompile.ir.graph"),
         ("sarcompile.runtime.shard", "sarcompile.errors"),
         ("sarcompile.passes.lower", "sarcompile.passes.fuse"),  # `from . import fuse`: the submodule
-        ("sarcompile.passes.lower", "sarcompile.graph"),
+        ("sarcompile.passes.lower", "sarcompile.ir.graph"),
         ("sarcompile.passes.lower", "sarcompile.runtime.shard"),
     }  # and not graph -> runtime.shard: that one is under TYPE_CHECKING
     assert cycle_report(nodes, edges) == []
@@ -352,17 +353,17 @@ def test_analyser_passes_a_clean_package(tmp_path):
 
 def test_analyser_catches_a_cycle_through_a_function_level_import(tmp_path):
     files = dict(_CLEAN)
-    files["sarcompile/graph.py"] += "    def shard(self):\n        from .runtime.shard import Shard\n"
+    files["sarcompile/ir/graph.py"] += "    def shard(self):\n        from ..runtime.shard import Shard\n"
     nodes, edges = import_edges(_write(tmp_path, files))
     report = cycle_report(nodes, edges)
     assert len(report) == 1, report
-    assert "sarcompile.graph, sarcompile.runtime.shard" in report[0]
-    assert "sarcompile/graph.py:8: from .runtime.shard import Shard" in report[0]
-    assert "sarcompile/runtime/shard.py:1: from ..graph import Graph" in report[0]
+    assert "sarcompile.ir.graph, sarcompile.runtime.shard" in report[0]
+    assert "sarcompile/ir/graph.py:8: from ..runtime.shard import Shard" in report[0]
+    assert "sarcompile/runtime/shard.py:1: from ..ir.graph import Graph" in report[0]
     walls = wall_report(edges)
     assert walls == [
-        "the IR does not import the runtime: sarcompile/graph.py:8: from .runtime.shard import Shard"
-        "    (sarcompile.graph -> sarcompile.runtime.shard)"
+        "the IR does not import the runtime: sarcompile/ir/graph.py:8: from ..runtime.shard import Shard"
+        "    (sarcompile.ir.graph -> sarcompile.runtime.shard)"
     ]
 
 
@@ -387,13 +388,13 @@ def test_analyser_catches_self_imports_and_walls_in_methods(tmp_path):
 
 def test_analyser_catches_a_wall_crossed_through_another_module(tmp_path):
     files = dict(_CLEAN)
-    files["sarcompile/graph.py"] += "    def fused(self):\n        from .passes import fuse\n"
+    files["sarcompile/ir/graph.py"] += "    def fused(self):\n        from ..passes import fuse\n"
     nodes, edges = import_edges(_write(tmp_path, files))
     assert cycle_report(nodes, edges) == [] and wall_report(edges) == []
     report = indirect_wall_report(edges)
     assert len(report) == 2, report  # runtime/__init__ (three hops) and runtime.shard (two)
     assert report[1] == (
         "the runtime imports no pass: sarcompile.runtime.shard reaches sarcompile.passes.fuse; the shortest chain:\n"
-        "    sarcompile/runtime/shard.py:1: from ..graph import Graph    (sarcompile.runtime.shard -> sarcompile.graph)\n"
-        "    sarcompile/graph.py:8: from .passes import fuse    (sarcompile.graph -> sarcompile.passes.fuse)"
+        "    sarcompile/runtime/shard.py:1: from ..ir.graph import Graph    (sarcompile.runtime.shard -> sarcompile.ir.graph)\n"
+        "    sarcompile/ir/graph.py:8: from ..passes import fuse    (sarcompile.ir.graph -> sarcompile.passes.fuse)"
     )

@@ -361,7 +361,7 @@ def test_error_raised_at_trace_time():
 
 # -- torch.fx: one node per op call -------------------------------------------------------------
 
-from sarcompile.ops import edge_softmax, sddmm, spmm  # noqa: E402  (imported by name on purpose)
+from sarcompile.ir.ops import edge_softmax, sddmm, spmm  # noqa: E402  (imported by name on purpose)
 
 
 class ByName(torch.nn.Module):
@@ -499,7 +499,7 @@ def test_message_passing_errors(small):
 def test_gather_table_reads_rows_by_global_id_on_every_shard():
     """A table with a row per node of the whole graph (LINKX's embedding), read per edge:
     on each shard, edge by edge, what the whole graph reads for the same global edge."""
-    from sarcompile.shard import ShardGraph, split_graph
+    from sarcompile.data.shard import ShardGraph, split_graph
 
     gen = torch.Generator().manual_seed(3)
     n = 12

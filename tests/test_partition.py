@@ -12,10 +12,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import sarcompile.partitioning as P
+import sarcompile.data.partitioning as P
 from sarcompile.errors import GraphError, PartitionError
-from sarcompile.graph import Graph
-from sarcompile.partitioning import METHODS, Manifest, assign, load_partition, partition, read_manifest, summary
+from sarcompile.ir.graph import Graph
+from sarcompile.data.partitioning import METHODS, Manifest, assign, load_partition, partition, read_manifest, summary
 
 
 def messy_graph(num_nodes: int, num_edges: int, seed: int) -> Graph:

@@ -153,7 +153,7 @@ def test_a_manifest_without_block_sizes_is_planned_from_its_part_files(tmp_path)
 def test_graph_estimate_counts_the_index_tensors_a_step_builds():
     """The plan's ``graph`` term against the bytes of every index tensor a worker's shard
     holds after a training step (its blocks' CSR, destinations, transpose; ids)."""
-    from sarcompile.shard import ShardGraph, split_graph
+    from sarcompile.data.shard import ShardGraph, split_graph
 
     gen = torch.Generator().manual_seed(3)
     n = 400

@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sarcompile.rng import _MASK32, keep, mix32, uniform
+from sarcompile.ir.rng import _MASK32, keep, mix32, uniform
 
 
 def _reference(keys: torch.Tensor, salt: torch.Tensor) -> torch.Tensor:

@@ -15,10 +15,10 @@ import pytest
 import torch
 
 import sarcompile as sc
-from sarcompile.checkpoint import load_checkpoint, save_checkpoint
+from sarcompile.data.checkpoint import load_checkpoint, save_checkpoint
 from sarcompile.errors import RunDirError
-from sarcompile.partitioning import load_partition, read_manifest
-from sarcompile.rundir import LOCK_NAME, lock_dir, remove_stale_temps
+from sarcompile.data.partitioning import load_partition, read_manifest
+from sarcompile.data.rundir import LOCK_NAME, lock_dir, remove_stale_temps
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -46,7 +46,7 @@ def test_a_held_directory_is_refused_naming_the_holder(tmp_path):
 def test_the_lock_dies_with_its_process(tmp_path):
     """No stale lock after a kill: the lock belongs to the open file, not to the name."""
     code = (
-        "import sys, time; from sarcompile.rundir import lock_dir\n"
+        "import sys, time; from sarcompile.data.rundir import lock_dir\n"
         "lock = lock_dir(sys.argv[1], 'training run'); print('locked', flush=True); time.sleep(60)\n"
     )
     proc = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], cwd=ROOT, stdout=subprocess.PIPE, text=True)

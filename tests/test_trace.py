@@ -12,9 +12,9 @@ import sarcompile as sc
 from sarcompile.compiler import CallShape, compile_program
 from sarcompile.errors import CompileError
 from sarcompile.passes.context import CompileOptions
-from sarcompile.probe import PROBES, Input
+from sarcompile.ir.probe import PROBES, Input
 from sarcompile.trace import ShapeTracer, trace
-from sarcompile.vocab import Residency
+from sarcompile.ir.vocab import Residency
 
 DT = torch.float64
 TOL = 1e-9

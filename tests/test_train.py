@@ -18,7 +18,7 @@ import torch
 from train_jobs import ACC_KEYS, curve, run_train, train_job
 
 import sarcompile as sc
-from sarcompile.checkpoint import load_checkpoint, save_checkpoint
+from sarcompile.data.checkpoint import load_checkpoint, save_checkpoint
 from sarcompile.codegen.torch_kernels import packed_row_bytes
 from sarcompile.errors import CheckpointError
 from sarcompile.runtime.link import WIRE_SCALE
@@ -197,7 +197,7 @@ def test_failed_write_keeps_the_old_checkpoint(tmp_path, monkeypatch):
 
     # A process killed after writing the new file but before the rename: the old one stands.
     code = (
-        "import os, sys, torch; from sarcompile.checkpoint import save_checkpoint\n"
+        "import os, sys, torch; from sarcompile.data.checkpoint import save_checkpoint\n"
         "os.replace = lambda *a: os._exit(9)\n"
         "save_checkpoint(sys.argv[1], {'epoch': 3, 'w': torch.zeros(100000)})\n"
     )

@@ -25,10 +25,10 @@ from ogb_files import write_mag
 from train_jobs import ACC_KEYS, curve, run_train
 
 import sarcompile as sc
-from sarcompile.checkpoint import load_checkpoint
+from sarcompile.data.checkpoint import load_checkpoint
 from sarcompile.cli import main as cli
 from sarcompile.hetero_models import HGT, RGCN
-from sarcompile.partitioning import read_manifest
+from sarcompile.data.partitioning import read_manifest
 from sarcompile.synthetic import mag_like
 from sarcompile.train import build_model, evaluate, load_trained
 

@@ -8,11 +8,11 @@ import pytest
 import torch
 
 import sarcompile as sc
-import sarcompile.partitioning as P
+import sarcompile.data.partitioning as P
 from sarcompile.cli import main
 from sarcompile.errors import GraphError, PartitionError
-from sarcompile.partitioning import load_partition
-from sarcompile.shard import PartData
+from sarcompile.data.partitioning import load_partition
+from sarcompile.data.shard import PartData
 
 N = 30
 

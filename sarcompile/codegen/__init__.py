@@ -3,7 +3,7 @@ code (CPU), behind one API (:mod:`.torch_kernels` documents it).
 
 :func:`kernels_for` picks the module an op runs with. The generated kernels an op needs
 for given inputs -- what ``plan.kernels`` shows -- are registered here onto the op's
-definition (:meth:`sarcompile.opdef.OpDef.register_kernels`); ops that run torch code
+definition (:meth:`sarcompile.ir.opdef.OpDef.register_kernels`); ops that run torch code
 only (sddmm, edge_softmax, message_passing, batch_norm) register none.
 """
 
@@ -16,9 +16,10 @@ from typing import Any
 
 import torch
 
-from .. import logs, ops
+from .. import logs
+from ..ir import ops
 from ..errors import KernelError
-from ..vocab import Executor
+from ..ir.vocab import Executor
 from . import torch_kernels
 from .kernel_cache import KernelSpec, current_target
 

@@ -1,7 +1,7 @@
 """Per-block kernels in plain torch: what the runtime runs on CPUs (and on GPUs until
 Triton kernels are generated for a signature).
 
-Every kernel works on one :class:`~sarcompile.graph.Block` -- the edges from one set of
+Every kernel works on one :class:`~sarcompile.ir.graph.Block` -- the edges from one set of
 source rows into the local destination rows -- so the same code serves one machine (one
 block) and N workers (one block per source partition). Node tensors may have any
 trailing shape (``[n, F]`` or ``[n, heads, F]``); kernels flatten it to 2-D.
@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..graph import Block, csr_tensor
-from ..opdef import EDGE_CHUNK_ELEMENTS
+from ..ir.graph import Block, csr_tensor
+from ..ir.opdef import EDGE_CHUNK_ELEMENTS
 
 __all__ = [
     "QUANT_BITS",

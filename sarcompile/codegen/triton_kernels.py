@@ -14,7 +14,7 @@ import math
 
 import torch
 
-from ..graph import Block
+from ..ir.graph import Block
 from . import torch_kernels as T
 from .attention_gen import AttentionBackwardSpec, AttentionForwardSpec
 from .kernel_cache import current_target, load

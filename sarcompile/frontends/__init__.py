@@ -2,7 +2,7 @@
 them compile unchanged.
 
 Each front-end is a module that registers rules with
-:func:`sarcompile.lowering.register_lowering` when imported. None of the libraries is
+:func:`sarcompile.ir.lowering.register_lowering` when imported. None of the libraries is
 a dependency of sarcompile: :func:`load_available` imports a front-end only when its
 library is already imported by the user's program (it must be, for a model built with
 it to exist), and the compiler calls it before every compile.

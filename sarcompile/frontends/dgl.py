@@ -3,7 +3,7 @@
 The compiler imports this module when ``dgl`` is imported (see
 :mod:`sarcompile.compiler`); it needs DGL itself. It gives
 
-* lowering rules (:func:`sarcompile.lowering.register_lowering`) for
+* lowering rules (:func:`sarcompile.ir.lowering.register_lowering`) for
   ``dgl.nn.SAGEConv`` (``mean``, ``gcn``, ``pool``), ``dgl.nn.GraphConv`` (every ``norm``),
   ``dgl.nn.GATConv``, ``dgl.nn.HGTConv``, ``dgl.nn.EdgeWeightNorm`` and
   ``dgl.nn.TypedLinear``: each layer is replaced by a stand-in written with the IR ops that
@@ -40,13 +40,13 @@ from dgl.nn.pytorch import EdgeWeightNorm, GATConv, GraphConv, HGTConv, SAGEConv
 from torch import nn
 
 from ..errors import CompileError, GraphError
-from ..graph import Graph
+from ..ir.graph import Graph
 from ..nn import RandomStream
-from ..ops import edge_dropout, edge_reduce, edge_reduce_src, edge_softmax, gather_dst, gather_src, sddmm, spmm
-from ..lowering import declare, register_lowering
-from ..vocab import Residency
+from ..ir.ops import edge_dropout, edge_reduce, edge_reduce_src, edge_softmax, gather_dst, gather_src, sddmm, spmm
+from ..ir.lowering import declare, register_lowering
+from ..ir.vocab import Residency
 from ..runtime import comm
-from ..shard import ShardGraph
+from ..data.shard import ShardGraph
 
 __all__ = ["out_degrees"]
 

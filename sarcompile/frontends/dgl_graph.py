@@ -55,8 +55,8 @@ import torch.fx as fx
 from torch import nn
 
 from ..errors import CompileError
-from ..lowering import declare
-from ..ops import edge_reduce, gather_dst, gather_src, message_passing, sddmm, spmm
+from ..ir.lowering import declare
+from ..ir.ops import edge_reduce, gather_dst, gather_src, message_passing, sddmm, spmm
 from .dgl import check_in_edges, graph_device, out_degrees
 
 __all__ = ["GraphProxy", "Frames", "refusal"]

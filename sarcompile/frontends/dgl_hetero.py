@@ -45,8 +45,8 @@ from torch import nn
 
 from ..errors import CompileError, GraphError
 from ..hetero import Relation, TracedHetero
-from ..lowering import register_function_lowering, register_lowering
-from ..ops import edge_reduce, edge_softmax, gather_dst
+from ..ir.lowering import register_function_lowering, register_lowering
+from ..ir.ops import edge_reduce, edge_softmax, gather_dst
 from .dgl_graph import Frames, GraphProxy, _is_all, _reduce_of, _ALL, refusal
 
 __all__ = ["HeteroGraphProxy", "cross_reduce"]

@@ -40,8 +40,8 @@ from typing import Any
 import torch
 
 from ..errors import PartitionError
-from ..graph import Graph
-from ..partitioning import Manifest, partition
+from ..ir.graph import Graph
+from ..data.partitioning import Manifest, partition
 
 __all__ = ["convert_dgl_partition"]
 

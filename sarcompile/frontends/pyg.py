@@ -79,11 +79,9 @@ from torch_geometric.nn.conv import MessagePassing
 from ..errors import CompileError
 from ..trace import user_line
 from ..nn import RandomStream
-from ..ops import (
-    batch_norm, edge_dropout, edge_softmax, gather_dst, gather_src, gather_table, message_passing, sddmm, spmm,
-)
-from ..lowering import declare, register_lowering
-from ..vocab import Residency
+from ..ir.ops import batch_norm, edge_dropout, edge_softmax, gather_dst, gather_src, gather_table, message_passing, sddmm, spmm
+from ..ir.lowering import declare, register_lowering
+from ..ir.vocab import Residency
 from .pyg_utils import EdgeEnd, EdgeIndex, add_remaining_self_loops, as_edge_index, intercepting, replace_self_loops
 
 __all__ = ["SUPPORTED"]

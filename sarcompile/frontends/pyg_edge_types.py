@@ -1,4 +1,4 @@
-"""PyG layers over typed edges (relations), lowered with :func:`~sarcompile.ops.edge_subset`.
+"""PyG layers over typed edges (relations), lowered with :func:`~sarcompile.ir.ops.edge_subset`.
 
 ``RGCNConv`` and ``FiLMConv(num_relations > 1)`` loop over the relations and propagate
 over the edges of each, ``masked_edge_index(edge_index, edge_type == i)`` or
@@ -38,7 +38,7 @@ from torch_geometric import utils as pyg_utils
 from torch_geometric.nn.conv import rgcn_conv
 
 from ..errors import CompileError
-from ..lowering import declare, register_lowering
+from ..ir.lowering import declare, register_lowering
 from .pyg import _lower_message_passing, _name
 from .pyg_utils import EdgeIndex, handles
 

@@ -34,7 +34,7 @@ from torch_geometric.nn import to_hetero_with_bases_transformer as with_bases
 from torch_geometric.nn.conv import hetero_conv
 
 from ..errors import CompileError
-from ..lowering import register_function_lowering, register_lowering
+from ..ir.lowering import register_function_lowering, register_lowering
 
 __all__ = ["group"]
 

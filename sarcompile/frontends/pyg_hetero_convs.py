@@ -34,8 +34,8 @@ from torch import nn
 from torch_geometric import nn as gnn
 
 from ..errors import CompileError
-from ..lowering import register_lowering
-from ..ops import edge_dropout, edge_reduce, edge_softmax, gather_dst, node_mean, sddmm, spmm
+from ..ir.lowering import register_lowering
+from ..ir.ops import edge_dropout, edge_reduce, edge_softmax, gather_dst, node_mean, sddmm, spmm
 from .pyg import _check_common, _refuse, _StandIn, _stream
 
 __all__ = ["softmax_across"]

@@ -14,7 +14,7 @@ from torch import nn
 from torch_geometric import nn as gnn
 
 from ..errors import CompileError
-from ..lowering import register_lowering
+from ..ir.lowering import register_lowering
 from .pyg import _check_common, _StandIn
 
 __all__: list[str] = []

@@ -33,11 +33,11 @@ from torch_geometric.nn.aggr import Aggregation, MultiAggregation
 from torch_geometric.nn.conv.gcn_conv import gcn_norm
 
 from ..errors import CompileError
-from ..graph import Graph
-from ..lowering import declare, register_function_lowering
-from ..ops import edge_max, edge_reduce, edge_reduce_src, edge_softmax, edge_subset, gather_dst, gather_src
+from ..ir.graph import Graph
+from ..ir.lowering import declare, register_function_lowering
+from ..ir.ops import edge_max, edge_reduce, edge_reduce_src, edge_softmax, edge_subset, gather_dst, gather_src
 from ..runtime import comm
-from ..vocab import Residency
+from ..ir.vocab import Residency
 
 __all__ = ["EdgeEnd", "EdgeIndex", "handles", "intercepting", "as_edge_index", "add_remaining_self_loops"]
 
@@ -189,7 +189,7 @@ def handles(original: Callable) -> Callable[[Callable], Callable]:
     """Register ``rule(original, *args, **kwargs)`` for the PyG function ``original``: it
     returns the IR-op result for a call on the traced graph, or calls ``original``. The
     tracer puts it in place of ``original`` in every ``torch_geometric`` module and in the
-    traced layer's own (:func:`sarcompile.lowering.register_function_lowering`)."""
+    traced layer's own (:func:`sarcompile.ir.lowering.register_function_lowering`)."""
 
     def register(rule: Callable) -> Callable:
         @functools.wraps(original)

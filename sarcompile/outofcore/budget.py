@@ -114,7 +114,7 @@ class Budget:
         return num_nodes * METIS_NODE_BYTES + entries * METIS_ENTRY_BYTES <= self.work // 2
 
     def in_memory_fits(self, num_nodes: int, num_edges: int) -> bool:
-        """Whether today's whole-graph METIS (load everything, :func:`sarcompile.partitioning.assign`)
+        """Whether today's whole-graph METIS (load everything, :func:`sarcompile.data.partitioning.assign`)
         fits: then the out-of-core run gives exactly its assignment."""
         return num_nodes * (NODE_BYTES + METIS_NODE_BYTES) + num_edges * IN_MEMORY_EDGE_BYTES <= self.total
 

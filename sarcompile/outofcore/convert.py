@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..datasets import _labels
+from ..data.datasets import _labels
 from ..errors import DatasetError, GraphError
 from .sources import DiskArray, EdgeFiles, csv_header
 

@@ -1,5 +1,5 @@
 """OGB's homogeneous datasets read from their raw files a chunk at a time, for
-:func:`partition_files`: what :func:`sarcompile.datasets.load_ogb` gives, never whole.
+:func:`partition_files`: what :func:`sarcompile.data.datasets.load_ogb` gives, never whole.
 
 ``load_ogb`` goes through the ``ogb`` package, which parses every raw file into memory
 (and caches a pickle of all of it). Here each raw file is converted into raw binary
@@ -21,9 +21,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..datasets import SPLIT_OF_MASK, _check_files, _mask, _meta, _read_split
+from ..data.datasets import SPLIT_OF_MASK, _check_files, _mask, _meta, _read_split
 from ..errors import DatasetError
-from ..partitioning import Manifest
+from ..data.partitioning import Manifest
 from .adjacency import build_buckets
 from .convert import ScratchWriter, read_csv
 from .partition import locked_scratch, start_budget, write_partition

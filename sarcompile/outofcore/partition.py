@@ -13,19 +13,9 @@ import numpy as np
 import torch
 
 from ..errors import GraphError, PartitionError
-from ..graph import Graph
-from ..partitioning import (
-    METHODS,
-    Manifest,
-    PartInfo,
-    _check_num_parts,
-    assign,
-    chunked_graph_sha256,
-    describe_node_data,
-    now,
-    write_locked,
-)
-from ..rundir import lock_dir
+from ..ir.graph import Graph
+from ..data.partitioning import METHODS, Manifest, PartInfo, _check_num_parts, assign, chunked_graph_sha256, describe_node_data, now, write_locked
+from ..data.rundir import lock_dir
 from .adjacency import build_buckets
 from .budget import Budget, parse_size
 from .convert import ScratchWriter, csv_edges
@@ -199,7 +189,7 @@ def _empty(array: DiskArray) -> torch.Tensor:
 
 
 def _sha256(edges: EdgeFiles, arrays: dict[str, DiskArray], chunk_edges: int) -> str:
-    """:func:`sarcompile.partitioning.graph_sha256` of the files, read once more in chunks."""
+    """:func:`sarcompile.data.partitioning.graph_sha256` of the files, read once more in chunks."""
     def rows(array: DiskArray):
         return (torch.from_numpy(c) for _, c in array.chunks(max(1, chunk_edges * 8 // max(array.row_bytes, 1))))
 

@@ -1,5 +1,5 @@
 """Part files written one at a time from scratch files, the same files
-:func:`sarcompile.partitioning.partition` writes for the same assignment.
+:func:`sarcompile.data.partitioning.partition` writes for the same assignment.
 
 Two streaming passes scatter what each part needs into per-part scratch files: the edges
 (``edge id, src, dst``, in edge order) into their destination's part, and every node
@@ -21,9 +21,9 @@ import numpy as np
 import torch
 
 from ..errors import GraphError
-from ..partitioning import PartInfo
-from ..shard import PartData, local_rows
-from ..validate import check_node_data
+from ..data.partitioning import PartInfo
+from ..data.shard import PartData, local_rows
+from ..data.validate import check_node_data
 from .sources import DiskArray, EdgeFiles
 
 __all__ = ["PartWriter"]

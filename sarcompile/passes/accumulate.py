@@ -27,7 +27,7 @@ import operator
 
 import torch.fx as fx
 
-from .. import ops
+from ..ir import ops
 from .context import CompileOptions
 from .inplace import _fresh, add_into
 from .linear_groups import linear_group
@@ -36,7 +36,7 @@ __all__ = ["accumulate"]
 
 
 def _summing(node: fx.Node) -> bool:
-    """An ``spmm`` that can add into a buffer (see :func:`sarcompile.ops.spmm`)."""
+    """An ``spmm`` that can add into a buffer (see :func:`sarcompile.ir.ops.spmm`)."""
     if node.op != "call_function" or node.target is not ops.spmm:
         return False
     a = ops.registry()[ops.spmm].bind(node.args, node.kwargs)

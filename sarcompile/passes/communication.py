@@ -4,7 +4,7 @@ Contract. Expects the output of the strategy pass. With exact options (``stalene
 ``bounded_staleness=None``, ``compress=None``: the default) it changes nothing. Otherwise
 it gives every op that exchanges halo rows (not batch norm's all-reduce) and that belongs
 to a layer in ``compress_layers`` (every layer when None) a keyword ``comm``: the
-:class:`~sarcompile.vocab.LinkPolicy` of that *site*, a typed value numbered in program
+:class:`~sarcompile.ir.vocab.LinkPolicy` of that *site*, a typed value numbered in program
 order, and records the policy in ``meta["comm"]``. Values are unchanged on one
 machine; on workers they become approximate by design (see :mod:`sarcompile.runtime.link`).
 
@@ -21,7 +21,7 @@ import warnings
 
 from torch import fx
 
-from ..vocab import Exchange, LinkPolicy
+from ..ir.vocab import Exchange, LinkPolicy
 from .context import CompileOptions
 
 __all__ = ["communication"]

@@ -6,7 +6,7 @@ import importlib.util
 from dataclasses import dataclass, field
 
 from ..errors import CompileError
-from ..vocab import Compression, Executor, Mode, Strategy
+from ..ir.vocab import Compression, Executor, Mode, Strategy
 
 __all__ = ["CompileOptions"]
 
@@ -14,7 +14,7 @@ __all__ = ["CompileOptions"]
 @dataclass(frozen=True)
 class CompileOptions:
     """Options of :func:`sarcompile.distribute`, validated on construction; strings are
-    read into the vocabulary's enums (:mod:`sarcompile.vocab`).
+    read into the vocabulary's enums (:mod:`sarcompile.ir.vocab`).
 
     ``strategies`` overrides the strategy pass per op: keys are a layer path (e.g.
     ``"conv2"``, every op of that layer) or an fx node name; values are strategies.

@@ -28,7 +28,7 @@ import torch
 import torch.fx as fx
 import torch.nn.functional as F
 
-from .. import ops
+from ..ir import ops
 from .context import CompileOptions
 
 __all__ = ["fuse"]

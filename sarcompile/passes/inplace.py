@@ -27,7 +27,7 @@ import torch.fx as fx
 import torch.nn.functional as F
 from torch import nn
 
-from .. import ops
+from ..ir import ops
 from .context import CompileOptions
 
 __all__ = ["activation", "add_into", "elu_into", "inplace", "relu_into"]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch.fx as fx
 
-from ..opdef import definition
+from ..ir.opdef import definition
 from .context import CompileOptions
 
 __all__ = ["kernels"]

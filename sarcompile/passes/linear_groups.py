@@ -30,8 +30,8 @@ import torch.fx as fx
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
-from .. import ops
-from ..vocab import Residency
+from ..ir import ops
+from ..ir.vocab import Residency
 from .context import CompileOptions
 from .inplace import activation, elu_into, relu_into
 from .linear_first import linear_of

@@ -9,7 +9,7 @@ user's parameters). Every inserted node records ``meta["layer"]`` (the layer's p
 for the layer's arguments (``meta["example"]``), so its code too may branch on feature
 sizes and ``dim()`` (:class:`~sarcompile.trace.ShapeTracer`); those values are dropped.
 
-The rules live in :mod:`sarcompile.lowering`.
+The rules live in :mod:`sarcompile.ir.lowering`.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from torch import nn
 
 from ..errors import CompileError, SarcompileError
 from ..leaves import ArgLayout, layout_of, leaves_of_call
-from ..lowering import lowering_for
+from ..ir.lowering import lowering_for
 from ..trace import UNKNOWN, ShapeTracer, user_line
 
 __all__ = ["lower"]

@@ -9,7 +9,7 @@ ops (``batch_norm``) get ``strategy=Strategy.ALLREDUCE``: their statistics are s
 all workers; ops that reduce onto source rows (``edge_reduce_src``) get
 ``strategy=Strategy.PUSH``. Ops that need no communication (``edge_softmax``, ``edge_dropout``) are left
 as they are. Each rewritten node records ``meta["ir_op"]`` (the
-:class:`~sarcompile.opdef.OpDef`) and ``meta["args"]`` (its bound arguments). Modules whose result would silently differ on a shard (torch's batch
+:class:`~sarcompile.ir.opdef.OpDef`) and ``meta["args"]`` (its bound arguments). Modules whose result would silently differ on a shard (torch's batch
 norm, over the local nodes only) are rejected with a :class:`CompileError`.
 """
 
@@ -21,8 +21,8 @@ import torch.fx as fx
 from torch import nn
 
 from ..errors import CompileError
-from ..opdef import PASS_KEYWORDS, definition
-from ..vocab import Exchange, Strategy
+from ..ir.opdef import PASS_KEYWORDS, definition
+from ..ir.vocab import Exchange, Strategy
 from .context import CompileOptions
 
 __all__ = ["partition"]

@@ -1,7 +1,7 @@
 """Pass ``residency``: where every value lives, and a refusal for what would mix rows.
 
 Contract. Expects a lowered (and fused) GraphModule, before ``partition``. Gives every
-fx node ``meta["residency"]``, a :class:`~sarcompile.vocab.Residency`:
+fx node ``meta["residency"]``, a :class:`~sarcompile.ir.vocab.Residency`:
 
 * ``node`` / ``edge``: one row per node / per edge (a worker holds its own rows);
 * ``graph``: the graph argument, or a graph derived from it (``g.with_self_loops()``);
@@ -17,13 +17,13 @@ layer, the user's source line, what mixes rows and the fix. Values are unchanged
 
 How residency flows:
 
-* IR ops (:func:`sarcompile.ops.registry`) declare the residency of their row arguments
+* IR ops (:func:`sarcompile.ir.ops.registry`) declare the residency of their row arguments
   and of their result: they are where node and edge rows meet. ``message_passing``'s
   message function is traced and checked too, its inputs being per-edge rows.
 * Graph values may only be passed to IR ops, to graph methods (``with_self_loops``,
   ``remove_self_loops``, ``plus_self_loops`` give a graph, ``in_degrees`` per-node values), read for
   ``num_nodes`` / ``num_edges`` / ``global_ids`` / ``edge_ids``, or given to helpers that
-  declared themselves row-local (:func:`sarcompile.lowering.declare`, used by the front-ends).
+  declared themselves row-local (:func:`sarcompile.ir.lowering.declare`, used by the front-ends).
 * Torch code keeps the residency of its per-row inputs when it is row-local: pointwise
   ops (``torch.Tag.pointwise``, and the activations) broadcasting with parameters or
   constants that do not cover the row axis; ``nn.Linear``, ``LayerNorm`` over features;
@@ -42,7 +42,7 @@ How residency flows:
   pass does not know to be row-local, because it cannot prove it.
 
 Shapes. Which axis ``dim=-1`` or ``...`` is depends on the number of dims, so the pass
-runs the program once on a small made-up graph (the first of :data:`sarcompile.probe.PROBES`)
+runs the program once on a small made-up graph (the first of :data:`sarcompile.ir.probe.PROBES`)
 with inputs of the call's trailing shapes (``placeholder.meta["input"]``, an :class:`Input` the
 compiler sets from the call, see :class:`sarcompile.compiler.CallShape`) and records each
 value's shape; buffers, the RNG and gradients are left as they were. Without an example
@@ -80,15 +80,15 @@ import torch.fx as fx
 from torch import nn
 
 from ..errors import CompileError, SarcompileError
-from ..opdef import Halo, Push
-from ..ops import registry
+from ..ir.opdef import Halo, Push
+from ..ir.ops import registry
 from ..nn import NodeDropout, RandomStream
-from ..probe import PROBES, Input, example
+from ..ir.probe import PROBES, Input, example
 from ..runtime.comm import offline
-from ..shard import DERIVED_GRAPHS
+from ..data.shard import DERIVED_GRAPHS
 from ..trace import ShapeTracer
-from ..lowering import declared_helpers
-from ..vocab import Residency
+from ..ir.lowering import declared_helpers
+from ..ir.vocab import Residency
 
 __all__ = ["residency", "listing", "Input"]
 
@@ -640,7 +640,7 @@ class _Checker:
             raise self.refuse(
                 node, f"sarcompile cannot prove that {what} is row-local (it takes a {w} value)",
                 "Write it with torch operations, or make it a helper declared row-local "
-                "(sarcompile.lowering.declare).",
+                "(sarcompile.ir.lowering.declare).",
             )
         x = node.args[0] if node.args else None
         xv = self.val(x)

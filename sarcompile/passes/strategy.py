@@ -2,10 +2,10 @@
 
 Contract. Expects the output of the partition pass. Guarantees every op that exchanges
 halo rows has ``kwargs["strategy"]`` in ``direct | remat | stash | oneshot``
-(:class:`~sarcompile.vocab.Strategy`) and ``meta["strategy_reason"]`` saying why:
+(:class:`~sarcompile.ir.vocab.Strategy`) and ``meta["strategy_reason"]`` saying why:
 
 * mode ``sar``: ``direct`` when the op's backward does not read remote inputs (the
-  definition's :attr:`~sarcompile.opdef.Halo.reads_remote_in_backward`, assuming every
+  definition's :attr:`~sarcompile.ir.opdef.Halo.reads_remote_in_backward`, assuming every
   tensor argument needs a gradient: sum/mean/max aggregation without edge weights, sddmm
   add/sub) -- gradients go straight to their owners and nothing is fetched again;
   ``remat`` otherwise (edge weights, sddmm mul/dot, attention, message functions).
@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch.fx as fx
 
 from ..errors import CompileError
-from ..vocab import Exchange, Mode, Strategy
+from ..ir.vocab import Exchange, Mode, Strategy
 from .context import CompileOptions
 
 __all__ = ["choose_strategy", "strategy"]

@@ -2,7 +2,7 @@
 rounds send, and when.
 
 Exact SAR (the default) fetches every remote block every step. A
-:class:`~sarcompile.vocab.LinkPolicy`
+:class:`~sarcompile.ir.vocab.LinkPolicy`
 changes that for one site, in three independent ways:
 
 * **stale halos** (DIGEST, ``staleness=K``): remote blocks are fetched on iterations 0, K,
@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..codegen import torch_kernels
-from ..vocab import LinkPolicy
+from ..ir.vocab import LinkPolicy
 
 __all__ = ["LinkState", "Wire"]
 

@@ -1,8 +1,8 @@
 """Partitioned ops: sequential aggregation over a shard's blocks, with explicit saving and
 rematerialization in backward. Each is registered as the shard implementation of its IR
-op (:mod:`sarcompile.ops`), which calls it on a shard.
+op (:mod:`sarcompile.ir.ops`), which calls it on a shard.
 
-Strategies (:class:`~sarcompile.vocab.Strategy`, chosen by :mod:`sarcompile.passes.strategy`):
+Strategies (:class:`~sarcompile.ir.vocab.Strategy`, chosen by :mod:`sarcompile.passes.strategy`):
 
 * ``direct``  -- forward frees each remote block after use; backward sends the gradient of
   remote rows straight to their owners without fetching anything (sum/mean, max via the
@@ -13,7 +13,7 @@ Strategies (:class:`~sarcompile.vocab.Strategy`, chosen by :mod:`sarcompile.pass
 * ``oneshot`` -- every halo is fetched at once and kept (classic domain parallelism).
 
 Whether backward reads remote inputs is the op definition's rule
-(:attr:`~sarcompile.opdef.Halo.reads_remote_in_backward`), the same the plan uses to
+(:attr:`~sarcompile.ir.opdef.Halo.reads_remote_in_backward`), the same the plan uses to
 count re-fetched bytes: the runtime does what the plan prints.
 """
 
@@ -24,13 +24,13 @@ from typing import Callable
 
 import torch
 
-from .. import ops as ir
+from ..ir import ops as ir
 from ..codegen import kernels_for, torch_kernels
 from ..errors import CompileError
-from ..graph import Block
-from ..rng import edge_keep
-from ..shard import ShardGraph
-from ..vocab import LinkPolicy, Strategy
+from ..ir.graph import Block
+from ..ir.rng import edge_keep
+from ..data.shard import ShardGraph
+from ..ir.vocab import LinkPolicy, Strategy
 from .comm import Columns, global_max, global_sum, run_rounds
 from .link import LinkState, Wire
 
@@ -444,7 +444,7 @@ def sar_spmm(
     comm: LinkPolicy | None = None,
     into: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Partitioned :func:`sarcompile.ops.spmm`; edge weights in shard order."""
+    """Partitioned :func:`sarcompile.ir.ops.spmm`; edge weights in shard order."""
     link, iteration = _link(shard, comm)
     if into is not None and not _writable_into(into, (shard.num_nodes, *x.shape[1:]), x.dtype):
         return into + _SarSpmm.apply(x, edge_weight, shard, reduce, Strategy(strategy), in_flight, executor, link, iteration, None)
@@ -452,7 +452,7 @@ def sar_spmm(
 
 
 def _writable_into(t: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype) -> bool:
-    """Whether spmm may add into ``t`` in place (see :func:`sarcompile.ops.spmm`)."""
+    """Whether spmm may add into ``t`` in place (see :func:`sarcompile.ir.ops.spmm`)."""
     return (isinstance(t, torch.Tensor) and tuple(t.shape) == shape and t.dtype == dtype and t.is_contiguous()
             and t._base is None and not (t.is_leaf and t.requires_grad))
 
@@ -462,7 +462,7 @@ def sar_gather_src(
     shard: ShardGraph, x: torch.Tensor, *, strategy: Strategy = Strategy.REMAT, in_flight: int = 1,
     comm: LinkPolicy | None = None,
 ) -> torch.Tensor:
-    """Partitioned :func:`sarcompile.ops.gather_src`: sddmm's exchange with the source side only."""
+    """Partitioned :func:`sarcompile.ir.ops.gather_src`: sddmm's exchange with the source side only."""
     link, iteration = _link(shard, comm)
     return _SarSddmm.apply(x, None, shard, "copy_u", Strategy(strategy), in_flight, link, iteration)
 
@@ -478,7 +478,7 @@ def sar_sddmm(
     in_flight: int = 1,
     comm: LinkPolicy | None = None,
 ) -> torch.Tensor:
-    """Partitioned :func:`sarcompile.ops.sddmm`; the result is in shard edge order."""
+    """Partitioned :func:`sarcompile.ir.ops.sddmm`; the result is in shard edge order."""
     link, iteration = _link(shard, comm)
     return _SarSddmm.apply(a, b, shard, op, Strategy(strategy), in_flight, link, iteration)
 
@@ -530,7 +530,7 @@ class _SarEdgeReduceSrc(torch.autograd.Function):
 
 @ir.edge_reduce_src.definition.implement
 def sar_edge_reduce_src(shard: ShardGraph, e: torch.Tensor, reduce: str) -> torch.Tensor:
-    """Partitioned :func:`sarcompile.ops.edge_reduce_src`; ``e`` in shard order."""
+    """Partitioned :func:`sarcompile.ir.ops.edge_reduce_src`; ``e`` in shard order."""
     return _SarEdgeReduceSrc.apply(e, shard, reduce)
 
 
@@ -557,7 +557,7 @@ class _GlobalMax(torch.autograd.Function):
 
 @ir.edge_max.definition.implement
 def sar_edge_max(e: torch.Tensor) -> torch.Tensor:
-    """Partitioned :func:`sarcompile.ops.edge_max`: two scalars all-reduced."""
+    """Partitioned :func:`sarcompile.ir.ops.edge_max`: two scalars all-reduced."""
     return _GlobalMax.apply(e)
 
 
@@ -584,7 +584,7 @@ class _GlobalMean(torch.autograd.Function):
 
 @ir.node_mean.definition.implement
 def sar_node_mean(x: torch.Tensor) -> torch.Tensor:
-    """Partitioned :func:`sarcompile.ops.node_mean`: one row's sums and the count all-reduced."""
+    """Partitioned :func:`sarcompile.ir.ops.node_mean`: one row's sums and the count all-reduced."""
     return _GlobalMean.apply(x)
 
 
@@ -739,7 +739,7 @@ def sar_message(
     in_flight: int = 1,
     comm: LinkPolicy | None = None,
 ) -> torch.Tensor:
-    """Partitioned :func:`sarcompile.ops.message_passing`; edge features in shard order."""
+    """Partitioned :func:`sarcompile.ir.ops.message_passing`; edge features in shard order."""
     params = [p for p in fn.parameters() if p.requires_grad]
     link, iteration = _link(shard, comm)
     return _SarMessage.apply(x, edge_attr, shard, fn, reduce, Strategy(strategy), in_flight, link, iteration, *params)

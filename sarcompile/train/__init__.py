@@ -47,7 +47,7 @@ Communication reduction (opt-in, approximate; exact SAR is the default), passed 
 quantized, with error feedback unless ``--no-error-feedback``), restricted to the layers
 ``--compress-layers`` lists (e.g. ``convs.0``; default all).
 
-A checkpoint (``OUT/checkpoint.pt``, see :mod:`sarcompile.checkpoint`) is written every
+A checkpoint (``OUT/checkpoint.pt``, see :mod:`sarcompile.data.checkpoint`) is written every
 ``--checkpoint-every`` epochs and at the end, node tables and their Adam state gathered
 whole in global row order; ``--resume`` continues from it, on any number of workers, to the
 same numbers an uninterrupted run gives -- except with the communication reduction options:
@@ -58,10 +58,10 @@ same for any number of parts), and ``--resume`` refuses a partition of another g
 The workers wait for a checkpoint write up to ``SARCOMPILE_CHECKPOINT_TIMEOUT`` seconds
 (default 4 x ``SARCOMPILE_TIMEOUT``), in a process group of their own.
 
-Rank 0 locks ``OUT`` for the run's life (:mod:`sarcompile.rundir`): a second run on it is
+Rank 0 locks ``OUT`` for the run's life (:mod:`sarcompile.data.rundir`): a second run on it is
 refused on every rank before anything is written, and a fresh run refuses an ``OUT``
 with a checkpoint or a log that already holds lines. Node data is checked when it is
-loaded (:mod:`sarcompile.validate`), and a loss that is not finite stops the run with a
+loaded (:mod:`sarcompile.data.validate`), and a loss that is not finite stops the run with a
 :class:`~sarcompile.errors.TrainingError` naming the epoch, before that epoch is logged
 or checkpointed; ``--allow-nonfinite`` lets both through.
 

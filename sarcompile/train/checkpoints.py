@@ -15,7 +15,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..checkpoint import load_checkpoint, save_checkpoint
+from ..data.checkpoint import load_checkpoint, save_checkpoint
 from ..errors import CheckpointError, CommError
 from ..runtime.comm import global_sum, timeout
 from .config import (

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..hetero_models import TYPED_MODELS
-from ..vocab import Compression, Mode
+from ..ir.vocab import Compression, Mode
 
 ONE_TYPE_MODELS = ("sage", "gcn", "gin", "gat")
 

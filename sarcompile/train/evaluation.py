@@ -12,11 +12,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..checkpoint import load_checkpoint
+from ..data.checkpoint import load_checkpoint
 from ..errors import CheckpointError, PartitionError
 from ..hetero import HeteroGraph
 from ..hetero_models import TYPED_MODELS
-from ..validate import check_node_data
+from ..data.validate import check_node_data
 from .config import MASKS, NODE_KEYS, ONE_TYPE_MODELS, TrainConfig
 from .model import build_model
 
@@ -81,7 +81,7 @@ def load_trained(path: str | os.PathLike) -> tuple[nn.Module, dict[str, Any]]:
 
 def _node_tensors(data: Mapping[str, Any], where: str, target: str | None = None):
     """x, y and the masks (restricted to labelled nodes); the dtypes were checked where the
-    data was loaded (sarcompile.validate). Of a typed graph's node data (a dict per type):
+    data was loaded (sarcompile.data.validate). Of a typed graph's node data (a dict per type):
     x the features of every type that has them, y and the masks the ``target`` type's."""
     rows = data if target is None else data.get(target, {})
     missing = [k for k in (NODE_KEYS if target is None else NODE_KEYS[1:]) if k not in rows]

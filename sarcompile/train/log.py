@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from ..partitioning import _atomic_write
+from ..data.partitioning import _atomic_write
 from ..runtime.comm import TIME_LEDGER, global_sum, stats
 from ..runtime.memory import (
     MMAP_THRESHOLD,

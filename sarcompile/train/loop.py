@@ -22,7 +22,7 @@ from torch import nn
 from tqdm import tqdm
 
 from .. import errors
-from ..checkpoint import CHECKPOINT_NAME, global_state, shard_state
+from ..data.checkpoint import CHECKPOINT_NAME, global_state, shard_state
 from ..compiler import distribute
 from ..errors import (
     CheckpointError,
@@ -32,8 +32,8 @@ from ..errors import (
     TrainingError,
 )
 from ..hetero import parse_relation_key
-from ..partitioning import load_partition, read_manifest
-from ..rundir import lock_dir, remove_stale_temps
+from ..data.partitioning import load_partition, read_manifest
+from ..data.rundir import lock_dir, remove_stale_temps
 from ..runtime.comm import (
     TIME_LEDGER,
     global_max,
@@ -77,7 +77,7 @@ def train(config: TrainConfig | Mapping[str, Any] | argparse.Namespace | Sequenc
     records (the values are summed across workers); with ``resume`` only the epochs run
     by this call.
 
-    Rank 0 locks the run directory for the whole call (:mod:`sarcompile.rundir`): a second
+    Rank 0 locks the run directory for the whole call (:mod:`sarcompile.data.rundir`): a second
     run on the same ``out`` is refused on every rank with a :class:`RunDirError` before
     anything is written.
     """

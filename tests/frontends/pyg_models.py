@@ -11,7 +11,7 @@ import torch_geometric.nn as gnn
 from torch import nn
 
 import sarcompile as sc
-from sarcompile.shard import PartData, ShardGraph
+from sarcompile.data.shard import PartData, ShardGraph
 
 
 def sage_bn_gcn(f_in: int = 6, hidden: int = 8, f_out: int = 3) -> nn.Module:

@@ -18,7 +18,7 @@ from torch import nn
 
 import sarcompile as sc
 from pyg_models import EDGE_DIMS, WEIGHTED, EdgeMLPConv, make_model, run_worker
-from sarcompile.shard import split_graph
+from sarcompile.data.shard import split_graph
 from strategies import graphs
 
 DT = torch.float64

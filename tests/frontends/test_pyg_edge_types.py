@@ -15,8 +15,8 @@ import torch_geometric.nn as gnn  # noqa: E402
 import sarcompile as sc  # noqa: E402
 from sarcompile import ops  # noqa: E402
 from sarcompile.errors import CompileError, GraphError  # noqa: E402
-from sarcompile.graph import SUBSET_CACHE  # noqa: E402
-from sarcompile.shard import ShardGraph, split_graph  # noqa: E402
+from sarcompile.ir.graph import SUBSET_CACHE  # noqa: E402
+from sarcompile.data.shard import ShardGraph, split_graph  # noqa: E402
 
 DT = torch.float64
 RELATIONS = 3

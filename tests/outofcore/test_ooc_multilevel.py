@@ -14,7 +14,7 @@ from sarcompile.outofcore import open_edges
 from sarcompile.outofcore.adjacency import build_buckets
 from sarcompile.outofcore.budget import MARGIN, Budget
 from sarcompile.outofcore.multilevel import IMBALANCE, multilevel_partition, refine
-from sarcompile.partitioning import _symmetric_csr
+from sarcompile.data.partitioning import _symmetric_csr
 from sarcompile.synthetic_stream import write_sbm
 
 

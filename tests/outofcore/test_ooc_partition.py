@@ -23,8 +23,8 @@ from sarcompile.errors import GraphError, PartitionError, RunDirError
 from sarcompile.outofcore import open_edges, partition_files
 from sarcompile.outofcore.budget import MARGIN, current_rss
 from sarcompile.outofcore.partition import MULTILEVEL
-from sarcompile.partitioning import read_manifest, read_part
-from sarcompile.rundir import lock_dir
+from sarcompile.data.partitioning import read_manifest, read_part
+from sarcompile.data.rundir import lock_dir
 from sarcompile.synthetic_stream import write_sbm
 
 

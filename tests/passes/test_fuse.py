@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import fx, nn
 
 import sarcompile as sc
-from sarcompile.ops import edge_dropout, edge_softmax, sddmm, spmm
+from sarcompile.ir.ops import edge_dropout, edge_softmax, sddmm, spmm
 from sarcompile.passes.fuse import fuse
 from sarcompile.passes.lower import lower
 from sarcompile.trace import trace

@@ -5,7 +5,7 @@ from torch import nn
 
 import sarcompile as sc
 from sarcompile.compiler import CallShape, compile_program
-from sarcompile.lowering import register_lowering
+from sarcompile.ir.lowering import register_lowering
 from sarcompile.passes.context import CompileOptions
 from sarcompile.passes.lower import lower
 from sarcompile.trace import trace

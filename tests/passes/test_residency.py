@@ -12,7 +12,7 @@ import sarcompile as sc
 from sarcompile.compiler import CallShape, compile_program
 from sarcompile.errors import CompileError
 from sarcompile.passes.context import CompileOptions
-from sarcompile.vocab import Residency
+from sarcompile.ir.vocab import Residency
 
 DT = torch.float64
 
@@ -211,7 +211,7 @@ def test_residency_of_every_value():
     assert res["sage_spmm"] is Residency.NODE and res["scale"] is Residency.PARAM
     assert res["size"] is Residency.ROWS
     stage = dict(program.stages)["residency"]
-    assert "sage_spmm = sarcompile_ops_spmm(g, x, 'mean')  # node" in stage
+    assert "sage_spmm = sarcompile_ir_ops_spmm(g, x, 'mean')  # node" in stage
 
 
 def test_edge_values_and_the_graph_methods():
@@ -311,7 +311,7 @@ def test_unknown_functions_are_refused():
 
 
 def test_declared_helpers_are_trusted():
-    from sarcompile.lowering import declare
+    from sarcompile.ir.lowering import declare
 
     declare(double_rows, "x")
     model = Fn(lambda m, g, x: double_rows(x))

@@ -17,7 +17,7 @@ def _worker(rank: int, store_path: str, behaviour: str, results) -> None:
     import torch.distributed as dist
 
     import sarcompile as sc
-    from sarcompile.shard import ShardGraph, split_graph
+    from sarcompile.data.shard import ShardGraph, split_graph
 
     dist.init_process_group("gloo", store=dist.FileStore(store_path, 2), rank=rank, world_size=2)
     # Both ranks past gloo's connection handshake: init returning on rank 1 does not mean rank
@@ -78,7 +78,7 @@ def _agreeing_worker(rank: int, store_path: str, behaviour: str, err_path: str) 
     import sarcompile as sc
     from sarcompile.errors import PartitionError
     from sarcompile.runtime import failure
-    from sarcompile.shard import ShardGraph, split_graph
+    from sarcompile.data.shard import ShardGraph, split_graph
 
     dist.init_process_group("gloo", store=dist.FileStore(store_path, 2), rank=rank, world_size=2)
     failure.start(dist.distributed_c10d._get_default_store(), rank, 2)

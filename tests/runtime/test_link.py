@@ -20,7 +20,7 @@ from cases import (
 
 import sarcompile as sc
 from sarcompile.runtime.link import Wire
-from sarcompile.vocab import LinkPolicy
+from sarcompile.ir.vocab import LinkPolicy
 
 TOL = 1e-9
 
@@ -190,7 +190,7 @@ def test_attention_with_reduced_communication_warns_unless_excluded():
             g, 2, x=x, method="contiguous"
         )
     code = plan.stage("communication")
-    assert code.count("comm = sarcompile_vocab_LinkPolicy(") == 1 and "sage" in code and not plan.warnings
+    assert code.count("comm = sarcompile_ir_vocab_LinkPolicy(") == 1 and "sage" in code and not plan.warnings
 
 
 def test_bad_options_are_refused_early():

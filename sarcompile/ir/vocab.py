@@ -16,7 +16,7 @@ from __future__ import annotations
 import enum
 from typing import NamedTuple
 
-from .errors import CompileError
+from ..errors import CompileError
 
 __all__ = ["Vocab", "Mode", "Strategy", "Executor", "Compression", "Residency", "Exchange", "LinkPolicy"]
 

@@ -32,7 +32,7 @@ import socket
 import time
 from pathlib import Path
 
-from .errors import RunDirError
+from ..errors import RunDirError
 
 try:  # POSIX; elsewhere directories are not locked
     import fcntl

@@ -30,14 +30,14 @@
                                          for any message function ``fn`` (a module)
 ======================================== =========================================================
 
-Each op is defined once, here, with :func:`~sarcompile.opdef.ir_op`: its checks, its
+Each op is defined once, here, with :func:`~sarcompile.ir.opdef.ir_op`: its checks, its
 residency rule, what it exchanges, what it keeps for backward and its temporaries, its
-label (:class:`~sarcompile.opdef.OpDef`). That also makes it a single node when traced
+label (:class:`~sarcompile.ir.opdef.OpDef`). That also makes it a single node when traced
 with ``torch.fx``. The runtime registers each op's shard implementation onto the
 definition and codegen its generated kernels, so this module imports neither.
 
 Edge tensors are in the graph's edge order: the order edges were given for a
-:class:`~sarcompile.graph.Graph`, shard order for a worker's ``part.graph``.
+:class:`~sarcompile.ir.graph.Graph`, shard order for a worker's ``part.graph``.
 """
 
 from __future__ import annotations
@@ -47,11 +47,11 @@ from typing import Any
 
 import torch
 
-from .errors import GraphError
+from ..errors import GraphError
 from .graph import Graph
 from .opdef import EDGE_CHUNK_ELEMENTS, AllReduce, Args, Halo, OpDef, Push, Temporaries, ir_op, registry, row_bytes
 from .rng import edge_keep
-from .shard import ShardGraph
+from ..data.shard import ShardGraph
 from .vocab import Executor, LinkPolicy, Residency, Strategy
 
 __all__ = [

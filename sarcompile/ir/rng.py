@@ -55,7 +55,7 @@ def keep(keys: torch.Tensor, salt: torch.Tensor, p: float) -> torch.Tensor:
 def edge_keep(edge_ids: torch.Tensor, heads: int, p: float, salt: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Dropout multiplier ``[E, heads]`` (0 or 1/(1-p)) keyed by global edge id and head, so
     every worker draws the same mask for an edge and backward draws it again. Hashed
-    :data:`~sarcompile.opdef.EDGE_CHUNK_ELEMENTS` entries at a time: the int64 keys and
+    :data:`~sarcompile.ir.opdef.EDGE_CHUNK_ELEMENTS` entries at a time: the int64 keys and
     hash temporaries of every edge at once would be several times the mask itself."""
     out = torch.empty((edge_ids.numel(), heads), dtype=dtype, device=salt.device)
     step = max(1, EDGE_CHUNK_ELEMENTS // max(heads, 1))

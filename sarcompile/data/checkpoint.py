@@ -48,9 +48,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .errors import CheckpointError
+from ..errors import CheckpointError
 from .partitioning import _atomic_write
-from .tables import find_node_tables, shard_tables, table_type
+from ..tables import find_node_tables, shard_tables, table_type
 
 __all__ = ["CHECKPOINT_NAME", "MAGIC", "global_state", "load_checkpoint", "read_header", "save_checkpoint",
            "shard_state"]

@@ -31,9 +31,9 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from .errors import DatasetError, GraphError
-from .graph import Graph
-from .hetero import HeteroGraph, Relation
+from ..errors import DatasetError, GraphError
+from ..ir.graph import Graph
+from ..hetero import HeteroGraph, Relation
 from .validate import MASKS
 
 __all__ = ["SUPPORTED", "Dataset", "HeteroDataset", "load_ogb", "load_ogb_mag", "add_reverse_relations",

@@ -50,7 +50,7 @@ def has_lowering(m: nn.Module) -> bool:
 def declare(fn: Callable, output: Any) -> Callable:
     """Declare ``fn`` (a front-end's ``torch.fx.wrap`` helper, one node in the program)
     row-local, for the residency pass: it may take the graph and per-row values, and its
-    result has residency ``output`` (a :class:`~sarcompile.vocab.Residency`), or that of
+    result has residency ``output`` (a :class:`~sarcompile.ir.vocab.Residency`), or that of
     its argument named ``output``. Returns ``fn``."""
     _DECLARED[fn] = output
     return fn

@@ -1,11 +1,11 @@
 """What an IR op *is*, in one place: :class:`OpDef`.
 
 An op is defined once, with :func:`ir_op`, next to its public function in
-:mod:`sarcompile.ops`. Its definition holds everything the compiler knows about it:
+:mod:`sarcompile.ir.ops`. Its definition holds everything the compiler knows about it:
 
 * its signature and the checks of its constant arguments (run at trace time);
 * its residency rule: what rows its row arguments and its result have
-  (:class:`~sarcompile.vocab.Residency`);
+  (:class:`~sarcompile.ir.vocab.Residency`);
 * what it exchanges on N workers: nothing, halo rows (:class:`Halo`: which arguments'
   rows travel, whether backward reads remote inputs and pushes gradients) or an
   all-reduce (:class:`AllReduce`, with its bytes);
@@ -15,7 +15,7 @@ An op is defined once, with :func:`ir_op`, next to its public function in
 Two things are registered onto a definition from outside, as ``torch.library``
 registers kernels onto an op: the runtime its *shard implementation*
 (:meth:`OpDef.implement`), codegen the generated kernels it can use
-(:meth:`OpDef.register_kernels`). So this module and :mod:`sarcompile.ops` never import
+(:meth:`OpDef.register_kernels`). So this module and :mod:`sarcompile.ir.ops` never import
 the runtime or codegen, and the passes, the plan and the estimate walk definitions
 instead of testing op names.
 """
@@ -31,7 +31,7 @@ from typing import Any, Callable
 import torch
 import torch.fx
 
-from .errors import CompileError
+from ..errors import CompileError
 from .vocab import Exchange, Residency
 
 __all__ = ["Args", "Halo", "Push", "AllReduce", "Temporaries", "OpDef", "ir_op", "registry", "definition", "row_bytes"]

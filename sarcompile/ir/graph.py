@@ -7,7 +7,7 @@ Edge tensors passed to the ops are in the order the edges were given.
 Internally every aggregation runs over :class:`Block` objects: the CSR (by destination)
 of the edges from one set of source rows into one set of destination rows. A whole
 single-machine graph is one block; a worker's shard holds one block per source
-partition (see :mod:`sarcompile.shard`).
+partition (see :mod:`sarcompile.data.shard`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from .errors import GraphError
+from ..errors import GraphError
 
 __all__ = ["Graph", "Block", "csr_tensor", "probe_graph", "probe_relation", "cached_subset"]
 

@@ -23,7 +23,7 @@ from collections.abc import Mapping
 
 import torch
 
-from .errors import GraphError
+from ..errors import GraphError
 
 __all__ = ["FEATURES", "LABELS", "MASKS", "check_node_data"]
 

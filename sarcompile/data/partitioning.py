@@ -16,14 +16,14 @@ that names the graph, the method, the sizes and the sha256 of every part file::
 Every file is written to a temporary name and renamed into place, and the manifest is
 removed before any part changes and written last: a run that dies half-way leaves a
 directory that refuses to load rather than one that mixes two partitionings. A partition
-run locks the directory (``.lock``, see :mod:`sarcompile.rundir`), so a second one on the
+run locks the directory (``.lock``, see :mod:`sarcompile.data.rundir`), so a second one on the
 same directory is refused, and deletes the temporary files a killed run left there.
 
 A worker memory-maps its part file (copy-on-write): the edge lists are read once into
 its shard and unmapped, and only the node rows it uses become resident.
 
 Node data is checked when it is partitioned and again when a part is loaded
-(:mod:`sarcompile.validate`): features ``x`` floating point ``[nodes, features]`` and
+(:mod:`sarcompile.data.validate`): features ``x`` floating point ``[nodes, features]`` and
 finite, labels ``y`` integers, masks boolean. The manifest records ``graph_sha256``, a
 hash of the whole graph and its node data that does not depend on the number of parts:
 a checkpoint keeps it to recognise the graph it was trained on.
@@ -44,11 +44,11 @@ from typing import IO, Any
 import numpy as np
 import torch
 
-from .errors import GraphError, PartitionError
-from .graph import Graph
-from .hetero import HeteroGraph, HeteroShard
+from ..errors import GraphError, PartitionError
+from ..ir.graph import Graph
+from ..hetero import HeteroGraph, HeteroShard
 from .rundir import lock_dir, remove_stale_temps
-from .runtime.memory import release_free
+from ..runtime.memory import release_free
 from .shard import PartData, ShardGraph, split_graph
 from .validate import check_node_data
 
@@ -303,7 +303,7 @@ def partition(
     that is also written to ``out_dir/manifest.json``. ``method`` is as in :func:`assign`:
     a method name, or a tensor of part ids per node, recorded as method ``"given"``.
 
-    The node tensors are checked first (:mod:`sarcompile.validate`: ``x`` floating point
+    The node tensors are checked first (:mod:`sarcompile.data.validate`: ``x`` floating point
     ``[nodes, features]``, ``y`` integer labels, boolean masks, no NaN or infinity in any
     floating-point tensor unless ``allow_nonfinite``); a violation raises
     :class:`GraphError` naming the node and column. While it writes, the directory is
@@ -499,7 +499,7 @@ def _atomic_write(path: Path, write: Callable[[IO[bytes]], Any]) -> None:
     """Write ``path`` so that it is either absent, the old file, or the complete new one.
 
     The data goes to ``.NAME.<random>.tmp`` in the same directory first (what
-    :func:`sarcompile.rundir.remove_stale_temps` cleans after a kill), created with mode
+    :func:`sarcompile.data.rundir.remove_stale_temps` cleans after a kill), created with mode
     0666 less the umask, as ``open`` would create the file (``mkstemp`` would make it 0600).
     """
     fd, tmp = _create_temp(path)

@@ -18,8 +18,8 @@ from typing import Any
 
 import torch
 
-from .errors import PartitionError
-from .graph import Block, Graph, _no_loops_on_bipartite, cached_subset
+from ..errors import PartitionError
+from ..ir.graph import Block, Graph, _no_loops_on_bipartite, cached_subset
 
 __all__ = ["DERIVED_GRAPHS", "PartData", "ShardGraph", "local_rows", "split_graph"]
 
@@ -133,7 +133,7 @@ def split_graph(
 class ShardGraph:
     """The graph argument a model gets inside a worker (``part.graph``).
 
-    Same surface as :class:`~sarcompile.graph.Graph` for what models use
+    Same surface as :class:`~sarcompile.ir.graph.Graph` for what models use
     (``num_nodes``, ``in_degrees()``, ``remove_self_loops()``), but with local rows only.
     """
 
