@@ -14,7 +14,7 @@ from sarcompile.outofcore import open_edges
 from sarcompile.outofcore.adjacency import build_buckets
 from sarcompile.outofcore.budget import MARGIN, Budget
 from sarcompile.outofcore.multilevel import IMBALANCE, multilevel_partition, refine
-from sarcompile.data.partitioning import _symmetric_csr
+from sarcompile.data.partitioning import _symmetric_csr, assign
 from sarcompile.synthetic_stream import write_sbm
 
 
@@ -108,8 +108,8 @@ def test_on_planted_blocks_the_cut_is_close_to_metis_and_far_below_random(tmp_pa
     budget = Budget(limit=MARGIN + 2**24, baseline=0)  # 16 MiB: METIS sees only a coarse graph
     parts = multilevel_partition(buckets.blocks, g.num_nodes, k, budget, seed=0)
     whole = sc.Graph.from_edges(torch.from_numpy(src), torch.from_numpy(dst), g.num_nodes)
-    metis = sc.partitioning.assign(whole, k, "metis").numpy()
-    rand = sc.partitioning.assign(whole, k, "random").numpy()
+    metis = assign(whole, k, "metis").numpy()
+    rand = assign(whole, k, "random").numpy()
     ours, theirs, random = _cut(src, dst, parts), _cut(src, dst, metis), _cut(src, dst, rand)
     assert ours <= 1.3 * theirs, (ours, theirs)
     assert 2 * ours <= random, (ours, random)
