@@ -287,13 +287,18 @@ def _load_factory(spec: str) -> Callable[..., Any]:
     return getattr(module, attr)
 
 
+def _factory_kwargs(text: str) -> dict[str, Any]:
+    """``--args``: the keyword arguments for a model's FACTORY, a JSON object."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise GraphError(f"--args is not JSON ({e})") from None
+
+
 def _plan(args: argparse.Namespace) -> int:
     from .compiler import distribute
 
-    try:
-        kwargs = json.loads(args.args)
-    except json.JSONDecodeError as e:
-        raise GraphError(f"--args is not JSON ({e})") from None
+    kwargs = _factory_kwargs(args.args)
     model = distribute(_load_factory(args.model)(**kwargs), mode=args.mode)
     plan = model.plan(args.parts, optimizer=args.optimizer)
     print(plan)
@@ -311,10 +316,7 @@ def _explain(args: argparse.Namespace) -> int:
     from .compiler import distribute
     from .errors import CompileError
 
-    try:
-        kwargs = json.loads(args.args)
-    except json.JSONDecodeError as e:
-        raise GraphError(f"--args is not JSON ({e})") from None
+    kwargs = _factory_kwargs(args.args)
     net = _load_factory(args.model)(**kwargs)
     # A small graph with every shape a layer meets: self-loops, an isolated node, edges across the two parts.
     n = 16
@@ -343,10 +345,7 @@ def _estimate(args: argparse.Namespace) -> int:
     from .outofcore import edge_stats, open_edges
     from .data.partitioning import read_manifest
 
-    try:
-        kwargs = json.loads(args.args)
-    except json.JSONDecodeError as e:
-        raise GraphError(f"--args is not JSON ({e})") from None
+    kwargs = _factory_kwargs(args.args)
     paths = args.edges.split(",")
     if len(paths) != 2 or not all(paths):
         raise GraphError(f"--edges {args.edges}: give two .npy files, SRC.npy,DST.npy")

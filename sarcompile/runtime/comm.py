@@ -492,16 +492,16 @@ def _sync_rounds(shard, visit, fetch, push_into, lookahead, phase, what, link, i
     else:
         fetch_remote = fetch
     received: dict[int, torch.Tensor] = {}
-    sent_bytes: dict[tuple[str, int], int] = {}  # per payload and peer, of the round posted last (for SARCOMPILE_LOGS=comm)
 
+    # Each posted round is (p, q, buffer received into, works, bytes sent): the bytes for SARCOMPILE_LOGS=comm.
     def post_fetch(k: int):
         p, q = (r + k) % n, (r - k) % n
-        works, buf = [], None
+        works, buf, sent = [], None, 0
         rows = shard.send_index[p]
         if rows.numel():
             send = fetch_remote[rows] if wire is None else wire.encode(fetch_remote[rows], f"{phase} features", p, iteration)
             send = send.contiguous()
-            sent_bytes["rows", p] = _nbytes(send)
+            sent = send.nbytes
             works.append(_isend(send, p, TAG_FEATURES, phase))
         if shard.blocks[q].num_src:
             rows_q = shard.blocks[q].num_src
@@ -510,15 +510,15 @@ def _sync_rounds(shard, visit, fetch, push_into, lookahead, phase, what, link, i
             else:
                 buf = wire.empty(rows_q, tail(fetch_remote), fetch_remote.dtype)
             works.append(_irecv(buf, q, TAG_FEATURES, phase))
-        return p, q, buf, works
+        return p, q, buf, works, sent
 
     def post_push(k: int, grad_rows: torch.Tensor | None):
         p, q = (r + k) % n, (r - k) % n
-        works, buf = [], None
+        works, buf, sent = [], None, 0
         if shard.blocks[q].num_src:
             send = grad_rows if wire is None else wire.encode(grad_rows, f"{phase} gradients", q, iteration)
             send = send.contiguous()
-            sent_bytes["gradients", q] = _nbytes(send)
+            sent = send.nbytes
             works.append(_isend(send, q, TAG_GRADS, phase))
         if shard.send_index[p].numel():
             rows_p = shard.send_index[p].numel()
@@ -527,13 +527,13 @@ def _sync_rounds(shard, visit, fetch, push_into, lookahead, phase, what, link, i
             else:
                 buf = wire.empty(rows_p, tail(push_into), push_into.dtype)
             works.append(_irecv(buf, p, TAG_GRADS, phase))
-        return p, q, buf, works
+        return p, q, buf, works, sent
 
     def finish_push(posted) -> None:
-        p, q, buf, works = posted
+        p, q, buf, works, sent = posted
         waited = _wait(works, f"{what}: gradients to worker {q} / from worker {p}")
         if "comm" in logs.ON:
-            _log_round(what, phase, "gradients", q, sent_bytes.pop(("gradients", q), 0), p, _nbytes(buf), waited)
+            _log_round(what, phase, "gradients", q, sent, p, buf, waited)
         if buf is not None:
             rows_p = shard.send_index[p].numel()
             if wire is not None:
@@ -559,10 +559,10 @@ def _sync_rounds(shard, visit, fetch, push_into, lookahead, phase, what, link, i
     for k in range(1, n):
         if fetch_remote is not None:
             post_fetches_until(k)  # (none ahead: this block's fetch is posted as it is visited)
-            p, q, buf, works = pending.popleft()
+            p, q, buf, works, sent = pending.popleft()
             waited = _wait(works, f"{what}: features to worker {p} / from worker {q}")
             if "comm" in logs.ON:
-                _log_round(what, phase, "rows", p, sent_bytes.pop(("rows", p), 0), q, _nbytes(buf), waited)
+                _log_round(what, phase, "rows", p, sent, q, buf, waited)
             del works
             if buf is None:  # nothing to receive from q: an empty block keeps kernels uniform
                 buf = fetch.new_empty((0, *tail(fetch)))
@@ -592,12 +592,12 @@ def _sync_rounds(shard, visit, fetch, push_into, lookahead, phase, what, link, i
     return received, push_into
 
 
-def _nbytes(t: torch.Tensor | None) -> int:
-    return 0 if t is None else t.numel() * t.element_size()
-
-
-def _log_round(what: str, phase: str, payload: str, to: int, sent: int, source: int, got: int, waited: float) -> None:
-    logs.log("comm", f"{_named(what, phase)}: {payload} {sent} B to worker {to}, {got} B from worker {source}, "
+def _log_round(what: str, phase: str, payload: str, to: int, sent: int, source: int, got: torch.Tensor | None,
+               waited: float) -> None:
+    """One exchange round for SARCOMPILE_LOGS=comm: ``sent`` bytes to ``to``, ``got`` (the
+    buffer received into, None for nothing) from ``source``."""
+    received = 0 if got is None else got.nbytes
+    logs.log("comm", f"{_named(what, phase)}: {payload} {sent} B to worker {to}, {received} B from worker {source}, "
              f"waited {waited * 1e3:.2f} ms")
 
 
