@@ -242,6 +242,8 @@ class Case:
     train: bool = True
     executor: str = "auto"
     blocks_in_flight: int = 1
+    steps: int = 1  # training steps each worker runs; the results are the last one's
+    pool_min_bytes: int | None = None  # the exchange pool's smallest buffer (None: the library's)
 
 
 @dataclass
@@ -271,7 +273,8 @@ def payloads(case: Case, world_size: int) -> list[dict[str, Any]]:
     parts = split_graph(case.graph, case.assignment, world_size, {"x": case.x, "w": case.loss_weight})
     return [
         {"part": p, "model": case.model, "seed": case.seed, "mode": case.mode, "train": case.train,
-         "executor": case.executor, "blocks_in_flight": case.blocks_in_flight, "num_nodes": case.graph.num_nodes,
+         "executor": case.executor, "blocks_in_flight": case.blocks_in_flight, "steps": case.steps,
+         "pool_min_bytes": case.pool_min_bytes, "num_nodes": case.graph.num_nodes,
          "num_edges": case.graph.num_edges}
         for p in parts
     ]
@@ -285,11 +288,31 @@ def run_worker(rank: int, world_size: int, payload: dict[str, Any]) -> Result:
                        blocks_in_flight=payload.get("blocks_in_flight", 1))
     dm.train(payload["train"])
     x = part.node_data["x"].clone().requires_grad_(True)
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    default_min_bytes = comm.pool.min_bytes
+    if payload.get("pool_min_bytes") is not None:  # small graphs' buffers through the pool too
+        comm.pool.min_bytes = payload["pool_min_bytes"]
+    try:
+        for _ in range(payload.get("steps", 1)):
+            model.zero_grad(set_to_none=True)
+            x.grad = None
+            out, stats = _step(dm, shard, x, part.node_data["w"], params)
+            sc.sync_gradients(model)
+    finally:
+        comm.pool.min_bytes = default_min_bytes
+        comm.pool.clear()
+    stats.update(edges_with_loops=shard.with_self_loops().num_edges, edges=shard.num_edges)
+    grads = {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
+    return Result(out.detach(), x.grad, grads, stats, {k: b.clone() for k, b in model.named_buffers()})
+
+
+def _step(dm, shard: ShardGraph, x: torch.Tensor, w: torch.Tensor, params: set[int]) -> tuple[torch.Tensor, dict]:
+    """One forward and backward; the output and what the exchange did."""
     comm.stats.reset()
     comm.live.reset_peak()
+    allocations = comm.pool.allocations
     saved: list[tuple[int, ...]] = []  # shapes of everything autograd keeps for backward
     saved_storage: dict[int, int] = {}  # bytes kept for backward, per storage, parameters aside
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
 
     def pack(t):
         saved.append(tuple(t.shape))
@@ -300,20 +323,18 @@ def run_worker(rank: int, world_size: int, payload: dict[str, Any]) -> Result:
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         out = dm(shard, x)
     forward_peak = comm.live.peak
-    (out * part.node_data["w"]).sum().backward()
-    sc.sync_gradients(model)
-    stats = {
+    (out * w).sum().backward()
+    return out, {
         **comm.stats.as_dict(),
         "forward_peak_blocks": forward_peak,
         "peak_blocks": comm.live.peak,
         "saved_shapes": saved,
         "saved_bytes": sum(saved_storage.values()),
         "peak_block_bytes": comm.live.peak_bytes,
-        "edges_with_loops": shard.with_self_loops().num_edges,
-        "edges": shard.num_edges,
+        "pool_allocations": comm.pool.allocations - allocations,
+        "pool_held_bytes": comm.pool.held_bytes,
+        "pool_lent_bytes": comm.pool.lent_bytes,
     }
-    grads = {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
-    return Result(out.detach(), x.grad, grads, stats, {k: b.clone() for k, b in model.named_buffers()})
 
 
 def gather_rows(case: Case, world_size: int, results: list[Result], attr: str) -> torch.Tensor:

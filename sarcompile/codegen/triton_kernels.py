@@ -68,10 +68,11 @@ def _flat(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(t.shape[0], math.prod(t.shape[1:])).contiguous()
 
 
-def _aggregate(indptr, col, perm, weight, cols: int, x: torch.Tensor, num_rows: int, permuted: bool) -> torch.Tensor:
+def _aggregate(indptr, col, perm, weight, cols: int, x: torch.Tensor, num_rows: int, permuted: bool,
+               out: torch.Tensor | None = None) -> torch.Tensor:
     x2 = _flat(x)
     width = x2.shape[1]
-    out = x2.new_empty((num_rows, width))
+    out = x2.new_empty((num_rows, width)) if out is None else out.view(num_rows, width)
     if num_rows and width:
         spec = SpmmSpec(width, cols, dtype_name(x2), permuted and cols > 0)
         w = x2 if weight is None else weight.contiguous()  # any pointer where there is no weight
@@ -94,15 +95,17 @@ def spmm(block: Block, x: torch.Tensor, weight: torch.Tensor | None, into: torch
     return out if into is None else into.add_(out)
 
 
-def spmm_t(block: Block, g: torch.Tensor, weight: torch.Tensor | None, transposed: bool = False) -> torch.Tensor:
+def spmm_t(block: Block, g: torch.Tensor, weight: torch.Tensor | None, out: torch.Tensor | None = None,
+           transposed: bool = False) -> torch.Tensor:
     """The transpose as the same kernel over the CSC view: race-free, no atomics.
-    ``transposed``: a weight per edge in the block's CSC order already."""
+    ``out``: a contiguous ``[num_src, ...]`` buffer to write into. ``transposed``: a weight
+    per edge in the block's CSC order already."""
     cols = weight_cols(g.shape, None if weight is None else tuple(weight.shape))
     if cols is None:
-        return T.spmm_t(block, g, weight, transposed=transposed)
+        return T.spmm_t(block, g, weight, out, transposed=transposed)
     b = block.on(g.device)
     return _aggregate(b.transpose_indptr, b.transpose_row, b.transpose_perm, weight, cols, g, block.num_src,
-                      permuted=not transposed)
+                      permuted=not transposed, out=out)
 
 
 def edge_dot(block: Block, g: torch.Tensor, x: torch.Tensor, weight_shape: torch.Size) -> torch.Tensor:

@@ -5,9 +5,11 @@ Round ``k`` of an aggregation on worker ``r``: send to ``p = (r + k) mod N``, re
 worker is busy every round. Round 0 is the local block and moves nothing. Gradients for
 remote rows travel the opposite way in the same rounds and are summed by their owner.
 
-All traffic is counted per phase in :data:`stats`; every received block is allocated
-through :data:`live`, which tracks how many remote blocks are alive at once (SAR keeps at
-most two per aggregation: the one being reduced and the one being prefetched).
+All traffic is counted per phase in :data:`stats`; every received block is counted by
+:data:`live`, which tracks how many remote blocks are alive at once (SAR keeps at most two
+per aggregation: the one being reduced and the one being prefetched). The exchange's
+buffers come from :data:`pool` (:mod:`sarcompile.runtime.pool`) and go back to it when
+their round is over, so a step allocates nothing new once the sizes repeat.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from ..errors import CommError
 from .. import logs
 from . import failure, memory
 from .link import Pending
+from .pool import BufferPool
 from ..tables import table_type
 
 __all__ = [
@@ -312,17 +315,8 @@ class LiveBlocks:
         self.count = self.peak = 0
         self.bytes = self.peak_bytes = 0
 
-    def alloc(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-        buf = torch.empty(shape, dtype=dtype)
-        nbytes = buf.numel() * buf.element_size()
-        self.count += 1
-        self.bytes += nbytes
-        self.peak, self.peak_bytes = max(self.peak, self.count), max(self.peak_bytes, self.bytes)
-        weakref.finalize(buf, self._free, nbytes)
-        return buf
-
     def track(self, buf: torch.Tensor) -> torch.Tensor:
-        """Count an already allocated block (a decoded one) as :meth:`alloc` counts its own."""
+        """Count ``buf``, a block received, while it is alive; returns it."""
         nbytes = buf.numel() * buf.element_size()
         self.count += 1
         self.bytes += nbytes
@@ -340,6 +334,7 @@ class LiveBlocks:
 
 stats = CommStats()
 live = LiveBlocks()
+pool = BufferPool()  # the exchange's buffers, reused across rounds, ops and steps
 
 
 def _wait(works: list, what: str, kind: str = "exchange") -> float:
@@ -381,10 +376,17 @@ class Columns:
     def dtype(self) -> torch.dtype:
         return self.parts[0].dtype
 
+    @property
+    def device(self) -> torch.device:
+        return self.parts[0].device
+
     def __getitem__(self, rows: torch.Tensor) -> torch.Tensor:
         """The rows, as data to send: autograd does not see the gather (out= cannot be
         differentiated)."""
-        out = self.new_empty((rows.numel(), self.shape[1]))
+        return self.gather(rows, self.new_empty((rows.numel(), self.shape[1])))
+
+    def gather(self, rows: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """The rows, written into ``out`` (``[rows, sum of widths]``)."""
         start = 0
         with torch.no_grad():
             for p in self.parts:
@@ -400,6 +402,27 @@ class Columns:
 
 
 TAG_PIPELINE = 1000  # + 2 * site (+1 for gradients): pipelined exchanges of one site
+
+
+@dataclass
+class _Round:
+    """One round's posted transfers: to worker ``p``, from worker ``q``."""
+
+    p: int
+    q: int
+    buf: torch.Tensor | None = None  # what is received into
+    outgoing: torch.Tensor | None = None  # what is sent: the pool has it back once it is
+    works: list = field(default_factory=list)
+    sent: int = 0  # bytes, for SARCOMPILE_LOGS=comm
+
+
+def _gather(src: torch.Tensor | Columns, rows: torch.Tensor) -> torch.Tensor:
+    """``src[rows]`` into a buffer of the pool."""
+    out = pool.take((rows.numel(), *src.shape[1:]), src.dtype, src.device)
+    if isinstance(src, Columns):
+        return src.gather(rows, out)
+    with torch.no_grad():
+        return torch.index_select(src, 0, rows, out=out)
 
 
 def _isend(t: torch.Tensor, peer: int, tag: int, phase: str):
@@ -437,6 +460,7 @@ def run_rounds(
     what: str = "exchange",
     link=None,
     iteration: int = 0,
+    visit_keeps: bool = False,
 ) -> torch.Tensor | None:
     """Visit every source partition once, local first, then ``q = r-1, r-2, ...``.
 
@@ -452,6 +476,12 @@ def run_rounds(
 
     ``link`` (a :class:`~sarcompile.runtime.link.LinkState`, None for exact SAR) makes the
     rounds of training ``iteration`` compressed, stale or pipelined (see that module).
+
+    The exchange's buffers come from :data:`pool` and go back to it at the end of their
+    round: the rows gathered to send, the gradients received, the gradient rows ``visit``
+    returned (if it took them from the pool) once sent, and each block received once
+    visited, unless ``visit_keeps`` says ``visit`` keeps the blocks it is given (``stash``)
+    or the link's cache keeps them.
     """
     kind = "sync" if link is None else link.policy.kind(iteration)
     cached = link is not None and bool(link.policy.staleness > 1 or link.policy.bounded)
@@ -459,7 +489,7 @@ def run_rounds(
         if cached and push_into is None:
             link.cache.clear()
         blocks, push_into = _sync_rounds(shard, visit, fetch, push_into, lookahead, phase, what, link, iteration,
-                                         keep=cached and push_into is None,
+                                         keep=cached and push_into is None, visit_keeps=visit_keeps,
                                          reuse=link.cache if cached and push_into is not None else None)
         if cached and push_into is None:  # a forward: keep the blocks for stale iterations
             link.cache, link.cache_iteration = blocks, iteration
@@ -475,15 +505,16 @@ def run_rounds(
         _post_pipelined(shard, link, fetch, iteration, phase, what)
     if "memory" in logs.ON and not _offline:  # (not the plan's probe, which runs on a one-worker shard)
         logs.log("memory", f"after {_named(what, phase)}: resident {memory.status_bytes('VmRSS') / 2**20:.1f} MiB, remote "
-                 f"blocks alive {live.bytes / 2**20:.2f} MiB (most at once so far {live.peak_bytes / 2**20:.2f} MiB)")
+                 f"blocks alive {live.bytes / 2**20:.2f} MiB (most at once so far {live.peak_bytes / 2**20:.2f} MiB), "
+                 f"exchange pool {pool.held_bytes / 2**20:.1f} MiB ({pool.idle_bytes / 2**20:.1f} idle)")
     return push_into
 
 
-def _sync_rounds(shard, visit, fetch, push_into, lookahead, phase, what, link, iteration, keep, reuse):
+def _sync_rounds(shard, visit, fetch, push_into, lookahead, phase, what, link, iteration, keep, reuse, visit_keeps):
     """The exact exchange (optionally compressed). Returns the remote blocks received if
-    ``keep`` (else each is freed after its visit; ``{}``) and the buffer pushed into.
-    ``reuse``: blocks already held (a stale-capable forward's), visited instead of fetching
-    them again."""
+    ``keep`` (else each is freed, or given back to the pool, after its visit; ``{}``) and
+    the buffer pushed into. ``reuse``: blocks already held (a stale-capable forward's),
+    visited instead of fetching them again."""
     n, r = shard.world_size, shard.rank
     tail = lambda t: tuple(t.shape[1:])
     wire = None if link is None else link.wire
@@ -492,53 +523,64 @@ def _sync_rounds(shard, visit, fetch, push_into, lookahead, phase, what, link, i
     else:
         fetch_remote = fetch
     received: dict[int, torch.Tensor] = {}
+    recycle = not (keep or visit_keeps)
 
-    # Each posted round is (p, q, buffer received into, works, bytes sent): the bytes for SARCOMPILE_LOGS=comm.
-    def post_fetch(k: int):
+    def post_fetch(k: int) -> _Round:
         p, q = (r + k) % n, (r - k) % n
-        works, buf, sent = [], None, 0
+        posted = _Round(p, q)
         rows = shard.send_index[p]
         if rows.numel():
-            send = fetch_remote[rows] if wire is None else wire.encode(fetch_remote[rows], f"{phase} features", p, iteration)
-            send = send.contiguous()
-            sent = send.nbytes
-            works.append(_isend(send, p, TAG_FEATURES, phase))
+            if wire is None:
+                send = posted.outgoing = _gather(fetch_remote, rows)
+            else:
+                send = wire.encode(fetch_remote[rows], f"{phase} features", p, iteration).contiguous()
+            posted.sent = send.nbytes
+            posted.works.append(_isend(send, p, TAG_FEATURES, phase))
         if shard.blocks[q].num_src:
             rows_q = shard.blocks[q].num_src
             if wire is None or not wire.policy.bits:
-                buf = live.alloc((rows_q, *tail(fetch_remote)), fetch_remote.dtype)
+                shape = (rows_q, *tail(fetch_remote))
+                block = pool.take(shape, fetch_remote.dtype) if recycle else torch.empty(shape, dtype=fetch_remote.dtype)
+                posted.buf = live.track(block)
             else:
-                buf = wire.empty(rows_q, tail(fetch_remote), fetch_remote.dtype)
-            works.append(_irecv(buf, q, TAG_FEATURES, phase))
-        return p, q, buf, works, sent
+                posted.buf = wire.empty(rows_q, tail(fetch_remote), fetch_remote.dtype)
+            posted.works.append(_irecv(posted.buf, q, TAG_FEATURES, phase))
+        return posted
 
-    def post_push(k: int, grad_rows: torch.Tensor | None):
+    def post_push(k: int, grad_rows: torch.Tensor | None) -> _Round:
         p, q = (r + k) % n, (r - k) % n
-        works, buf, sent = [], None, 0
+        posted = _Round(p, q)
+        if wire is None:  # a buffer of the pool, if visit took it there: given back once sent
+            posted.outgoing = grad_rows
         if shard.blocks[q].num_src:
-            send = grad_rows if wire is None else wire.encode(grad_rows, f"{phase} gradients", q, iteration)
-            send = send.contiguous()
-            sent = send.nbytes
-            works.append(_isend(send, q, TAG_GRADS, phase))
+            if wire is None:
+                send = grad_rows.contiguous()
+            else:
+                send = wire.encode(grad_rows, f"{phase} gradients", q, iteration).contiguous()
+            posted.sent = send.nbytes
+            posted.works.append(_isend(send, q, TAG_GRADS, phase))
         if shard.send_index[p].numel():
             rows_p = shard.send_index[p].numel()
             if wire is None:
-                buf = torch.empty((rows_p, *tail(push_into)), dtype=push_into.dtype)
+                posted.buf = pool.take((rows_p, *tail(push_into)), push_into.dtype, push_into.device)
             else:
-                buf = wire.empty(rows_p, tail(push_into), push_into.dtype)
-            works.append(_irecv(buf, p, TAG_GRADS, phase))
-        return p, q, buf, works, sent
+                posted.buf = wire.empty(rows_p, tail(push_into), push_into.dtype)
+            posted.works.append(_irecv(posted.buf, p, TAG_GRADS, phase))
+        return posted
 
-    def finish_push(posted) -> None:
-        p, q, buf, works, sent = posted
-        waited = _wait(works, f"{what}: gradients to worker {q} / from worker {p}")
+    def finish_push(posted: _Round) -> None:
+        p, q, buf = posted.p, posted.q, posted.buf
+        waited = _wait(posted.works, f"{what}: gradients to worker {q} / from worker {p}")
         if "comm" in logs.ON:
-            _log_round(what, phase, "gradients", q, sent, p, buf, waited)
+            _log_round(what, phase, "gradients", q, posted.sent, p, buf, waited)
         if buf is not None:
             rows_p = shard.send_index[p].numel()
             if wire is not None:
                 buf = wire.decode(buf, rows_p, tail(push_into), push_into.dtype)
             push_into.index_add_(0, shard.send_index[p], buf)
+            pool.give(posted.buf)
+        if posted.outgoing is not None:
+            pool.give(posted.outgoing)
 
     pending = deque()  # fetches posted, their blocks not yet visited
     posted = 0
@@ -555,15 +597,19 @@ def _sync_rounds(shard, visit, fetch, push_into, lookahead, phase, what, link, i
     local = visit(r, fetch)
     if push_into is not None and local is not None:
         push_into += local
+        pool.give(local)
     in_flight = deque()  # pushes posted, their gradients not yet added
     for k in range(1, n):
         if fetch_remote is not None:
             post_fetches_until(k)  # (none ahead: this block's fetch is posted as it is visited)
-            p, q, buf, works, sent = pending.popleft()
-            waited = _wait(works, f"{what}: features to worker {p} / from worker {q}")
+            arrived = pending.popleft()
+            q, buf = arrived.q, arrived.buf
+            waited = _wait(arrived.works, f"{what}: features to worker {arrived.p} / from worker {q}")
             if "comm" in logs.ON:
-                _log_round(what, phase, "rows", p, sent, q, buf, waited)
-            del works
+                _log_round(what, phase, "rows", arrived.p, arrived.sent, q, buf, waited)
+            if arrived.outgoing is not None:
+                pool.give(arrived.outgoing)
+            del arrived
             if buf is None:  # nothing to receive from q: an empty block keeps kernels uniform
                 buf = fetch.new_empty((0, *tail(fetch)))
             elif wire is not None and wire.policy.bits:
@@ -577,7 +623,9 @@ def _sync_rounds(shard, visit, fetch, push_into, lookahead, phase, what, link, i
         else:
             q, buf = (r - k) % n, None
         out = visit(q, buf)
-        del buf  # the block is freed here unless visit (stash) or the link's cache kept it
+        if recycle and fetch_remote is not None:
+            pool.give(buf)  # its whole life was this round (a block not from the pool is ignored)
+        del buf
         if push_into is not None:
             # Each push in flight holds two block-sized buffers (plan._round_peak): the
             # oldest completes before the next is posted, never one more than `lookahead`.
@@ -621,6 +669,7 @@ def _local_rounds(shard, visit, fetch, push_into, link, iteration, phase, what, 
     local = visit(r, fetch)
     if push_into is not None and local is not None:
         push_into += local
+        pool.give(local)
     late: dict[int, torch.Tensor] = {}
     for k in range(1, n):
         q = (r - k) % n

@@ -31,7 +31,7 @@ from ..ir.graph import Block
 from ..ir.rng import edge_keep
 from ..data.shard import ShardGraph
 from ..ir.vocab import LinkPolicy, Strategy
-from .comm import Columns, global_max, global_sum, run_rounds
+from .comm import Columns, global_max, global_sum, pool, run_rounds
 from .link import LinkState, Wire
 
 __all__ = [
@@ -127,7 +127,7 @@ class _SarSpmm(torch.autograd.Function):
                 acc["out"] = K.spmm(block, xb, w, into=acc.get("out"))
 
         run_rounds(shard, visit, fetch=x, lookahead=_lookahead(shard, strategy, in_flight), what=f"spmm({reduce})",
-                   link=link, iteration=iteration)
+                   link=link, iteration=iteration, visit_keeps=strategy.keeps_blocks)
         # x itself only for the edge weights' gradient (<g[v], x[u]>); the rest needs its shape
         keep_x = x if wants["edge_weight"] else None
         if state is not None:
@@ -162,9 +162,11 @@ class _SarSpmm(torch.autograd.Function):
             block = shard.blocks[q].on(g.device)
             if reduce == "max":
                 return K.max_grad(pos[0], g, offsets[q], block.num_src)
+            # A remote block's rows are pushed to their owner, then the buffer goes back to the pool.
+            out = None if q == shard.rank else pool.take((block.num_src, *g.shape[1:]), g.dtype, g.device)
             if per_edge:
-                return K.spmm_t(block, g, mean_weights(block), transposed=True)
-            return K.spmm_t(block, g, _edge_slice(weight, shard, q))
+                return K.spmm_t(block, g, mean_weights(block), out, transposed=True)
+            return K.spmm_t(block, g, _edge_slice(weight, shard, q), out)
 
         def visit(q: int, xb: torch.Tensor | None):
             if want_w:
@@ -206,7 +208,7 @@ class _SarSddmm(torch.autograd.Function):
             pieces[q] = torch_kernels.sddmm(shard.blocks[q], ab, b, op)
 
         run_rounds(shard, visit, fetch=a, lookahead=_lookahead(shard, strategy, in_flight), what=f"sddmm({op})",
-                   link=link, iteration=iteration)
+                   link=link, iteration=iteration, visit_keeps=strategy.keeps_blocks)
         # Only mul and dot read the inputs in backward (each the other's); the rest needs shapes.
         product = op in ("mul", "dot")
         ctx.save_for_backward(a if product and ctx.needs_input_grad[1] else None,
@@ -296,7 +298,7 @@ class _SarAttention(torch.autograd.Function):
             state.update(block, hb, ab, a_dst, negative_slope, keep, _edge_slice(a_edge, shard, q))
 
         run_rounds(shard, visit, fetch=payload, lookahead=_lookahead(shard, strategy, in_flight), what="attention",
-                   link=link, iteration=iteration)
+                   link=link, iteration=iteration, visit_keeps=strategy.keeps_blocks)
         del payload  # only the peers needed it: backward keeps h and a_src, which their producers keep too
         out, lse = state.result()
         ctx.save_for_backward(h, a_src, a_dst, a_edge, lse, salt)
@@ -337,7 +339,10 @@ class _SarAttention(torch.autograd.Function):
             if d_out.dtype != d_a_dst.dtype:
                 d_h, d_src = block_grads(q, hb, ab)
                 return torch.cat([d_h.reshape(d_h.shape[0], heads * channels), d_src], 1)
-            into = d_out.new_empty((shard.blocks[q].num_src, heads * channels + heads))
+            shape = (shard.blocks[q].num_src, heads * channels + heads)
+            # A remote block's rows are pushed to their owner, then the buffer goes back to the
+            # pool; the local block's are the gradient returned.
+            into = d_out.new_empty(shape) if q == shard.rank else pool.take(shape, d_out.dtype, d_out.device)
             block_grads(q, hb, ab, into)
             return into
 
@@ -653,7 +658,7 @@ class _SarMessage(torch.autograd.Function):
                 acc["out"].index_add_(0, block.row, msg)
 
         run_rounds(shard, visit, fetch=x, lookahead=_lookahead(shard, strategy, in_flight), what=f"message_passing({reduce})",
-                   link=link, iteration=iteration)
+                   link=link, iteration=iteration, visit_keeps=strategy.keeps_blocks)
         if state is not None:
             out = state.result()
             ctx.save_for_backward(x, edge_attr, state.edge)
@@ -709,7 +714,7 @@ class _SarMessage(torch.autograd.Function):
                 return None
             if d_i is not None:
                 gx.index_add_(0, block.row, d_i)
-            d_src = x.new_zeros((block.num_src, *x.shape[1:]))
+            d_src = pool.take((block.num_src, *x.shape[1:]), x.dtype, x.device).zero_()
             return d_src if d_j is None else d_src.index_add_(0, block.col, d_j)
 
         run_rounds(
