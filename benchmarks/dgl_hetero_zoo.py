@@ -631,7 +631,7 @@ def sweep(names: list[str], world_sizes=WORLD_SIZES, log=print) -> list[Record]:
 
     return zoo_sweep.sweep(names, world_sizes, log, reference=reference, partition=partition,
                            distributed=distributed, width=48,
-                           pool=functools.partial(Pool, case=_worker_case, frontend=FRONTEND))
+                           case=_worker_case, frontend=FRONTEND)
 
 
 # --- output --------------------------------------------------------------------------------

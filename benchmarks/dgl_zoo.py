@@ -486,7 +486,7 @@ def _partition(tmp: str, world_size: int, names: list[str]) -> dict[str, str]:
 def sweep(names: list[str], world_sizes=WORLD_SIZES, log=print) -> list[Record]:
     return zoo_sweep.sweep(names, world_sizes, log, reference=reference, partition=_partition,
                            distributed=distributed, width=40,
-                           pool=functools.partial(Pool, case=_worker_case, frontend=FRONTEND))
+                           case=_worker_case, frontend=FRONTEND)
 
 
 # --- output --------------------------------------------------------------------------------

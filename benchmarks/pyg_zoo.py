@@ -453,6 +453,16 @@ def build(name: str, seed: int = 0) -> nn.Module:
     return model
 
 
+def warm() -> None:
+    """Build every case once (zoo_warm runs it in the workers' fork server): PyG's template
+    for each class is then generated there, not in every worker."""
+    for name in cases():
+        try:
+            build(name)
+        except Exception:  # a case eager PyG cannot build is judged elsewhere
+            pass
+
+
 # --- running one model ---------------------------------------------------------------------
 def _edge_input(t: torch.Tensor | None) -> torch.Tensor | None:
     if t is None:
@@ -569,7 +579,7 @@ def _partition(tmp: str, world_size: int, names: list[str]) -> dict[str, str]:
 def sweep(names: list[str], world_sizes=WORLD_SIZES, log=print) -> list[Record]:
     return zoo_sweep.sweep(names, world_sizes, log, reference=reference, partition=_partition,
                            distributed=distributed, width=40,
-                           pool=functools.partial(Pool, case=_worker_case, frontend=FRONTEND))
+                           case=_worker_case, frontend=FRONTEND)
 
 
 # --- output --------------------------------------------------------------------------------

@@ -2,7 +2,8 @@
 ``dgl_hetero_zoo.py``): ``world_size`` gloo workers that run many cases each.
 
 Starting a process group costs seconds and a sweep runs dozens of cases, so each world size
-gets one group of spawned ``torch.multiprocessing`` processes on a FileStore, and each case
+gets one group of ``torch.multiprocessing`` processes (forked from a server that imported
+everything once: :func:`start_server`) on a FileStore, and each case
 is a job sent to every rank. A worker loads each partition directory once and runs the
 zoo's ``case(part, payload)`` on its part; an exception is answered as ``{"error":
 describe_error(e)}``, which the sweep judges. Every wait is bounded.
@@ -25,6 +26,7 @@ from typing import Any, Callable
 
 import torch
 import torch.multiprocessing as mp
+from multiprocessing import forkserver
 
 JOB_TIMEOUT_S = 90.0
 START_TIMEOUT_S = 180.0
@@ -90,6 +92,23 @@ def _worker_main(rank: int, world_size: int, store_path: str, jobs, results, cas
         dist.destroy_process_group()
 
 
+def start_server(case: Callable[[Any, dict], dict], frontend: str):
+    """Start the server the workers fork from (at once, so that its imports overlap the
+    sweep's single-machine runs), and return its multiprocessing context. It imports torch,
+    sarcompile, the front-end and the zoo once, and runs the zoo's ``warm()`` (``zoo_warm``):
+    each spawned worker importing them itself (PyG imports torch._dynamo) was a fifth of a
+    sweep's time."""
+    ctx = mp.get_context("forkserver")
+    os.environ["ZOO_CASES_MODULE"] = case.__module__  # for zoo_warm, which runs the zoo's warm() there
+    # The server imports the zoo and its neighbours from this directory (Python 3.11's fork
+    # server does not take the parent's sys.path, which spawned workers did)
+    here = os.path.dirname(os.path.abspath(__file__))
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p)
+    ctx.set_forkserver_preload(["sarcompile", frontend, case.__module__, "zoo_warm"])
+    forkserver.ensure_running()
+    return ctx
+
+
 class Pool:
     """``world_size`` worker processes in one gloo group; :meth:`run` sends one case to all,
     which ``case(part, payload)`` runs on each rank's part of ``payload["dir"]``. ``case``
@@ -97,7 +116,7 @@ class Pool:
     ``frontend`` is the package each worker imports first (``"torch_geometric"``, ``"dgl"``)."""
 
     def __init__(self, world_size: int, case: Callable[[Any, dict], dict], frontend: str):
-        ctx = mp.get_context("spawn")
+        ctx = start_server(case, frontend)
         self.world_size = world_size
         self.closed = False
         self._dir = tempfile.TemporaryDirectory(prefix="zoo-pool-")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import importlib
 import json
 import os
@@ -32,7 +33,7 @@ from typing import Any, Callable, Collection
 
 import torch
 from torch import nn
-from zoo_pool import Pool, describe_error
+from zoo_pool import Pool, describe_error, start_server
 
 DT = torch.float64
 TOL = 1e-9
@@ -235,12 +236,15 @@ def sweep(names: list[str], world_sizes: tuple[int, ...], log: Callable[[str], A
           reference: Callable[[str], tuple[Record, dict | None, dict | None]],
           partition: Callable[[str, int, list[str]], dict[str, str]],
           distributed: Callable[[Record, dict, dict, Pool, str], None],
-          pool: Callable[[int], Pool], width: int) -> list[Record]:
+          case: Callable[[Any, dict], dict], frontend: str, width: int) -> list[Record]:
     """Every case in ``names`` on one machine (``reference(name)``), then those it did not
     decide on each world size: ``partition(tmp, world_size, names)`` writes the parts and
     says each case's directory, ``distributed(rec, want, state, pool, dir)`` runs the case on
-    ``pool(world_size)`` (a fresh one after a pool was closed). Logs a line per case and
-    world size (the name padded to ``width``); returns the judged records."""
+    a :class:`Pool` of ``world_size`` workers running ``case`` (a fresh one after a pool was
+    closed). Logs a line per case and world size (the name padded to ``width``); returns the
+    judged records."""
+    start_server(case, frontend)  # its imports overlap the single-machine runs
+    pool = functools.partial(Pool, case=case, frontend=frontend)
     torch.set_num_threads(1)
     records, refs = [], {}
     for name in names:
