@@ -453,16 +453,6 @@ def build(name: str, seed: int = 0) -> nn.Module:
     return model
 
 
-def warm() -> None:
-    """Build every case once (zoo_warm runs it in the workers' fork server): PyG's template
-    for each class is then generated there, not in every worker."""
-    for name in cases():
-        try:
-            build(name)
-        except Exception:  # a case eager PyG cannot build is judged elsewhere
-            pass
-
-
 # --- running one model ---------------------------------------------------------------------
 def _edge_input(t: torch.Tensor | None) -> torch.Tensor | None:
     if t is None:

@@ -95,16 +95,14 @@ def _worker_main(rank: int, world_size: int, store_path: str, jobs, results, cas
 def start_server(case: Callable[[Any, dict], dict], frontend: str):
     """Start the server the workers fork from (at once, so that its imports overlap the
     sweep's single-machine runs), and return its multiprocessing context. It imports torch,
-    sarcompile, the front-end and the zoo once, and runs the zoo's ``warm()`` (``zoo_warm``):
-    each spawned worker importing them itself (PyG imports torch._dynamo) was a fifth of a
-    sweep's time."""
+    sarcompile, the front-end and the zoo once: each spawned worker importing them itself
+    (PyG imports torch._dynamo) was a fifth of a sweep's time."""
     ctx = mp.get_context("forkserver")
-    os.environ["ZOO_CASES_MODULE"] = case.__module__  # for zoo_warm, which runs the zoo's warm() there
     # The server imports the zoo and its neighbours from this directory (Python 3.11's fork
     # server does not take the parent's sys.path, which spawned workers did)
     here = os.path.dirname(os.path.abspath(__file__))
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p)
-    ctx.set_forkserver_preload(["sarcompile", frontend, case.__module__, "zoo_warm"])
+    ctx.set_forkserver_preload(["sarcompile", frontend, case.__module__])
     forkserver.ensure_running()
     return ctx
 
