@@ -231,6 +231,7 @@ def run_sarcompile(a) -> list[dict]:
 
     import sarcompile as sc
     from sarcompile.data.partitioning import read_manifest
+    from sarcompile.runtime import comm
     from sarcompile.runtime.comm import stats
 
     rank, world = sc.init()
@@ -292,6 +293,7 @@ def run_sarcompile(a) -> list[dict]:
         # run for the first time (libtorch's sparse and scatter paths, gloo), not data
         "code_pages": status_bytes("RssFile") - code_floor,
     }
+    ledger["exchange_pool"] = comm.pool.held_bytes  # the exchange's buffers, kept for reuse (within malloc_in_use)
     ledger.update(malloc_stats())
     mine = {"engine": "sarcompile", "rank": rank, "world": world, "floor_bytes": floor,
             "peak_above_floor_bytes": status_bytes("VmHWM") - floor, "epoch_s": statistics.median(times),

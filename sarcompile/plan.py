@@ -149,7 +149,9 @@ class Plan:
         workspace (kernel temporaries and gradient buffers: an approximation), kernel_code
         (the libraries' code pages a step maps in on first use: a measured constant) and, with
         ``staleness`` or ``bounded_staleness``, link_cache (the remote blocks each such op
-        keeps between iterations). With ``compress``, traffic is counted as sent (packed)."""
+        keeps between iterations). With ``compress``, traffic is counted as sent (packed).
+        The exchange's buffer pool (:mod:`sarcompile.runtime.pool`) holds about
+        remote_blocks + exchange_buffers between exchanges too."""
         return list(self.estimates)
 
     def compile_summary(self) -> str:
