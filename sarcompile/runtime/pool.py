@@ -6,7 +6,7 @@ anew each time, a buffer larger than glibc's mmap threshold is a fresh mapping t
 kernel faults in page by page (``SARCOMPILE_MALLOC=auto`` fixes that threshold at
 1.25 MiB on N >= 2 workers, so it is most of them): the "page-fault tax" of
 docs/benchmarks.md. The pool keeps them instead, as PyTorch's caching allocator does on
-CUDA, in size classes of eight per power of two (at most 12.5% over a request), and hands
+CUDA, in size classes of sixteen per power of two (at most 6.25% over a request), and hands
 out the smallest idle one that fits. (A layer's narrower blocks take its wider ones'
 buffers: with the input's 128 features and 256 hidden, one set of 256-wide buffers serves
 every layer, where buffers of each width would be dropped and made again every step.)
@@ -45,12 +45,12 @@ from .memory import MMAP_THRESHOLD
 __all__ = ["BufferPool", "MIN_BYTES", "size_class"]
 
 MIN_BYTES = MMAP_THRESHOLD
-_CLASSES_PER_OCTAVE = 8
+_CLASS_BITS = 4  # 2**4 size classes per power of two
 
 
 def size_class(nbytes: int) -> int:
-    """``nbytes`` rounded up to the next of eight sizes per power of two."""
-    step = max(1 << max(nbytes.bit_length() - 1 - 3, 0), 1)  # an eighth of the power of two below
+    """``nbytes`` rounded up to the next of sixteen sizes per power of two."""
+    step = 1 << max(nbytes.bit_length() - 1 - _CLASS_BITS, 0)  # a sixteenth of the power of two below
     return -(-nbytes // step) * step
 
 
