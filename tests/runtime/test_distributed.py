@@ -222,7 +222,7 @@ def test_exchange_pool_reuses_buffers_and_changes_no_value(pool):
             assert r.stats["pool_lent_bytes"] == 0, what  # every buffer back after the step
             # It holds as many buffers as were lent at once, each of the largest size asked
             # for: on these tiny graphs up to 1.6x the exchange's peak the plan counts (on
-            # the anchor graph, 0.8x SAGE's and 1.06x GAT's: docs/benchmarks.md).
+            # the anchor graph, 0.77x SAGE's and 1.01x GAT's: docs/benchmarks.md).
             estimate = plan.memory_estimate()[rank].breakdown
             assert r.stats["pool_held_bytes"] <= 2 * (estimate["remote_blocks"] + estimate["exchange_buffers"]), what
 
