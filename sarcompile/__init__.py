@@ -29,7 +29,7 @@ from .outofcore import partition_files
 from . import hetero_partition as _typed_partitions  # noqa: F401  registers typed partitioning (partitioning.typed)
 from .plan import MemoryEstimate, OpPlan, Plan
 from .runtime import ops as _shard_implementations  # noqa: F401  registers each IR op's shard implementation
-from .runtime.comm import global_max, global_sum, init, shutdown, sync_gradients
+from .runtime.comm import empty_cache, global_max, global_sum, init, shutdown, sync_gradients
 
 __version__ = "0.1.0"
 
@@ -64,6 +64,7 @@ __all__ = [
     "sync_gradients",
     "global_sum",
     "global_max",
+    "empty_cache",
     "SarcompileError",
     "GraphError",
     "PartitionError",

@@ -42,7 +42,8 @@ from .pool import BufferPool
 from ..tables import table_type
 
 __all__ = [
-    "Columns", "global_max", "global_sum", "init", "live", "run_rounds", "shutdown", "stats", "sync_gradients", "timeout",
+    "Columns", "empty_cache", "global_max", "global_sum", "init", "live", "pool", "run_rounds", "shutdown", "stats",
+    "sync_gradients", "timeout",
 ]
 
 TAG_FEATURES, TAG_GRADS = 11, 12
@@ -271,6 +272,23 @@ def shutdown() -> None:
             pass  # a peer is already gone: nothing left to wait for
     failure.stop()
     dist.destroy_process_group()
+    pool.clear()
+
+
+def empty_cache() -> int:
+    """Release the idle buffers the exchange keeps for reuse (its pool:
+    :mod:`sarcompile.runtime.pool`), as ``torch.cuda.empty_cache()`` does for CUDA's cached
+    blocks: after training, before something else that needs the memory. Returns the bytes
+    released. Training can go on; its next steps make their buffers again.
+
+    Example:
+
+    >>> sc.empty_cache()   # bytes released: none in a process that has exchanged nothing
+    0
+    """
+    idle = pool.idle_bytes
+    pool.clear()
+    return idle
 
 
 # -- accounting ---------------------------------------------------------------------------

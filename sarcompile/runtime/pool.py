@@ -73,7 +73,7 @@ class BufferPool:
 
     def take(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str = "cpu") -> torch.Tensor:
         """An uninitialised contiguous tensor of ``shape`` and ``dtype``, in an idle buffer if one fits."""
-        nbytes = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
+        nbytes = torch.Size(shape).numel() * dtype.itemsize
         if torch.device(device).type != "cpu" or nbytes < max(self.min_bytes, 1):
             return torch.empty(shape, dtype=dtype, device=device)
         storage = self._find(nbytes)
