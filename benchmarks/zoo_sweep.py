@@ -26,6 +26,7 @@ import sys
 import tempfile
 import time
 import traceback
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -241,8 +242,8 @@ def sweep(names: list[str], world_sizes: tuple[int, ...], log: Callable[[str], A
     decide on each world size: ``partition(tmp, world_size, names)`` writes the parts and
     says each case's directory, ``distributed(rec, want, state, pool, dir)`` runs the case on
     a :class:`Pool` of ``world_size`` workers running ``case`` (a fresh one after a pool was
-    closed). Logs a line per case and world size (the name padded to ``width``); returns the
-    judged records."""
+    closed), every world size at once. Logs a line per case and world size (the name padded
+    to ``width``); returns the judged records."""
     start_server(case, frontend)  # its imports overlap the single-machine runs
     pool = functools.partial(Pool, case=case, frontend=frontend)
     torch.set_num_threads(1)
@@ -254,24 +255,34 @@ def sweep(names: list[str], world_sizes: tuple[int, ...], log: Callable[[str], A
         records.append(rec)
         if want is not None:
             refs[name] = (want, state)
-    with tempfile.TemporaryDirectory(prefix="zoo-parts-") as tmp:
-        for ws in world_sizes:
-            todo = [r for r in records if r.name in refs]
-            if not todo:
-                break
-            dirs = partition(tmp, ws, [r.name for r in todo])
-            workers = None
-            try:
-                for rec in todo:
-                    t = time.monotonic()
-                    if workers is None or workers.closed:
-                        workers = pool(ws)
-                    distributed(rec, *refs[rec.name], workers, dirs[rec.name])
-                    rec.seconds += time.monotonic() - t
-                    log(f"  {ws} workers  {rec.name:<{width}} {rec.errors.get(f'{ws}w', 'ok')[:100]}")
-            finally:
-                if workers is not None:
-                    workers.close()
+    todo = [r for r in records if r.name in refs]
+    spent: dict[tuple[str, int], float] = {}  # (case, world size): seconds
+
+    def one_size(tmp: str, ws: int) -> None:
+        dirs = partition(tmp, ws, [r.name for r in todo])
+        workers = None
+        try:
+            for rec in todo:
+                t = time.monotonic()
+                if workers is None or workers.closed:
+                    workers = pool(ws)
+                distributed(rec, *refs[rec.name], workers, dirs[rec.name])
+                spent[rec.name, ws] = time.monotonic() - t
+                log(f"  {ws} workers  {rec.name:<{width}} {rec.errors.get(f'{ws}w', 'ok')[:100]}")
+        finally:
+            if workers is not None:
+                workers.close()
+
+    # The world sizes run side by side, one thread each: a pool mostly waits (on its
+    # workers, or they on this process), and two cores do not fill with one pool at a time.
+    with tempfile.TemporaryDirectory(prefix="zoo-parts-") as tmp, ThreadPoolExecutor(len(world_sizes)) as ex:
+        for done in [ex.submit(one_size, tmp, ws) for ws in world_sizes if todo]:
+            done.result()
+    for (name, _), seconds in spent.items():
+        next(r for r in records if r.name == name).seconds += seconds
+    runs = lambda d: dict(sorted(d.items(), key=lambda kv: (kv[0] != "local", kv[0])))  # one machine, 1w, 2w, ...
+    for rec in records:  # (in the order of the world sizes, not of the threads' finishing)
+        rec.diffs, rec.errors = runs(rec.diffs), runs(rec.errors)
     for rec in records:
         judge(rec)
     return records
