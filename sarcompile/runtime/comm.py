@@ -557,8 +557,8 @@ def _sync_rounds(shard, visit, fetch, push_into, lookahead, phase, what, link, i
         if shard.blocks[q].num_src:
             rows_q = shard.blocks[q].num_src
             if wire is None or not wire.policy.bits:
-                shape = (rows_q, *tail(fetch_remote))
-                block = pool.take(shape, fetch_remote.dtype) if recycle else torch.empty(shape, dtype=fetch_remote.dtype)
+                shape, dtype, device = (rows_q, *tail(fetch_remote)), fetch_remote.dtype, fetch_remote.device
+                block = pool.take(shape, dtype, device) if recycle else torch.empty(shape, dtype=dtype, device=device)
                 posted.buf = live.track(block)
             else:
                 posted.buf = wire.empty(rows_q, tail(fetch_remote), fetch_remote.dtype)

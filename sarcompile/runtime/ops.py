@@ -348,6 +348,7 @@ class _SarAttention(torch.autograd.Function):
 
         if shard.world_size == 1:
             return *block_grads(shard.rank, h, a_src), d_a_dst, d_a_edge, None, None, None, None, None, None, None, None, None
+
         def visit(q: int, block_payload: torch.Tensor | None) -> torch.Tensor | None:
             if q == shard.rank:
                 return None
