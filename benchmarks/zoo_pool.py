@@ -98,12 +98,19 @@ def start_server(case: Callable[[Any, dict], dict], frontend: str):
     sarcompile, the front-end and the zoo once: each spawned worker importing them itself
     (PyG imports torch._dynamo) was a fifth of a sweep's time."""
     ctx = mp.get_context("forkserver")
-    # The server imports the zoo and its neighbours from this directory (Python 3.11's fork
-    # server does not take the parent's sys.path, which spawned workers did)
-    here = os.path.dirname(os.path.abspath(__file__))
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p)
     ctx.set_forkserver_preload(["sarcompile", frontend, case.__module__])
-    forkserver.ensure_running()
+    # The server imports the zoo and its neighbours from this directory (Python 3.11's fork
+    # server does not take the parent's sys.path, which spawned workers did): on its
+    # PYTHONPATH only, not on that of whatever this process starts later.
+    before = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (os.path.dirname(os.path.abspath(__file__)), before) if p)
+    try:
+        forkserver.ensure_running()
+    finally:
+        if before is None:
+            del os.environ["PYTHONPATH"]
+        else:
+            os.environ["PYTHONPATH"] = before
     return ctx
 
 
