@@ -262,7 +262,9 @@ def sddmm(
 
 
 # ------------------------------------------------------------------ gather, edge_reduce
-def _check_graph(g, x) -> None:
+def _check_graph(g, **_inputs) -> None:
+    """The check of an op whose inputs' rows are checked where it is called (or need none):
+    ``g`` is a graph."""
     _graph_kind(g)
 
 
@@ -393,12 +395,8 @@ def edge_reduce_src(g, e: torch.Tensor, reduce: str = "sum", *, strategy: Strate
     return edge_reduce_src.definition.run(g, e, reduce)
 
 
-def _check_edge_max(g, e) -> None:
-    _graph_kind(g)
-
-
 @ir_op(
-    check=_check_edge_max,
+    check=_check_graph,
     output=CONST,
     inputs={"e": EDGE},
     # the maximum, then the number of edges that reach it (gradients are split among them);
@@ -444,11 +442,7 @@ def node_mean(x: torch.Tensor, *, strategy: Strategy = Strategy.LOCAL) -> torch.
 
 
 # -------------------------------------------------------------------- edge_softmax, dropout
-def _check_softmax(g, e) -> None:
-    _graph_kind(g)
-
-
-@ir_op(check=_check_softmax, output=EDGE, inputs={"e": EDGE})
+@ir_op(check=_check_graph, output=EDGE, inputs={"e": EDGE})
 def edge_softmax(g, e: torch.Tensor) -> torch.Tensor:
     """Softmax of edge scores over the in-edges of each node. All in-edges of a node live
     on its worker, so this never communicates.
@@ -469,11 +463,7 @@ def edge_softmax(g, e: torch.Tensor) -> torch.Tensor:
     return z / total[dst]
 
 
-def _check_subset(g, mask) -> None:
-    _graph_kind(g)
-
-
-@ir_op(check=_check_subset, output=GRAPH, inputs={"mask": EDGE}, saved=lambda a: "nothing")
+@ir_op(check=_check_graph, output=GRAPH, inputs={"mask": EDGE}, saved=lambda a: "nothing")
 def edge_subset(g, mask: torch.Tensor):
     """The graph of the edges ``mask`` keeps (one bool per edge of ``g``), on the same
     nodes, its edges in ``g``'s edge order: what PyG's ``edge_index[:, mask]`` selects
