@@ -13,7 +13,9 @@ The pipeline, in order (each pass is a plain ``(GraphModule, options) -> GraphMo
     kernels    executor per op: generated Triton or torch kernels   (passes/kernels.py)
 
 A single machine runs the program after ``fuse`` and ``kernels``; a worker runs the one
-after ``strategy`` and ``kernels``. Every stage's code is kept in :attr:`Program.stages` for inspection.
+after ``strategy`` and ``kernels``. Every stage's code is kept in :attr:`Program.stages` for
+inspection when asked for (a plan, ``model.program()``, ``SARCOMPILE_LOGS=passes``); a program
+compiled by a call runs without them (see :class:`_PassModule`).
 """
 
 from __future__ import annotations
@@ -230,14 +232,40 @@ def _lazy_layers(model: nn.Module) -> list[str]:
     return list(found.values())
 
 
-def compile_program(model: nn.Module, options: CompileOptions, partitioned: bool, call: CallShape = CallShape()) -> Program:
+class _PassModule(fx.GraphModule):
+    """The GraphModule the pipeline's passes rewrite. Each pass ends with ``recompile()`` so
+    that it stands alone (its tests run what it returns); here that waits until the program
+    is finished (:meth:`finish`) or a stage's code is read (:meth:`stage_code`): fx's code
+    generation after every pass was a third of a compile, and a program compiled by a call
+    is run, never read, until then. Passes read the graph, not the code."""
+
+    _deferring = True
+
+    def recompile(self) -> Any:
+        return None if self._deferring else super().recompile()
+
+    def stage_code(self) -> str:
+        """The code of the graph as the last pass left it."""
+        fx.GraphModule.recompile(self)
+        return self.code
+
+    def finish(self) -> "_PassModule":
+        """Generate the code to run; ``recompile`` is fx's own again from here."""
+        self.__dict__["_deferring"] = False  # (past nn.Module's __setattr__, which would look for a parameter)
+        fx.GraphModule.recompile(self)
+        return self
+
+
+def compile_program(model: nn.Module, options: CompileOptions, partitioned: bool, call: CallShape = CallShape(),
+                    stages: bool = True) -> Program:
     """Run the pipeline on ``model`` as called with ``call``; a single machine skips
-    ``partition`` and ``strategy``."""
+    ``partition`` and ``strategy``. ``stages``: keep every stage's code
+    (:attr:`Program.stages`), which costs a third of the compile."""
     with generated_wraps_dropped():
-        return _compile(model, options, partitioned, call)
+        return _compile(model, options, partitioned, call, stages or "passes" in logs.ON)
 
 
-def _compile(model: nn.Module, options: CompileOptions, partitioned: bool, call: CallShape) -> Program:
+def _compile(model: nn.Module, options: CompileOptions, partitioned: bool, call: CallShape, keep: bool) -> Program:
     load_available()  # lowering rules for the layers of libraries in use (PyG)
     lazy = _lazy_layers(model)
     if lazy:
@@ -251,13 +279,13 @@ def _compile(model: nn.Module, options: CompileOptions, partitioned: bool, call:
     tables = {} if typed is None else find_node_tables(model, dict(zip(typed.node_types, typed.node_counts)))
     start = time.perf_counter()
     gm = trace(model, call.graph_input, call.none_inputs, inputs, call.layouts,
-               {path: table_input(model.get_parameter(path), t) for path, t in tables.items()})
+               {path: table_input(model.get_parameter(path), t) for path, t in tables.items()}, _PassModule)
     for node in gm.graph.nodes:  # what the residency pass starts from
         # (fx renames the placeholder of an input traced as a constant: edge_attr -> edge_attr_1)
         name = node.target if node.target in inputs else re.sub(r"_\d+$", "", str(node.target))
         if node.op == "placeholder" and name in inputs:
             node.meta["input"] = inputs[name]
-    stages = [("trace", gm.code)]
+    stages = [("trace", gm.stage_code())] if keep else []
     seconds = {"trace": time.perf_counter() - start}
     check = functools.partial(residency, distributed=partitioned)
     # node_tables runs only where a typed model holds node tables, so one-type plans read as before
@@ -271,7 +299,10 @@ def _compile(model: nn.Module, options: CompileOptions, partitioned: bool, call:
         start = time.perf_counter()
         gm = run(gm, options)
         seconds[name] = time.perf_counter() - start
-        stages.append((name, listing(gm) if run is check else gm.code))
+        if keep:
+            code = gm.stage_code()
+            stages.append((name, listing(gm) if run is check else code))
+    gm.finish()
     if "passes" in logs.ON:
         for name, code in stages:
             logs.log("passes", f"{type(model).__name__} after {name} ({seconds[name] * 1e3:.1f} ms):\n{code.strip()}")
@@ -380,8 +411,9 @@ class DistributedModule(nn.Module):
     def options(self) -> CompileOptions:
         return self._options
 
-    def program(self, partitioned: bool, call: CallShape | None = None) -> Program:
-        """The compiled program for the current training flag (compiled on first use).
+    def program(self, partitioned: bool, call: CallShape | None = None, stages: bool = True) -> Program:
+        """The compiled program for the current training flag (compiled on first use), with
+        every stage's code unless ``stages`` is false (as a call compiles it).
 
         A program refers to the parameter and buffer objects it was traced with, so it is
         compiled again when any of them was replaced (``load_state_dict(assign=True)``,
@@ -392,8 +424,14 @@ class DistributedModule(nn.Module):
         key = (partitioned, self.training, call)
         cached = self._programs.get(key)
         if cached is None or len(cached[0]) != len(state) or any(a is not b for a, b in zip(cached[0], state)):
-            self._programs[key] = (state, compile_program(self._orig, self._options, partitioned, call))
-        return self._programs[key][1]
+            self._programs[key] = (state, compile_program(self._orig, self._options, partitioned, call, stages))
+        program = self._programs[key][1]
+        if stages and not program.stages:
+            # Compiled by a call, without its stages: the same pipeline again for them. The
+            # module that runs stays (it may hold state, such as a stale exchange's cache).
+            again = compile_program(self._orig, self._options, partitioned, call)
+            program.stages, program.seconds = again.stages, again.seconds
+        return program
 
     def plan(
         self,
@@ -446,7 +484,7 @@ class DistributedModule(nn.Module):
         graph, where = _find_graph(args, kwargs)
         call = CallShape.of_call(self._orig.forward, args, kwargs, where)
         self.__dict__["_last_call"] = call
-        program = self.program(isinstance(graph, (ShardGraph, HeteroShard)), call)
+        program = self.program(isinstance(graph, (ShardGraph, HeteroShard)), call, stages=False)
         if not call.layouts:
             return program.module(*args, **kwargs)
         if program.tables and isinstance(graph, HeteroShard):  # a worker keeps its own rows of each

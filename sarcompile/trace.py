@@ -467,6 +467,7 @@ def trace(
     inputs: Mapping[str, Input] | None = None,
     layouts: tuple[ArgLayout, ...] = (),
     tables: Mapping[str, Input] | None = None,
+    module_class: type[fx.GraphModule] = fx.GraphModule,
 ) -> fx.GraphModule:
     """Symbolically trace ``model``; failures become a :class:`CompileError` that says why,
     naming the layer being traced and the user's line that failed. ``graph_input``: see
@@ -476,7 +477,8 @@ def trace(
     :class:`ShapeTracer`); ``layouts``: for a call with dicts or a typed graph, how its
     arguments become the program's inputs (:mod:`sarcompile.leaves`), which ``inputs``
     then name; ``tables``: the node tables among the model's parameters (by name, see
-    :mod:`sarcompile.tables`), each traced as an input after the call's."""
+    :mod:`sarcompile.tables`), each traced as an input after the call's; ``module_class``:
+    the GraphModule class to return (the compiler's defers code generation)."""
     root = lowering_for(model)  # a model that is one layer: trace what it lowers to
     root = _with_own_forward(model if root is None else root)
     names = inspect.signature(root.forward).parameters
@@ -490,7 +492,7 @@ def trace(
     tracer = ShapeTracer(examples, graph_input, layouts, tables, device)
     try:
         graph = tracer.trace(root, concrete_args=constants or None)
-        return fx.GraphModule(tracer.root, graph, type(model).__name__)
+        return module_class(tracer.root, graph, type(model).__name__)
     except SarcompileError:
         raise
     except Exception as e:  # TraceError, or e.g. torch.ones(1, proxy) on older torch: say where and why

@@ -64,6 +64,19 @@ def test_stages_are_readable_python():
         plan.stage("codegen")
 
 
+def test_a_call_compiles_without_stages_and_asking_for_them_keeps_the_running_program():
+    model = sc.distribute(Small().eval())
+    g, x = _graph(), torch.randn(60, 8)
+    before = model(g, x)
+    running = model.program(partitioned=False, stages=False)
+    assert running.stages == []  # the call generated the program's code once, after the last pass
+    program = model.program(partitioned=False)
+    assert program is running and program.module is running.module  # (state it holds stays)
+    assert [s for s, _ in program.stages][-1] == "head_dot" and program.stages[-1][1] == program.module.code
+    assert list(program.seconds) == [s for s, _ in program.stages]
+    torch.testing.assert_close(model(g, x), before, rtol=0, atol=0)
+
+
 def test_compile_seconds_name_every_stage_and_the_plan():
     plan = sc.distribute(Small()).plan(_graph(), 2, x=torch.zeros(1, 8), method="contiguous")
     assert list(plan.compile_seconds) == [s for s, _ in plan.stages] + ["plan"]
