@@ -67,8 +67,8 @@ class SarTracer(fx.Tracer):
                 original = getattr(torch, name)
                 self._swapped.append((vars(torch), name, original))
                 setattr(torch, name, _sized_factory(original))
-            for home in function_homes():
-                self._swap_in(vars(home))
+            for frame in _homes_binding_originals():
+                self._swap_in(frame)
             self._swap_functions(getattr(root, "forward", root))
             for cls in type(root).__mro__ if isinstance(root, nn.Module) else ():  # a layer's message() etc.
                 if cls.__module__ in sys.modules:
@@ -567,6 +567,25 @@ def _module_globals(frame: dict) -> bool:
 # Only modules' own globals are kept (they live as long as the process); any other dict,
 # such as the globals of fx's generated code, is scanned each time.
 _BOUND: dict[int, tuple[dict, int, int, list[str]]] = {}
+
+
+_HOMES_BINDING: dict[str, Any] = {}
+
+
+def _homes_binding_originals() -> list[dict]:
+    """The globals of the home modules (:func:`function_homes`) that bind a function with a
+    rule: every trace swaps those, and a few of some 600 modules do. Kept while the homes,
+    the rules and the homes' sizes stay the same (as :func:`_bound_originals` keeps one
+    module's names)."""
+    homes, rules = function_homes(), function_lowerings()
+    frames = _HOMES_BINDING.get("frames") if _HOMES_BINDING.get("homes") is homes else None
+    if frames is None:
+        frames = [vars(m) for m in homes]
+    key = (homes, len(rules), sum(map(len, frames)))
+    if _HOMES_BINDING.get("key") != key:
+        _HOMES_BINDING.update(homes=homes, frames=frames, key=key,
+                              binding=[f for f in frames if _bound_originals(f, rules)])
+    return _HOMES_BINDING["binding"]
 
 
 def _bound_originals(frame: dict, rules: dict[int, tuple[Callable, Callable]]) -> list[str]:
