@@ -55,7 +55,7 @@ os.environ.setdefault("DGLBACKEND", "pytorch")
 import torch
 import zoo_sweep
 from torch import nn
-from zoo_pool import Pool, describe_error
+from zoo_pool import Pool, describe_error, in_server
 from zoo_sweep import (  # noqa: F401  (the outcomes: tests read them)
     CRASH, DT, EXACT, NA, REFUSED, WORLD_SIZES, WRONG, Record, diff,
 )
@@ -509,6 +509,9 @@ def main(argv: list[str] | None = None) -> int:
                           sweep=sweep, table=table, summary=summary, skipped=skipped,
                           describe=lambda: {"edges": make_graph()[0].numel()})
 
+
+if in_server(__name__):  # the workers fork with every case built once
+    zoo_sweep.build_each(cases(), build)
 
 if __name__ == "__main__":
     sys.exit(main())

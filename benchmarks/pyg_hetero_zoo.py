@@ -56,7 +56,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import zoo_sweep  # noqa: E402  (the zoos' judging, sweep and command line, shared)
-from zoo_pool import Pool, describe_error  # noqa: E402
+from zoo_pool import Pool, describe_error, in_server  # noqa: E402
 from zoo_sweep import (  # noqa: E402, F401  (the outcomes: tests read them)
     CRASH, DT, EXACT, NA, REFUSED, WORLD_SIZES, WRONG, Record, diff,
 )
@@ -673,6 +673,9 @@ def main(argv: list[str] | None = None) -> int:
     return zoo_sweep.main(argv, doc=__doc__, script=__file__, results=RESULTS, frontend=FRONTEND, cases=cases,
                           sweep=sweep, table=table, summary=summary, describe=_describe, skipped=skipped)
 
+
+if in_server(__name__):  # the workers fork with every case built once
+    zoo_sweep.build_each(cases(), build)
 
 if __name__ == "__main__":
     sys.exit(main())

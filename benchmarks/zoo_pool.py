@@ -15,13 +15,16 @@ joins the group.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import io
 import os
 import queue
+import sys
 import tempfile
 import time
 import traceback
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -92,25 +95,47 @@ def _worker_main(rank: int, world_size: int, store_path: str, jobs, results, cas
         dist.destroy_process_group()
 
 
+SERVER_ZOO = "ZOO_POOL_SERVER_OF"  # set in the fork server only: the zoo it imports
+
+
+def in_server(zoo: str) -> bool:
+    """Whether this process is the fork server importing zoo module ``zoo``: a zoo may then
+    do at import what every worker would otherwise do for itself (PyG builds each layer
+    class's generated code once per process, about 1.4 s)."""
+    return os.environ.get(SERVER_ZOO) == zoo
+
+
+@contextlib.contextmanager
+def _environment(**values: str):
+    """Within: ``os.environ`` updated with ``values``; as it was again on the way out."""
+    before = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in before.items():
+            if v is None:
+                del os.environ[k]
+            else:
+                os.environ[k] = v
+
+
 def start_server(case: Callable[[Any, dict], dict], frontend: str):
     """Start the server the workers fork from (at once, so that its imports overlap the
     sweep's single-machine runs), and return its multiprocessing context. It imports torch,
-    sarcompile, the front-end and the zoo once: each spawned worker importing them itself
-    (PyG imports torch._dynamo) was a fifth of a sweep's time."""
+    sarcompile, the front-end and the zoo once (each spawned worker importing them itself
+    was a fifth of a sweep's time), the zoo knowing itself there (:func:`in_server`)."""
+    zoo = case.__module__
+    if zoo == "__main__":  # a zoo run as a script: the server imports it by name (3.11's would not import __main__)
+        zoo = Path(sys.modules["__main__"].__file__).stem
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["sarcompile", frontend, case.__module__])
+    ctx.set_forkserver_preload(["sarcompile", frontend, zoo])
     # The server imports the zoo and its neighbours from this directory (Python 3.11's fork
     # server does not take the parent's sys.path, which spawned workers did): on its
     # PYTHONPATH only, not on that of whatever this process starts later.
-    before = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (os.path.dirname(os.path.abspath(__file__)), before) if p)
-    try:
+    path = os.pathsep.join(p for p in (os.path.dirname(os.path.abspath(__file__)), os.environ.get("PYTHONPATH")) if p)
+    with _environment(PYTHONPATH=path, **{SERVER_ZOO: zoo}):
         forkserver.ensure_running()
-    finally:
-        if before is None:
-            del os.environ["PYTHONPATH"]
-        else:
-            os.environ["PYTHONPATH"] = before
     return ctx
 
 
