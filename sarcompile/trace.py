@@ -569,6 +569,17 @@ def _module_globals(frame: dict) -> bool:
 _BOUND: dict[int, tuple[dict, int, int, list[str]]] = {}
 
 
+def _bound_originals(frame: dict, rules: dict[int, tuple[Callable, Callable]]) -> list[str]:
+    """The names in ``frame`` bound to a function with a rule, to check and swap."""
+    kept = _BOUND.get(id(frame))
+    if kept is not None and kept[0] is frame and kept[1] == len(frame) and kept[2] == len(rules):
+        return kept[3]
+    names = [name for name, value in list(frame.items()) if id(value) in rules]
+    if _module_globals(frame):
+        _BOUND[id(frame)] = (frame, len(frame), len(rules), names)
+    return names
+
+
 _HOMES_BINDING: dict[str, Any] = {}
 
 
@@ -586,17 +597,6 @@ def _homes_binding_originals() -> list[dict]:
         _HOMES_BINDING.update(homes=homes, frames=frames, key=key,
                               binding=[f for f in frames if _bound_originals(f, rules)])
     return _HOMES_BINDING["binding"]
-
-
-def _bound_originals(frame: dict, rules: dict[int, tuple[Callable, Callable]]) -> list[str]:
-    """The names in ``frame`` bound to a function with a rule, to check and swap."""
-    kept = _BOUND.get(id(frame))
-    if kept is not None and kept[0] is frame and kept[1] == len(frame) and kept[2] == len(rules):
-        return kept[3]
-    names = [name for name, value in list(frame.items()) if id(value) in rules]
-    if _module_globals(frame):
-        _BOUND[id(frame)] = (frame, len(frame), len(rules), names)
-    return names
 
 
 # -- where a node comes from -----------------------------------------------------------------
