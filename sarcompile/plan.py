@@ -31,6 +31,7 @@ from . import logs
 from .ir.opdef import AllReduce, Halo, OpDef, Push, Temporaries, definition
 from .runtime.comm import offline
 from .runtime.link import Wire
+from .runtime.pool import MIN_BYTES
 from .plan_probe import probe_for
 from .sizes import TypedWorkerStats, WorkerStats, worker_stats
 from .ir.vocab import Strategy
@@ -208,6 +209,13 @@ class Plan:
             ("worker", "peak", *keys),
             [(str(e.rank), _size(e.peak_bytes), *(_size(e.breakdown[k]) for k in keys)) for e in self.estimates],
         )
+        exchange = [e.breakdown.get("remote_blocks", 0) + e.breakdown.get("exchange_buffers", 0)
+                    for e in self.estimates]
+        pool = [] if self.blocks_in_flight is None or not exchange else [
+            f"  the exchange's buffers of {MIN_BYTES / 2**20:g} MiB and more (CPU) come from a pool that keeps them "
+            f"between exchanges and steps: at most about remote_blocks + exchange_buffers (up to "
+            f"{_size(max(exchange))} a worker), less the blocks stash and oneshot ops keep; sc.empty_cache() "
+            "releases its idle ones"]
         kernels = [f"  {k.op} {k.role}: {k.name}" for k in self.kernels] or ["  none (torch code only)"]
         warned = ["warnings:", *(f"  {w}" for w in self.warnings)] if self.warnings else []
         overlap = [] if self.blocks_in_flight is None else [
@@ -215,7 +223,7 @@ class Plan:
             f"{self.blocks_in_flight} (oneshot: all); rounds of gradients in flight: {self.blocks_in_flight}"]
         return "\n".join(
             [head, *_table(header, rows), *overlap, *warned, "why:", *why, "received per step:", *per_worker,
-             *(self._typed_lines() if typed else ()), "estimated memory per worker:", *("  " + line for line in memory),
+             *(self._typed_lines() if typed else ()), "estimated memory per worker:", *("  " + line for line in memory), *pool,
              "generated kernels on CUDA (sources: plan.kernels, sarcompile plan --show-kernels):", *kernels]
         )
 

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import sarcompile as sc
+from sarcompile.plan import _size
 
 GOLDEN = Path(__file__).parent / "golden"
 
@@ -45,6 +46,15 @@ def _golden(name: str, text: str) -> None:
 def test_printed_plan_is_stable(mode):
     plan = sc.distribute(Small(), mode=mode).plan(_graph(), 3, x=torch.zeros(1, 8), method="contiguous")
     _golden(f"plan_small_{mode}.txt", str(plan))
+
+
+def test_the_pool_line_names_the_largest_workers_exchange_bytes_and_only_where_rows_are_exchanged():
+    many = sc.distribute(Small()).plan(_graph(), 3, x=torch.zeros(1, 8), method="contiguous")
+    most = max(e.breakdown["remote_blocks"] + e.breakdown["exchange_buffers"] for e in many.memory_estimate())
+    line = next(ln for ln in str(many).splitlines() if "come from a pool" in ln)
+    assert f"(up to {_size(most)} a worker)" in line
+    one = sc.distribute(Small()).plan(_graph(), 1, x=torch.zeros(1, 8), method="contiguous")
+    assert "come from a pool" not in str(one)
 
 
 def test_stages_are_readable_python():
