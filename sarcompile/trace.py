@@ -234,8 +234,8 @@ class _ShapeProxy(fx.Proxy):
 
 
 class ShapeTracer(SarTracer):
-    """:class:`SarTracer` that also computes every value on example inputs while it traces,
-    so that the code traced may branch on shapes known when compiling: ``dim()``, ``ndim``,
+    """:class:`SarTracer` that also computes values on example inputs while it traces, so
+    that the code traced may branch on shapes known when compiling: ``dim()``, ``ndim``,
     ``dtype`` and the sizes of feature axes (``if x.size(-1) < k``, ``len(x.size())``) are
     Python constants. Branches on values stay refused (a tensor is never a constant).
 
@@ -245,18 +245,24 @@ class ShapeTracer(SarTracer):
     is not one of the probes' row counts and is not the first axis of a value computed
     from the inputs: a row count differs between workers, so it stays symbolic
     (``x.size(0)``, the first entry of ``x.shape``). Where computing an example fails,
-    what depends on it stays symbolic. ``values`` holds each node's example values (one
-    per probe), also kept as ``node.meta["example"]`` for the lower pass; buffers, the RNG
-    and gradients are as before."""
+    what depends on it stays symbolic. A value is computed when it is asked for: by a shape
+    query, a reshape's ``-1``, or as an argument of a layer left as a leaf (which the lower
+    pass traces on it), at the end of the trace; with ``every_value``, every one. Most of a
+    layer's body is never asked for (a compile took 7-12% less). ``values`` holds those
+    computed (one per probe), also kept as ``node.meta["example"]``; buffers, the RNG and
+    gradients are as before."""
 
     def __init__(self, examples: Sequence[Sequence[Any]] | None, graph_input: int | str | None = None,
                  layouts: tuple[ArgLayout, ...] = (), tables: Mapping[str, Input] | None = None,
-                 device: torch.device = torch.device("cpu")):
+                 device: torch.device = torch.device("cpu"), every_value: bool = False):
         super().__init__(graph_input, layouts, tables)
         self.device = device  # where the examples live
         self.examples = None if examples is None else [list(e) for e in examples]
         self.values: dict[fx.Node, tuple] = {}
         self.derived: set[fx.Node] = set()  # nodes computed from the inputs
+        self.every_value = every_value
+        self._pending: dict[fx.Node, tuple[int, Any, Any]] = {}  # value not computed yet: (order, kind, target)
+        self._order = itertools.count()
         self._placeholders = 0
         self._computing = False  # while a value is computed, modules and attributes are the real ones
 
@@ -274,8 +280,13 @@ class ShapeTracer(SarTracer):
     def proxy(self, node: fx.Node) -> fx.Proxy:
         return _ShapeProxy(node, self)
 
+    def create_node(self, kind, target, args, kwargs, *rest, **more) -> fx.Node:
+        if kind == "output" and self.examples is not None:
+            self._output()
+        return super().create_node(kind, target, args, kwargs, *rest, **more)
+
     def is_tensor(self, node: fx.Node) -> bool:
-        return all(isinstance(v, torch.Tensor) for v in self.values.get(node, (None,)))
+        return all(isinstance(v, torch.Tensor) for v in self.value(node) or (None,))
 
     def create_proxy(self, kind, target, args, kwargs, *rest, **more):
         if kind == "call_method" and target in ("view", "reshape"):
@@ -286,11 +297,14 @@ class ShapeTracer(SarTracer):
         node = proxy.node
         if kind == "placeholder" or any(n in self.derived for n in _row_sources(node)):
             self.derived.add(node)
-        values = self._compute(kind, target, node)
+        if kind != "placeholder" and not _shape_query(kind, target, node):
+            # Computed when asked for (a shape query, a layer's arguments, see _output):
+            # most values of a layer's body are never asked for.
+            self._pending[node] = (next(self._order), kind, target)
+            return proxy
+        values = self._settle(node, kind, target)
         if values is None:
             return proxy
-        self.values[node] = values
-        node.meta["example"] = values
         constant = self._constant(kind, target, node, values)
         if constant is _KEEP:
             return proxy
@@ -307,10 +321,10 @@ class ShapeTracer(SarTracer):
         if len(sizes) == 1 and isinstance(sizes[0], (tuple, list)):
             sizes = tuple(sizes[0])
         at = [i for i, d in enumerate(sizes) if isinstance(d, int) and d == -1]
-        examples = self.values.get(x.node) if isinstance(x, fx.Proxy) and x.node in self.derived else None
+        examples = self.value(x.node) if isinstance(x, fx.Proxy) and x.node in self.derived else None
         if len(at) != 1 or not examples or not all(isinstance(v, torch.Tensor) and v.numel() for v in examples):
             return args
-        known = [[d if isinstance(d, int) else self.values.get(getattr(d, "node", None), (None,) * len(examples))[p]
+        known = [[d if isinstance(d, int) else (self.value(getattr(d, "node", None)) or (None,) * len(examples))[p]
                   for d in sizes] for p in range(len(examples))]
         if any(not isinstance(d, int) for sizes_p in known for d in sizes_p):
             return args
@@ -334,6 +348,36 @@ class ShapeTracer(SarTracer):
     def call_module(self, m, forward, args, kwargs):
         return forward(*args, **kwargs) if self._computing else super().call_module(m, forward, args, kwargs)
 
+    def value(self, node: fx.Node | None) -> tuple | None:
+        """``node``'s example values (one per probe), computed now if they were put off
+        (with what they are computed from, in the order traced), or None where not known."""
+        if node is None or node in self.values or node not in self._pending:
+            return self.values.get(node)
+        todo, stack = set(), [node]
+        while stack:
+            n = stack.pop()
+            if n in self._pending and n not in todo:
+                todo.add(n)
+                stack.extend(n.all_input_nodes)
+        for n in sorted(todo, key=lambda n: self._pending[n][0]):
+            _, kind, target = self._pending.pop(n)
+            self._settle(n, kind, target)
+        return self.values.get(node)
+
+    def _settle(self, node: fx.Node, kind, target) -> tuple | None:
+        values = self._compute(kind, target, node)
+        if values is not None:
+            self.values[node] = values
+            node.meta["example"] = values
+        return values
+
+    def _output(self) -> None:
+        """At the end of the trace (still inside it, with its functions swapped): the values
+        the lower pass reads (the arguments of layers left as leaves), or every value."""
+        for node in list(self._pending) if self.every_value else [
+                a for n in self.graph.nodes if n.op == "call_module" for a in n.all_input_nodes]:
+            self.value(node)
+
     def _compute(self, kind, target, node) -> tuple | None:
         """``node``'s value on every probe, or None where one is not known."""
         if kind == "placeholder" and str(target).startswith("table__"):  # a node table: rows of its type
@@ -343,6 +387,9 @@ class ShapeTracer(SarTracer):
             i, self._placeholders = self._placeholders, self._placeholders + 1
             values = tuple(e[i] if i < len(e) else UNKNOWN for e in self.examples)
             return None if any(v is UNKNOWN for v in values) else values
+        for n in node.all_input_nodes:  # those put off first (each computes with modules the real ones)
+            if n.op != "get_attr":
+                self.value(n)
         self._computing = True
         try:
             if kind == "get_attr":
@@ -410,6 +457,12 @@ class ShapeTracer(SarTracer):
             elif query != "size" and base in self.derived and self.values[base][0].dim() > 0:
                 return _KEEP  # numel of a value with rows
         return values[0]
+
+
+def _shape_query(kind, target, node: fx.Node) -> bool:
+    """Whether the node asks a shape (``x.size(1)``, ``x.ndim``): its answer may be a constant."""
+    return (kind == "call_method" and target in _METHODS) or (
+        kind == "call_function" and target is builtins.getattr and len(node.args) > 1 and node.args[1] in _ATTRIBUTES)
 
 
 def _row_sources(node: fx.Node) -> list[fx.Node]:

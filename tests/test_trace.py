@@ -100,6 +100,29 @@ def test_a_failed_example_keeps_what_depends_on_it_symbolic():
     assert ShapeTracer([[None, torch.randn(p.nodes, 6)] for p in PROBES]).trace(model)
 
 
+_RUNS: list[int] = []
+
+
+@torch.fx.wrap
+def _counted(x):
+    """A function traced as one node; each run on real values is counted."""
+    _RUNS.append(1)
+    return x * 2
+
+
+def test_a_value_is_computed_only_when_asked_for():
+    examples = [[None, torch.randn(p.nodes, 6)] for p in PROBES]
+    _RUNS.clear()
+    ShapeTracer(examples).trace(Fn(lambda g, x: _counted(x) + 1))
+    assert _RUNS == []  # nothing asked for its value
+    gm = fx.GraphModule(nn.Module(), ShapeTracer(examples).trace(Fn(lambda g, x: _counted(x).view(-1, 2, 3))))
+    assert len(_RUNS) == len(PROBES)  # the -1 needed it, once per probe
+    assert [n.args[1:] for n in _calls(gm, "view")][0][1:] == (2, 3)
+    _RUNS.clear()
+    ShapeTracer(examples, every_value=True).trace(Fn(lambda g, x: _counted(x) + 1))
+    assert len(_RUNS) == len(PROBES)
+
+
 def test_tracing_leaves_buffers_and_the_rng_alone():
     norm = nn.BatchNorm1d(6).double().train()  # traced through: its statistics would move
     before = norm.running_mean.clone(), norm.num_batches_tracked.clone(), torch.get_rng_state()

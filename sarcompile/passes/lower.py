@@ -7,7 +7,8 @@ layer's parameters referenced under their original paths (so gradients land on t
 user's parameters). Every inserted node records ``meta["layer"]`` (the layer's path) and
 ``meta["layer_type"]``. Each stand-in is traced on the example values the trace computed
 for the layer's arguments (``meta["example"]``), so its code too may branch on feature
-sizes and ``dim()`` (:class:`~sarcompile.trace.ShapeTracer`); those values are dropped.
+sizes and ``dim()`` (:class:`~sarcompile.trace.ShapeTracer`); a layer's example output
+passes to its body's result, for the layers after it; those values are dropped.
 
 The rules live in :mod:`sarcompile.ir.lowering`.
 """
@@ -100,8 +101,25 @@ def _inline(gm: fx.GraphModule, node: fx.Node, module: nn.Module, lowered: nn.Mo
             new.meta["layer"] = node.target
             new.meta["layer_type"] = type(module).__name__
             env[sub] = new
+    _carry_example(node, result)
     node.replace_all_uses_with(result)
     gm.graph.erase_node(node)
+
+
+def _carry_example(node: fx.Node, result) -> None:
+    """The layer's example output (computed in the trace where a later layer takes it) on
+    the body's result, which the body's own trace never computed: the later layer's
+    stand-in is traced on it."""
+    if "example" not in node.meta:
+        return
+    values = node.meta["example"]
+    if isinstance(result, fx.Node):
+        result.meta.setdefault("example", values)
+    elif isinstance(result, (tuple, list)) and all(isinstance(v, (tuple, list)) and len(v) == len(result)
+                                                  for v in values):
+        for i, r in enumerate(result):
+            if isinstance(r, fx.Node):
+                r.meta.setdefault("example", tuple(v[i] for v in values))
 
 
 def lower(gm: fx.GraphModule, ctx=None) -> fx.GraphModule:

@@ -473,7 +473,7 @@ class _Checker:
             for probe, count in zip(PROBES, edges):
                 rows = _edge_rows(x, count, probe.seed)
                 examples.append([rows, rows.clone(), e if probe is PROBES[0] else _edge_rows(e, count, probe.seed)])
-        tracer = ShapeTracer(examples)
+        tracer = ShapeTracer(examples, every_value=True)
         try:
             graph = tracer.trace(fn, concrete_args={names[2]: None} if no_edge else None)
             body = fx.GraphModule(fn, graph)
