@@ -38,7 +38,10 @@ TCPStore; a FileStore or HashStore works the same):
   timeout) would die without a word. A listener thread of its own (it never touches the
   store, so nothing can hold it up) prints that pending error, or that the worker was
   stopped by SIGTERM, publishes the latter for the others within :data:`ALONE_PUBLISH_S`,
-  and exits :data:`EXIT_TERMINATED` (or the pending error's code) at once.
+  and exits :data:`EXIT_TERMINATED` (or the pending error's code) at once. A worker whose
+  wait failed because a peer went away first looks for that peer's published cause for
+  :data:`CAUSE_READ_S` and prints it instead, as the others do (under load, torchrun's
+  SIGTERM can come before the watchdog's next look at the store).
 
 Exit codes of a worker (``python -m sarcompile.train``; the same through
 :func:`report` in any script): 0 success; :data:`EXIT_FAILED` (1) this worker's own
@@ -96,6 +99,7 @@ ACK_WAIT_S = 3.0  # how long a failing worker waits for the others to print its 
 EXIT_LAG_S = 1.0  # how long after the failing worker the others exit (torchrun polls every 0.1 s)
 INTERRUPT_GRACE_S = 1.0  # how long the watchdog lets the main thread handle a SIGINT itself
 ALONE_PUBLISH_S = 1.0  # how long a worker leaving on its own (SIGTERM, SIGINT, agent gone) tries to tell the others
+CAUSE_READ_S = 0.5  # how long a SIGTERMed worker whose wait failed looks for a peer's published cause
 # The most a failing worker spends agreeing with the others before it exits anyway: when
 # the store itself is out of reach (a cut link), each store call would wait its own timeout.
 LEAVE_LIMIT_S = BLAME_WINDOW_S + ACK_WAIT_S + EXIT_LAG_S + 2.0
@@ -379,6 +383,14 @@ class Watchdog:
             return
         if self.pending is not None:  # the main thread is still agreeing on its own error
             message, code = self.pending
+            cause = self._published_cause() if code == EXIT_PEER_LOST and not self.said else None
+            if cause is not None:  # its wait failed because of a peer that already said why
+                with self._lock:
+                    first, self._seen = not self._seen, True
+                if first:
+                    _say(self.rank, describe(cause))
+                self._exit(EXIT_PEER_FAILED)
+                return
             if not self.said:
                 self.say(f"{message} (stopped by SIGTERM before the other workers could be reached to agree "
                          "on the cause)")
@@ -389,6 +401,24 @@ class Watchdog:
             return
         self._stop_alone("terminated", "SIGTERM", "stopped by SIGTERM (torchrun sends it to a host's other workers "
                          "once one of them has failed: that worker's error is the cause)", EXIT_TERMINATED)
+
+    def _published_cause(self) -> dict[str, Any] | None:
+        """A peer's published failure, as far as the store answers within
+        :data:`CAUSE_READ_S` (behind a cut link it would not: nothing waits longer)."""
+        found: list[dict[str, Any]] = []
+
+        def read() -> None:
+            try:
+                record = self.record()
+            except Exception:  # noqa: BLE001 - a store that went away: no cause to read
+                return
+            if record is not None and record.get("by") != self.rank:
+                found.append(record)
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        reader.join(CAUSE_READ_S)
+        return found[0] if found else None
 
     def say(self, text: str) -> None:
         """Print this worker's failure line."""

@@ -290,6 +290,28 @@ def test_sigterm_is_answered_with_the_cause_at_once(case):
     assert took < 2.5, f"took {took:.1f}s"
 
 
+def test_a_sigtermed_worker_whose_wait_failed_prints_the_cause_a_peer_published(capsys):
+    """Under load torchrun's SIGTERM can come before the watchdog's next look at the store:
+    a worker agreeing on a lost peer reads the cause that peer published, and names it."""
+    import torch.distributed as dist
+
+    from sarcompile.runtime import failure
+
+    store = dist.HashStore()
+    failure.Watchdog(store, 1, 2).publish({"kind": "terminated", "rank": 1, "by": 1, "message": "SIGTERM"})
+    codes: list[int] = []
+    wd = failure.Watchdog(store, 0, 2, exit=codes.append)
+    wd.pending = ("spmm(mean) backward: gradients to worker 1: a peer worker went away", failure.EXIT_PEER_LOST)
+    wd._terminated()
+    assert codes == [failure.EXIT_PEER_FAILED]
+    assert capsys.readouterr().err == "[rank 0] error: rank 1 was stopped by SIGTERM\n"
+    own = failure.Watchdog(dist.HashStore(), 0, 2, exit=codes.append)  # nothing published: its own error
+    own.pending = ("spmm(mean): worker 1 went away", failure.EXIT_PEER_LOST)
+    own._terminated()
+    assert codes[1:] == [failure.EXIT_PEER_LOST]
+    assert "[rank 0] error: spmm(mean): worker 1 went away (stopped by SIGTERM" in capsys.readouterr().err
+
+
 def failure_codes() -> dict[str, int]:
     from sarcompile.runtime import failure
 
