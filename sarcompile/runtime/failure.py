@@ -140,6 +140,24 @@ def _flush_and_exit(code: int) -> None:
     os._exit(code)
 
 
+def _within(seconds: float, call: Callable[[], Any]) -> Any:
+    """``call()``'s result, or None where it raised or had not returned within ``seconds``:
+    a store behind a cut link makes each call wait its own timeout, and a worker on its way
+    out must not (the call goes on in a daemon thread, which the exit ends)."""
+    result: list[Any] = []
+
+    def run() -> None:
+        try:
+            result.append(call())
+        except Exception:  # noqa: BLE001 - a store that went away: nothing to read or tell
+            pass
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    return result[0] if result else None
+
+
 def _say(rank: int, text: str) -> None:
     try:
         # One write, newline included: print() writes the end separately, and on an
@@ -403,22 +421,9 @@ class Watchdog:
                          "once one of them has failed: that worker's error is the cause)", EXIT_TERMINATED)
 
     def _published_cause(self) -> dict[str, Any] | None:
-        """A peer's published failure, as far as the store answers within
-        :data:`CAUSE_READ_S` (behind a cut link it would not: nothing waits longer)."""
-        found: list[dict[str, Any]] = []
-
-        def read() -> None:
-            try:
-                record = self.record()
-            except Exception:  # noqa: BLE001 - a store that went away: no cause to read
-                return
-            if record is not None and record.get("by") != self.rank:
-                found.append(record)
-
-        reader = threading.Thread(target=read, daemon=True)
-        reader.start()
-        reader.join(CAUSE_READ_S)
-        return found[0] if found else None
+        """A peer's published failure, as far as the store answers within :data:`CAUSE_READ_S`."""
+        record = _within(CAUSE_READ_S, self.record)
+        return record if record is not None and record.get("by") != self.rank else None
 
     def say(self, text: str) -> None:
         """Print this worker's failure line."""
@@ -442,9 +447,7 @@ class Watchdog:
             self.failing = True
         self.say(said)
         record = {"kind": kind, "rank": self.rank, "by": self.rank, "message": message}
-        publisher = threading.Thread(target=self.publish, args=(record,), daemon=True)
-        publisher.start()
-        publisher.join(ALONE_PUBLISH_S)  # a store behind a cut link must not keep us here
+        _within(ALONE_PUBLISH_S, lambda: self.publish(record))
         self._exit(code)
 
     # -- blame ----------------------------------------------------------------------------------------
