@@ -641,15 +641,13 @@ def _homes_binding_originals() -> list[dict]:
     rule: every trace swaps those, and a few of some 600 modules do. Kept while the homes,
     the rules and the homes' sizes stay the same (as :func:`_bound_originals` keeps one
     module's names)."""
-    homes, rules = function_homes(), function_lowerings()
-    frames = _HOMES_BINDING.get("frames") if _HOMES_BINDING.get("homes") is homes else None
-    if frames is None:
-        frames = [vars(m) for m in homes]
-    key = (homes, len(rules), sum(map(len, frames)))
-    if _HOMES_BINDING.get("key") != key:
-        _HOMES_BINDING.update(homes=homes, frames=frames, key=key,
-                              binding=[f for f in frames if _bound_originals(f, rules)])
-    return _HOMES_BINDING["binding"]
+    homes, rules, kept = function_homes(), function_lowerings(), _HOMES_BINDING
+    if kept.get("homes") is not homes:  # (function_homes gives a new list when they change)
+        kept.update(homes=homes, frames=[vars(m) for m in homes], sizes=None)
+    sizes = (len(rules), sum(map(len, kept["frames"])))
+    if kept["sizes"] != sizes:
+        kept.update(sizes=sizes, binding=[f for f in kept["frames"] if _bound_originals(f, rules)])
+    return kept["binding"]
 
 
 # -- where a node comes from -----------------------------------------------------------------
