@@ -104,7 +104,8 @@ def spmm_t(block: Block, g: torch.Tensor, weight: torch.Tensor | None, out: torc
                        None if out is None else out.flatten(1))
         return out if out is not None else flat if g.dim() == 2 else flat.reshape(block.num_src, *g.shape[1:])
     if _per_head(weight, g):
-        return _heads(lambda k, o: _csr_mm(block.sparse_t(weight[:, k], g.dtype), g[:, k], o),
+        values = g.new_empty(block.num_edges)  # each head's weights in CSC order, in turn
+        return _heads(lambda k, o: _csr_mm(block.sparse_t(weight[:, k], g.dtype, into=values), g[:, k], o),
                       g.new_empty((block.num_src, *g.shape[1:])) if out is None else out)
     msg = g[block.row] * weight.reshape(*weight.shape, *([1] * (g.dim() - weight.dim())))
     out = g.new_zeros((block.num_src, *g.shape[1:])) if out is None else out.zero_()
@@ -126,11 +127,13 @@ def edge_dot(block: Block, g: torch.Tensor, x: torch.Tensor, weight_shape: torch
             return _sampled_dot(block, _flat(g), _flat(x))
         if len(weight_shape) == 2 and x.dim() == 3 and g.dim() == 3 and weight_shape[1] == x.shape[1]:
             # sampled_addmm wants contiguous operands (else it clones them): each head's
-            # columns are copied into one pair of buffers, reused across heads.
+            # columns are copied into one pair of buffers, reused across heads, and its
+            # products land in one reused buffer (out's own memory with one head).
             out = g.new_empty((block.num_edges, *weight_shape[1:]))
             g_k, x_k = g.new_empty((g.shape[0], g.shape[2])), x.new_empty((x.shape[0], x.shape[2]))
+            values = out.view(-1) if x.shape[1] == 1 else g.new_empty(block.num_edges)
             for k in range(x.shape[1]):
-                out[:, k] = _sampled_dot(block, g_k.copy_(g[:, k]), x_k.copy_(x[:, k]))
+                out[:, k] = _sampled_dot(block, g_k.copy_(g[:, k]), x_k.copy_(x[:, k]), values)  # (one head: a no-op)
             return out
     rest = math.prod(g.shape[1:]) // math.prod(weight_shape[1:])
     out = g.new_empty((block.num_edges, *weight_shape[1:]))
@@ -142,11 +145,18 @@ def edge_dot(block: Block, g: torch.Tensor, x: torch.Tensor, weight_shape: torch
     return out
 
 
-def _sampled_dot(block: Block, g: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+def _sampled_dot(block: Block, g: torch.Tensor, x: torch.Tensor, into: torch.Tensor | None = None) -> torch.Tensor:
     """``<g[v], x[u]>`` for every edge of the block, in CSR order (``g [num_dst, F]``,
-    ``x [num_src, F]``)."""
-    pattern = csr_tensor(block.indptr, block.col, g.new_zeros(block.num_edges), (block.num_dst, block.num_src))
-    return torch.sparse.sampled_addmm(pattern, g, x.t(), beta=0.0).values()
+    ``x [num_src, F]``), written into ``into`` (``[num_edges]``, contiguous) when given."""
+    if torch.is_grad_enabled() and (g.requires_grad or x.requires_grad):  # differentiated through: no out=
+        pattern = csr_tensor(block.indptr, block.col, g.new_zeros(block.num_edges), (block.num_dst, block.num_src))
+        return torch.sparse.sampled_addmm(pattern, g, x.t(), beta=0.0).values()
+    values = g.new_zeros(block.num_edges) if into is None else into.zero_()
+    pattern = csr_tensor(block.indptr, block.col, values, (block.num_dst, block.num_src))
+    # Into the pattern itself: torch would otherwise copy it (indices and all) into a new
+    # result. Its values must be zeros, not garbage: beta=0 does not mask NaNs here.
+    torch.sparse.sampled_addmm(pattern, g, x.t(), beta=0.0, out=pattern)
+    return values
 
 
 class MaxState:

@@ -133,14 +133,18 @@ class Block:
         values = torch.ones(self.num_edges, dtype=dtype, device=self.col.device) if weight is None else weight.to(dtype)
         return csr_tensor(self.indptr, self.col, values, (self.num_dst, self.num_src))
 
-    def sparse_t(self, weight: torch.Tensor | None, dtype: torch.dtype, permuted: bool = False) -> torch.Tensor:
+    def sparse_t(self, weight: torch.Tensor | None, dtype: torch.dtype, permuted: bool = False,
+                 into: torch.Tensor | None = None) -> torch.Tensor:
         """The transposed block, ``[num_src, num_dst]`` sparse CSR; ``permuted``: ``weight``
-        is in CSC order already."""
+        is in CSC order already. ``into``: a ``[num_edges]`` buffer of ``dtype`` the permuted
+        weights are written into (one reused across heads, not a fresh one per head)."""
         perm = self.transpose_perm
         if weight is None:
             values = torch.ones(self.num_edges, dtype=dtype, device=self.col.device)
         elif permuted:
             values = weight.to(dtype)
+        elif into is not None and weight.dtype == dtype and not (torch.is_grad_enabled() and weight.requires_grad):
+            values = torch.index_select(weight, 0, perm, out=into)
         else:  # (index_select: about twice as fast as weight[perm] on a CPU)
             values = weight.index_select(0, perm).to(dtype)
         return csr_tensor(self.transpose_indptr, self.transpose_row, values, (self.num_src, self.num_dst))

@@ -107,10 +107,14 @@ class _LinearGroup(torch.autograd.Function):
             for r in _row_blocks(h.shape[0], h.shape[1], h.element_size()) if ctx.act != "none" else ():
                 _derivative_into(gp[r], h[r], ctx.act, ctx.alpha)
             return (gp, None, None, None, None, *param_grads)
-        for r in _row_blocks(h.shape[0], h.shape[1], h.element_size()):
-            block = None
-            for _, g, w in live:
-                block = g[r].mm(w) if block is None else block.addmm_(g[r], w)
+        blocks = list(_row_blocks(h.shape[0], h.shape[1], h.element_size()))
+        # One buffer for every block: a fresh one each time would be faulted in anew
+        # wherever glibc maps blocks of its size (runtime.memory's fixed thresholds)
+        buffer = h.new_empty((blocks[0].stop - blocks[0].start if blocks else 0, h.shape[1]))
+        for r in blocks:
+            block = buffer[: r.stop - r.start]
+            for k, (_, g, w) in enumerate(live):
+                torch.mm(g[r], w, out=block) if k == 0 else block.addmm_(g[r], w)
             _derivative_into(block, h[r], ctx.act, ctx.alpha)
             into[r] = block  # rows r of `into` are read above, before this write
         return (into, None, None, None, None, *param_grads)

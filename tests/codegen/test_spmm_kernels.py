@@ -179,26 +179,30 @@ def test_edge_dot(data, block, tail, dtype):
     assert_sum_close(out, expected, T.edge_dot(block, g.abs().double(), x.abs().double(), shape), *EXACT[dtype])
 
 
-def test_spmm_is_the_gradient_pair():
-    """spmm_t and edge_dot are spmm's gradients (autograd through the torch oracle's
-    dense form), on a block with a long row and F not a multiple of the block size."""
+@pytest.mark.parametrize("nd, ns", [(5, 7), (40, 50)], ids=["more-edges-than-pairs", "sampled"])
+@pytest.mark.parametrize("heads", [1, 3])
+@pytest.mark.parametrize("kernels", [K, T], ids=["triton", "torch"])
+def test_spmm_is_the_gradient_pair(kernels, heads, nd, ns):
+    """spmm_t and edge_dot are spmm's gradients (autograd through a dense form), on a
+    block with a long row and F not a multiple of the block size; with one head and
+    several (each head's products and permuted weights go through one reused buffer),
+    and with fewer (torch's sampled product) or more edges than the block has pairs."""
     gen = torch.Generator().manual_seed(0)
-    nd, ns = 5, 7
     src = torch.cat([torch.randint(0, ns, (310,), generator=gen), torch.tensor([0, 0, 6])])
     dst = torch.cat([torch.full((310,), 2), torch.tensor([0, 0, 4])])  # rows 1, 3 empty
     order = torch.sort(dst, stable=True).indices
     indptr = torch.cat([torch.zeros(1, dtype=torch.long), torch.cumsum(torch.bincount(dst, minlength=nd), 0)])
     block = Block(indptr, src[order], ns, torch.arange(ns) * 2)
-    x = torch.randn(ns, 3, 7, generator=gen, dtype=torch.float64, requires_grad=True)
-    w = torch.randn(block.num_edges, 3, generator=gen, dtype=torch.float64, requires_grad=True)
-    dense = torch.zeros(nd, ns, 3, dtype=torch.float64).index_put((block.row, block.col), w, accumulate=True)
+    x = torch.randn(ns, heads, 7, generator=gen, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(block.num_edges, heads, generator=gen, dtype=torch.float64, requires_grad=True)
+    dense = torch.zeros(nd, ns, heads, dtype=torch.float64).index_put((block.row, block.col), w, accumulate=True)
     out = torch.einsum("vuh,uhc->vhc", dense, x)
     g = torch.randn_like(out)
     gx, gw = torch.autograd.grad(out, (x, w), g)
     xd, wd = to_dev(x.detach()), to_dev(w.detach())
-    torch.testing.assert_close(back(K.spmm(block, xd, wd)), out.detach())
-    torch.testing.assert_close(back(K.spmm_t(block, to_dev(g), wd)), gx)
-    torch.testing.assert_close(back(K.edge_dot(block, to_dev(g), xd, w.shape)), gw)
+    torch.testing.assert_close(back(kernels.spmm(block, xd, wd)), out.detach())
+    torch.testing.assert_close(back(kernels.spmm_t(block, to_dev(g), wd)), gx)
+    torch.testing.assert_close(back(kernels.edge_dot(block, to_dev(g), xd, w.shape)), gw)
 
 
 @st.composite
