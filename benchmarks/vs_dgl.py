@@ -19,12 +19,11 @@ step (computing, waiting on the exchange, all-reduces, the optimizer). Prints th
 ratios to DGL's one process; writes benchmarks/results/vs_dgl.json and vs_dgl.png.
 
 By default no allocator variables are set: this is the environment a user has (where
-``sc.init()`` fixes glibc's mmap threshold on more than one worker, see
-sarcompile.runtime.memory). ``--allocator default tcmalloc`` runs everything twice, the
-second time with tcmalloc preloaded into DGL's and sarcompile's processes alike
-(``sarcompile allocator``); ratios compare runs with the same allocator. ``off`` and
-``lean`` run sarcompile with ``SARCOMPILE_MALLOC=off`` (glibc's own thresholds on any
-number of workers) or ``=lean`` (fixed on any number), against DGL as a user runs it.
+``sc.init()`` fixes glibc's mmap threshold, see sarcompile.runtime.memory).
+``--allocator default tcmalloc`` runs everything twice, the second time with tcmalloc
+preloaded into DGL's and sarcompile's processes alike (``sarcompile allocator``); ratios
+compare runs with the same allocator. ``off`` runs sarcompile with ``SARCOMPILE_MALLOC=off``
+(glibc's own thresholds), against DGL as a user runs it.
 Threads: the one process uses every core (``--threads``, default all); N workers split them (at least 1).
 """
 
@@ -106,13 +105,13 @@ def run_one(cmd: list[str], out: Path, env: dict, timeout: float) -> list[dict] 
 
 
 # --allocator values that are sarcompile's own SARCOMPILE_MALLOC setting (DGL runs as is).
-OWN_SETTINGS = ("off", "lean")
+OWN_SETTINGS = ("off",)
 
 
 def allocator_env(allocator: str) -> dict[str, str]:
     """What a run with ``allocator`` adds to the environment: tcmalloc and jemalloc are
-    preloaded into every process (DGL's too: the same allocator on both sides); off and
-    lean are sarcompile's own setting (SARCOMPILE_MALLOC, ignored by DGL)."""
+    preloaded into every process (DGL's too: the same allocator on both sides); off is
+    sarcompile's own setting (SARCOMPILE_MALLOC, ignored by DGL)."""
     if allocator == "default":
         return {}
     if allocator in OWN_SETTINGS:
@@ -175,8 +174,8 @@ def measure(a: argparse.Namespace) -> list[dict]:
 
 
 def reference(rows: list[dict], row: dict) -> dict | None:
-    """The DGL run a row is compared with: same model, same allocator (off and lean are
-    sarcompile's own setting, so their reference is DGL as a user runs it)."""
+    """The DGL run a row is compared with: same model, same allocator (off is
+    sarcompile's own setting, so its reference is DGL as a user runs it)."""
     allocator = "default" if row["allocator"] in OWN_SETTINGS else row["allocator"]
     return next((r for r in rows if r["engine"] == "dgl" and r["model"] == row["model"]
                  and r["allocator"] == allocator), None)
@@ -292,8 +291,8 @@ def main() -> None:
     ap.add_argument("--allocator", nargs="+", choices=["default", "tcmalloc", "jemalloc", *OWN_SETTINGS],
                     default=["default"],
                     help="malloc of the runs, each in turn: default (glibc, as a user has it), tcmalloc or "
-                    "jemalloc (LD_PRELOAD'ed into DGL's and sarcompile's processes alike), off / lean "
-                    "(sarcompile's SARCOMPILE_MALLOC=off / lean)")
+                    "jemalloc (LD_PRELOAD'ed into DGL's and sarcompile's processes alike), off "
+                    "(sarcompile's SARCOMPILE_MALLOC=off)")
     ap.add_argument("--skip-dgl", action="store_true", help="sarcompile only (no DGL environment)")
     ap.add_argument("--timeout", type=float, default=1800)
     ap.add_argument("--out", default=str(RESULTS / "vs_dgl.json"))

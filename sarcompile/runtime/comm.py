@@ -86,8 +86,8 @@ def init(backend: str | None = None, timeout_s: float | None = None) -> tuple[in
 
     On more than one worker it also starts the failure watchdog
     (:mod:`sarcompile.runtime.failure`): a worker that fails makes every other one exit
-    within seconds, and under torchrun a worker dies with its agent; and it fixes glibc's
-    mmap threshold, so freed node tensors leave the resident set
+    within seconds, and under torchrun a worker dies with its agent. On any number of
+    workers it fixes glibc's mmap threshold, so freed tensors leave the resident set
     (:func:`~sarcompile.runtime.memory.tune_allocator`, ``SARCOMPILE_MALLOC``).
 
     Example:
@@ -100,7 +100,7 @@ def init(backend: str | None = None, timeout_s: float | None = None) -> tuple[in
     if dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     # Before the big allocations: glibc's thresholds apply to what comes after.
-    memory.tune_allocator(memory.env_world_size())
+    memory.tune_allocator()
     backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
     limit = timeout() if timeout_s is None else _check_timeout(timeout_s, "timeout_s")
     wait = timedelta(seconds=limit)

@@ -8,8 +8,8 @@ it is ``torch.cuda.max_memory_allocated`` (tensors only) after ``reset_peak_memo
 
 glibc's allocator keeps freed memory of its heap and arenas for reuse, so on a CPU the
 resident peak also counts what earlier steps freed. :func:`tune_allocator` (called by
-``sc.init()``; by default on more than one worker) hands large frees back to the OS at
-once; :func:`malloc_stats` says how much freed memory glibc holds.
+``sc.init()``, by default) hands large frees back to the OS at once; :func:`malloc_stats`
+says how much freed memory glibc holds.
 
 Another allocator can replace glibc's for the whole process: ``LD_PRELOAD`` of tcmalloc
 (or jemalloc) before the process starts -- for example
@@ -43,7 +43,6 @@ __all__ = [
     "MemoryProbe",
     "active_allocator",
     "allocator_tuned",
-    "env_world_size",
     "find_allocator",
     "floor_bytes",
     "huge_pages_requested",
@@ -63,8 +62,10 @@ _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
 # (opdef.EDGE_CHUNK_ELEMENTS entries: at most 1 MiB, of int64) stay under this, on the
 # heap, where they are reused without page faults.
 MMAP_THRESHOLD = 5 << 18  # 1.25 MiB
-# SARCOMPILE_MALLOC: when sc.init() fixes the thresholds (see tune_allocator).
-MALLOC_MODES = ("auto", "lean", "off")
+# SARCOMPILE_MALLOC: whether sc.init() fixes the thresholds (see tune_allocator).
+MALLOC_MODES = ("auto", "off")
+# Former values, and what they mean now.
+_RENAMED_MODES = {"default": "off", "lean": "auto"}
 
 
 @dataclass(frozen=True)
@@ -186,22 +187,24 @@ def active_allocator() -> str:
     return "glibc"
 
 
-def tune_allocator(world_size: int = 1) -> bool:
+def tune_allocator() -> bool:
     """Fix glibc's mmap and trim thresholds at :data:`MMAP_THRESHOLD` (``mallopt``), so a
     freed tensor of that size or more goes back to the OS at once, per ``SARCOMPILE_MALLOC``:
 
-    * ``auto`` (the default): when ``world_size`` > 1. A worker's node tensors are then
-      small enough for glibc's heap, where its slack was a third of a worker's peak at 4
-      workers (benchmarks/vs_dgl.py); the price is a page fault for each fresh page of
-      them (epochs there were 37-45% longer). On one process the node tensors of a graph
-      worth the memory are above glibc's own 32 MiB limit anyway, and its reuse of the
-      rest is faster.
-    * ``lean``: on any number of workers. ``off``: glibc's own (dynamic) thresholds.
+    * ``auto`` (the default): on any number of workers. glibc's own threshold grows to
+      the largest block freed (up to 32 MiB), so a worker's node tensors on a few workers,
+      and a step's per-edge tensors on one, live on its heap, whose holes stay resident:
+      a third of a worker's peak at 4 workers, 65-100 MiB of 560-700 at one
+      (benchmarks/vs_dgl.py). The price is a page fault for each fresh page of a large
+      tensor, which huge pages (:func:`request_huge_pages`), the exchange's pool and
+      kernels that reuse their buffers keep small.
+    * ``off``: glibc's own (dynamic) thresholds. (``lean``, which fixed them on one
+      process too when ``auto`` did not, now means ``auto``.)
 
     A threshold the user set (``MALLOC_MMAP_THRESHOLD_``, ``MALLOC_TRIM_THRESHOLD_``) is
     kept. Returns whether it changed anything (False off glibc, e.g. macOS or musl, or when
     another allocator is preloaded)."""
-    if not _tunes(world_size):
+    if not _tunes():
         return False
     libc = _libc()
     if libc is None:
@@ -218,17 +221,18 @@ def tune_allocator(world_size: int = 1) -> bool:
 _tuned = False  # whether tune_allocator changed glibc's thresholds in this process
 
 
-def _tunes(world_size: int) -> bool:
-    """Whether ``SARCOMPILE_MALLOC`` fixes glibc's thresholds for ``world_size`` workers."""
+def _tunes() -> bool:
+    """Whether ``SARCOMPILE_MALLOC`` fixes glibc's thresholds."""
     mode = os.environ.get("SARCOMPILE_MALLOC", "auto")
-    if mode == "default":  # the name of "off" before auto existed
-        warnings.warn("SARCOMPILE_MALLOC=default is deprecated: it means 'off' (glibc's own thresholds); "
-                      "set SARCOMPILE_MALLOC=off", DeprecationWarning, stacklevel=3)
-        mode = "off"
+    if mode in _RENAMED_MODES:
+        now = _RENAMED_MODES[mode]
+        warnings.warn(f"SARCOMPILE_MALLOC={mode} is deprecated: it means {now!r} now; set SARCOMPILE_MALLOC={now}",
+                      DeprecationWarning, stacklevel=3)
+        mode = now
     if mode not in MALLOC_MODES:
         raise ValueError(f"SARCOMPILE_MALLOC={mode!r} is not one of {', '.join(MALLOC_MODES)} "
-                         "(auto: fixed thresholds on more than one worker; lean: always; off: glibc's own)")
-    return not (mode == "off" or (mode == "auto" and world_size < 2)) and active_allocator() == "glibc"
+                         "(auto: fixed thresholds, the default; off: glibc's own)")
+    return mode == "auto" and active_allocator() == "glibc"
 
 
 # torch's CPU allocator puts tensors of 2 MiB or more on transparent huge pages when this
@@ -240,17 +244,17 @@ _huge_pages = False  # whether request_huge_pages set it in this process
 
 def request_huge_pages() -> bool:
     """Ask torch for huge pages where :func:`tune_allocator` will fix glibc's thresholds
-    (``SARCOMPILE_MALLOC``; the worker count from torchrun's environment). Fixed
-    thresholds give each large tensor a fresh mapping, faulted in a page at a time: with
-    4 KiB pages that cost N=4 epochs 18-25% (benchmarks/vs_dgl.py); with 2 MiB pages, 512
-    times fewer faults. ``import sarcompile`` calls it before any tensor exists, as torch
-    reads the variable once; a tensor made before (``import torch`` alone makes none) or a
-    value the user set leaves torch as it is. Returns whether it set the variable."""
+    (``SARCOMPILE_MALLOC``). Fixed thresholds give each large tensor a fresh mapping,
+    faulted in a page at a time: with 4 KiB pages that cost N=4 epochs 18-25%
+    (benchmarks/vs_dgl.py); with 2 MiB pages, 512 times fewer faults. ``import
+    sarcompile`` calls it before any tensor exists, as torch reads the variable once; a
+    tensor made before (``import torch`` alone makes none) or a value the user set leaves
+    torch as it is. Returns whether it set the variable."""
     global _huge_pages
     try:
         with warnings.catch_warnings():  # a bad or deprecated setting is named by sc.init(), once
             warnings.simplefilter("ignore")
-            tunes = _tunes(env_world_size())
+            tunes = _tunes()
     except ValueError:
         return False
     if HUGE_PAGES_ENV in os.environ or not tunes:
@@ -263,18 +267,6 @@ def request_huge_pages() -> bool:
 def huge_pages_requested() -> bool:
     """Whether :func:`request_huge_pages` asked torch for huge pages in this process."""
     return _huge_pages
-
-
-def env_world_size() -> int:
-    """The group's size as the environment describes it, before the group exists (1 when
-    it does not say; a malformed value is init_process_group's to report): what
-    ``sc.init()`` tunes the allocator for."""
-    if "MASTER_ADDR" not in os.environ:
-        return 1
-    try:
-        return int(os.environ.get("WORLD_SIZE", "1"))
-    except ValueError:
-        return 1
 
 
 def allocator_tuned() -> bool:

@@ -4,7 +4,7 @@ Every round of an exchange needs block-sized buffers whose whole life is inside 
 the rows gathered to send, the block received, the gradients pushed back. Freed and made
 anew each time, a buffer larger than glibc's mmap threshold is a fresh mapping that the
 kernel faults in page by page (``SARCOMPILE_MALLOC=auto`` fixes that threshold at
-1.25 MiB on N >= 2 workers, so it is most of them): the "page-fault tax" of
+1.25 MiB, so it is most of them): the "page-fault tax" of
 docs/benchmarks.md. The pool keeps them instead, as PyTorch's caching allocator does on
 CUDA, in size classes of sixteen per power of two (at most 6.25% over a request), and hands
 out the smallest idle one that fits. (A layer's narrower blocks take its wider ones'

@@ -60,7 +60,7 @@ def test_a_preloaded_allocator_is_seen_and_glibc_left_alone(name):
         pytest.skip(f"{name} is not installed here")
     code = ("from sarcompile.runtime import memory; import torch; torch.ones(1 << 20).sum(); "
             "print(memory.active_allocator(), memory.malloc_stats(), memory.tune_allocator())")
-    env = {**os.environ, "LD_PRELOAD": path, "SARCOMPILE_MALLOC": "lean"}
+    env = {**os.environ, "LD_PRELOAD": path, "SARCOMPILE_MALLOC": "auto"}
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     # glibc's statistics would describe an unused heap, and its mallopt would tune nothing.
@@ -74,7 +74,7 @@ def test_a_preloaded_allocator_is_seen_and_glibc_left_alone(name):
 _MAPPED = """
 import ctypes, torch
 from sarcompile.runtime import memory
-tuned = memory.tune_allocator({world})
+tuned = memory.tune_allocator()
 big = torch.ones(6 << 20); del big
 x = torch.ones(1 << 20)
 libc = memory._libc(); libc.mallinfo2.restype = memory._Mallinfo2
@@ -82,35 +82,38 @@ print(tuned, memory.allocator_tuned(), libc.mallinfo2().hblkhd >= 4 << 20)
 """
 
 
-def _mapped(world: int, **env: str) -> list[str]:
+def _mapped(**env: str) -> list[str]:
     if "LD_PRELOAD" in os.environ or memory._libc() is None or not hasattr(memory._libc(), "mallinfo2"):
         pytest.skip("needs glibc >= 2.33 and no preloaded allocator")
     full = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "SARCOMPILE_MALLOC"}
-    done = subprocess.run([sys.executable, "-c", _MAPPED.format(world=world)], env={**full, **env},
+    done = subprocess.run([sys.executable, "-c", _MAPPED], env={**full, **env},
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     return done.stdout.split()
 
 
-@pytest.mark.parametrize(("world", "env", "expected"), [
-    (1, {}, ["False", "False", "False"]),  # auto, one process: glibc's own (the 4 MiB block sits on the heap)
-    (4, {}, ["True", "True", "True"]),  # auto, workers: its own mapping, returned to the OS on free
-    (4, {"SARCOMPILE_MALLOC": "off"}, ["False", "False", "False"]),
-    (1, {"SARCOMPILE_MALLOC": "lean"}, ["True", "True", "True"]),
-    (4, {"MALLOC_MMAP_THRESHOLD_": str(64 << 20), "MALLOC_TRIM_THRESHOLD_": str(64 << 20)},
+@pytest.mark.parametrize(("env", "expected"), [
+    ({}, ["True", "True", "True"]),  # auto: its own mapping, returned to the OS on free
+    ({"WORLD_SIZE": "4", "MASTER_ADDR": "127.0.0.1"}, ["True", "True", "True"]),  # under torchrun alike
+    ({"SARCOMPILE_MALLOC": "off"}, ["False", "False", "False"]),  # glibc's own: the 4 MiB block sits on the heap
+    ({"SARCOMPILE_MALLOC": "lean"}, ["True", "True", "True"]),  # the former name of auto on one process
+    ({"MALLOC_MMAP_THRESHOLD_": str(64 << 20), "MALLOC_TRIM_THRESHOLD_": str(64 << 20)},
      ["False", "False", "False"]),  # the user's own thresholds are kept
 ])
-def test_tune_allocator_fixes_glibcs_threshold_on_workers_by_default(world, env, expected):
-    assert _mapped(world, **env) == expected
+def test_tune_allocator_fixes_glibcs_threshold_by_default(env, expected):
+    assert _mapped(**env) == expected
 
 
 def test_tune_allocator_names_bad_and_deprecated_settings(monkeypatch):
     monkeypatch.setenv("SARCOMPILE_MALLOC", "small")
-    with pytest.raises(ValueError, match="SARCOMPILE_MALLOC='small' is not one of auto, lean, off"):
-        memory.tune_allocator(2)
+    with pytest.raises(ValueError, match="SARCOMPILE_MALLOC='small' is not one of auto, off"):
+        memory.tune_allocator()
     monkeypatch.setenv("SARCOMPILE_MALLOC", "default")
     with pytest.warns(DeprecationWarning, match="SARCOMPILE_MALLOC=off"):
-        assert memory.tune_allocator(2) is False  # "off": nothing changed
+        assert memory.tune_allocator() is False  # "off": nothing changed
+    monkeypatch.setenv("SARCOMPILE_MALLOC", "lean")
+    with pytest.warns(DeprecationWarning, match="SARCOMPILE_MALLOC=auto"):
+        memory._tunes()
 
 
 # A fresh process per case: torch reads its huge-page switch at its first allocation.
@@ -143,9 +146,9 @@ def _huge(**env: str) -> list[str]:
 
 
 @pytest.mark.parametrize(("env", "expected"), [
-    ({"WORLD_SIZE": "4"}, ["1", "True"]),  # auto on workers: huge pages for tensors of 2 MiB or more
-    ({"WORLD_SIZE": "1"}, ["None", "False"]),  # one process: glibc's own thresholds, torch's own pages
-    ({}, ["None", "False"]),  # no torchrun: sc.init() starts a one-worker group
+    ({"WORLD_SIZE": "4"}, ["1", "True"]),  # auto: huge pages for tensors of 2 MiB or more
+    ({"WORLD_SIZE": "1"}, ["1", "True"]),
+    ({}, ["1", "True"]),  # no torchrun: sc.init() starts a one-worker group, and tunes it alike
     ({"WORLD_SIZE": "4", "SARCOMPILE_MALLOC": "off"}, ["None", "False"]),
     ({"SARCOMPILE_MALLOC": "lean"}, ["1", "True"]),
     ({"WORLD_SIZE": "4", "THP_MEM_ALLOC_ENABLE": "0"}, ["0", "False"]),  # the user's value is kept
