@@ -15,7 +15,12 @@ buffer, scaled by the derivative in place. And an output whose one reader is an
 aggregation (``spmm``, whose backward returns a fresh buffer nobody else holds) *donates*
 that gradient: when it has the input's shape, the input's gradient is written into it,
 a bounded block of rows at a time. A SAGE layer's backward then holds two ``[n, F]``
-buffers where autograd held four.
+buffers where autograd held four. Without such a buffer, an activation written in place
+(read by nothing but the group) receives the input's gradient itself, so a second
+backward of one forward (``retain_graph=True``) is refused with a clear error; an
+activation not in place keeps its input (which the op before often keeps anyway: an
+attention its output) and remakes ``h`` a block of rows at a time for the weights'
+gradients, so ``h`` is not held through backward.
 
 Off the fused path -- no gradient wanted, autocast, inputs that are not plain 2-D
 strided tensors -- the helper runs the plain ops, as before the pass.
@@ -56,13 +61,20 @@ def _act(p: torch.Tensor, act: str, alpha: float, in_place: bool) -> torch.Tenso
     return p
 
 
-def _derivative_into(grad: torch.Tensor, h: torch.Tensor, act: str, alpha: float) -> None:
-    """``grad *= act'``, read from the activation's result ``h`` by torch's own backward
-    kernels (the ones autograd runs), written over ``grad``."""
-    if act == "relu":
-        torch.ops.aten.threshold_backward.grad_input(grad, h, 0, grad_input=grad)
+def _derivative_into(grad: torch.Tensor, t: torch.Tensor, act: str, alpha: float, is_result: bool) -> None:
+    """``grad *= act'``, read from the activation's result ``t`` (``is_result``) or its
+    input, by torch's own backward kernels (the ones autograd runs), written over ``grad``."""
+    if act == "relu":  # (relu's result and its input are positive at the same places)
+        torch.ops.aten.threshold_backward.grad_input(grad, t, 0, grad_input=grad)
     elif act == "elu":
-        torch.ops.aten.elu_backward.grad_input(grad, alpha, 1, 1, True, h, grad_input=grad)
+        torch.ops.aten.elu_backward.grad_input(grad, alpha, 1, 1, is_result, t, grad_input=grad)
+
+
+def _act_into(out: torch.Tensor, p: torch.Tensor, act: str, alpha: float) -> torch.Tensor:
+    """``act(p)`` written into ``out`` by the kernels F.relu / F.elu run."""
+    if act == "relu":
+        return torch.clamp_min(p, 0, out=out)
+    return torch.ops.aten.elu.out(p, alpha, 1, 1, out=out)
 
 
 def _row_blocks(rows: int, width: int, itemsize: int):
@@ -79,7 +91,12 @@ class _LinearGroup(torch.autograd.Function):
         h = out[0] if act != "none" else p
         if h is p and act != "none":
             ctx.mark_dirty(p)
-        ctx.save_for_backward(h, *params[0::2])
+        # An activation not in place keeps its input for whatever else reads it -- often
+        # the op before, for its own backward (attention keeps its output). Keeping that
+        # input rather than h, and making h again a block of rows at a time in backward,
+        # lets h go once the linears have read it: one [n, in] buffer fewer through backward.
+        ctx.from_input = act != "none" and h is not p
+        ctx.save_for_backward(p if ctx.from_input else h, *params[0::2])
         ctx.act, ctx.alpha, ctx.donated = act, alpha, donated
         ctx.has_bias = tuple(b is not None for b in params[1::2])
         return out
@@ -87,37 +104,65 @@ class _LinearGroup(torch.autograd.Function):
     @staticmethod
     @once_differentiable  # in-place ops on the gradients: refuse double backward clearly
     def backward(ctx, *grads):
-        h, *weights = ctx.saved_tensors
+        if getattr(ctx, "spent", False):
+            raise RuntimeError(
+                "sarcompile's fused linear layers ran their backward twice for one forward (retain_graph=True): "
+                "the first wrote the input's gradient over the activation it kept. Run the forward again for a "
+                "second backward."
+            )
+        kept, *weights = ctx.saved_tensors  # h, or the activation's input with from_input
         gys = grads[1:] if ctx.act != "none" else grads  # h's own gradient: nothing reads h but the group
-        param_grads = []
-        for i, (g, w, has_b) in enumerate(zip(gys, weights, ctx.has_bias)):
-            want_w, want_b = ctx.needs_input_grad[5 + 2 * i], has_b and ctx.needs_input_grad[6 + 2 * i]
-            param_grads.append(g.t().mm(h) if g is not None and want_w else None)
-            param_grads.append(g.sum(0) if g is not None and want_b else None)
+        blocks = list(_row_blocks(kept.shape[0], kept.shape[1], kept.element_size()))
+        # One buffer for every block: a fresh one each time would be faulted in anew
+        # wherever glibc maps blocks of its size (runtime.memory's fixed thresholds)
+        buffer = kept.new_empty((blocks[0].stop - blocks[0].start if blocks else 0, kept.shape[1]))
+        param_grads = _param_grads(ctx, kept, weights, gys, blocks, buffer)
         live = [(i, g, w) for i, (g, w) in enumerate(zip(gys, weights)) if g is not None]
         if not ctx.needs_input_grad[0] or not live:
             return (None, None, None, None, None, *param_grads)
+        is_result = not ctx.from_input
         # After the parameters' gradients: a donated buffer is overwritten from here on
-        into = next((g for i, g, _ in live if ctx.donated[i] and g.shape == h.shape and g.dtype == h.dtype
+        into = next((g for i, g, _ in live if ctx.donated[i] and g.shape == kept.shape and g.dtype == kept.dtype
                      and g.is_contiguous() and g._base is None), None)
+        if into is None and ctx.act != "none" and not ctx.from_input:
+            # h, the activation written over its input, is read by nothing but this group
+            # (the passes proved it) and by nothing here once the parameters' gradients are
+            # made: its rows become the input's gradient, each block read before written.
+            into, ctx.spent = kept, True
         if into is None:
             gp = None
             for _, g, w in live:
                 gp = g.mm(w) if gp is None else gp.addmm_(g, w)
-            for r in _row_blocks(h.shape[0], h.shape[1], h.element_size()) if ctx.act != "none" else ():
-                _derivative_into(gp[r], h[r], ctx.act, ctx.alpha)
+            for r in blocks if ctx.act != "none" else ():
+                _derivative_into(gp[r], kept[r], ctx.act, ctx.alpha, is_result)
             return (gp, None, None, None, None, *param_grads)
-        blocks = list(_row_blocks(h.shape[0], h.shape[1], h.element_size()))
-        # One buffer for every block: a fresh one each time would be faulted in anew
-        # wherever glibc maps blocks of its size (runtime.memory's fixed thresholds)
-        buffer = h.new_empty((blocks[0].stop - blocks[0].start if blocks else 0, h.shape[1]))
         for r in blocks:
             block = buffer[: r.stop - r.start]
             for k, (_, g, w) in enumerate(live):
                 torch.mm(g[r], w, out=block) if k == 0 else block.addmm_(g[r], w)
-            _derivative_into(block, h[r], ctx.act, ctx.alpha)
+            _derivative_into(block, kept[r], ctx.act, ctx.alpha, is_result)
             into[r] = block  # rows r of `into` are read above, before this write
         return (into, None, None, None, None, *param_grads)
+
+
+def _param_grads(ctx, kept: torch.Tensor, weights: list, gys: tuple, blocks: list, buffer: torch.Tensor) -> list:
+    """``[dW_1, db_1, dW_2, ...]`` (None where not wanted): ``g_i^T h`` and ``g_i`` summed
+    over rows, with ``h`` remade into ``buffer`` block by block where the group kept the
+    activation's input."""
+    wanted = []
+    for i, (g, has_b) in enumerate(zip(gys, ctx.has_bias)):
+        want_w, want_b = ctx.needs_input_grad[5 + 2 * i], has_b and ctx.needs_input_grad[6 + 2 * i]
+        wanted.append((g if want_w else None, g.sum(0) if g is not None and want_b else None))
+    if not ctx.from_input:
+        return [t for g, db in wanted for t in (None if g is None else g.t().mm(kept), db)]
+    dws = [None if g is None else g.new_zeros((g.shape[1], kept.shape[1])) for g, _ in wanted]
+    if any(dw is not None for dw in dws):
+        for r in blocks:
+            h = _act_into(buffer[: r.stop - r.start], kept[r], ctx.act, ctx.alpha)
+            for (g, _), dw in zip(wanted, dws):
+                if dw is not None:
+                    dw.addmm_(g[r].t(), h)
+    return [t for (_, db), dw in zip(wanted, dws) for t in (dw, db)]
 
 
 def linear_group(p: torch.Tensor, act: str, alpha: float, in_place: bool, donated: tuple[bool, ...], *params):

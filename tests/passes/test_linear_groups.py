@@ -173,3 +173,34 @@ def test_off_the_fused_path_the_plain_ops_run():
     with torch.no_grad():
         h, y = lg.linear_group(torch.randn(4, 2), "relu", 0.0, False, (False,), w, None)
     assert y.grad_fn is None and (h >= 0).all()
+
+
+@pytest.mark.parametrize("act", ["relu", "elu"])
+def test_without_a_donated_buffer_the_input_gradient_is_written_over_the_activation(act, monkeypatch):
+    """An activation in place (nothing else reads it) holds the input's gradient after
+    backward, written a block of rows at a time; a second backward is refused clearly."""
+    monkeypatch.setattr(lg, "ROW_BLOCK_BYTES", 3 * 5 * 8)  # 4 blocks for 11 rows
+    torch.manual_seed(2)
+    p = torch.randn(11, 5, dtype=DT)
+    ws, bs = [torch.randn(2, 5, dtype=DT)], [torch.randn(2, dtype=DT)]
+    gy = torch.randn(11, 2, dtype=DT)
+    want_p, _ = _reference(p, act, ws * 2, bs + [None], [gy, torch.zeros_like(gy)])
+
+    pp = p.clone().requires_grad_()
+    w = ws[0].clone().requires_grad_()
+    h, y = lg.linear_group(pp * 1.0, act, 1.0, True, (False,), w, bs[0])
+    y.backward(gy, retain_graph=True)
+    torch.testing.assert_close(pp.grad, want_p)
+    assert torch.equal(h.detach(), pp.grad)  # (pp * 1.0 passes its gradient on as it is)
+    with pytest.raises(RuntimeError, match="retain_graph"):
+        y.backward(gy)
+
+
+@pytest.mark.parametrize("act", ["relu", "elu"])
+def test_an_activation_not_in_place_keeps_its_input_not_its_result(act):
+    """The input is what the layer before often keeps anyway; h goes once the linears read it."""
+    p = torch.randn(6, 4, dtype=DT, requires_grad=True)
+    before = p * 1.0
+    h, y = lg.linear_group(before, act, 1.0, False, (False,), torch.randn(3, 4, dtype=DT, requires_grad=True), None)
+    kept = y.grad_fn.saved_tensors[0]
+    assert kept.data_ptr() == before.data_ptr() and kept.data_ptr() != h.data_ptr()
