@@ -375,7 +375,10 @@ def attention_grads(
         d_dst[r0:r1] = torch.zeros_like(d_dst[r0:r1]).index_add_(0, sub.row, d_pre)
         if a_edge is not None:
             d_score.copy_(d_pre)
-    return spmm_t(block, d_out, weights, d_h_out), d_src, d_dst, (None if a_edge is None else d_w)
+    # Without edge scores the dot products are spent: let them go (the last range's views
+    # too) before spmm_t makes its [num_src, H, C] buffer, the largest of this backward.
+    d_edge, d_w, d_score = (None if a_edge is None else d_w), None, None
+    return spmm_t(block, d_out, weights, d_h_out), d_src, d_dst, d_edge
 
 
 def row_blocks(t: torch.Tensor):
