@@ -83,6 +83,12 @@ def _row_blocks(rows: int, width: int, itemsize: int):
         yield slice(lo, min(lo + step, rows))
 
 
+def _block_buffer(like: torch.Tensor, blocks: list[slice]) -> torch.Tensor:
+    """One buffer for every row block of ``like``: a fresh one per block would be faulted
+    in anew wherever glibc maps blocks of its size (runtime.memory's fixed thresholds)."""
+    return like.new_empty((blocks[0].stop - blocks[0].start if blocks else 0, like.shape[1]))
+
+
 class _LinearGroup(torch.autograd.Function):
     @staticmethod
     def forward(ctx, p, act: str, alpha: float, in_place: bool, donated: tuple[bool, ...], *params):
@@ -113,10 +119,7 @@ class _LinearGroup(torch.autograd.Function):
         kept, *weights = ctx.saved_tensors  # h, or the activation's input with from_input
         gys = grads[1:] if ctx.act != "none" else grads  # h's own gradient: nothing reads h but the group
         blocks = list(_row_blocks(kept.shape[0], kept.shape[1], kept.element_size()))
-        # One buffer for every block: a fresh one each time would be faulted in anew
-        # wherever glibc maps blocks of its size (runtime.memory's fixed thresholds)
-        buffer = kept.new_empty((blocks[0].stop - blocks[0].start if blocks else 0, kept.shape[1]))
-        param_grads = _param_grads(ctx, kept, weights, gys, blocks, buffer)
+        param_grads = _param_grads(ctx, kept, gys, blocks)
         live = [(i, g, w) for i, (g, w) in enumerate(zip(gys, weights)) if g is not None]
         if not ctx.needs_input_grad[0] or not live:
             return (None, None, None, None, None, *param_grads)
@@ -136,6 +139,7 @@ class _LinearGroup(torch.autograd.Function):
             for r in blocks if ctx.act != "none" else ():
                 _derivative_into(gp[r], kept[r], ctx.act, ctx.alpha, is_result)
             return (gp, None, None, None, None, *param_grads)
+        buffer = _block_buffer(kept, blocks)
         for r in blocks:
             block = buffer[: r.stop - r.start]
             for k, (_, g, w) in enumerate(live):
@@ -145,10 +149,9 @@ class _LinearGroup(torch.autograd.Function):
         return (into, None, None, None, None, *param_grads)
 
 
-def _param_grads(ctx, kept: torch.Tensor, weights: list, gys: tuple, blocks: list, buffer: torch.Tensor) -> list:
+def _param_grads(ctx, kept: torch.Tensor, gys: tuple, blocks: list[slice]) -> list:
     """``[dW_1, db_1, dW_2, ...]`` (None where not wanted): ``g_i^T h`` and ``g_i`` summed
-    over rows, with ``h`` remade into ``buffer`` block by block where the group kept the
-    activation's input."""
+    over rows, with ``h`` remade block by block where the group kept the activation's input."""
     wanted = []
     for i, (g, has_b) in enumerate(zip(gys, ctx.has_bias)):
         want_w, want_b = ctx.needs_input_grad[5 + 2 * i], has_b and ctx.needs_input_grad[6 + 2 * i]
@@ -157,6 +160,7 @@ def _param_grads(ctx, kept: torch.Tensor, weights: list, gys: tuple, blocks: lis
         return [t for g, db in wanted for t in (None if g is None else g.t().mm(kept), db)]
     dws = [None if g is None else g.new_zeros((g.shape[1], kept.shape[1])) for g, _ in wanted]
     if any(dw is not None for dw in dws):
+        buffer = _block_buffer(kept, blocks)
         for r in blocks:
             h = _act_into(buffer[: r.stop - r.start], kept[r], ctx.act, ctx.alpha)
             for (g, _), dw in zip(wanted, dws):
