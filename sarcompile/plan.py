@@ -144,7 +144,7 @@ class Plan:
         node tensors; planned from a graph, the features ``x`` alone), graph (the shard's index tensors),
         parameters, gradients,
         optimizer (if the plan was given one), saved_activations (what autograd keeps for
-        backward, exact), remote_blocks (the most remote rows alive at once, exact),
+        backward but the parameters and the input features, counted above; exact), remote_blocks (the most remote rows alive at once, exact),
         exchange_buffers (besides those, the rows gathered to send and the gradients on
         their way back at the exchange's peak; close, the runtime's order of frees aside),
         workspace (kernel temporaries and gradient buffers: an approximation), kernel_code
@@ -307,14 +307,15 @@ class _Probe(fx.Interpreter):
             self.seen[n.name] = {**op.bind(args, kwargs), "result": result}
         return result
 
-    def run_and_record(self, args: list[Any], parameters: list[torch.Tensor]) -> None:
-        """Run on ``args``; ``parameters``: inputs that stand for parameters (node tables),
-        which a saved tensor does not count as an activation, as the module's own."""
-        params = {p.untyped_storage().data_ptr() for p in [*self.module.parameters(), *parameters]}
+    def run_and_record(self, args: list[Any], counted: list[torch.Tensor]) -> None:
+        """Run on ``args``; ``counted``: inputs the estimate counts under another name --
+        node tables (parameters) and node features (node data) -- which a saved tensor does
+        not count as an activation, as the module's own parameters."""
+        elsewhere = {t.untyped_storage().data_ptr() for t in [*self.module.parameters(), *counted]}
 
         def pack(t: torch.Tensor) -> torch.Tensor:
             storage = t.untyped_storage()
-            if storage.data_ptr() not in params:  # parameters are counted as such
+            if storage.data_ptr() not in elsewhere:  # (a first layer's linear keeps its input x, say)
                 self.saved[storage.data_ptr()] = (storage.nbytes(), tuple(t.shape))
             return t
 
@@ -447,7 +448,7 @@ def build_plan(
     args = shape.inputs()
     tables = [a for a, n in zip(args, (n for n in gm.graph.nodes if n.op == "placeholder")) if "table" in n.meta]
     with offline():  # the probe runs on this process alone
-        probe.run_and_record(args, tables)
+        probe.run_and_record(args, tables + shape.features(args))
     n = len(workers)
     ops, comm = [], []
     link_cache = [0] * n  # stale or pipelined sites keep their remote blocks across iterations

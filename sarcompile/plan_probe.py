@@ -121,6 +121,13 @@ class ShardProbe:
                 inputs.append(_default(node))
         return inputs
 
+    def features(self, inputs: list[Any]) -> list[torch.Tensor]:
+        """Of :meth:`inputs`, what :meth:`node_data_bytes` counts: ``x``'s rows, the first
+        input that is not the graph."""
+        graph = next((g for n in self.gm.graph.nodes if (g := _halo_graph(n)) is not None), None)
+        placeholders = [n for n in self.gm.graph.nodes if n.op == "placeholder"]
+        return next(([a] for a, n in zip(inputs, placeholders) if n is not graph), [])
+
     def sizes(self, w: WorkerStats) -> dict[int, int]:
         return _graph_sizes(self.NODES, self.EDGES, _LOOPS, w)
 
@@ -203,6 +210,13 @@ class TypedShardProbe:
             else:
                 inputs.append(self._rows(node, spec))
         return inputs
+
+    def features(self, inputs: list[Any]) -> list[torch.Tensor]:
+        """Of :meth:`inputs`, what :meth:`node_data_bytes` counts: the rows of the node
+        types ``x`` gives features for (not node tables: those are parameters)."""
+        placeholders = [n for n in self.gm.graph.nodes if n.op == "placeholder"]
+        return [a for a, n in zip(inputs, placeholders) if (spec := _spec(n)) is not None
+                and spec.residency is Residency.NODE and "table" not in n.meta and spec.of in self.x]
 
     def _rows(self, node: fx.Node, spec: Any) -> torch.Tensor:
         """An example tensor for a per-node, per-edge or constant input."""

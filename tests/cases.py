@@ -312,11 +312,12 @@ def _step(dm, shard: ShardGraph, x: torch.Tensor, w: torch.Tensor, params: set[i
     comm.live.reset_peak()
     allocations = comm.pool.allocations
     saved: list[tuple[int, ...]] = []  # shapes of everything autograd keeps for backward
-    saved_storage: dict[int, int] = {}  # bytes kept for backward, per storage, parameters aside
+    saved_storage: dict[int, int] = {}  # bytes kept for backward, per storage, parameters and x aside
+    elsewhere = params | {x.untyped_storage().data_ptr()}  # (the plan counts them as such)
 
     def pack(t):
         saved.append(tuple(t.shape))
-        if t.untyped_storage().data_ptr() not in params:
+        if t.untyped_storage().data_ptr() not in elsewhere:
             saved_storage[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
         return t
 

@@ -121,15 +121,15 @@ def inputs(g: sc.HeteroGraph, seed: int, f_in: int = 4) -> dict:
 
 
 def step(model: RelationNet, g, data: dict, ids: dict | None, around=contextlib.nullcontext) -> dict:
-    """Forward (inside the context ``around()``), a loss weighted per row, backward: the
-    rows of ``ids`` (all when None)."""
+    """Forward (inside the context ``around(x)``, given the features), a loss weighted per
+    row, backward: the rows of ``ids`` (all when None)."""
     pick = (lambda t, v: v) if ids is None else (lambda t, v: v[ids[t]])
     x = {t: pick(t, v).clone().requires_grad_() for t, v in data["x"].items()}
     if ids is None:
         weights = data["edge_weight"]
     else:  # a relation's edge tensors on a shard are in shard order: edge_ids names them
         weights = {relation_key(r): data["edge_weight"][relation_key(r)][rg.edge_ids] for r, rg in g.items()}
-    with around():
+    with around(x):
         out = model(g, x, weights)
     loss = sum((out[t] * pick(t, data["loss"][t])).sum() for t in out)
     model.zero_grad()
@@ -149,20 +149,27 @@ def step(model: RelationNet, g, data: dict, ids: dict | None, around=contextlib.
 def counted_step(model, g, data: dict, ids: dict) -> dict:
     """:func:`step` on a worker, with what the plan predicts counted as the runtime sees it:
     bytes received per phase, bytes autograd keeps for backward in the forward pass
-    (parameters and node tables aside, by storage) and the most remote bytes alive at once."""
+    (parameters, node tables and the features aside, by storage: the plan counts them as
+    such) and the most remote bytes alive at once."""
     from sarcompile.runtime import comm
 
     comm.stats.reset()
     comm.live.reset_peak()
     kept: dict[int, int] = {}
 
-    def pack(t):
-        # (asked each time: the first call shards the node tables, giving them new storage)
-        if t.untyped_storage().data_ptr() not in {p.untyped_storage().data_ptr() for p in model.parameters()}:
-            kept[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-        return t
+    def counting(x: dict):
+        features = {v.untyped_storage().data_ptr() for v in x.values()}
 
-    result = step(model, g, data, ids, around=lambda: torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t))
+        def pack(t):
+            # (asked each time: the first call shards the node tables, giving them new storage)
+            ptr = t.untyped_storage().data_ptr()
+            if ptr not in features and ptr not in {p.untyped_storage().data_ptr() for p in model.parameters()}:
+                kept[ptr] = t.untyped_storage().nbytes()
+            return t
+
+        return torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
+
+    result = step(model, g, data, ids, around=counting)
     return {**result, "received": comm.stats.as_dict()["received"], "saved_bytes": sum(kept.values()),
             "peak_block_bytes": comm.live.peak_bytes}
 

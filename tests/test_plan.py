@@ -57,6 +57,22 @@ def test_the_pool_line_names_the_largest_workers_exchange_bytes_and_only_where_r
     assert "come from a pool" not in str(one)
 
 
+class _LinearThenSum(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 4)
+
+    def forward(self, g, x):
+        return sc.ops.spmm(g, self.lin(x), "sum")
+
+
+def test_node_features_a_layer_keeps_count_once_as_node_data():
+    """The linear keeps ``x`` for its weight's gradient (the sum keeps nothing): the
+    estimate counts ``x`` under node_data, not again as a saved activation."""
+    (one,) = sc.distribute(_LinearThenSum()).plan(_graph(), 1, x=torch.zeros(1, 8), method="contiguous").memory_estimate()
+    assert one.breakdown["saved_activations"] == 0 and one.breakdown["node_data"] == _graph().num_nodes * 8 * 4
+
+
 def test_stages_are_readable_python():
     plan = sc.distribute(Small()).plan(_graph(), 2, x=torch.zeros(1, 8), method="contiguous")
     assert [s for s, _ in plan.stages] == ["trace", "lower", "fuse", "linear_first", "residency", "partition",
