@@ -297,12 +297,12 @@ class ShapeTracer(SarTracer):
         node = proxy.node
         if kind == "placeholder" or any(n in self.derived for n in _row_sources(node)):
             self.derived.add(node)
+        self._pending[node] = (next(self._order), kind, target)
         if kind != "placeholder" and not _shape_query(kind, target, node):
             # Computed when asked for (a shape query, a layer's arguments, see _output):
             # most values of a layer's body are never asked for.
-            self._pending[node] = (next(self._order), kind, target)
             return proxy
-        values = self._settle(node, kind, target)
+        values = self.value(node)
         if values is None:
             return proxy
         constant = self._constant(kind, target, node, values)
@@ -359,17 +359,13 @@ class ShapeTracer(SarTracer):
             if n in self._pending and n not in todo:
                 todo.add(n)
                 stack.extend(n.all_input_nodes)
-        for n in sorted(todo, key=lambda n: self._pending[n][0]):
+        for n in sorted(todo, key=lambda n: self._pending[n][0]):  # inputs before their users
             _, kind, target = self._pending.pop(n)
-            self._settle(n, kind, target)
+            values = self._compute(kind, target, n)
+            if values is not None:
+                self.values[n] = values
+                n.meta["example"] = values
         return self.values.get(node)
-
-    def _settle(self, node: fx.Node, kind, target) -> tuple | None:
-        values = self._compute(kind, target, node)
-        if values is not None:
-            self.values[node] = values
-            node.meta["example"] = values
-        return values
 
     def _output(self) -> None:
         """At the end of the trace (still inside it, with its functions swapped): the values
@@ -387,9 +383,6 @@ class ShapeTracer(SarTracer):
             i, self._placeholders = self._placeholders, self._placeholders + 1
             values = tuple(e[i] if i < len(e) else UNKNOWN for e in self.examples)
             return None if any(v is UNKNOWN for v in values) else values
-        for n in node.all_input_nodes:  # those put off first (each computes with modules the real ones)
-            if n.op != "get_attr":
-                self.value(n)
         self._computing = True
         try:
             if kind == "get_attr":
