@@ -382,29 +382,37 @@ class _Exchange:
     temporaries: Temporaries
     stats: list[WorkerStats]  # per worker, the sizes of the graph the op aggregates over
     in_flight: int = 1  # blocks posted ahead, and pushes not yet completed (blocks_in_flight)
+    over_block: bool = False  # backward writes the gradient it pushes over the block it fetched again
 
 
-def _round_peak(blocks: list[int], sends: list[int], fetch: bool, push: bool, in_flight: int = 1) -> int:
-    """Most bytes alive at once over one exchange's rounds. Round k holds the block it
-    visits and, when gradients go back, that block's gradient (then the owner's gradient
-    for the rows sent, arriving). Besides: the next ``in_flight`` blocks being received,
-    each with the rows sent for it gathered into their own buffer, and the last
-    ``in_flight`` rounds' gradients on their way (each that block's gradient and the
-    owner's, arriving)."""
+def _round_peak(blocks: list[int], sends: list[int], fetch: bool, push: bool, in_flight: int = 1,
+                over_block: bool = False) -> int:
+    """Most bytes alive at once over one exchange's rounds, in the order
+    ``comm._sync_rounds`` keeps. Round k visits its block, with the next ``in_flight``
+    blocks arriving meanwhile, each with the rows sent for it gathered into their own
+    buffer (with none in flight, a block's rows go out while it arrives). When gradients go
+    back, the visit makes the block's gradient (written over the block if ``over_block``).
+    Fetching too, it goes out once the rows sent ahead are gone, with the owner's gradient
+    for the rows sent arriving, and completes before the next block is posted. Pushing
+    alone, the last ``in_flight`` rounds' gradients (each that block's gradient and the
+    owner's, arriving) are on their way during a visit."""
 
-    def window(lo: int, hi: int) -> int:
-        return sum(blocks[j] + sends[j] for j in range(max(lo, 0), min(hi, len(blocks))))
+    def ahead(k: int, sent: bool = True) -> int:
+        return sum(blocks[j] + (sends[j] if sent else 0) for j in range(k + 1, min(k + 1 + in_flight, len(blocks))))
 
     peak = 0
     for k, block in enumerate(blocks):
-        here = block if fetch else 0
-        if push:
-            here = max(here, sends[k]) + block
-        if fetch and not in_flight:  # posted as it is visited: its rows sent while it arrives
-            here = max(here, block + sends[k])
-        coming = window(k + 1, k + 1 + in_flight) if fetch else 0
-        going = window(k - in_flight, k) if push else 0
-        peak = max(peak, here + coming + going)
+        arriving = block + (0 if in_flight else sends[k])
+        if fetch and push:
+            visiting = block + (0 if over_block else block) + ahead(k)
+            now = max(arriving, visiting, block + sends[k] + ahead(k, sent=False))
+        elif fetch:
+            now = max(arriving, block + ahead(k))
+        elif push:
+            now = block + sends[k] + sum(blocks[j] + sends[j] for j in range(max(k - in_flight, 0), k))
+        else:
+            now = 0
+        peak = max(peak, now)
     return peak
 
 
@@ -416,7 +424,7 @@ def _remote_peak(ops: list[_Exchange], r: int, buffers: bool) -> int:
 
     def rounds(op: _Exchange, fetch: bool, push: bool, blocks: list[int]) -> int:
         sends = op.sends[r] if buffers else [0] * len(blocks)
-        return _round_peak(blocks, sends, fetch, push and buffers, op.in_flight)
+        return _round_peak(blocks, sends, fetch, push and buffers, op.in_flight, op.over_block)
 
     for op in ops:  # forward: kept blocks pile up until backward
         blocks = op.blocks[r]
@@ -553,8 +561,9 @@ def _halo_traffic(row: OpPlan, node: fx.Node, op: OpDef, args: dict[str, Any], w
     row.forward_bytes = recv
     row.backward_bytes = [(sent_rows[r] if pushes else 0) + (recv[r] if refetch else 0) for r in range(n)]
     row.round_bytes = [max(b, default=0) for b in blocks]
+    over_block = refetch and policy is None and op.exchange.grads_over_block
     return _Exchange(blocks, sends, strategy.keeps_blocks, (True, False), (refetch, pushes), width,
-                     op.temporaries(args, width), workers, node.kwargs.get("in_flight", 1))
+                     op.temporaries(args, width), workers, node.kwargs.get("in_flight", 1), over_block)
 
 
 def _round_bytes(workers: list[WorkerStats], width: int) -> tuple[list[list[int]], list[list[int]]]:

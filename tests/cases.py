@@ -310,6 +310,7 @@ def _step(dm, shard: ShardGraph, x: torch.Tensor, w: torch.Tensor, params: set[i
     """One forward and backward; the output and what the exchange did."""
     comm.stats.reset()
     comm.live.reset_peak()
+    comm.pool.reset_peak()
     allocations = comm.pool.allocations
     saved: list[tuple[int, ...]] = []  # shapes of everything autograd keeps for backward
     saved_storage: dict[int, int] = {}  # bytes kept for backward, per storage, parameters and x aside
@@ -335,6 +336,7 @@ def _step(dm, shard: ShardGraph, x: torch.Tensor, w: torch.Tensor, params: set[i
         "pool_allocations": comm.pool.allocations - allocations,
         "pool_held_bytes": comm.pool.held_bytes,
         "pool_lent_bytes": comm.pool.lent_bytes,
+        "pool_peak_lent": comm.pool.peak_lent,
     }
 
 

@@ -221,9 +221,13 @@ def test_round_peak_counts_the_buffers_each_round_holds():
     # Fetch: the block visited, the next one arriving and the rows gathered for it.
     assert _round_peak(blocks, sends, fetch=True, push=False) == max(10 + 30 + 2, 30 + 20 + 3, 20)
     assert _round_peak(blocks, [0, 0, 0], fetch=True, push=False) == 50  # the pair of blocks alone
-    # Backward that fetches again and pushes: each block's gradient too, and the last
-    # round's push (its gradient, the owner's arriving) still in flight.
-    assert _round_peak(blocks, sends, fetch=True, push=True) == max(20 + 32, 60 + 23 + 11, 40 + 32)
+    # Backward that fetches again and pushes: each block's gradient too, with the next
+    # block arriving; then the gradient going out, the owner's arriving, the next block
+    # (its rows sent are gone by then). The push completes before the next block is posted.
+    assert _round_peak(blocks, sends, fetch=True, push=True) == max(20 + 32, 60 + 23, 40)
+    assert _round_peak([10, 30, 20], [9, 2, 3], fetch=True, push=True) == max(20 + 32, 10 + 9 + 30, 60 + 23, 40)
+    # ... with the gradient written over the block it was computed from: one buffer for both.
+    assert _round_peak(blocks, sends, fetch=True, push=True, over_block=True) == max(10 + 32, 30 + 23, 20 + 3)
     # Push only (blocks kept, or forward of a push op): the gradient and the owner's arriving.
     assert _round_peak(blocks, sends, fetch=False, push=True) == max(11, 32 + 11, 23 + 32)
     assert _round_peak([], [], fetch=True, push=True) == 0

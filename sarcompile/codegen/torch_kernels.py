@@ -342,7 +342,8 @@ def attention_grads(
     source scores, of the local destination scores, of the block's edge scores -- None
     without ``a_edge``). With ``into`` (``[num_src, H*C + H]``, the scores' dtype), the
     first two are written into its columns -- the payload a worker sends its peers, with
-    no copy -- and returned as views of it.
+    no copy -- and returned as views of it. ``into`` may be the block's own payload, ``h``
+    and ``a_src`` its columns: each is written only once it has been read for the last time.
     """
     block = block.on(h.device)
     heads = h.shape[1]
@@ -350,7 +351,7 @@ def attention_grads(
     weights = torch.empty((block.num_edges, heads), dtype=dtype, device=h.device)  # with d_w below: two [E, H]
     width = heads * h.shape[2]
     d_h_out = None if into is None else into[:, :width].view(block.num_src, heads, h.shape[2])
-    d_src = torch.zeros((block.num_src, heads), dtype=dtype, device=h.device) if into is None else into[:, width:].zero_()
+    d_src = torch.zeros((block.num_src, heads), dtype=dtype, device=h.device)  # (into's columns may be a_src)
     d_dst = torch.zeros((block.num_dst, heads), dtype=dtype, device=h.device)
     # dP = <dOut[v], h[u]> for the whole block at once: sampled_addmm copies each head's
     # columns of both to contiguous buffers, once per block here rather than once per row
@@ -378,7 +379,10 @@ def attention_grads(
     # Without edge scores the dot products are spent: let them go (the last range's views
     # too) before spmm_t makes its [num_src, H, C] buffer, the largest of this backward.
     d_edge, d_w, d_score = (None if a_edge is None else d_w), None, None
-    return spmm_t(block, d_out, weights, d_h_out), d_src, d_dst, d_edge
+    d_h = spmm_t(block, d_out, weights, d_h_out)
+    if into is not None:
+        d_src = into[:, width:].copy_(d_src)
+    return d_h, d_src, d_dst, d_edge
 
 
 def row_blocks(t: torch.Tensor):

@@ -189,7 +189,8 @@ def attention_grads(
     """:func:`torch_kernels.attention_grads` by two generated passes: over the CSR for the
     destination scores (and the edge terms), over the CSC view for the source features
     and scores (each output row owned by one program: no atomics). ``into`` gets the
-    source gradients copied in (the kernels write contiguous buffers)."""
+    source gradients copied in (the kernels write contiguous buffers), once the kernels
+    are done: it may be the block's own payload."""
     d_h, d_src, d_dst, d_edge = _attention_grads(block, h, a_src, a_dst, negative_slope, keep, lse, d_out, delta, a_edge)
     if into is None:
         return d_h, d_src, d_dst, d_edge

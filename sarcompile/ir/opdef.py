@@ -62,11 +62,14 @@ class Halo:
     ``reads_remote_in_backward(args, wants)``: backward needs the remote rows again
     (re-fetched under ``remat``, kept under ``stash``/``oneshot``); ``direct`` is only
     valid where it is False. ``pushes_gradients(args, wants)``: backward sends the
-    gradients of remote rows to their owners."""
+    gradients of remote rows to their owners. ``grads_over_block``: a backward that
+    fetched a block again writes the gradients it pushes over it (they have its rows and
+    width), so a round holds one buffer for both (the memory estimate counts so)."""
 
     sends: tuple[str, ...]
     reads_remote_in_backward: Callable[[Args, Wants], bool]
     pushes_gradients: Callable[[Args, Wants], bool]
+    grads_over_block: bool = False
 
     def row_bytes(self, args: Args) -> int:
         """Bytes of one node's row that crosses workers (every sent argument's row)."""

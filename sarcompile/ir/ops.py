@@ -537,6 +537,7 @@ _ANY_INPUT = frozenset(("h", "a_src", "a_dst", "a_edge"))
         sends=("h", "a_src"),
         reads_remote_in_backward=lambda a, wants: bool(wants & _ANY_INPUT),
         pushes_gradients=lambda a, wants: bool(wants & _ANY_INPUT),
+        grads_over_block=True,
     ),
     saved=lambda a: "out + log-sum-exp per node" + ("" if a.get("a_edge") is None else ", a_edge (reference)"),
     temporaries=_attention_temporaries,

@@ -382,7 +382,9 @@ class Columns:
     """Node tensors side by side, as the one ``[n, sum of widths]`` tensor a round sends,
     without making it: ``columns[rows]`` gathers the rows straight into one buffer.
     (Attention sends ``h`` with ``a_src``; a whole concatenated copy would be one more
-    ``[n, H*C]`` buffer next to the exchange's own, at its peak.)"""
+    ``[n, H*C]`` buffer next to the exchange's own, at its peak.) As a round's ``push_into``
+    the gradients received add into each part (:meth:`index_add_`): they stay tensors of
+    their own, which autograd can add the other gradients of ``h`` into in place."""
 
     parts: tuple[torch.Tensor, ...]  # 2-D, the same rows and dtype
 
@@ -412,6 +414,14 @@ class Columns:
                 start += p.shape[1]
         return out
 
+    def index_add_(self, dim: int, rows: torch.Tensor, source: torch.Tensor) -> "Columns":
+        """``self[rows] += source`` (``source``: ``[rows, sum of widths]``), part by part."""
+        start = 0
+        for p in self.parts:
+            p.index_add_(dim, rows, source[:, start : start + p.shape[1]])
+            start += p.shape[1]
+        return self
+
     def new_empty(self, shape: tuple[int, ...]) -> torch.Tensor:
         return self.parts[0].new_empty(shape)
 
@@ -431,6 +441,7 @@ class _Round:
     buf: torch.Tensor | None = None  # what is received into
     outgoing: torch.Tensor | None = None  # what is sent: the pool has it back once it is
     works: list = field(default_factory=list)
+    sending: object = None  # the send's work, among ``works``
     sent: int = 0  # bytes, for SARCOMPILE_LOGS=comm
 
 
@@ -472,7 +483,7 @@ def run_rounds(
     visit: Visit,
     *,
     fetch: torch.Tensor | None = None,
-    push_into: torch.Tensor | Callable[[], torch.Tensor] | None = None,
+    push_into: torch.Tensor | Columns | Callable[[], torch.Tensor | Columns] | None = None,
     lookahead: int = 1,
     phase: str = "forward",
     what: str = "exchange",
@@ -487,10 +498,13 @@ def run_rounds(
     rounds posted ahead (1 for SAR; N-1 fetches everything at once, as domain parallel).
     ``push_into``: if given, what ``visit`` returns for ``q`` (gradient rows for ``q``'s
     halo) is sent back to ``q``, and what peers return for our rows is summed into it; up
-    to ``lookahead`` rounds' pushes stay in flight while the next blocks are visited.
-    ``push_into`` may be a function that makes the buffer (the local block's gradient, say):
-    it is called once the first blocks are posted, so that their transfer overlaps it.
-    Returns the buffer pushed into.
+    to ``lookahead`` rounds' pushes stay in flight while the next blocks are visited (when
+    blocks are fetched too, the blocks ahead are what is in flight during a visit, and a
+    push completes before the next block is posted). ``visit`` may return its block's own
+    buffer, the gradients written over the rows it has read. ``push_into`` may be a tensor,
+    :class:`Columns`, or a function that makes it (the local block's gradient, say): it is
+    called once the first blocks are posted, so that their transfer overlaps it. Returns
+    what was pushed into.
 
     ``link`` (a :class:`~sarcompile.runtime.link.LinkState`, None for exact SAR) makes the
     rounds of training ``iteration`` compressed, stale or pipelined (see that module).
@@ -553,7 +567,8 @@ def _sync_rounds(shard, visit, fetch, push_into, lookahead, phase, what, link, i
             else:
                 send = wire.encode(fetch_remote[rows], f"{phase} features", p, iteration).contiguous()
             posted.sent = send.nbytes
-            posted.works.append(_isend(send, p, TAG_FEATURES, phase))
+            posted.sending = _isend(send, p, TAG_FEATURES, phase)
+            posted.works.append(posted.sending)
         if shard.blocks[q].num_src:
             rows_q = shard.blocks[q].num_src
             if wire is None or not wire.policy.bits:
@@ -603,6 +618,16 @@ def _sync_rounds(shard, visit, fetch, push_into, lookahead, phase, what, link, i
     pending = deque()  # fetches posted, their blocks not yet visited
     posted = 0
 
+    def release_sends() -> None:
+        """Wait for the rows sent for the blocks ahead to be gone (the peers posted their
+        receives before their own visits) and give their buffers back."""
+        for ahead in pending:
+            if ahead.outgoing is not None:
+                _wait([ahead.sending], f"{what}: features to worker {ahead.p}")
+                ahead.works.remove(ahead.sending)  # (gloo counts completions: a second wait would hang)
+                pool.give(ahead.outgoing)
+                ahead.outgoing = ahead.sending = None
+
     def post_fetches_until(last: int) -> None:
         nonlocal posted
         while fetch_remote is not None and posted < min(last, n - 1):
@@ -632,6 +657,15 @@ def _sync_rounds(shard, visit, fetch, push_into, lookahead, phase, what, link, i
                 buf = fetch.new_empty((0, *tail(fetch)))
             elif wire is not None and wire.policy.bits:
                 buf = live.track(wire.decode(buf, shard.blocks[q].num_src, tail(fetch), fetch.dtype))
+            if push_into is not None:
+                # Fetching and pushing, a round holds three block-sized buffers (six if all
+                # were in flight at once; plan._round_peak): the block, then its gradient,
+                # which visit may write over it; the block ahead; and the rows sent for the
+                # block ahead, until the gradient's receive takes their place. So the last
+                # round's push completes before the next block is posted, and the rows sent
+                # are waited for before the push is.
+                while in_flight:
+                    finish_push(in_flight.popleft())
             post_fetches_until(k + lookahead)
             if keep:
                 received[q] = buf
@@ -641,9 +675,11 @@ def _sync_rounds(shard, visit, fetch, push_into, lookahead, phase, what, link, i
         else:
             q, buf = (r - k) % n, None
         out = visit(q, buf)
-        if recycle and fetch_remote is not None:
+        if recycle and fetch_remote is not None and not _same_memory(out, buf):
             pool.give(buf)  # its whole life was this round (a block not from the pool is ignored)
         del buf
+        if push_into is not None and fetch_remote is not None:
+            release_sends()
         if push_into is not None:
             # Each push in flight holds two block-sized buffers (plan._round_peak): the
             # oldest completes before the next is posted, never one more than `lookahead`.
@@ -656,6 +692,12 @@ def _sync_rounds(shard, visit, fetch, push_into, lookahead, phase, what, link, i
     while in_flight:
         finish_push(in_flight.popleft())
     return received, push_into
+
+
+def _same_memory(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
+    """Whether ``a`` is ``b``'s memory (a visit that wrote its gradients over its block:
+    the buffer then goes back to the pool once they are sent, not after the visit)."""
+    return a is not None and b is not None and a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
 
 
 def _log_round(what: str, phase: str, payload: str, to: int, sent: int, source: int, got: torch.Tensor | None,

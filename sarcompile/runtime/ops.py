@@ -333,18 +333,33 @@ class _SarAttention(torch.autograd.Function):
                 d_a_edge[shard.edge_ptr[q] : shard.edge_ptr[q + 1]] = d_edge
             return d_h, d_src
 
-        def pushed_grads(q: int, hb: torch.Tensor, ab: torch.Tensor) -> torch.Tensor:
-            """The block's source gradients as the payload pushed to the rows' owner:
-            written straight into it where features and scores share a dtype."""
+        def pushed_grads(q: int, payload: torch.Tensor, fetched: bool) -> torch.Tensor:
+            """A remote block's source gradients as the payload pushed to the rows' owner:
+            written straight into a buffer where features and scores share a dtype -- the
+            block's own when it was ``fetched`` for this backward alone (it has the
+            gradients' shape), else one of the pool's -- which goes back to the pool once sent."""
+            hb, ab = _split_payload(payload, heads, channels)
             if d_out.dtype != d_a_dst.dtype:
                 d_h, d_src = block_grads(q, hb, ab)
                 return torch.cat([d_h.reshape(d_h.shape[0], heads * channels), d_src], 1)
             shape = (shard.blocks[q].num_src, heads * channels + heads)
-            # A remote block's rows are pushed to their owner, then the buffer goes back to the
-            # pool; the local block's are the gradient returned.
-            into = d_out.new_empty(shape) if q == shard.rank else pool.take(shape, d_out.dtype, d_out.device)
+            into = payload if fetched and payload.dtype == d_out.dtype else pool.take(shape, d_out.dtype, d_out.device)
             block_grads(q, hb, ab, into)
             return into
+
+        local: dict[str, torch.Tensor] = {}
+
+        def local_grads() -> Columns | torch.Tensor:
+            """The local block's gradients, which the peers' pushes add into: ``h``'s and
+            ``a_src``'s as tensors of their own, not columns of one payload, so that
+            autograd adds the head scores' gradients of ``h`` into ``h``'s in place (into
+            a view of a payload it would make one more ``[n, H, C]`` sum)."""
+            d_h, d_src = block_grads(shard.rank, h, a_src)
+            flat = d_h.view(d_h.shape[0], heads * channels)
+            if d_h.dtype != d_src.dtype:
+                return torch.cat([flat, d_src], 1)
+            local["d_h"] = d_h  # returned as it is: a view of it would share its storage
+            return Columns((flat, d_src))
 
         if shard.world_size == 1:
             return *block_grads(shard.rank, h, a_src), d_a_dst, d_a_edge, None, None, None, None, None, None, None, None, None
@@ -352,15 +367,16 @@ class _SarAttention(torch.autograd.Function):
         def visit(q: int, block_payload: torch.Tensor | None) -> torch.Tensor | None:
             if q == shard.rank:
                 return None
-            return pushed_grads(q, *_split_payload(kept.get(q, block_payload), heads, channels))
+            fetched = q not in kept and ctx.link is None  # (a link's cache keeps its blocks)
+            return pushed_grads(q, kept.get(q, block_payload), fetched)
 
-        # The local block's gradient is the buffer the peers' pushes add into (no zeroed copy),
+        # The local block's gradients are what the peers' pushes add into (no zeroed copy),
         # made once the first remote block is on its way.
         d_payload = run_rounds(
             shard,
             visit,
             fetch=_payload(shard, h, a_src) if ctx.refetch else None,
-            push_into=lambda: pushed_grads(shard.rank, h, a_src),
+            push_into=local_grads,
             phase="backward",
             what="attention backward",
             link=ctx.link,
@@ -368,7 +384,11 @@ class _SarAttention(torch.autograd.Function):
             lookahead=ctx.in_flight,
         )
         ctx.kept = None
-        d_h, d_a_src = _split_payload(d_payload, heads, channels)
+        if isinstance(d_payload, Columns):
+            d_h, d_a_src = local.pop("d_h"), d_payload.parts[1]
+        else:
+            d_h, d_a_src = _split_payload(d_payload, heads, channels)
+        del d_payload
         return d_h, d_a_src, d_a_dst, d_a_edge, None, None, None, None, None, None, None, None, None
 
 

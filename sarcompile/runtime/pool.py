@@ -66,10 +66,15 @@ class BufferPool:
         self._lent: dict[int, tuple[int, weakref.finalize]] = {}  # data_ptr -> (capacity, its death's hook)
         self.held_bytes = self.lent_bytes = 0
         self.allocations = 0  # storages made (not found idle) since the start
+        self.peak_lent = 0  # most buffers lent at once since the last reset_peak()
 
     @property
     def idle_bytes(self) -> int:
         return self.held_bytes - self.lent_bytes
+
+    def reset_peak(self) -> None:
+        """Start counting :attr:`peak_lent` from the buffers lent now."""
+        self.peak_lent = len(self._lent)
 
     def take(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str = "cpu") -> torch.Tensor:
         """An uninitialised contiguous tensor of ``shape`` and ``dtype``, in an idle buffer if one fits."""
@@ -84,6 +89,7 @@ class BufferPool:
         out = torch.empty(0, dtype=dtype).set_(storage, 0, shape)
         key = storage.data_ptr()
         self._lent[key] = (capacity, weakref.finalize(out, self._lost, key))
+        self.peak_lent = max(self.peak_lent, len(self._lent))
         return out
 
     def give(self, t: torch.Tensor) -> None:
