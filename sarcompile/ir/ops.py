@@ -514,13 +514,18 @@ def _fusable_shapes(g, h: torch.Tensor, a_src: torch.Tensor, a_dst: torch.Tensor
 
 
 def _attention_temporaries(a: Args, row: int) -> Temporaries:
-    # Backward of one block holds seven [E, heads] tensors at once: the scores before and
-    # after the leaky ReLU, the probabilities, the gradients of the weights, of the scores
-    # and of the pre-activations, the negative-slope branch -- and the sign mask (bool);
-    # on a node row, the payload gradient. An edge term adds none at that moment: its
-    # block is a slice of the input, its gradient is written into the input's gradient.
+    # Backward of one block holds two [E, heads] tensors for the whole block (the weights,
+    # and the dot products that become the scores' gradients in place), with dropout its
+    # mask too; the scores, probabilities and pre-activations' gradients live a bounded row
+    # range at a time; node rows: the gradient arriving and the payload gradient (as for
+    # spmm). The Triton kernels hold no [E, heads] tensor: this counts the larger of the
+    # two. (Calibrated with benchmarks/vs_dgl.py: seven [E, heads] tensors before the
+    # kernels bounded theirs, one node row before the local block's gradient was a tensor of
+    # its own.) An edge term adds none at that moment: its block is a slice of the input,
+    # its gradient is written into the input's.
     s = a["a_src"].element_size()
-    return Temporaries(1, (7 * s + 1) * _heads(a["a_src"]), 3 * EDGE_CHUNK_ELEMENTS * s)
+    per_edge = (2 + int((a.get("dropout") or 0.0) > 0)) * s
+    return Temporaries(2, per_edge * _heads(a["a_src"]), 3 * EDGE_CHUNK_ELEMENTS * s)
 
 
 _ANY_INPUT = frozenset(("h", "a_src", "a_dst", "a_edge"))
