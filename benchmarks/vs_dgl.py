@@ -25,6 +25,8 @@ preloaded into DGL's and sarcompile's processes alike (``sarcompile allocator``)
 compare runs with the same allocator. ``off`` runs sarcompile with ``SARCOMPILE_MALLOC=off``
 (glibc's own thresholds), against DGL as a user runs it.
 Threads: the one process uses every core (``--threads``, default all); N workers split them (at least 1).
+``--repeat K`` runs each engine K times, in turn, and reports the medians: on a machine
+whose epochs swing by a third between runs, one run of each is a coin toss for a ratio.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -154,23 +157,43 @@ def measure(a: argparse.Namespace) -> list[dict]:
                 hidden = ["--hidden", str(a.rgcn_hidden)] if model == "rgcn" else []  # (the later flag wins)
                 out = tmp / "run.json"
                 tag = {"model": model, "allocator": allocator}
-                if dgl and allocator not in OWN_SETTINGS:
-                    env = {**base, **extra, "OMP_NUM_THREADS": str(threads), "DGLBACKEND": "pytorch",
-                           "PYTHONPATH": str(ROOT)}
-                    rec = run_one([dgl, worker, "--engine", "dgl", "--model", model, "--graph", str(graphs[kind]),
-                                   "--out", str(out), *common, *hidden], out, env, a.timeout)
-                    if rec:
-                        rows.append({"engine": "dgl", **tag, "workers": 1, "per_worker": rec})
-                        print(line(rows[-1]), flush=True)
-                for n in a.workers:
-                    env = {**base, **extra, "OMP_NUM_THREADS": str(max(threads // n, 1))}
-                    args = [worker, "--engine", "sarcompile", "--model", model, "--parts", str(tmp / f"{kind}{n}"),
-                            "--out", str(out), *common, *hidden, "--blocks-in-flight", str(a.blocks_in_flight)]
-                    rec = run_one(launcher(n) + args, out, env, a.timeout)
-                    if rec:
-                        rows.append({"engine": "sarcompile", **tag, "workers": n, "per_worker": rec})
-                        print(line(rows[-1]), flush=True)
-    return rows
+                for _ in range(a.repeat):  # the engines in turn, so that a slow spell hits both
+                    if dgl and allocator not in OWN_SETTINGS:
+                        env = {**base, **extra, "OMP_NUM_THREADS": str(threads), "DGLBACKEND": "pytorch",
+                               "PYTHONPATH": str(ROOT)}
+                        rec = run_one([dgl, worker, "--engine", "dgl", "--model", model, "--graph",
+                                       str(graphs[kind]), "--out", str(out), *common, *hidden], out, env, a.timeout)
+                        if rec:
+                            rows.append({"engine": "dgl", **tag, "workers": 1, "per_worker": rec})
+                            print(line(rows[-1]), flush=True)
+                    for n in a.workers:
+                        env = {**base, **extra, "OMP_NUM_THREADS": str(max(threads // n, 1))}
+                        args = [worker, "--engine", "sarcompile", "--model", model, "--parts",
+                                str(tmp / f"{kind}{n}"), "--out", str(out), *common, *hidden, "--blocks-in-flight",
+                                str(a.blocks_in_flight)]
+                        rec = run_one(launcher(n) + args, out, env, a.timeout)
+                        if rec:
+                            rows.append({"engine": "sarcompile", **tag, "workers": n, "per_worker": rec})
+                            print(line(rows[-1]), flush=True)
+    return merge_repeats(rows)
+
+
+def merge_repeats(rows: list[dict]) -> list[dict]:
+    """One row per (engine, model, allocator, workers): with ``--repeat``, each worker's
+    epoch and peak are the medians over the repeats (its other fields the first run's),
+    and ``runs`` keeps every repeat's pair."""
+    merged: dict[tuple, dict] = {}
+    for row in rows:
+        key = (row["engine"], row["model"], row["allocator"], row["workers"])
+        if key not in merged:
+            merged[key] = {**row, "per_worker": [{**w, "runs": []} for w in row["per_worker"]]}
+        for mine, w in zip(merged[key]["per_worker"], row["per_worker"]):
+            mine["runs"].append({"epoch_s": w["epoch_s"], "peak_above_floor_bytes": w["peak_above_floor_bytes"]})
+    for row in merged.values():
+        for w in row["per_worker"]:
+            for k in ("epoch_s", "peak_above_floor_bytes"):
+                w[k] = statistics.median(run[k] for run in w["runs"])
+    return list(merged.values())
 
 
 def reference(rows: list[dict], row: dict) -> dict | None:
@@ -293,6 +316,8 @@ def main() -> None:
                     help="malloc of the runs, each in turn: default (glibc, as a user has it), tcmalloc or "
                     "jemalloc (LD_PRELOAD'ed into DGL's and sarcompile's processes alike), off "
                     "(sarcompile's SARCOMPILE_MALLOC=off)")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="runs of each engine, in turn; each worker's epoch and peak are the medians over them")
     ap.add_argument("--skip-dgl", action="store_true", help="sarcompile only (no DGL environment)")
     ap.add_argument("--timeout", type=float, default=1800)
     ap.add_argument("--out", default=str(RESULTS / "vs_dgl.json"))
@@ -301,7 +326,7 @@ def main() -> None:
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     config = {k: getattr(a, k) for k in ("nodes", "edges", "features", "classes", "hidden", "epochs", "threads",
-                                         "allocator", "mag_scale", "rgcn_hidden", "blocks_in_flight")}
+                                         "allocator", "mag_scale", "rgcn_hidden", "blocks_in_flight", "repeat")}
     tmp = out.with_suffix(".tmp")
     tmp.write_text(json.dumps({"config": config, "rows": rows}, indent=1))
     tmp.replace(out)
