@@ -18,7 +18,7 @@ once the sizes repeat (training steps) it soon allocates nothing more: each miss
 buffer or grows one, through the few sizes a program has (on the anchor graph of
 benchmarks/vs_dgl.py, nothing after the first step). For an exchange that is about what
 the plan's estimate counts as ``remote_blocks`` + ``exchange_buffers`` (the exchange's
-peak, a sum of maxima), held between exchanges too: 0.77x (SAGE) and 1.01x (GAT) of it
+peak, a sum of maxima), held between exchanges too: 0.77x (SAGE) and 1.00x (GAT) of it
 there, up to 1.6x on tiny graphs, where buffers of one size serve requests of several.
 
 Buffers under :data:`MIN_BYTES` (glibc keeps those on its heap, reused without faults) and

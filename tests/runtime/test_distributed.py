@@ -208,8 +208,8 @@ def test_exchange_pool_reuses_buffers_and_changes_no_value(pool):
     g = _random_graph(n, 260, gen)
     assignment = torch.randint(0, 4, (n,), generator=gen)
     for model, mode, in_flight in (("mix", "sar", 1), ("mix", "sar", 0), ("mix", "stash", 2), ("edge", "sar", 1),
-                                   ("gat3", "sar", 1), ("gat3", "stash", 0), ("msg", "sar", 1), ("msg", "stash", 1),
-                                   ("gathers", "sar", 2)):
+                                   ("gat3", "sar", 1), ("gat3", "sar", 2), ("gat3", "stash", 0), ("msg", "sar", 1),
+                                   ("msg", "stash", 1), ("gathers", "sar", 2)):
         case = _case(g, assignment, model, mode)
         case.blocks_in_flight, case.steps, case.pool_min_bytes = in_flight, 3, 0
         case.train = model != "gat3"  # (its dropout draws anew each step, the oracle's once)
