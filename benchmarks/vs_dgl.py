@@ -178,21 +178,27 @@ def measure(a: argparse.Namespace) -> list[dict]:
     return merge_repeats(rows)
 
 
+MEDIANS = ("epoch_s", "peak_above_floor_bytes", "time_ledger")  # what --repeat takes the median of
+
+
 def merge_repeats(rows: list[dict]) -> list[dict]:
     """One row per (engine, model, allocator, workers): with ``--repeat``, each worker's
-    epoch and peak are the medians over the repeats (its other fields the first run's),
-    and ``runs`` keeps every repeat's pair."""
+    epoch, peak and time ledger (each part on its own) are the medians over the repeats
+    (its other fields the first run's), and ``runs`` keeps every repeat's."""
     merged: dict[tuple, dict] = {}
     for row in rows:
         key = (row["engine"], row["model"], row["allocator"], row["workers"])
         if key not in merged:
             merged[key] = {**row, "per_worker": [{**w, "runs": []} for w in row["per_worker"]]}
         for mine, w in zip(merged[key]["per_worker"], row["per_worker"]):
-            mine["runs"].append({"epoch_s": w["epoch_s"], "peak_above_floor_bytes": w["peak_above_floor_bytes"]})
+            mine["runs"].append({k: w[k] for k in MEDIANS if k in w})
     for row in merged.values():
         for w in row["per_worker"]:
             for k in ("epoch_s", "peak_above_floor_bytes"):
                 w[k] = statistics.median(run[k] for run in w["runs"])
+            if "time_ledger" in w:
+                w["time_ledger"] = {part: statistics.median(run["time_ledger"][part] for run in w["runs"])
+                                    for part in w["time_ledger"]}
     return list(merged.values())
 
 
