@@ -407,20 +407,23 @@ class Columns:
 
     def gather(self, rows: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """The rows, written into ``out`` (``[rows, sum of widths]``)."""
-        start = 0
         with torch.no_grad():
-            for p in self.parts:
-                torch.index_select(p, 0, rows, out=out[:, start : start + p.shape[1]])
-                start += p.shape[1]
+            for p, columns in self._beside(out):
+                torch.index_select(p, 0, rows, out=columns)
         return out
 
     def index_add_(self, dim: int, rows: torch.Tensor, source: torch.Tensor) -> "Columns":
         """``self[rows] += source`` (``source``: ``[rows, sum of widths]``), part by part."""
+        for p, columns in self._beside(source):
+            p.index_add_(dim, rows, columns)
+        return self
+
+    def _beside(self, wide: torch.Tensor):
+        """Each part with its own columns of ``wide`` (``[any rows, sum of widths]``)."""
         start = 0
         for p in self.parts:
-            p.index_add_(dim, rows, source[:, start : start + p.shape[1]])
+            yield p, wide[:, start : start + p.shape[1]]
             start += p.shape[1]
-        return self
 
     def new_empty(self, shape: tuple[int, ...]) -> torch.Tensor:
         return self.parts[0].new_empty(shape)
