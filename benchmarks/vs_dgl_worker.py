@@ -204,12 +204,15 @@ def sc_model(name: str, in_dim: int, hidden: int, classes: int):
 
 
 def _graph_tensors(graph) -> list:
-    """Index tensors of a shard, everything its blocks cached (CSR, transpose, rows) and
-    the graphs derived from it (with self-loops, edge subsets)."""
+    """Index tensors of a shard, everything its blocks cached (CSR, transpose, tiles, rows)
+    and the graphs derived from it (with self-loops, edge subsets)."""
+    from sarcompile.ir.graph import Tiles
+
     out = [graph.global_ids, graph.edge_ids, *graph.send_index]
     for b in graph.blocks:
         out += [v for v in vars(b).values() if isinstance(v, torch.Tensor)]
         out += [v for v in b._cache.values() if isinstance(v, torch.Tensor)]
+        out += [t for v in b._cache.values() if isinstance(v, Tiles) for t in v.tensors()]
     for d in graph._derived.values():
         out += _graph_tensors(d)
     return out

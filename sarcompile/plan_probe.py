@@ -24,7 +24,7 @@ import torch
 import torch.fx as fx
 
 from .errors import CompileError
-from .ir.graph import Graph, probe_graph, probe_relation
+from .ir.graph import Graph, probe_graph, probe_relation, tile_count
 from .hetero import Relation
 from .data.shard import DERIVED_GRAPHS, ShardGraph
 from .sizes import TypedWorkerStats, WorkerStats
@@ -62,22 +62,35 @@ def _derived(gm: fx.GraphModule) -> dict[fx.Node | None, set[str]]:
 
 
 def graph_bytes(w: WorkerStats, r: int, derived: set[str]) -> int:
-    """The shard's index tensors once a training step has built them all: node and edge
-    ids, the rows it sends and the remote source ids (int64); per block the CSR (indptr,
-    source rows) and the transpose (permutation, rows, indptr), int32 as graph.Block
-    keeps them; and the destination of every edge (int64). The destinations are kept
-    only by kernels that gather by them across a whole block (max, messages); sum and
-    mean products, and attention (one row range at a time), make none to keep, so for
-    those this is 8 bytes per edge high (4 for a mean, which keeps its 1/deg per edge).
-    A derived graph (with self-loops, say) shares the remote blocks and adds a local block
-    with one self-loop per node, and its own edge ids."""
-    blocks, halo = len(w.block_edges), sum(w.halo)
+    """The shard's index tensors once a training step has built them all: node ids, the
+    rows it sends and the remote source ids (int64); edge ids (int32, as ShardGraph keeps
+    them where they fit); per block, int32 as graph.Block keeps them, the CSR (indptr,
+    source rows), its transposed tiles (order, rows, an indptr per tile) and, where its
+    source rows span more than one tile, its forward tiles (the source rows again, an
+    indptr per tile; only sum and mean products make them); and the destination of every
+    edge (int64). The destinations are kept only by kernels that gather by them across a
+    whole block (max, messages); sum and mean products, and attention (one row range at a
+    time), make none to keep, so for those this is 8 bytes per edge high (4 for a mean,
+    which keeps its 1/deg per edge); the transposed tiles' order, 4 bytes per edge, only
+    where weights come in CSR order. A derived graph (with self-loops, say) shares the
+    remote blocks and adds a local block with one self-loop per node, and its own edge ids."""
+    halo = sum(w.halo)
     sent = halo  # the rows peers read from us: about as many as we read from them
-    wide = w.nodes + w.edges + sent + halo + w.edges
-    narrow = blocks * (w.nodes + 1) + 3 * w.edges + (w.nodes + halo + blocks)
+    wide = w.nodes + sent + halo + w.edges
+    sources = [w.nodes if q == r else rows for q, rows in enumerate(w.halo)]
+    narrow = 4 * w.edges + sum(_block_ints(w.nodes, src, edges) for src, edges in zip(sources, w.block_edges))
     local = w.block_edges[r] - w.self_loops + w.nodes if w.block_edges else w.nodes
-    wide_extra, narrow_extra = local + (w.edges - w.self_loops + w.nodes), 2 * (w.nodes + 1) + 3 * local
+    derived_edges = w.edges - w.self_loops + w.nodes
+    wide_extra, narrow_extra = local, derived_edges + 3 * local + _block_ints(w.nodes, w.nodes, local)
     return 8 * (wide + len(derived) * wide_extra) + 4 * (narrow + len(derived) * narrow_extra)
+
+
+def _block_ints(dst: int, src: int, edges: int) -> int:
+    """A block's int32s beyond three per edge (its CSR's rows, the transposed tiles' order
+    and rows): the CSR's indptr, the transposed tiles' indptrs, and the forward tiles
+    where there is more than one (graph.Block.tiles)."""
+    forward = edges + tile_count(src) * (dst + 1) if tile_count(src) > 1 else 0
+    return (dst + 1) + tile_count(dst) * (src + 1) + forward
 
 
 def _graph_sizes(nodes: int, edges: int, loops: int, w: WorkerStats) -> dict[int, int]:

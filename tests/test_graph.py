@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from unittest.mock import patch
 
 import networkx as nx
 import pytest
@@ -13,6 +14,7 @@ from torch_geometric.data import Data
 
 import sarcompile as sc
 from sarcompile.errors import GraphError
+from sarcompile.ir import graph as graph_module
 from sarcompile.ir.graph import Block
 
 
@@ -242,14 +244,31 @@ def test_block_is_csr_by_destination(e):
     A = torch.zeros(n, n, dtype=torch.float64)
     for u, v in zip(src.tolist(), dst.tolist()):
         A[v, u] += 1
-    assert torch.equal(b.sparse(None, torch.float64).to_dense(), A)
-    assert torch.equal(b.sparse_t(None, torch.float64).to_dense(), A.T)
     w = torch.arange(E, dtype=torch.float64) + 1
     W = torch.zeros(n, n, dtype=torch.float64)
     for i, (u, v) in enumerate(zip(src.tolist(), dst.tolist())):
         W[v, u] += w[i]
-    assert torch.equal(b.sparse(w[perm], torch.float64).to_dense(), W)
-    assert torch.equal(b.sparse_t(w[perm], torch.float64).to_dense(), W.T)
+    scale = torch.arange(n, dtype=torch.float64) + 2  # one value per destination row
+    # As tiles of any width: the same matrix, weights in tile order (forward tiles keep
+    # no order: they take weights spread per row; unsplit, they take the CSR's order).
+    for width in (1, 2, 3, n + 1):
+        with patch.object(graph_module, "TILE_ROWS", width):
+            b = sc.Graph.from_edges(src, dst, n).block  # (tiles are kept per block)
+            fwd, bwd = b.tiles(), b.tiles(transposed=True, with_order=True)
+            assert len(fwd.indptr) == len(bwd.indptr) == max(-(-n // width), 1)
+            assert torch.equal(_dense(fwd), A) and torch.equal(_dense(bwd), A.T)
+            assert torch.equal(_dense(bwd, w[perm][bwd.order.long()]), W.T)
+            assert torch.equal(_dense(fwd, fwd.per_row(scale)), scale[:, None] * A)
+            assert torch.equal(_dense(bwd, bwd.per_col(scale)), (scale[:, None] * A).T)
+            assert torch.equal(_dense(b.tiles(split=False), w[perm]), W)
+            assert sc.Graph.from_edges(src, dst, n).block.tiles(transposed=True).order is None  # (kept only when asked)
+
+
+def _dense(tiles, values=None) -> torch.Tensor:
+    out = torch.zeros(tiles.shape, dtype=torch.float64)
+    for rows, a in tiles.matrices(values, torch.float64):
+        out[:, rows] += a.to_dense()
+    return out
 
 
 # -- errors -------------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from unittest.mock import patch
 
 import pytest
 import torch
@@ -11,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import sarcompile as sc
+from sarcompile.ir import graph as graph_module
 from sarcompile.plan import _size
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -191,7 +193,7 @@ def test_a_manifest_without_block_sizes_is_planned_from_its_part_files(tmp_path)
 
 def test_graph_estimate_counts_the_index_tensors_a_step_builds():
     """The plan's ``graph`` term against the bytes of every index tensor a worker's shard
-    holds after a training step (its blocks' CSR, destinations, transpose; ids)."""
+    holds after a training step (its blocks' CSR, destinations, tiles; ids)."""
     from sarcompile.data.shard import ShardGraph, split_graph
 
     gen = torch.Generator().manual_seed(3)
@@ -199,19 +201,22 @@ def test_graph_estimate_counts_the_index_tensors_a_step_builds():
     g = sc.Graph.from_edges(torch.randint(0, n, (3000,), generator=gen), torch.randint(0, n, (3000,), generator=gen), n)
     assignment = torch.randint(0, 3, (n,), generator=gen)
     model = sc.distribute(Small())
-    plan = model.plan(g, 3, x=torch.zeros(1, 8), method=assignment)
-    parts = split_graph(g, assignment, 3)
-    for r, part in enumerate(parts):
-        shard = ShardGraph.from_part(part, r, 3, n, g.num_edges)
-        tensors = []
-        for graph in (shard, shard.with_self_loops()):  # GAT and GCN add self-loops
-            for b in graph.blocks:  # what spmm, its transpose and the attention read
-                b.row, b.transpose_perm, b.transpose_row, b.transpose_indptr
-            tensors += [graph.global_ids, graph.edge_ids, *graph.send_index]
-            tensors += [t for b in graph.blocks for t in vars(b).values() if isinstance(t, torch.Tensor)]
-        held = sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}.values())
-        estimated = plan.memory_estimate()[r].breakdown["graph"]
-        assert 0.9 * held <= estimated <= 1.1 * held, (r, held, estimated)  # (sent rows are approximated)
+    for tile_rows in (64, 1 << 15):  # blocks of several tiles, and of one
+        with patch.object(graph_module, "TILE_ROWS", tile_rows):
+            plan = model.plan(g, 3, x=torch.zeros(1, 8), method=assignment)
+            parts = split_graph(g, assignment, 3)
+            for r, part in enumerate(parts):
+                shard = ShardGraph.from_part(part, r, 3, n, g.num_edges)
+                tensors = []
+                for graph in (shard, shard.with_self_loops()):  # GAT and GCN add self-loops
+                    for b in graph.blocks:  # what spmm, its transpose and the attention read
+                        tiles = [b.tiles(), b.tiles(transposed=True, with_order=True)]
+                        tensors += [b.row, *(t for tile in tiles for t in tile.tensors())]
+                    tensors += [graph.global_ids, graph.edge_ids, *graph.send_index]
+                    tensors += [t for b in graph.blocks for t in vars(b).values() if isinstance(t, torch.Tensor)]
+                held = sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}.values())
+                estimated = plan.memory_estimate()[r].breakdown["graph"]
+                assert 0.9 * held <= estimated <= 1.1 * held, (tile_rows, r, held, estimated)  # (sent rows are approximated)
 
 
 def test_round_peak_counts_the_buffers_each_round_holds():

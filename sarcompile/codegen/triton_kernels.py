@@ -24,9 +24,11 @@ __all__ = [
     "AttentionState",
     "MaxState",
     "attention_grads",
+    "dst_weights",
     "dtype_name",
     "edge_dot",
     "max_grad",
+    "prepare_transpose",
     "spmm",
     "spmm_t",
     "weight_cols",
@@ -84,11 +86,13 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def spmm(block: Block, x: torch.Tensor, weight: torch.Tensor | None, into: torch.Tensor | None = None) -> torch.Tensor:
+def spmm(block: Block, x: torch.Tensor, weight: torch.Tensor | None, into: torch.Tensor | None = None,
+         ordered: bool = False) -> torch.Tensor:
     """As torch_kernels.spmm; ``into`` gets the block's sums added (from a buffer of
-    their own: the kernel writes its rows, it does not read them)."""
+    their own: the kernel writes its rows, it does not read them). The kernel takes
+    weights in CSR order: ``ordered`` ones (:func:`dst_weights`) are in it."""
     cols = weight_cols(x.shape, None if weight is None else tuple(weight.shape))
-    if cols is None:
+    if cols is None:  # (not one weight per edge, so not an ordered one)
         return T.spmm(block, x, weight, into)
     b = block.on(x.device)
     out = _aggregate(b.indptr, b.col, b.col, weight, cols, x, block.num_dst, permuted=False)
@@ -96,16 +100,30 @@ def spmm(block: Block, x: torch.Tensor, weight: torch.Tensor | None, into: torch
 
 
 def spmm_t(block: Block, g: torch.Tensor, weight: torch.Tensor | None, out: torch.Tensor | None = None,
-           transposed: bool = False) -> torch.Tensor:
+           ordered: bool = False) -> torch.Tensor:
     """The transpose as the same kernel over the CSC view: race-free, no atomics.
-    ``out``: a contiguous ``[num_src, ...]`` buffer to write into. ``transposed``: a weight
-    per edge in the block's CSC order already."""
+    ``out``: a contiguous ``[num_src, ...]`` buffer to write into. ``ordered``: a weight
+    per edge in the block's CSC order already (:func:`dst_weights`)."""
     cols = weight_cols(g.shape, None if weight is None else tuple(weight.shape))
-    if cols is None:
-        return T.spmm_t(block, g, weight, out, transposed=transposed)
+    if cols is None:  # (not one weight per edge, so not an ordered one)
+        return T.spmm_t(block, g, weight, out)
     b = block.on(g.device)
     return _aggregate(b.transpose_indptr, b.transpose_row, b.transpose_perm, weight, cols, g, block.num_src,
-                      permuted=not transposed, out=out)
+                      permuted=not ordered, out=out)
+
+
+def prepare_transpose(block: Block, weighted: bool) -> None:
+    """As torch_kernels.prepare_transpose, for the CSC view the kernels read (with its
+    order whether weighted or not)."""
+    block.transpose_perm, block.transpose_row, block.transpose_indptr  # noqa: B018 (made and kept on first read)
+
+
+def dst_weights(block: Block, values: torch.Tensor, transposed: bool = False) -> torch.Tensor:
+    """``values[v]`` for every edge u->v, in CSR order (``transposed``: CSC order), the
+    orders :func:`spmm` and :func:`spmm_t` take with ``ordered``."""
+    b = block.on(values.device)
+    w = b.per_edge(values)
+    return w.index_select(0, b.transpose_perm) if transposed else w
 
 
 def edge_dot(block: Block, g: torch.Tensor, x: torch.Tensor, weight_shape: torch.Size) -> torch.Tensor:

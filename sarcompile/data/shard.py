@@ -157,7 +157,9 @@ class ShardGraph:
         self.global_ids = global_ids
         self.blocks = blocks
         self.send_index = send_index
-        self.edge_ids = edge_ids
+        # int32 where every id fits: an int64 per edge was the largest index tensor a
+        # worker kept after its CSR (users index with it as with int64 ids).
+        self.edge_ids = edge_ids.to(torch.int32 if edge_id_space < 2**31 else torch.int64)
         self.num_global_nodes = num_global_nodes
         # Self-loops added by with_self_loops() get edge id ``edge_id_space + global node id``.
         self.edge_id_space = edge_id_space

@@ -369,7 +369,7 @@ def _remaining_loops(graph: Any, e: torch.Tensor, fill: torch.Tensor) -> torch.T
     """The value of each node's one self-loop under PyG's ``add_remaining_self_loops``:
     its last existing self-loop's (by edge id, PyG's edge order), else ``fill``'s row.
     Local: a node's self-loops are in-edges of it."""
-    loops, dst, ids = graph.loop_mask, graph.dst_index, graph.edge_ids
+    loops, dst, ids = graph.loop_mask, graph.dst_index, graph.edge_ids.long()  # (a shard's may be int32)
     last = torch.full((graph.num_dst,), -1, dtype=torch.long).scatter_reduce(0, dst[loops], ids[loops], "amax")
     chosen = loops & (ids == last[dst])
     out = fill.index_put((dst[chosen],), e[chosen].detach())
@@ -385,7 +385,7 @@ def _carry(graph: Any, derived: Any, e: torch.Tensor, loops: torch.Tensor | None
     from it): an edge both have (the same global edge id) keeps its row, a self-loop
     ``derived`` added takes its node's row of ``loops``. Local on a shard: edges are
     matched by global id and a node's loops are in-edges of it."""
-    ids, wanted, num_edges = graph.edge_ids, derived.edge_ids, graph.num_edges
+    ids, wanted, num_edges = graph.edge_ids.long(), derived.edge_ids.long(), graph.num_edges  # (int32 or int64)
     index = num_edges + derived.dst_index  # a new loop reads its node's row of `loops`
     if num_edges:
         order = torch.argsort(ids)

@@ -16,17 +16,74 @@ import sys
 import warnings
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
 
 from ..errors import GraphError
 
-__all__ = ["Graph", "Block", "csr_tensor", "probe_graph", "probe_relation", "cached_subset"]
+__all__ = ["Graph", "Block", "Tiles", "csr_tensor", "tile_count", "probe_graph", "probe_relation", "cached_subset"]
 
 # Edge subsets a graph keeps (one per relation, typically); past this many, the oldest goes.
 SUBSET_CACHE = 64
+
+# Dense rows per tile of a CPU sparse product (see Block.tiles). MKL's CSR product reads the
+# dense rows in edge order: with 100k source rows of 128 floats (51 MB) nearly every read
+# misses the cache. Tiles of this many source rows (16 MB at 128 floats) halved the product's
+# time on a 100k-node, 2M-edge graph, at 128 and at 256 features (docs/benchmarks.md).
+TILE_ROWS = 1 << 15
+
+
+@dataclass(eq=False)
+class Tiles:
+    """A sparse product's matrix ``[num_rows, num_cols]`` split by ranges of its columns:
+    tile ``i`` holds the entries of columns ``bounds[i]:bounds[i+1]``, CSR by row, as
+    ``indptr[i]`` and ``col[edges[i]:edges[i+1]]`` (columns counted from the tile's first).
+    ``order[j]`` is the block's CSR position of the ``j``-th entry in tile order (None where
+    it is not kept, see :meth:`Block.tiles`); a product takes weights per edge in tile order."""
+
+    shape: tuple[int, int]
+    bounds: list[int]
+    edges: list[int]
+    indptr: list[torch.Tensor]
+    col: torch.Tensor
+    order: torch.Tensor | None
+
+    def matrices(self, values: torch.Tensor | None, dtype: torch.dtype) -> Iterator[tuple[slice, torch.Tensor]]:
+        """Each tile as a sparse CSR matrix with ``values`` (in tile order; ones if None),
+        with the slice of the dense operand's rows it multiplies."""
+        for i, indptr in enumerate(self.indptr):
+            e0, e1 = self.edges[i], self.edges[i + 1]
+            lo, hi = self.bounds[i], self.bounds[i + 1]
+            v = torch.ones(e1 - e0, dtype=dtype, device=self.col.device) if values is None else values[e0:e1].to(dtype)
+            yield slice(lo, hi), csr_tensor(indptr, self.col[e0:e1], v, (self.shape[0], hi - lo))
+
+    def tensors(self) -> list[torch.Tensor]:
+        """The index tensors the tiles keep (to count their bytes)."""
+        return [*self.indptr, self.col, *([] if self.order is None else [self.order])]
+
+    def per_row(self, values: torch.Tensor) -> torch.Tensor:
+        """``values[row]`` of every entry, in tile order (``values`` has a row per matrix row)."""
+        return torch.cat([torch.repeat_interleave(values, (ip[1:] - ip[:-1]).long(), dim=0,
+                                                  output_size=self.edges[i + 1] - self.edges[i])
+                          for i, ip in enumerate(self.indptr)])
+
+    def per_col(self, values: torch.Tensor) -> torch.Tensor:
+        """``values[column]`` of every entry, in tile order (``values`` has a row per column)."""
+        return torch.cat([values[lo:hi].index_select(0, self.col[e0:e1]) for lo, hi, e0, e1
+                          in zip(self.bounds, self.bounds[1:], self.edges, self.edges[1:])])
+
+
+def tile_count(cols: int) -> int:
+    """Tiles of at most :data:`TILE_ROWS` columns a CPU product splits ``cols`` columns into."""
+    return max(-(-cols // TILE_ROWS), 1)
+
+
+def _even(size: int, count: int) -> list[int]:
+    """``count`` ranges of (nearly) equal length covering ``[0, size)``, as their bounds."""
+    step = max(-(-size // count), 1)
+    return [min(i * step, size) for i in range(count + 1)]
 
 
 @dataclass(eq=False)
@@ -82,6 +139,56 @@ class Block:
         counts = self.indptr[1:] - self.indptr[:-1]
         return torch.repeat_interleave(dst_values, counts, dim=0, output_size=self.num_edges)
 
+    def tiles(self, transposed: bool = False, split: bool = True, with_order: bool = False) -> Tiles:
+        """The block's matrix ``[num_dst, num_src]`` (``transposed``: ``[num_src, num_dst]``)
+        as :class:`Tiles` of at most :data:`TILE_ROWS` columns -- the rows of the dense
+        operand a product reads -- made once and kept. One tile on devices other than the
+        CPU (their caches are not what the tiles are for) or without ``split``.
+
+        Their order (an int per edge) is kept only ``with_order``, for weights given in CSR
+        order; weights made for the tiles (:meth:`Tiles.per_row`, :meth:`Tiles.per_col`)
+        need none. Forward tiles never keep it (the CSR itself is at hand): split, they take
+        weights only in tile order; unsplit, they are the CSR and take its order."""
+        cols = self.num_dst if transposed else self.num_src
+        count = tile_count(cols) if split and self.col.device.type == "cpu" else 1
+        if not transposed and count == 1:
+            return Tiles((self.num_dst, cols), [0, cols], [0, self.num_edges], [self.indptr], self.col, None)
+        key = ("tiles", transposed, count)
+        kept = self._cache.get(key)
+        if kept is None or (with_order and kept.order is None):
+            kept = self._cache[key] = self._transposed_tiles(count, with_order) if transposed else self._source_tiles(count)
+        return kept
+
+    def _source_tiles(self, count: int) -> Tiles:
+        """Forward tiles: each tile's edges picked from the CSR by a mask, in its order, its
+        row offsets counted from it (no sort, no row per edge: few temporaries)."""
+        bounds, dtype = _even(self.num_src, count), self.index_dtype
+        indptr, cols, edges = [], [], [0]
+        for lo, hi in zip(bounds, bounds[1:]):
+            inside = (self.col >= lo) & (self.col < hi)
+            before = torch.cat([self.col.new_zeros(1), torch.cumsum(inside, 0, dtype=dtype)])  # tile edges before each
+            indptr.append(before.index_select(0, self.indptr))
+            cols.append(self.col[inside] - lo)
+            edges.append(edges[-1] + cols[-1].numel())
+        return Tiles((self.num_dst, self.num_src), bounds, edges, indptr, torch.cat(cols), None)
+
+    def _transposed_tiles(self, count: int, with_order: bool) -> Tiles:
+        """Transposed tiles: tile ``i`` is the transpose of destination rows ``bounds[i]:
+        bounds[i+1]`` -- a range of the CSR -- its edges sorted by source row (stably: each
+        source row's destinations stay in order)."""
+        bounds, dtype = _even(self.num_dst, count), self.index_dtype
+        indptr, orders, cols = [], [], []
+        for lo, hi in zip(bounds, bounds[1:]):
+            sub = self.rows(lo, hi)
+            order = torch.sort(sub.col, stable=True).indices
+            cols.append(sub._rows()[order].to(dtype))
+            orders.append((order + int(self.indptr[lo])).to(dtype))
+            counts = torch.bincount(sub.col, minlength=self.num_src)
+            indptr.append(torch.cat([counts.new_zeros(1), torch.cumsum(counts, 0)]).to(dtype))
+        edges = self.indptr[bounds].tolist()
+        return Tiles((self.num_src, self.num_dst), bounds, edges, indptr, torch.cat(cols),
+                     torch.cat(orders) if with_order else None)
+
     @cached_property
     def transpose_perm(self) -> torch.Tensor:
         """Edge permutation that sorts the edges by source row (CSC order, stable)."""
@@ -127,27 +234,6 @@ class Block:
         if key not in self._cache:
             self._cache[key] = Block(self.indptr.to(device), self.col.to(device), self.num_src, self.src_gids.to(device))
         return self._cache[key]
-
-    def sparse(self, weight: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
-        """This block as a ``[num_dst, num_src]`` sparse CSR matrix (unit weights if None)."""
-        values = torch.ones(self.num_edges, dtype=dtype, device=self.col.device) if weight is None else weight.to(dtype)
-        return csr_tensor(self.indptr, self.col, values, (self.num_dst, self.num_src))
-
-    def sparse_t(self, weight: torch.Tensor | None, dtype: torch.dtype, permuted: bool = False,
-                 into: torch.Tensor | None = None) -> torch.Tensor:
-        """The transposed block, ``[num_src, num_dst]`` sparse CSR; ``permuted``: ``weight``
-        is in CSC order already. ``into``: a ``[num_edges]`` buffer of ``dtype`` the permuted
-        weights are written into (one reused across heads, not a fresh one per head)."""
-        perm = self.transpose_perm
-        if weight is None:
-            values = torch.ones(self.num_edges, dtype=dtype, device=self.col.device)
-        elif permuted:
-            values = weight.to(dtype)
-        elif into is not None and weight.dtype == dtype and not (torch.is_grad_enabled() and weight.requires_grad):
-            values = torch.index_select(weight, 0, perm, out=into)
-        else:  # (index_select: about twice as fast as weight[perm] on a CPU)
-            values = weight.index_select(0, perm).to(dtype)
-        return csr_tensor(self.transpose_indptr, self.transpose_row, values, (self.num_src, self.num_dst))
 
 
 def csr_tensor(indptr: torch.Tensor, col: torch.Tensor, values: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:

@@ -60,6 +60,6 @@ def edge_keep(edge_ids: torch.Tensor, heads: int, p: float, salt: torch.Tensor, 
     out = torch.empty((edge_ids.numel(), heads), dtype=dtype, device=salt.device)
     step = max(1, EDGE_CHUNK_ELEMENTS // max(heads, 1))
     for lo in range(0, edge_ids.numel(), step):
-        keys = edge_ids[lo : lo + step].unsqueeze(1) * heads + torch.arange(heads)
+        keys = edge_ids[lo : lo + step].long().unsqueeze(1) * heads + torch.arange(heads)  # (a shard's may be int32)
         out[lo : lo + step] = keep(keys, salt, p).to(dtype) / (1.0 - p)
     return out

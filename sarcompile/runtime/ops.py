@@ -20,6 +20,7 @@ count re-fetched bytes: the runtime does what the plan prints.
 from __future__ import annotations
 
 import math
+from types import ModuleType
 from typing import Callable
 
 import torch
@@ -71,24 +72,21 @@ def _edge_slice(t: torch.Tensor | None, shard: ShardGraph, q: int) -> torch.Tens
     return None if t is None else t[shard.edge_ptr[q] : shard.edge_ptr[q + 1]]
 
 
-def _mean_weights(shard: ShardGraph, like: torch.Tensor, transposed: bool = False) -> Callable[[Block], torch.Tensor]:
+def _mean_weights(shard: ShardGraph, like: torch.Tensor, kernels: ModuleType,
+                  transposed: bool = False) -> Callable[[Block], torch.Tensor]:
     """The mean's ``1/deg`` as a block's edge weights, in ``like``'s dtype and on its
-    device (with ``transposed``, in the block's CSC order, as its transpose's product takes
-    them): the degrees spread over each block's edges from its CSR offsets, made once per
-    shard, block and dtype and kept (an element per edge; spreading and permuting them
-    anew on every call took 7% of an RGCN epoch). Kept by the shard, not the block: a graph
-    with self-loops shares its remote blocks with the graph without, whose degrees differ."""
+    device, in the order ``kernels``' product (``transposed``: its transpose's) takes them
+    (``ordered``): made once per shard, block, dtype and order and kept (an element per
+    edge; spreading and permuting them anew on every call took 7% of an RGCN epoch). Kept
+    by the shard, not the block: a graph with self-loops shares its remote blocks with the
+    graph without, whose degrees differ."""
     cache = shard.__dict__.setdefault("_mean_weights", {})
 
     def weights(block: Block) -> torch.Tensor:
-        key = (id(block), like.dtype, like.device, transposed)
+        key = (id(block), like.dtype, like.device, kernels.__name__, transposed)
         if key not in cache:
-            if transposed:
-                w = _mean_weights(shard, like)(block).index_select(0, block.on(like.device).transpose_perm)
-            else:
-                inv_deg = 1.0 / shard.in_degrees()[: block.num_dst].clamp(min=1).to(like.device, like.dtype)
-                w = block.on(like.device).per_edge(inv_deg)
-            cache[key] = (block, w)  # (the block too: its id stays its own)
+            inv_deg = 1.0 / shard.in_degrees()[: block.num_dst].clamp(min=1).to(like.device, like.dtype)
+            cache[key] = (block, kernels.dst_weights(block, inv_deg, transposed))  # (the block too: its id stays its own)
         return cache[key][1]
 
     return weights
@@ -112,7 +110,7 @@ class _SarSpmm(torch.autograd.Function):
         state = K.MaxState(shard.num_nodes, tail, x.dtype, x.device) if reduce == "max" else None
         offsets = _offsets(shard)
         # Added into a buffer that holds more than sums: the mean's 1/deg goes on the edges
-        mean_weights = _mean_weights(shard, x) if into is not None and reduce == "mean" else None
+        mean_weights = _mean_weights(shard, x, K) if into is not None and reduce == "mean" else None
         if into is not None:
             acc["out"] = into
 
@@ -120,11 +118,13 @@ class _SarSpmm(torch.autograd.Function):
             if strategy.keeps_blocks:
                 kept[q] = xb
             block = shard.blocks[q].on(x.device)
+            if wants["x"] and state is None:  # (backward's weights: the mean's made for it, or the given ones)
+                K.prepare_transpose(block, weighted=weight is not None)
             w = _edge_slice(weight, shard, q) if mean_weights is None else mean_weights(block)
             if state is not None:
                 state.update(block, xb, offsets[q])
             else:  # the local block comes first: its sums are the buffer, unless given one
-                acc["out"] = K.spmm(block, xb, w, into=acc.get("out"))
+                acc["out"] = K.spmm(block, xb, w, into=acc.get("out"), ordered=mean_weights is not None)
 
         run_rounds(shard, visit, fetch=x, lookahead=_lookahead(shard, strategy, in_flight), what=f"spmm({reduce})",
                    link=link, iteration=iteration, visit_keeps=strategy.keeps_blocks)
@@ -154,7 +154,7 @@ class _SarSpmm(torch.autograd.Function):
         per_edge = reduce == "mean" and weight is None
         if reduce == "mean" and not per_edge:
             g = g / _bcast(shard.in_degrees(), g)
-        mean_weights = _mean_weights(shard, g, transposed=True) if per_edge else None
+        mean_weights = _mean_weights(shard, g, K, transposed=True) if per_edge else None
         offsets = _offsets(shard)
         kept = ctx.kept
 
@@ -165,7 +165,7 @@ class _SarSpmm(torch.autograd.Function):
             # A remote block's rows are pushed to their owner, then the buffer goes back to the pool.
             out = None if q == shard.rank else pool.take((block.num_src, *g.shape[1:]), g.dtype, g.device)
             if per_edge:
-                return K.spmm_t(block, g, mean_weights(block), out, transposed=True)
+                return K.spmm_t(block, g, mean_weights(block), out, ordered=True)
             return K.spmm_t(block, g, _edge_slice(weight, shard, q), out)
 
         def visit(q: int, xb: torch.Tensor | None):
@@ -293,6 +293,8 @@ class _SarAttention(torch.autograd.Function):
             if strategy.keeps_blocks and q != shard.rank:
                 kept[q] = block_payload
             block = shard.blocks[q]
+            if wants["h"]:
+                K.prepare_transpose(block.on(h.device), weighted=True)
             hb, ab = (h, a_src) if q == shard.rank else _split_payload(block_payload, heads, channels)
             keep = _keep(shard, q, heads, p, salt, h.dtype, h.device)
             state.update(block, hb, ab, a_dst, negative_slope, keep, _edge_slice(a_edge, shard, q))
@@ -672,7 +674,7 @@ class _SarMessage(torch.autograd.Function):
             with torch.no_grad():
                 msg = fn(xb[block.col], x[block.row], _edge_slice(edge_attr, shard, q))
             if state is not None:
-                state.update(block.row, msg, _edge_slice(shard.edge_ids, shard, q).to(x.device), shard.num_nodes)
+                state.update(block.row, msg, _edge_slice(shard.edge_ids, shard, q).to(x.device, torch.long), shard.num_nodes)
             elif "out" not in acc:
                 acc["out"] = msg.new_zeros((shard.num_nodes, *msg.shape[1:])).index_add_(0, block.row, msg)
             else:
@@ -716,7 +718,7 @@ class _SarMessage(torch.autograd.Function):
                 msg = fn(x_j, x_i, e)
             g_msg = g[block.row]
             if reduce == "max":
-                ids = _edge_slice(shard.edge_ids, shard, q).to(x.device).reshape(-1, *([1] * (msg.dim() - 1)))
+                ids = _edge_slice(shard.edge_ids, shard, q).to(x.device, torch.long).reshape(-1, *([1] * (msg.dim() - 1)))
                 g_msg = torch.where(winner[0][block.row] == ids, g_msg, torch.zeros_like(g_msg))
             inputs = [t for t in (x_j, x_i, e) if t is not None and t.requires_grad] + params
             grads = torch.autograd.grad(msg, inputs, g_msg, allow_unused=True) if inputs and msg.requires_grad else ()
