@@ -201,7 +201,7 @@ def test_graph_estimate_counts_the_index_tensors_a_step_builds():
     g = sc.Graph.from_edges(torch.randint(0, n, (3000,), generator=gen), torch.randint(0, n, (3000,), generator=gen), n)
     assignment = torch.randint(0, 3, (n,), generator=gen)
     model = sc.distribute(Small())
-    for tile_rows in (64, 1 << 15):  # blocks of several tiles, and of one
+    for tile_rows in (64, 1 << 14):  # blocks of several tiles, and of one
         with patch.object(graph_module, "TILE_ROWS", tile_rows):
             plan = model.plan(g, 3, x=torch.zeros(1, 8), method=assignment)
             parts = split_graph(g, assignment, 3)

@@ -30,9 +30,10 @@ SUBSET_CACHE = 64
 
 # Dense rows per tile of a CPU sparse product (see Block.tiles). MKL's CSR product reads the
 # dense rows in edge order: with 100k source rows of 128 floats (51 MB) nearly every read
-# misses the cache. Tiles of this many source rows (16 MB at 128 floats) halved the product's
-# time on a 100k-node, 2M-edge graph, at 128 and at 256 features (docs/benchmarks.md).
-TILE_ROWS = 1 << 15
+# misses the cache. Tiles of this many source rows (8 MB at 128 floats, 16 MB at 256; the
+# machine measured has a 32 MB L3) took SAGE's three products on a 100k-node, 2M-edge
+# graph from 455 to 200-250 ms; 32k rows gave 270-290, 8k rows 270 (docs/benchmarks.md).
+TILE_ROWS = 1 << 14
 
 
 @dataclass(eq=False)
@@ -53,11 +54,12 @@ class Tiles:
     def matrices(self, values: torch.Tensor | None, dtype: torch.dtype) -> Iterator[tuple[slice, torch.Tensor]]:
         """Each tile as a sparse CSR matrix with ``values`` (in tile order; ones if None),
         with the slice of the dense operand's rows it multiplies."""
+        if values is None:  # (one buffer for all tiles: a tile's own, under the mmap threshold, would leave heap holes)
+            values = torch.ones(self.edges[-1], dtype=dtype, device=self.col.device)
         for i, indptr in enumerate(self.indptr):
             e0, e1 = self.edges[i], self.edges[i + 1]
             lo, hi = self.bounds[i], self.bounds[i + 1]
-            v = torch.ones(e1 - e0, dtype=dtype, device=self.col.device) if values is None else values[e0:e1].to(dtype)
-            yield slice(lo, hi), csr_tensor(indptr, self.col[e0:e1], v, (self.shape[0], hi - lo))
+            yield slice(lo, hi), csr_tensor(indptr, self.col[e0:e1], values[e0:e1].to(dtype), (self.shape[0], hi - lo))
 
     def tensors(self) -> list[torch.Tensor]:
         """The index tensors the tiles keep (to count their bytes)."""
@@ -65,14 +67,18 @@ class Tiles:
 
     def per_row(self, values: torch.Tensor) -> torch.Tensor:
         """``values[row]`` of every entry, in tile order (``values`` has a row per matrix row)."""
-        return torch.cat([torch.repeat_interleave(values, (ip[1:] - ip[:-1]).long(), dim=0,
-                                                  output_size=self.edges[i + 1] - self.edges[i])
-                          for i, ip in enumerate(self.indptr)])
+        out = values.new_empty(self.edges[-1])  # (made whole, first: see Block._source_tiles)
+        for i, ip in enumerate(self.indptr):
+            out[self.edges[i] : self.edges[i + 1]] = torch.repeat_interleave(
+                values, (ip[1:] - ip[:-1]).long(), output_size=self.edges[i + 1] - self.edges[i])
+        return out
 
     def per_col(self, values: torch.Tensor) -> torch.Tensor:
         """``values[column]`` of every entry, in tile order (``values`` has a row per column)."""
-        return torch.cat([values[lo:hi].index_select(0, self.col[e0:e1]) for lo, hi, e0, e1
-                          in zip(self.bounds, self.bounds[1:], self.edges, self.edges[1:])])
+        out = values.new_empty(self.edges[-1])
+        for lo, hi, e0, e1 in zip(self.bounds, self.bounds[1:], self.edges, self.edges[1:]):
+            torch.index_select(values[lo:hi], 0, self.col[e0:e1], out=out[e0:e1])
+        return out
 
 
 def tile_count(cols: int) -> int:
@@ -163,31 +169,39 @@ class Block:
         """Forward tiles: each tile's edges picked from the CSR by a mask, in its order, its
         row offsets counted from it (no sort, no row per edge: few temporaries)."""
         bounds, dtype = _even(self.num_src, count), self.index_dtype
-        indptr, cols, edges = [], [], [0]
-        for lo, hi in zip(bounds, bounds[1:]):
+        # What is kept is made first, whole: a piece per tile under the mmap threshold
+        # would sit on the heap between the temporaries and keep their holes resident.
+        indptr = torch.empty((count, self.num_dst + 1), dtype=dtype)
+        col = torch.empty(self.num_edges, dtype=dtype)
+        seen = torch.zeros(self.num_edges + 1, dtype=dtype)  # the tile's edges before each edge
+        edges = [0]
+        for i, (lo, hi) in enumerate(zip(bounds, bounds[1:])):
             inside = (self.col >= lo) & (self.col < hi)
-            before = torch.cat([self.col.new_zeros(1), torch.cumsum(inside, 0, dtype=dtype)])  # tile edges before each
-            indptr.append(before.index_select(0, self.indptr))
-            cols.append(self.col[inside] - lo)
-            edges.append(edges[-1] + cols[-1].numel())
-        return Tiles((self.num_dst, self.num_src), bounds, edges, indptr, torch.cat(cols), None)
+            torch.cumsum(inside, 0, dtype=dtype, out=seen[1:])
+            torch.index_select(seen, 0, self.indptr, out=indptr[i])
+            edges.append(edges[-1] + int(seen[-1]))
+            piece = col[edges[-2] : edges[-1]]
+            torch.masked_select(self.col, inside, out=piece)
+            piece.sub_(lo)
+        return Tiles((self.num_dst, self.num_src), bounds, edges, list(indptr.unbind(0)), col, None)
 
     def _transposed_tiles(self, count: int, with_order: bool) -> Tiles:
         """Transposed tiles: tile ``i`` is the transpose of destination rows ``bounds[i]:
         bounds[i+1]`` -- a range of the CSR -- its edges sorted by source row (stably: each
         source row's destinations stay in order)."""
         bounds, dtype = _even(self.num_dst, count), self.index_dtype
-        indptr, orders, cols = [], [], []
-        for lo, hi in zip(bounds, bounds[1:]):
-            sub = self.rows(lo, hi)
-            order = torch.sort(sub.col, stable=True).indices
-            cols.append(sub._rows()[order].to(dtype))
-            orders.append((order + int(self.indptr[lo])).to(dtype))
-            counts = torch.bincount(sub.col, minlength=self.num_src)
-            indptr.append(torch.cat([counts.new_zeros(1), torch.cumsum(counts, 0)]).to(dtype))
+        indptr = torch.zeros((count, self.num_src + 1), dtype=dtype)  # (kept: made whole, first, as above)
+        col = torch.empty(self.num_edges, dtype=dtype)
+        order = torch.empty(self.num_edges, dtype=dtype) if with_order else None
         edges = self.indptr[bounds].tolist()
-        return Tiles((self.num_src, self.num_dst), bounds, edges, indptr, torch.cat(cols),
-                     torch.cat(orders) if with_order else None)
+        for i, (lo, hi) in enumerate(zip(bounds, bounds[1:])):
+            sub = self.rows(lo, hi)
+            by_source = torch.sort(sub.col, stable=True).indices
+            col[edges[i] : edges[i + 1]] = sub._rows()[by_source]
+            if order is not None:
+                order[edges[i] : edges[i + 1]] = by_source + edges[i]
+            torch.cumsum(torch.bincount(sub.col, minlength=self.num_src), 0, out=indptr[i, 1:])
+        return Tiles((self.num_src, self.num_dst), bounds, edges, list(indptr.unbind(0)), col, order)
 
     @cached_property
     def transpose_perm(self) -> torch.Tensor:

@@ -1,5 +1,5 @@
 """The torch kernels' products by source-row tiles (``Block.tiles``) against brute-force
-dense products. Real graphs get tiles only past ``TILE_ROWS`` (32k) rows, so here the
+dense products. Real graphs get tiles only past ``TILE_ROWS`` (16k) rows, so here the
 bound is forced down to a few rows: every block splits into several tiles, some of them
 empty, with empty rows, isolated sources and sources that are another set than the
 destinations. Whole tensors are compared: forward values, accumulation ``into`` a buffer,
