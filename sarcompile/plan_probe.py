@@ -89,8 +89,9 @@ def _block_ints(dst: int, src: int, edges: int) -> int:
     """A block's int32s beyond three per edge (its CSR's rows, the transposed tiles' order
     and rows): the CSR's indptr, the transposed tiles' indptrs, and the forward tiles
     where there is more than one (graph.Block.tiles)."""
-    forward = edges + tile_count(src) * (dst + 1) if tile_count(src) > 1 else 0
-    return (dst + 1) + tile_count(dst) * (src + 1) + forward
+    tiles, transposed = tile_count((dst, src), edges), tile_count((src, dst), edges)
+    forward = edges + tiles * (dst + 1) if tiles > 1 else 0
+    return (dst + 1) + transposed * (src + 1) + forward
 
 
 def _graph_sizes(nodes: int, edges: int, loops: int, w: WorkerStats) -> dict[int, int]:

@@ -252,7 +252,7 @@ def test_block_is_csr_by_destination(e):
     # As tiles of any width: the same matrix, weights in tile order (forward tiles keep
     # no order: they take weights spread per row; unsplit, they take the CSR's order).
     for width in (1, 2, 3, n + 1):
-        with patch.object(graph_module, "TILE_ROWS", width):
+        with patch.object(graph_module, "TILE_ROWS", width), patch.object(graph_module, "TILE_OFFSETS", 1e9):
             b = sc.Graph.from_edges(src, dst, n).block  # (tiles are kept per block)
             fwd, bwd = b.tiles(), b.tiles(transposed=True, with_order=True)
             assert len(fwd.indptr) == len(bwd.indptr) == max(-(-n // width), 1)

@@ -34,6 +34,10 @@ SUBSET_CACHE = 64
 # machine measured has a 32 MB L3) took SAGE's three products on a 100k-node, 2M-edge
 # graph from 455 to 200-250 ms; 32k rows gave 270-290, 8k rows 270 (docs/benchmarks.md).
 TILE_ROWS = 1 << 14
+# The most row offsets the tiles may add per entry. Each tile has an offset per row, so on a
+# sparse graph of many nodes (average degree 20, 800k nodes: 49 tiles) they would outgrow
+# the entries' own columns; with fewer, larger tiles the product gains less but still gains.
+TILE_OFFSETS = 0.5
 
 
 @dataclass(eq=False)
@@ -81,9 +85,12 @@ class Tiles:
         return out
 
 
-def tile_count(cols: int) -> int:
-    """Tiles of at most :data:`TILE_ROWS` columns a CPU product splits ``cols`` columns into."""
-    return max(-(-cols // TILE_ROWS), 1)
+def tile_count(shape: tuple[int, int], edges: int) -> int:
+    """Tiles a CPU product splits a ``[rows, cols]`` matrix of ``edges`` entries into: of at
+    most :data:`TILE_ROWS` columns, as long as the tiles' row offsets (one per row and
+    tile) stay within :data:`TILE_OFFSETS` per entry."""
+    rows, cols = shape
+    return max(min(-(-cols // TILE_ROWS), int(TILE_OFFSETS * edges / (rows + 1))), 1)
 
 
 def _even(size: int, count: int) -> list[int]:
@@ -155,10 +162,10 @@ class Block:
         order; weights made for the tiles (:meth:`Tiles.per_row`, :meth:`Tiles.per_col`)
         need none. Forward tiles never keep it (the CSR itself is at hand): split, they take
         weights only in tile order; unsplit, they are the CSR and take its order."""
-        cols = self.num_dst if transposed else self.num_src
-        count = tile_count(cols) if split and self.col.device.type == "cpu" else 1
+        rows, cols = (self.num_src, self.num_dst) if transposed else (self.num_dst, self.num_src)
+        count = tile_count((rows, cols), self.num_edges) if split and self.col.device.type == "cpu" else 1
         if not transposed and count == 1:
-            return Tiles((self.num_dst, cols), [0, cols], [0, self.num_edges], [self.indptr], self.col, None)
+            return Tiles((rows, cols), [0, cols], [0, self.num_edges], [self.indptr], self.col, None)
         key = ("tiles", transposed, count)
         kept = self._cache.get(key)
         if kept is None or (with_order and kept.order is None):

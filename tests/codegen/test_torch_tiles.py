@@ -28,6 +28,7 @@ SETTINGS = settings(max_examples=25, deadline=None)
 @pytest.fixture(params=[1, 2, 3], autouse=True)
 def tile_rows(request, monkeypatch):
     monkeypatch.setattr(graph_module, "TILE_ROWS", request.param)
+    monkeypatch.setattr(graph_module, "TILE_OFFSETS", 1e9)  # tiny graphs: as many tiles as the rows give
     return request.param
 
 
@@ -82,6 +83,16 @@ def test_tiles_are_split_as_the_bound_says(tile_rows):
     assert len(block.tiles().indptr) == -(-7 // tile_rows)
     assert len(block.tiles(transposed=True).indptr) == -(-5 // tile_rows)
     assert len(block.tiles(split=False).indptr) == 1
+
+
+def test_tiles_stop_where_their_row_offsets_would_outweigh_the_edges(monkeypatch):
+    """Each tile has an offset per row: a sparse block gets no more tiles than
+    TILE_OFFSETS offsets per edge pay for."""
+    monkeypatch.setattr(graph_module, "TILE_OFFSETS", 0.5)
+    ring = block_from([(v, (v + 1) % 100) for v in range(100)], 100, 100)  # one edge per row
+    assert len(ring.tiles().indptr) == len(ring.tiles(transposed=True).indptr) == 1
+    dense = block_from([(v, (v + k) % 100) for v in range(100) for k in range(10)], 100, 100)
+    assert len(dense.tiles().indptr) == len(dense.tiles(transposed=True).indptr) == 4  # 0.5 * 1000 / 101
 
 
 @pytest.mark.parametrize("reduce", ["sum", "mean"])
