@@ -88,9 +88,13 @@ class Tiles:
 def tile_count(shape: tuple[int, int], edges: int) -> int:
     """Tiles a CPU product splits a ``[rows, cols]`` matrix of ``edges`` entries into: of at
     most :data:`TILE_ROWS` columns, as long as the tiles' row offsets (one per row and
-    tile) stay within :data:`TILE_OFFSETS` per entry."""
+    tile) stay within :data:`TILE_OFFSETS` per entry; fewer, larger tiles where they would
+    not, but none past twice :data:`TILE_ROWS` columns. Such a tile's rows miss the cache
+    anyway, and each tile's pass streams the whole output: at 800k nodes a product in 5-49
+    tiles took 1.1-1.4x the time of one (docs/benchmarks.md)."""
     rows, cols = shape
-    return max(min(-(-cols // TILE_ROWS), int(TILE_OFFSETS * edges / (rows + 1))), 1)
+    count = min(-(-cols // TILE_ROWS), int(TILE_OFFSETS * edges / (rows + 1)))
+    return count if count > 1 and cols <= 2 * TILE_ROWS * count else 1
 
 
 def _even(size: int, count: int) -> list[int]:
