@@ -29,8 +29,8 @@ __all__ = [
     "max_grad",
     "pack",
     "pack_prepare",
-    "prepare_transpose",
     "packed_row_bytes",
+    "prepare_transpose",
     "sddmm",
     "sddmm_grads",
     "spmm",
@@ -130,12 +130,13 @@ def spmm_t(block: Block, g: torch.Tensor, weight: torch.Tensor | None, out: torc
     ``out`` (``[num_src, ...]``, a strided view is fine) when given. ``ordered``: a weight
     per edge in the transposed tiles' order already (:func:`dst_weights`, kept by the caller)."""
     block = block.on(g.device)
-    tiles = block.tiles(transposed=True, with_order=weight is not None and not ordered)
     if ordered or _scalar_weight(weight):  # (a weight in tile order is one per edge)
+        tiles = block.tiles(transposed=True, with_order=weight is not None and not ordered)
         values = weight if ordered or weight is None else _in_order(weight, tiles.order)
         flat = _tiled_mm(tiles, values, _flat(g), None if out is None else out.flatten(1))
         return out if out is not None else flat if g.dim() == 2 else flat.reshape(block.num_src, *g.shape[1:])
     if _per_head(weight, g):
+        tiles = block.tiles(transposed=True, with_order=True)
         values = g.new_empty(block.num_edges)  # each head's weights in tile order, in turn
         return _heads(lambda k, o: _tiled_mm(tiles, _in_order(weight[:, k], tiles.order, values), g[:, k], o),
                       g.new_empty((block.num_src, *g.shape[1:])) if out is None else out)
