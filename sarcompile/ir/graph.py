@@ -115,6 +115,8 @@ class Block:
     are the largest index tensors a worker keeps: half the bytes, and torch's CSR product
     -- MKL's, int32 -- would otherwise convert them on every call). Kernels index with
     them as they are; Triton kernels widen what they load to int64 before any offset.
+    On a CPU the torch kernels' products read the block as :meth:`tiles` instead (the
+    transpose's CSC view is then never made).
     """
 
     indptr: torch.Tensor  # [num_dst + 1]
