@@ -184,9 +184,10 @@ class Block:
         bounds, dtype = _even(self.num_src, count), self.index_dtype
         # What is kept is made first, whole: a piece per tile under the mmap threshold
         # would sit on the heap between the temporaries and keep their holes resident.
-        indptr = torch.empty((count, self.num_dst + 1), dtype=dtype)
-        col = torch.empty(self.num_edges, dtype=dtype)
-        seen = torch.zeros(self.num_edges + 1, dtype=dtype)  # the tile's edges before each edge
+        on = {"dtype": dtype, "device": self.col.device}
+        indptr = torch.empty((count, self.num_dst + 1), **on)
+        col = torch.empty(self.num_edges, **on)
+        seen = torch.zeros(self.num_edges + 1, **on)  # the tile's edges before each edge
         edges = [0]
         for i, (lo, hi) in enumerate(zip(bounds, bounds[1:])):
             inside = (self.col >= lo) & (self.col < hi)
@@ -203,9 +204,10 @@ class Block:
         bounds[i+1]`` -- a range of the CSR -- its edges sorted by source row (stably: each
         source row's destinations stay in order)."""
         bounds, dtype = _even(self.num_dst, count), self.index_dtype
-        indptr = torch.zeros((count, self.num_src + 1), dtype=dtype)  # (kept: made whole, first, as above)
-        col = torch.empty(self.num_edges, dtype=dtype)
-        order = torch.empty(self.num_edges, dtype=dtype) if with_order else None
+        on = {"dtype": dtype, "device": self.col.device}
+        indptr = torch.zeros((count, self.num_src + 1), **on)  # (kept: made whole, first, as above)
+        col = torch.empty(self.num_edges, **on)
+        order = torch.empty(self.num_edges, **on) if with_order else None
         edges = self.indptr[bounds].tolist()
         for i, (lo, hi) in enumerate(zip(bounds, bounds[1:])):
             sub = self.rows(lo, hi)
@@ -213,7 +215,7 @@ class Block:
             col[edges[i] : edges[i + 1]] = sub._rows()[by_source]
             if order is not None:
                 order[edges[i] : edges[i + 1]] = by_source + edges[i]
-            torch.cumsum(torch.bincount(sub.col, minlength=self.num_src), 0, out=indptr[i, 1:])
+            torch.cumsum(torch.bincount(sub.col, minlength=self.num_src), 0, dtype=dtype, out=indptr[i, 1:])
         return Tiles((self.num_src, self.num_dst), bounds, edges, list(indptr.unbind(0)), col, order)
 
     @cached_property
