@@ -9,6 +9,7 @@ for the protocol and the exit codes.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -301,7 +302,10 @@ def test_ctrl_c_of_torchrun_stops_the_job_in_seconds(parts, job):
     took = time.monotonic() - start
     assert j.wait_gone(workers.values(), within=5) < 5
     out = j.output()
-    assert "[rank 0] error: interrupted (SIGINT); stopping" in out, out
+    # Both ranks get the signal; one may hear of the other's first (the exit protocol)
+    # and name that instead: either way every rank names the SIGINT.
+    for rank in (0, 1):
+        assert re.search(rf"\[rank {rank}\] error: (interrupted|rank \d+ was interrupted) \(SIGINT\)", out), out
     assert took < 10, f"took {took:.1f}s"
     print(f"Ctrl-C: job gone {took:.1f}s later")
 
