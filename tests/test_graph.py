@@ -362,6 +362,7 @@ def test_block_per_edge_values_and_transpose_without_keeping_rows(num_dst, num_s
     assert torch.equal(b.per_edge(values), values[dst])
     # The transpose's rows without the per-edge destination index made and kept for it.
     order = sorted(range(len(edges)), key=lambda i: (edges[i][1], i))
-    assert b.transpose_row.tolist() == [edges[i][0] for i in order]
+    t = b.tiles(transposed=True, split=False, with_order=True)
+    assert t.col.tolist() == [edges[i][0] for i in order] and t.order.tolist() == order
     assert "row" not in vars(b)
     assert b.row.tolist() == dst.tolist()

@@ -14,7 +14,7 @@ import math
 
 import torch
 
-from ..ir.graph import Block
+from ..ir.graph import Block, Tiles
 from . import torch_kernels as T
 from .attention_gen import AttentionBackwardSpec, AttentionForwardSpec
 from .kernel_cache import current_target, load
@@ -107,15 +107,20 @@ def spmm_t(block: Block, g: torch.Tensor, weight: torch.Tensor | None, out: torc
     cols = weight_cols(g.shape, None if weight is None else tuple(weight.shape))
     if cols is None:  # (not one weight per edge, so not an ordered one)
         return T.spmm_t(block, g, weight, out)
-    b = block.on(g.device)
-    return _aggregate(b.transpose_indptr, b.transpose_row, b.transpose_perm, weight, cols, g, block.num_src,
-                      permuted=not ordered, out=out)
+    t = _csc(block.on(g.device))
+    return _aggregate(t.indptr[0], t.col, t.order, weight, cols, g, block.num_src, permuted=not ordered, out=out)
+
+
+def _csc(block: Block) -> Tiles:
+    """The CSC view the kernels read: the transpose as one tile, with its order (the CSR
+    position of each entry), made once per block and kept."""
+    return block.tiles(transposed=True, split=False, with_order=True)
 
 
 def prepare_transpose(block: Block, weighted: bool) -> None:
     """As torch_kernels.prepare_transpose, for the CSC view the kernels read (with its
     order whether weighted or not)."""
-    block.transpose_perm, block.transpose_row, block.transpose_indptr  # noqa: B018 (made and kept on first read)
+    _csc(block)
 
 
 def dst_weights(block: Block, values: torch.Tensor, transposed: bool = False) -> torch.Tensor:
@@ -123,7 +128,7 @@ def dst_weights(block: Block, values: torch.Tensor, transposed: bool = False) ->
     orders :func:`spmm` and :func:`spmm_t` take with ``ordered``."""
     b = block.on(values.device)
     w = b.per_edge(values)
-    return w.index_select(0, b.transpose_perm) if transposed else w
+    return w.index_select(0, _csc(b).order) if transposed else w
 
 
 def edge_dot(block: Block, g: torch.Tensor, x: torch.Tensor, weight_shape: torch.Size) -> torch.Tensor:
@@ -237,11 +242,9 @@ def _attention_grads(block, h, a_src, a_dst, negative_slope, keep, lse, d_out, d
     d_edge_arg = h if d_edge is None else d_edge
     launch(module, lambda meta: (block.num_dst,), b.indptr, b.col, *data, d_dst, d_edge_arg, slope, block.num_dst,
            kernel="kernel_dst")
-    launch(
-        module, lambda meta: (block.num_src,), b.transpose_indptr, b.transpose_row, b.transpose_perm, *data, d_h, d_src,
-        slope, block.num_src,
-        kernel="kernel_src",
-    )
+    t = _csc(b)
+    launch(module, lambda meta: (block.num_src,), t.indptr[0], t.col, t.order, *data, d_h, d_src, slope, block.num_src,
+           kernel="kernel_src")
     return d_h, d_src, d_dst, d_edge
 
 

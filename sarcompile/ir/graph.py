@@ -115,8 +115,8 @@ class Block:
     are the largest index tensors a worker keeps: half the bytes, and torch's CSR product
     -- MKL's, int32 -- would otherwise convert them on every call). Kernels index with
     them as they are; Triton kernels widen what they load to int64 before any offset.
-    On a CPU the torch kernels' products read the block as :meth:`tiles` instead (the
-    transpose's CSC view is then never made).
+    Products read the block as :meth:`tiles`: on a CPU in source-row ranges, elsewhere
+    one tile, the CSR and the CSC view (its transpose, with its order).
     """
 
     indptr: torch.Tensor  # [num_dst + 1]
@@ -217,22 +217,6 @@ class Block:
                 order[edges[i] : edges[i + 1]] = by_source + edges[i]
             torch.cumsum(torch.bincount(sub.col, minlength=self.num_src), 0, dtype=dtype, out=indptr[i, 1:])
         return Tiles((self.num_src, self.num_dst), bounds, edges, list(indptr.unbind(0)), col, order)
-
-    @cached_property
-    def transpose_perm(self) -> torch.Tensor:
-        """Edge permutation that sorts the edges by source row (CSC order, stable)."""
-        return torch.sort(self.col, stable=True).indices.to(self.index_dtype)
-
-    @cached_property
-    def transpose_row(self) -> torch.Tensor:
-        """Destination row of every edge in CSC order (the transposed block's column index)."""
-        row = self.__dict__.get("row")  # made already, or made here and let go
-        return (self._rows() if row is None else row)[self.transpose_perm].to(self.index_dtype)
-
-    @cached_property
-    def transpose_indptr(self) -> torch.Tensor:
-        counts = torch.bincount(self.col, minlength=self.num_src)
-        return torch.cat([counts.new_zeros(1), torch.cumsum(counts, 0)]).to(self.index_dtype)
 
     def row_chunks(self, max_edges: int) -> list[tuple[int, int]]:
         """Consecutive destination-row ranges ``[start, end)`` covering the block, each

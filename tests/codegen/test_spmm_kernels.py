@@ -150,8 +150,9 @@ def test_spmm_into_adds_to_the_buffer_it_returns(data, block, tail, dtype):
 
 def test_block_indices_are_int32_where_they_fit():
     b = Block(torch.tensor([0, 2, 3]), torch.tensor([1, 0, 1]), 2, torch.tensor([4, 9]))
-    assert {t.dtype for t in (b.indptr, b.col, b.transpose_perm, b.transpose_row, b.transpose_indptr)} == {torch.int32}
-    assert b.transpose_row.tolist() == [0, 0, 1] and b.transpose_indptr.tolist() == [0, 1, 3]
+    t = b.tiles(transposed=True, split=False, with_order=True)  # the CSC view the Triton kernels read
+    assert {x.dtype for x in (b.indptr, b.col, t.indptr[0], t.col, t.order)} == {torch.int32}
+    assert t.col.tolist() == [0, 0, 1] and t.indptr[0].tolist() == [0, 1, 3] and t.order.tolist() == [1, 0, 2]
 
 
 @SETTINGS
