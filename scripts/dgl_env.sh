@@ -63,6 +63,6 @@ log="$ENV/sarcompile-install.log"
 # the pinned torch. torch-geometric: tests/test_nn.py compares against PyG's layers.
 "$ENV/bin/python" -m pip install --no-deps -e . >"$log" 2>&1 &&
 "$ENV/bin/python" -m pip install "${REQUIREMENTS[@]}" \
-    pytest hypothesis networkx pymetis rich tqdm torch-geometric >>"$log" 2>&1 \
+    pytest pytest-xdist hypothesis networkx pymetis rich tqdm torch-geometric >>"$log" 2>&1 \
     || fail "installing sarcompile and the test dependencies into $ENV failed (log: $log)" "$log"
 echo "$ENV"

@@ -6,7 +6,16 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 . .venv/bin/activate
-python -m pytest -q "$@"
+# Two test files at a time (pytest-xdist), each whole on one process so its module's
+# worker groups and compiled fixtures are shared: much of the suite waits (on timeouts,
+# killed ranks, torchrun's start), and the other file computes meanwhile. No more than
+# two: a file's distributed tests already start up to four gloo workers, and the fault
+# tests bound how long a job takes to exit.
+parallel=()
+if [ "$(python -c 'import os; print(len(os.sched_getaffinity(0)))')" -ge 2 ]; then
+    parallel=(-n 2 --dist loadfile)
+fi
+python -m pytest -q "${parallel[@]}" "$@"
 deactivate
 
 # DGL's wheels need torch 2.2, so its tests run in a second environment kept outside the
@@ -24,7 +33,7 @@ else
     if env=$(bash scripts/dgl_env.sh 2>"$err"); then
         cat "$err" >&2
         echo "DGL tests: torch 2.2 environment $env"
-        DGLBACKEND=pytorch "$env/bin/python" -m pytest -q -p no:cacheprovider "${DGL_TESTS[@]}"
+        DGLBACKEND=pytorch "$env/bin/python" -m pytest -q -p no:cacheprovider "${parallel[@]}" "${DGL_TESTS[@]}"
     else
         cat "$err" >&2
         skip "$(grep -m1 'FAILED' "$err" | sed 's/^scripts\/dgl_env.sh: FAILED: //' || echo 'scripts/dgl_env.sh failed')"
