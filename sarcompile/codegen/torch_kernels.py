@@ -17,6 +17,7 @@ import torch
 
 from ..ir.graph import Block, Tiles, csr_tensor
 from ..ir.opdef import EDGE_CHUNK_ELEMENTS
+from . import cpu_spmm
 
 __all__ = [
     "QUANT_BITS",
@@ -96,7 +97,12 @@ def dst_weights(block: Block, values: torch.Tensor, transposed: bool = False) ->
 def _tiled_mm(tiles: Tiles, values: torch.Tensor | None, x: torch.Tensor, out: torch.Tensor | None = None,
               accumulate: bool = False) -> torch.Tensor:
     """The tiles' product with ``x`` (values in tile order, ones if None), tile after
-    tile into one output: each tile reads only its own rows of ``x``."""
+    tile into one output: each tile reads only its own rows of ``x``. One tile (a product
+    the tiles would not help, or too large for them) goes to the CPU kernel of our own
+    where that runs (:mod:`.cpu_spmm`: it prefetches what no tile keeps in cache)."""
+    if len(tiles.indptr) == 1 and cpu_spmm.usable(x, out, values, tiles.col, tiles.edges[-1]):
+        out = x.new_empty((tiles.shape[0], x.shape[1])) if out is None else out
+        return cpu_spmm.spmm_into(tiles.indptr[0], tiles.col, values, x, out, accumulate)
     for rows, a in tiles.matrices(values, x.dtype):
         out = _csr_mm(a, x[rows], out, accumulate)
         accumulate = True

@@ -2,7 +2,9 @@
 dense products. Real graphs get tiles only past ``TILE_ROWS`` (16k) rows, so here the
 bound is forced down to a few rows: every block splits into several tiles, some of them
 empty, with empty rows, isolated sources and sources that are another set than the
-destinations. Whole tensors are compared: forward values, accumulation ``into`` a buffer,
+destinations. The same tests run once more with no tiles and the CPU kernel of our own
+taking every product (``cpu_spmm.MIN_ENTRIES`` forced to 0: real graphs give it only
+untiled products of 64k entries and more), where a C compiler is found. Whole tensors are compared: forward values, accumulation ``into`` a buffer,
 the transposed product, weights in CSR order and in tile order (the mean's ``1/deg``),
 one per edge and one per edge and head; then the ops built on them (sum, mean, mean into
 a buffer, attention) with their gradients, against dense sums and PyG's GAT layer."""
@@ -18,6 +20,7 @@ from test_gat import compare_gat_with_pyg, make_gat
 from test_torch_attention_chunks import block_from
 
 import sarcompile as sc
+from sarcompile.codegen import cpu_spmm
 from sarcompile.codegen import torch_kernels as T
 from sarcompile.ir import graph as graph_module
 
@@ -25,11 +28,16 @@ DT = torch.float64
 SETTINGS = settings(max_examples=25, deadline=None)
 
 
-@pytest.fixture(params=[1, 2, 3], autouse=True)
+@pytest.fixture(params=[1, 2, 3, "cpu kernel"], autouse=True)
 def tile_rows(request, monkeypatch):
-    monkeypatch.setattr(graph_module, "TILE_ROWS", request.param)
+    """Tiles of 1, 2 or 3 rows; or one tile, and the CPU kernel on every product."""
+    kernel = request.param == "cpu kernel"
+    if kernel and not cpu_spmm.enabled():
+        pytest.skip("no C compiler: the CPU kernel is not used here")
+    monkeypatch.setattr(cpu_spmm, "MIN_ENTRIES", 0 if kernel else 1 << 62)
+    monkeypatch.setattr(graph_module, "TILE_ROWS", 1 << 30 if kernel else request.param)
     monkeypatch.setattr(graph_module, "TILE_OFFSETS", 1e9)  # tiny graphs: as many tiles as the rows give
-    return request.param
+    return None if kernel else request.param
 
 
 @st.composite
@@ -79,6 +87,8 @@ def test_products_by_tiles_equal_the_dense_product(case):
 
 
 def test_tiles_are_split_as_the_bound_says(tile_rows):
+    if tile_rows is None:
+        pytest.skip("one tile: nothing is split")
     block = block_from([(v, u) for v in range(5) for u in range(7)], 5, 7)
     assert len(block.tiles().indptr) == -(-7 // tile_rows)
     assert len(block.tiles(transposed=True).indptr) == -(-5 // tile_rows)
