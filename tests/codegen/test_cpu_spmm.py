@@ -57,10 +57,12 @@ def test_product_equals_the_dense_product(case, dtype, index, weighted, accumula
 
 def test_usable_only_where_it_runs(monkeypatch):
     monkeypatch.setattr(cpu_spmm, "MIN_ENTRIES", 10)
+    monkeypatch.setattr(cpu_spmm, "MIN_OPERAND_BYTES", 40)
     x, index = torch.randn(4, 3), torch.zeros(1, dtype=torch.int32)
     assert cpu_spmm.usable(x, None, None, index, 10)
-    assert not cpu_spmm.usable(x, None, None, index, 9)  # small: torch's product
-    assert not cpu_spmm.usable(x.half(), None, None, index, 10)
+    assert not cpu_spmm.usable(x, None, None, index, 9)  # few entries: torch's product
+    assert not cpu_spmm.usable(x[:3], None, None, index, 10)  # rows that fit the cache: torch's product
+    assert not cpu_spmm.usable(torch.randn(8, 3).half(), None, None, index, 10)
     assert not cpu_spmm.usable(x.t(), None, None, index, 10)  # rows not of unit stride
     assert not cpu_spmm.usable(x, None, torch.ones(10, dtype=torch.float64), index, 10)  # mixed dtypes
     assert not cpu_spmm.usable(x.requires_grad_(), None, None, index, 10)  # autograd takes torch's

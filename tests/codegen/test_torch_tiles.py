@@ -3,8 +3,9 @@ dense products. Real graphs get tiles only past ``TILE_ROWS`` (16k) rows, so her
 bound is forced down to a few rows: every block splits into several tiles, some of them
 empty, with empty rows, isolated sources and sources that are another set than the
 destinations. The same tests run once more with no tiles and the CPU kernel of our own
-taking every product (``cpu_spmm.MIN_ENTRIES`` forced to 0: real graphs give it only
-untiled products of 64k entries and more), where a C compiler is found. Whole tensors are compared: forward values, accumulation ``into`` a buffer,
+taking every product (``cpu_spmm.MIN_ENTRIES`` and ``MIN_OPERAND_BYTES`` forced to 0: real
+graphs give it only untiled products of 64k entries and more over 16 MiB of rows), where a
+C compiler is found. Whole tensors are compared: forward values, accumulation ``into`` a buffer,
 the transposed product, weights in CSR order and in tile order (the mean's ``1/deg``),
 one per edge and one per edge and head; then the ops built on them (sum, mean, mean into
 a buffer, attention) with their gradients, against dense sums and PyG's GAT layer."""
@@ -35,6 +36,7 @@ def tile_rows(request, monkeypatch):
     if kernel and not cpu_spmm.enabled():
         pytest.skip("no C compiler: the CPU kernel is not used here")
     monkeypatch.setattr(cpu_spmm, "MIN_ENTRIES", 0 if kernel else 1 << 62)
+    monkeypatch.setattr(cpu_spmm, "MIN_OPERAND_BYTES", 0)
     monkeypatch.setattr(graph_module, "TILE_ROWS", 1 << 30 if kernel else request.param)
     monkeypatch.setattr(graph_module, "TILE_OFFSETS", 1e9)  # tiny graphs: as many tiles as the rows give
     return None if kernel else request.param
