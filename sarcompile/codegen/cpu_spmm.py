@@ -25,6 +25,7 @@ torch's (in tiles); a failed build is reported once, as a warning.
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import os
 import shutil
@@ -88,7 +89,7 @@ _INDICES = {torch.int32: "int", torch.int64: "long"}
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
 _failed = False
-_pool: tuple[int, ThreadPoolExecutor] | None = None  # (the pid that made it, the pool)
+_pool: tuple[int, int, ThreadPoolExecutor] | None = None  # (the pid that made it, its threads, the pool)
 
 
 def enabled() -> bool:
@@ -96,7 +97,13 @@ def enabled() -> bool:
     compiler. (Cheap: it builds nothing.)"""
     if os.environ.get("SARCOMPILE_CPU_KERNEL", "1") == "0" or not sys.platform.startswith("linux"):
         return False
-    return shutil.which(os.environ.get("CC", "cc")) is not None
+    return _found(os.environ.get("CC", "cc"))
+
+
+@functools.lru_cache(maxsize=None)
+def _found(compiler: str) -> bool:
+    """Whether ``compiler`` is on the PATH, looked up once (every large product asks)."""
+    return shutil.which(compiler) is not None
 
 
 def usable(x: torch.Tensor, out: torch.Tensor | None, values: torch.Tensor | None, index: torch.Tensor,
@@ -151,9 +158,10 @@ def _threads() -> ThreadPoolExecutor:
     """A pool of torch's thread count, made again in a forked child (a parent's threads
     do not survive a fork)."""
     global _pool
-    if _pool is None or _pool[0] != os.getpid() or _pool[1]._max_workers != torch.get_num_threads():
-        _pool = (os.getpid(), ThreadPoolExecutor(torch.get_num_threads(), thread_name_prefix="sarcompile-spmm"))
-    return _pool[1]
+    key = (os.getpid(), torch.get_num_threads())
+    if _pool is None or _pool[:2] != key:
+        _pool = (*key, ThreadPoolExecutor(key[1], thread_name_prefix="sarcompile-spmm"))
+    return _pool[2]
 
 
 def _library() -> ctypes.CDLL | None:
