@@ -234,7 +234,7 @@ def run_sarcompile(a) -> list[dict]:
 
     import sarcompile as sc
     from sarcompile.data.partitioning import read_manifest
-    from sarcompile.runtime import comm
+    from sarcompile.runtime import comm, cpu_cache
     from sarcompile.runtime.comm import stats
 
     rank, world = sc.init()
@@ -297,6 +297,10 @@ def run_sarcompile(a) -> list[dict]:
         "code_pages": status_bytes("RssFile") - code_floor,
     }
     ledger["exchange_pool"] = comm.pool.held_bytes  # the exchange's buffers, kept for reuse (within malloc_in_use)
+    cache = cpu_cache.stats()  # torch's large CPU tensors' caching allocator (None: not installed)
+    if cache is not None:
+        ledger["cpu_cache_idle"] = cache.idle_bytes  # freed blocks kept for reuse now (within malloc_in_use)
+        ledger["cpu_cache_high"] = cache.high_bytes  # the most in use at once: in use + idle never exceed it
     ledger.update(malloc_stats())
     mine = {"engine": "sarcompile", "rank": rank, "world": world, "floor_bytes": floor,
             "peak_above_floor_bytes": status_bytes("VmHWM") - floor, "epoch_s": statistics.median(times),

@@ -25,13 +25,9 @@ torch's (in tiles); a failed build is reported once, as a warning.
 from __future__ import annotations
 
 import ctypes
-import functools
-import hashlib
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 import warnings
 from concurrent.futures import ThreadPoolExecutor
@@ -39,7 +35,7 @@ from pathlib import Path
 
 import torch
 
-from .kernel_cache import cache_dir
+from . import native
 
 __all__ = ["MIN_ENTRIES", "MIN_OPERAND_BYTES", "enabled", "spmm_into", "usable"]
 
@@ -97,13 +93,7 @@ def enabled() -> bool:
     compiler. (Cheap: it builds nothing.)"""
     if os.environ.get("SARCOMPILE_CPU_KERNEL", "1") == "0" or not sys.platform.startswith("linux"):
         return False
-    return _found(os.environ.get("CC", "cc"))
-
-
-@functools.lru_cache(maxsize=None)
-def _found(compiler: str) -> bool:
-    """Whether ``compiler`` is on the PATH, looked up once (every large product asks)."""
-    return shutil.which(compiler) is not None
+    return native.found(os.environ.get("CC", "cc"))
 
 
 def usable(x: torch.Tensor, out: torch.Tensor | None, values: torch.Tensor | None, index: torch.Tensor,
@@ -183,21 +173,7 @@ def _library() -> ctypes.CDLL | None:
 
 
 def _build() -> Path:
-    compiler = os.environ.get("CC", "cc")
-    key = hashlib.sha256("\n".join([_SOURCE, compiler, *_FLAGS, _cpu()]).encode()).hexdigest()[:16]
-    path = cache_dir() / f"cpu_spmm-{key}.so"
-    if path.is_file():
-        return path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
-        source, built = Path(tmp) / "cpu_spmm.c", Path(tmp) / "cpu_spmm.so"
-        source.write_text(_SOURCE)
-        done = subprocess.run([compiler, *_FLAGS, str(source), "-o", str(built)], capture_output=True, text=True,
-                              timeout=120)
-        if done.returncode != 0:
-            raise OSError(f"{compiler} failed: {done.stderr.strip()[-500:]}")
-        os.replace(built, path)  # atomic: a reader sees the whole library or none
-    return path
+    return native.build("cpu_spmm", _SOURCE, os.environ.get("CC", "cc"), _FLAGS, depends=native.cpu())
 
 
 def _load(path: Path) -> ctypes.CDLL:
@@ -209,12 +185,3 @@ def _load(path: Path) -> ctypes.CDLL:
                                                                           ctypes.c_int64, ctypes.c_int]
             fn.restype = None
     return lib
-
-
-def _cpu() -> str:
-    """What ``-march=native`` compiles for: the CPU's model and flags."""
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        return ""
-    return "\n".join(sorted({line for line in lines if line.startswith(("model name", "flags"))}))

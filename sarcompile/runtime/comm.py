@@ -36,7 +36,7 @@ import torch.distributed as dist
 
 from ..errors import CommError
 from .. import logs
-from . import failure, memory
+from . import cpu_cache, failure, memory
 from .link import Pending
 from .pool import BufferPool
 from ..tables import table_type
@@ -277,17 +277,21 @@ def shutdown() -> None:
 
 def empty_cache() -> int:
     """Release the idle buffers the exchange keeps for reuse (its pool:
-    :mod:`sarcompile.runtime.pool`), as ``torch.cuda.empty_cache()`` does for CUDA's cached
-    blocks: after training, before something else that needs the memory. Returns the bytes
-    released. Training can go on; its next steps make their buffers again.
+    :mod:`sarcompile.runtime.pool`) and the idle blocks of the CPU caching allocator
+    (:mod:`sarcompile.runtime.cpu_cache`), as ``torch.cuda.empty_cache()`` does for CUDA's
+    cached blocks: after training, before something else that needs the memory. Returns the
+    bytes released. Training can go on; its next steps make their buffers again.
 
     Example:
 
-    >>> sc.empty_cache()   # bytes released: none in a process that has exchanged nothing
+    >>> released = sc.empty_cache()   # bytes
+    >>> sc.empty_cache()              # nothing idle is left
     0
     """
-    idle = pool.idle_bytes
+    cache = cpu_cache.stats()
+    idle = pool.idle_bytes + (cache.idle_bytes if cache else 0)  # (the pool's buffers are lent, to the cache)
     pool.clear()
+    cpu_cache.release()
     return idle
 
 
@@ -541,7 +545,8 @@ def run_rounds(
     if "memory" in logs.ON and not _offline:  # (not the plan's probe, which runs on a one-worker shard)
         logs.log("memory", f"after {_named(what, phase)}: resident {memory.status_bytes('VmRSS') / 2**20:.1f} MiB, remote "
                  f"blocks alive {live.bytes / 2**20:.2f} MiB (most at once so far {live.peak_bytes / 2**20:.2f} MiB), "
-                 f"exchange pool {pool.held_bytes / 2**20:.1f} MiB ({pool.idle_bytes / 2**20:.1f} idle)")
+                 f"exchange pool {pool.held_bytes / 2**20:.1f} MiB ({pool.idle_bytes / 2**20:.1f} idle)"
+                 + (f", CPU cache {cache.idle_bytes / 2**20:.1f} MiB idle" if (cache := cpu_cache.stats()) else ""))
     return push_into
 
 

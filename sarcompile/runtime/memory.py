@@ -8,8 +8,10 @@ it is ``torch.cuda.max_memory_allocated`` (tensors only) after ``reset_peak_memo
 
 glibc's allocator keeps freed memory of its heap and arenas for reuse, so on a CPU the
 resident peak also counts what earlier steps freed. :func:`tune_allocator` (called by
-``sc.init()``, by default) hands large frees back to the OS at once; :func:`malloc_stats`
-says how much freed memory glibc holds.
+``sc.init()``, by default) hands large frees back to the OS at once, and installs the
+caching allocator of :mod:`.cpu_cache` for torch's large tensors, which keeps freed ones
+for reuse without holding more than was ever in use at once; :func:`malloc_stats` says
+how much freed memory glibc holds.
 
 Another allocator can replace glibc's for the whole process: ``LD_PRELOAD`` of tcmalloc
 (or jemalloc) before the process starts -- for example
@@ -36,6 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from . import cpu_cache
 
 __all__ = [
     "ALLOCATORS",
@@ -196,8 +200,9 @@ def tune_allocator() -> bool:
       and a step's per-edge tensors on one, live on its heap, whose holes stay resident:
       a third of a worker's peak at 4 workers, 65-100 MiB of 560-700 at one
       (benchmarks/vs_dgl.py). The price is a page fault for each fresh page of a large
-      tensor, which huge pages (:func:`request_huge_pages`), the exchange's pool and
-      kernels that reuse their buffers keep small.
+      tensor, which the caching allocator (:mod:`.cpu_cache`, installed here too: freed
+      large blocks kept for the next step's requests, never more than a step needs at
+      once), huge pages (:func:`request_huge_pages`) and the exchange's pool keep small.
     * ``off``: glibc's own (dynamic) thresholds. (``lean``, which fixed them on one
       process too when ``auto`` did not, now means ``auto``.)
 
@@ -206,6 +211,7 @@ def tune_allocator() -> bool:
     another allocator is preloaded)."""
     if not _tunes():
         return False
+    cpu_cache.install(MMAP_THRESHOLD)
     libc = _libc()
     if libc is None:
         return False
@@ -275,10 +281,11 @@ def allocator_tuned() -> bool:
 
 
 def release_free() -> None:
-    """Hand the freed memory glibc holds back to the OS (``malloc_trim``), after a one-off
-    phase that allocated and freed a lot (loading a part file): training would otherwise
-    start with it resident. With tcmalloc preloaded, its own call for the same; a no-op
+    """Hand the freed memory glibc and the caching allocator hold back to the OS
+    (``malloc_trim``), after a one-off phase that allocated and freed a lot (loading a part
+    file): training would otherwise start with it resident. With tcmalloc preloaded, its own call for the same; a no-op
     off glibc otherwise."""
+    cpu_cache.release()
     libc = _libc()
     if active_allocator() == "tcmalloc":
         # gperftools' C entry point; the preloaded library's symbols are the process's.

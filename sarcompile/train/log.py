@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from ..data.partitioning import _atomic_write
+from ..runtime import cpu_cache
 from ..runtime.comm import TIME_LEDGER, global_sum, stats
 from ..runtime.memory import (
     MMAP_THRESHOLD,
@@ -133,9 +134,11 @@ def _allocator_line() -> str:
         return name
     if allocator_tuned():
         pages = "; tensors of 2 MiB or more on huge pages, for fewer page faults" if huge_pages_requested() else ""
+        kept = (f"; freed tensors of {MMAP_THRESHOLD >> 10} KiB or more kept for reuse by sarcompile's CPU cache, "
+                "never more than were in use at once" if cpu_cache.installed() else "")
         return (f"glibc's malloc; sc.init() fixed its mmap threshold at {MMAP_THRESHOLD >> 10} KiB, so freed "
-                f"tensors go back to the OS{pages} (SARCOMPILE_MALLOC=off: glibc's own, faster on some graphs, "
-                "see docs/benchmarks.md)")
+                f"tensors leave no holes in its heap{kept}{pages} (SARCOMPILE_MALLOC=off: glibc's own, see "
+                "docs/benchmarks.md)")
     hint = "LD_PRELOAD=$(sarcompile allocator) before torchrun" if find_allocator() else \
         "install tcmalloc and LD_PRELOAD=$(sarcompile allocator)"
     return f"glibc's malloc (it keeps freed memory in heap holes; {hint} for less memory, see docs/benchmarks.md)"
