@@ -48,8 +48,6 @@ from pathlib import Path
 
 import torch
 
-from ..codegen import native
-
 __all__ = ["CacheStats", "enabled", "install", "installed", "release", "stats"]
 
 _SOURCE = r"""
@@ -214,6 +212,8 @@ def enabled() -> bool:
     compiler. (Cheap: it builds nothing.)"""
     if os.environ.get("SARCOMPILE_CPU_CACHE", "1") == "0" or not sys.platform.startswith("linux"):
         return False
+    from ..codegen import native  # (here: `import sarcompile` imports this module before torch's first tensor)
+
     return native.found(os.environ.get("CXX", "c++"))
 
 
@@ -266,6 +266,8 @@ def release() -> None:
 
 
 def _build() -> Path:
+    from ..codegen import native
+
     root = Path(torch.__file__).parent
     header = (root / "include" / "c10" / "core" / "Allocator.h").read_text()
     flags = ["-O2", "-std=c++17", "-shared", "-fPIC", f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
