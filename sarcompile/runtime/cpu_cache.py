@@ -75,9 +75,11 @@ c10::DeleterFnPtr base_free = nullptr;
 size_t min_bytes = 0;                 // smaller requests go straight to base
 size_t lent = 0, idle = 0, high = 0;  // bytes of blocks in use, kept idle; most ever in use
 uint64_t hits = 0, misses = 0;
-std::unordered_map<void*, Block> blocks;  // every block of ours, in use or idle
-std::multimap<size_t, void*> by_size;     // the idle ones by size
-std::list<void*> lru;                     // the idle ones, oldest first (ties in by_size)
+// Made once and never destroyed: torch frees tensors during its own static destruction at
+// exit, which may come after this library's.
+auto& blocks = *new std::unordered_map<void*, Block>();  // every block of ours, in use or idle
+auto& by_size = *new std::multimap<size_t, void*>();     // the idle ones by size
+auto& lru = *new std::list<void*>();                     // the idle ones, oldest first (ties in by_size)
 
 void take_idle(std::multimap<size_t, void*>::iterator it) {  // mu held
   Block& b = blocks.at(it->second);
@@ -154,7 +156,7 @@ struct CachingAllocator final : c10::Allocator {
 #endif
 };
 
-CachingAllocator cache;
+auto& cache = *new CachingAllocator();  // (never destroyed either: torch keeps a pointer to it)
 
 }  // namespace
 
