@@ -26,16 +26,13 @@ from __future__ import annotations
 
 import ctypes
 import os
-import subprocess
 import sys
-import threading
-import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
 
-from . import native
+from .. import native
 
 __all__ = ["MIN_ENTRIES", "MIN_OPERAND_BYTES", "enabled", "spmm_into", "usable"]
 
@@ -82,9 +79,6 @@ _FLAGS = ["-O3", "-march=native", "-fopenmp-simd", "-shared", "-fPIC", f"-DPREFE
 _VALUES = {torch.float32: "float", torch.float64: "double"}
 _INDICES = {torch.int32: "int", torch.int64: "long"}
 
-_lock = threading.Lock()
-_lib: ctypes.CDLL | None = None
-_failed = False
 _pool: tuple[int, int, ThreadPoolExecutor] | None = None  # (the pid that made it, its threads, the pool)
 
 
@@ -113,7 +107,7 @@ def usable(x: torch.Tensor, out: torch.Tensor | None, values: torch.Tensor | Non
         and (values is None or values.is_contiguous())
         and not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
         and enabled()
-        and _library() is not None
+        and _library.get() is not None
     )
 
 
@@ -122,7 +116,7 @@ def spmm_into(indptr: torch.Tensor, col: torch.Tensor, values: torch.Tensor | No
     """``out = A @ x`` (``accumulate``: ``out += A @ x``) for the CSR ``A`` of ``indptr``,
     ``col`` and ``values`` (ones if None), ``x`` ``[cols, F]`` and ``out`` ``[rows, F]``, both
     with rows of unit stride (strided views are fine). Call only where :func:`usable`."""
-    lib = _library()
+    lib = _library.get()
     fn = getattr(lib, f"spmm_{_VALUES[x.dtype]}_{_INDICES[col.dtype]}")
     indptr, col = indptr.to(col.dtype).contiguous(), col.contiguous()
     pointers = (indptr.data_ptr(), col.data_ptr(), None if values is None else values.data_ptr(), x.data_ptr())
@@ -154,34 +148,20 @@ def _threads() -> ThreadPoolExecutor:
     return _pool[2]
 
 
-def _library() -> ctypes.CDLL | None:
-    """The compiled kernel, built (once per machine) and loaded on first use; None, with
-    a warning once, where it cannot be built."""
-    global _lib, _failed
-    if _lib is not None or _failed:
-        return _lib
-    with _lock:
-        if _lib is None and not _failed:
-            try:
-                _lib = _load(_build())
-            except (OSError, subprocess.SubprocessError) as e:
-                _failed = True
-                warnings.warn(f"sarcompile's CPU sparse kernel could not be built ({e}); sparse products use "
-                              "torch's instead (slower on large graphs). Install a C compiler (cc, or set CC) "
-                              "or set SARCOMPILE_CPU_KERNEL=0 to silence this.", RuntimeWarning, stacklevel=4)
-    return _lib
-
-
 def _build() -> Path:
     return native.build("cpu_spmm", _SOURCE, os.environ.get("CC", "cc"), _FLAGS, depends=native.cpu())
 
 
-def _load(path: Path) -> ctypes.CDLL:
-    lib = ctypes.CDLL(str(path))
+def _declare(lib: ctypes.CDLL) -> None:
     for values in _VALUES.values():
         for index in _INDICES.values():
             fn = getattr(lib, f"spmm_{values}_{index}")
             fn.argtypes = [ctypes.c_int64] * 3 + [ctypes.c_void_p] * 4 + [ctypes.c_int64, ctypes.c_void_p,
                                                                           ctypes.c_int64, ctypes.c_int]
             fn.restype = None
-    return lib
+
+
+# Built (once per machine) and loaded on first use.
+_library = native.Library(_build, _declare, "sarcompile's CPU sparse kernel",
+                          "sparse products use torch's instead (slower on large graphs). Install a C compiler (cc, "
+                          "or set CC) or set SARCOMPILE_CPU_KERNEL=0 to silence this.")

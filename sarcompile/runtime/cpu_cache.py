@@ -39,14 +39,13 @@ from __future__ import annotations
 import ctypes
 import os
 import re
-import subprocess
 import sys
-import threading
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from .. import native
 
 __all__ = ["CacheStats", "enabled", "install", "installed", "release", "stats"]
 
@@ -204,18 +203,11 @@ class CacheStats:
     misses: int  # requests that made a new block
 
 
-_lock = threading.Lock()
-_lib: ctypes.CDLL | None = None
-_failed = False
-
-
 def enabled() -> bool:
     """Whether :func:`install` may install the cache: not turned off, on Linux, with a C++
     compiler. (Cheap: it builds nothing.)"""
     if os.environ.get("SARCOMPILE_CPU_CACHE", "1") == "0" or not sys.platform.startswith("linux"):
         return False
-    from ..codegen import native  # (here: `import sarcompile` imports this module before torch's first tensor)
-
     return native.found(os.environ.get("CXX", "c++"))
 
 
@@ -225,30 +217,16 @@ def install(min_bytes: int) -> bool:
     a second call changes nothing, whatever its ``min_bytes``). Returns whether it is
     installed; False, leaving torch's allocator, where it is not :func:`enabled`, cannot be
     built (with one warning), or torch's allocator was replaced by someone else."""
-    global _lib, _failed
     if not enabled():
         return False
-    with _lock:
-        if _lib is None and not _failed:
-            try:
-                lib = ctypes.CDLL(str(_build()))
-            except (OSError, subprocess.SubprocessError) as e:
-                _failed = True
-                warnings.warn(f"sarcompile's CPU caching allocator could not be built ({e}); large tensors are "
-                              "faulted in afresh each step (slower). Install a C++ compiler (c++, or set CXX) or "
-                              "set SARCOMPILE_CPU_CACHE=0 to silence this.", RuntimeWarning, stacklevel=2)
-                return False
-            lib.sc_cache_install.argtypes, lib.sc_cache_install.restype = [ctypes.c_size_t], ctypes.c_int
-            lib.sc_cache_stats.argtypes, lib.sc_cache_stats.restype = [ctypes.POINTER(ctypes.c_uint64)], None
-            lib.sc_cache_release.argtypes, lib.sc_cache_release.restype = [], None
-            lib.sc_cache_installed.argtypes, lib.sc_cache_installed.restype = [], ctypes.c_int
-            _lib = lib
-        return _lib is not None and _lib.sc_cache_install(min_bytes) == 1
+    lib = _library.get()
+    return lib is not None and lib.sc_cache_install(min_bytes) == 1
 
 
 def installed() -> bool:
     """Whether the cache serves torch's CPU tensors in this process."""
-    return _lib is not None and bool(_lib.sc_cache_installed())
+    lib = _library.loaded
+    return lib is not None and bool(lib.sc_cache_installed())
 
 
 def stats() -> CacheStats | None:
@@ -256,20 +234,18 @@ def stats() -> CacheStats | None:
     if not installed():
         return None
     out = (ctypes.c_uint64 * 5)()
-    _lib.sc_cache_stats(out)
+    _library.loaded.sc_cache_stats(out)
     return CacheStats(*out)
 
 
 def release() -> None:
     """Free every idle block (after a one-off phase, such as loading a part file, whose
     sizes will not come again). A no-op where the cache is not installed."""
-    if _lib is not None:
-        _lib.sc_cache_release()
+    if _library.loaded is not None:
+        _library.loaded.sc_cache_release()
 
 
 def _build() -> Path:
-    from ..codegen import native
-
     root = Path(torch.__file__).parent
     header = (root / "include" / "c10" / "core" / "Allocator.h").read_text()
     flags = ["-O2", "-std=c++17", "-shared", "-fPIC", f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
@@ -282,3 +258,16 @@ def _build() -> Path:
         flags.append("-DSC_COPY_DATA")
     return native.build("cpu_cache", _SOURCE, os.environ.get("CXX", "c++"), flags, depends=torch.__version__,
                         suffix=".cpp")
+
+
+def _declare(lib: ctypes.CDLL) -> None:
+    lib.sc_cache_install.argtypes, lib.sc_cache_install.restype = [ctypes.c_size_t], ctypes.c_int
+    lib.sc_cache_stats.argtypes, lib.sc_cache_stats.restype = [ctypes.POINTER(ctypes.c_uint64)], None
+    lib.sc_cache_release.argtypes, lib.sc_cache_release.restype = [], None
+    lib.sc_cache_installed.argtypes, lib.sc_cache_installed.restype = [], ctypes.c_int
+
+
+# Built (once per machine) and loaded on first use.
+_library = native.Library(_build, _declare, "sarcompile's CPU caching allocator",
+                          "large tensors are faulted in afresh each step (slower). Install a C++ compiler (c++, or "
+                          "set CXX) or set SARCOMPILE_CPU_CACHE=0 to silence this.")

@@ -74,8 +74,8 @@ def test_usable_only_where_it_runs(monkeypatch):
 
 def test_build_is_cached_and_a_failed_build_warns_once(monkeypatch, tmp_path):
     monkeypatch.setenv("SARCOMPILE_KERNEL_CACHE", str(tmp_path))
-    monkeypatch.setattr(cpu_spmm, "_lib", None)
-    monkeypatch.setattr(cpu_spmm, "_failed", False)
+    monkeypatch.setattr(cpu_spmm._library, "_lib", None)
+    monkeypatch.setattr(cpu_spmm._library, "_failed", False)
     path = cpu_spmm._build()
     assert path.parent == tmp_path and path.name.startswith("cpu_spmm-")
     stamp = path.stat().st_mtime_ns
@@ -84,6 +84,6 @@ def test_build_is_cached_and_a_failed_build_warns_once(monkeypatch, tmp_path):
     # Another compiler is another library; one that fails leaves products to torch
     monkeypatch.setenv("CC", "false")
     with pytest.warns(RuntimeWarning, match="could not be built.*SARCOMPILE_CPU_KERNEL=0"):
-        assert cpu_spmm._library() is None
+        assert cpu_spmm._library.get() is None
     x, index = torch.randn(4, 3), torch.zeros(1, dtype=torch.int32)
     assert not cpu_spmm.usable(x, None, None, index, 1 << 20)  # and says nothing more

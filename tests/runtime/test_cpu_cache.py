@@ -188,8 +188,8 @@ def test_a_failed_build_warns_once_and_the_switch_turns_it_off(monkeypatch, tmp_
     path = cpu_cache._build()
     assert path.parent == tmp_path and path.name.startswith("cpu_cache-")
     assert cpu_cache._build() == path and [p.name for p in tmp_path.iterdir()] == [path.name]  # reused, no temporary
-    monkeypatch.setattr(cpu_cache, "_lib", None)
-    monkeypatch.setattr(cpu_cache, "_failed", False)
+    monkeypatch.setattr(cpu_cache._library, "_lib", None)
+    monkeypatch.setattr(cpu_cache._library, "_failed", False)
     monkeypatch.setenv("CXX", "false")
     with pytest.warns(RuntimeWarning, match="could not be built.*SARCOMPILE_CPU_CACHE=0"):
         assert not cpu_cache.install(MMAP_THRESHOLD)
