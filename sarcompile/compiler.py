@@ -54,6 +54,7 @@ from .passes.lower import lower
 from .passes.node_tables import node_tables
 from .passes.partition import partition
 from .passes.residency import GRAPH_NAMES, listing, residency
+from .passes.reuse import reuse
 from .passes.strategy import strategy
 from .plan import Plan, TypedWorkerStats, WorkerStats, build_plan, worker_stats
 from .ir.probe import Input
@@ -293,7 +294,7 @@ def _compile(model: nn.Module, options: CompileOptions, partitioned: bool, call:
     passes += [("lower", lower), ("fuse", fuse), ("linear_first", linear_first), ("residency", check)]
     if partitioned:
         passes += [("partition", partition), ("strategy", strategy), ("communication", communication)]
-    passes += [("kernels", kernels), ("inplace", inplace), ("linear_groups", linear_groups), ("accumulate", accumulate),
+    passes += [("kernels", kernels), ("reuse", reuse), ("inplace", inplace), ("linear_groups", linear_groups), ("accumulate", accumulate),
                ("head_dot", head_dot)]
     for name, run in passes:
         start = time.perf_counter()

@@ -65,6 +65,7 @@ class OpPlan:
     comm: str = ""  # opt-in reduction (compression, staleness), "" for exact
     rows: str = ""  # residency: of its row inputs -> of its result, e.g. "node -> edge"
     relation: tuple[str, str, str] | None = None  # on a typed graph, the relation it aggregates over
+    reused: bool = False  # its result is kept across steps (passes/reuse): computed in the first only
 
 
 @dataclass
@@ -191,7 +192,7 @@ class Plan:
                 op.op,
                 *((_relation_name(op.relation),) if typed else ()),
                 op.rows,
-                f"{op.strategy} ({op.comm})" if op.comm else op.strategy,
+                f"{op.strategy}{f' ({op.comm})' if op.comm else ''}{', reused' if op.reused else ''}",
                 _size(max(op.round_bytes, default=0)),
                 _size(max(op.forward_bytes, default=0)),
                 _size(max(op.backward_bytes, default=0)),
@@ -559,6 +560,10 @@ def _halo_traffic(row: OpPlan, node: fx.Node, op: OpDef, args: dict[str, Any], w
     blocks, sends = _round_bytes(workers, width)
     row.row_bytes = wire_row
     row.forward_bytes = recv
+    row.reused = bool(node.kwargs.get("reuse")) and not wants
+    if row.reused:  # (the first step's exchange still sizes the estimate)
+        row.forward_bytes = [0] * n
+        row.reason += "; the input is the call's and needs no grad: received in the first step only, then reused"
     row.backward_bytes = [(sent_rows[r] if pushes else 0) + (recv[r] if refetch else 0) for r in range(n)]
     row.round_bytes = [max(b, default=0) for b in blocks]
     over_block = refetch and policy is None and op.exchange.grads_over_block

@@ -13,6 +13,7 @@ aggregates over, so one set of rules serves both.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,10 +22,10 @@ import torch
 
 from .errors import CompileError
 from .ir.graph import Graph
-from .hetero import HeteroGraph, Relation, parse_relation_key, relation_key
+from .hetero import HeteroGraph, HeteroShard, Relation, parse_relation_key, relation_key
 from .hetero_partition import assign_typed, read_typed
 from .data.partitioning import assign, part_self_loops, read_manifest, read_part
-from .data.shard import PartData, split_graph
+from .data.shard import PartData, ShardGraph, split_graph
 
 __all__ = ["WorkerStats", "TypedWorkerStats", "worker_stats", "shard_stats"]
 
@@ -82,6 +83,12 @@ def worker_stats(
         if isinstance(source, HeteroGraph):
             return _typed_from_graph(source, num_parts, method, seed)
         return _from_graph(source, num_parts, method, seed)
+    if not isinstance(source, (str, os.PathLike)):
+        raise CompileError(
+            f"plan() takes a partition directory or a whole Graph / HeteroGraph, not a {type(source).__name__}"
+            + (" (one worker's shard): give the partition directory it was loaded from"
+               if isinstance(source, (ShardGraph, HeteroShard)) else "")
+        )
     manifest = read_manifest(Path(source))
     if manifest.typed:
         if all(p.relations is not None for p in manifest.parts):  # every worker plans: read no part file

@@ -393,6 +393,51 @@ class WidthBranch(nn.Module):
 MODELS["width"] = WidthBranch
 
 
+class ReusedInputs(nn.Module):
+    """Every aggregation reads the input features as given (mean, sum and max, widened by
+    the linear layers after them, so that ``linear_first`` leaves them): with ``x``
+    needing no grad, the pass ``reuse`` keeps all three, and nothing else exchanges."""
+
+    def __init__(self, f_in: int = 6, f_out: int = 8):
+        super().__init__()
+        self.mean, self.sum, self.max, self.root = (nn.Linear(f_in, f_out) for _ in range(4))
+
+    def forward(self, g, x):
+        return (self.mean(sc.ops.spmm(g, x, "mean")) + self.sum(sc.ops.spmm(g, x, "sum"))
+                + torch.tanh(self.max(sc.ops.spmm(g, x, "max"))) + self.root(x))
+
+
+MODELS["reused"] = ReusedInputs
+
+
+def run_reused_steps(rank: int, world_size: int, payload: dict[str, Any]) -> list[dict[str, Any]]:
+    """Training steps on one input tensor that needs no grad, changed between steps as
+    ``payload["changes"]`` says: "same" (left alone), "double" (the rows of
+    ``payload["changed"]``, global ids, doubled in place -- on the workers that own any),
+    "new" (replaced by a copy). Per step: the output rows, the parameter gradients
+    (all-reduced) and the bytes exchanged by phase."""
+    part: PartData = payload["part"]
+    shard = ShardGraph.from_part(part, rank, world_size, payload["num_nodes"], payload["num_edges"])
+    model = make_model(payload["model"], payload["seed"])
+    dm = sc.distribute(model)
+    x = part.node_data["x"].clone()
+    changed = torch.isin(part.global_ids, payload["changed"])
+    steps = []
+    for change in payload["changes"]:
+        if change == "double" and bool(changed.any()):
+            x[changed] *= 2
+        elif change == "new":
+            x = x.clone()
+        comm.stats.reset()
+        model.zero_grad(set_to_none=True)
+        out = dm(shard, x)
+        (out * part.node_data["w"]).sum().backward()
+        sc.sync_gradients(model)
+        grads = {k: p.grad.clone() for k, p in model.named_parameters()}
+        steps.append({"out": out.detach().clone(), "grads": grads, "bytes": comm.stats.as_dict()})
+    return steps
+
+
 def run_iterations(rank: int, world_size: int, payload: dict[str, Any]) -> dict[str, Any]:
     """``payload["steps"]`` training forwards + backwards with fixed parameters and input
     ``x * (t + 1)`` at step t, under ``payload["options"]`` for distribute(); per step:

@@ -78,7 +78,7 @@ def test_node_features_a_layer_keeps_count_once_as_node_data():
 def test_stages_are_readable_python():
     plan = sc.distribute(Small()).plan(_graph(), 2, x=torch.zeros(1, 8), method="contiguous")
     assert [s for s, _ in plan.stages] == ["trace", "lower", "fuse", "linear_first", "residency", "partition",
-                                           "strategy", "communication", "kernels", "inplace", "linear_groups",
+                                           "strategy", "communication", "kernels", "reuse", "inplace", "linear_groups",
                                            "accumulate", "head_dot"]
     assert "# node" in plan.stage("residency") and "# graph" in plan.stage("residency")
     compile(plan.stage("residency"), "<plan>", "exec")  # still Python: residencies are comments
@@ -88,6 +88,7 @@ def test_stages_are_readable_python():
     assert "strategy = Strategy.REMAT" in plan.stage("strategy")
     assert "executor = Executor.AUTO" in plan.stage("kernels")
     compile(plan.stage("kernels"), "<plan>", "exec")  # it is Python
+    assert "reuse = True" in plan.stage("reuse") and "reuse = True" not in plan.stage("kernels")  # (sage's max of x)
     with pytest.raises(KeyError, match="stages are"):
         plan.stage("codegen")
 
@@ -152,6 +153,9 @@ def test_plan_errors_say_what_is_missing(tmp_path):
     sc.partition(_graph(), 2, tmp_path)
     with pytest.raises(sc.CompileError, match="node_data\\['x'\\]"):
         model.plan(tmp_path)
+    shard = sc.load_partition(tmp_path, rank=1, world_size=2).graph  # one worker's piece, not a whole graph
+    with pytest.raises(sc.CompileError, match="ShardGraph \\(one worker's shard\\): give the partition directory"):
+        model.plan(shard, x=torch.zeros(1, 8))
 
 
 def test_plan_lists_each_generated_kernel_with_its_source():

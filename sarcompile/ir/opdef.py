@@ -46,7 +46,7 @@ Wants = frozenset[str]
 EDGE_CHUNK_ELEMENTS = 1 << 17
 
 # Keywords the passes set on an op; its checks never see them.
-PASS_KEYWORDS = ("strategy", "in_flight", "executor", "comm")
+PASS_KEYWORDS = ("strategy", "in_flight", "executor", "comm", "reuse")
 
 
 def row_bytes(t: torch.Tensor) -> int:

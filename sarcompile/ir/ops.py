@@ -179,6 +179,7 @@ def spmm(
     executor: Executor = Executor.AUTO,
     comm: LinkPolicy | None = None,
     into: torch.Tensor | None = None,
+    reuse: bool = False,
 ) -> torch.Tensor:
     """Aggregate ``x`` over in-edges: ``out[v] = reduce_{u->v} w_uv * x[u]``.
 
@@ -191,6 +192,11 @@ def spmm(
     use the returned value. A layer's ``aggregate + root`` then needs no buffer for the
     aggregate (the pass ``accumulate`` writes it so); a mean is then summed with weights
     ``1/deg`` per edge, which rounds differently from dividing the sum.
+
+    ``reuse`` (without ``into`` and edge weights; the pass ``reuse`` sets it where ``x`` is
+    an input of the call): keep the result and return it again while ``x`` is the same
+    tensor, unchanged, and requires no grad (see :mod:`sarcompile.runtime.reuse`) -- the
+    same values, with no aggregation and no exchange.
 
     Example:
 
@@ -206,9 +212,10 @@ def spmm(
     if edge_weight is not None:
         _check_rows(g, edge_weight, "edge_weight", g.num_edges)
     if isinstance(g, Graph):
-        return spmm.definition.run(_single(g), x, reduce, _to_csr_order(g, edge_weight), executor=executor, into=into)
+        return spmm.definition.run(_single(g), x, reduce, _to_csr_order(g, edge_weight), executor=executor, into=into,
+                                   reuse=reuse)
     return spmm.definition.run(g, x, reduce, edge_weight, strategy=strategy, in_flight=in_flight, executor=executor,
-                               comm=comm, into=into)
+                               comm=comm, into=into, reuse=reuse)
 
 
 # --------------------------------------------------------------------------------- sddmm

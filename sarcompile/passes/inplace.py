@@ -66,7 +66,7 @@ def _fresh(gm: fx.GraphModule, node: fx.Node) -> bool:
         return False
     if node.target is ops.spmm:
         a = ops.registry()[ops.spmm].bind(node.args, node.kwargs)
-        return a["reduce"] in ("sum", "mean")
+        return a["reduce"] in ("sum", "mean") and not a["reuse"]  # (a kept result is not this call's own)
     # add_into returns its first argument, which was free when the pass chose it
     return node.target in (*_ADD, add_into, F.linear)
 

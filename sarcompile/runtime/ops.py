@@ -34,6 +34,7 @@ from ..data.shard import ShardGraph
 from ..ir.vocab import LinkPolicy, Strategy
 from .comm import Columns, global_max, global_sum, pool, run_rounds
 from .link import LinkState, Wire
+from .reuse import reused
 
 __all__ = [
     "sar_spmm", "sar_sddmm", "sar_gather_src", "sar_edge_reduce_src", "sar_attention", "sar_message", "sar_edge_max",
@@ -471,8 +472,13 @@ def sar_spmm(
     executor: str = "auto",
     comm: LinkPolicy | None = None,
     into: torch.Tensor | None = None,
+    reuse: bool = False,
 ) -> torch.Tensor:
     """Partitioned :func:`sarcompile.ir.ops.spmm`; edge weights in shard order."""
+    if reuse and into is None and edge_weight is None:
+        return reused(shard, ("spmm", reduce, executor), (x,),
+                      lambda: sar_spmm(shard, x, reduce, strategy=strategy, in_flight=in_flight, executor=executor,
+                                       comm=comm))
     link, iteration = _link(shard, comm)
     if into is not None and not _writable_into(into, (shard.num_nodes, *x.shape[1:]), x.dtype):
         return into + _SarSpmm.apply(x, edge_weight, shard, reduce, Strategy(strategy), in_flight, executor, link, iteration, None)
