@@ -336,7 +336,8 @@ def _explain(args: argparse.Namespace) -> int:
     for layer, ops in layers.items():
         print(f"{layer}:")
         for op in ops:
-            print(f"  {op.op} [{op.rows}]: {op.strategy}" + (f" -- {op.reason}" if op.reason else ""))
+            print(f"  {op.op} [{op.rows}]: {op.strategy}{', reused' if op.reused else ''}"
+                  + (f" -- {op.reason}" if op.reason else ""))
     return 0
 
 

@@ -546,7 +546,8 @@ def _halo_traffic(row: OpPlan, node: fx.Node, op: OpDef, args: dict[str, Any], w
     pushes = op.exchange.pushes_gradients(args, wants)
     refetch = strategy.refetches and op.exchange.reads_remote_in_backward(args, wants)
     wire_row = width
-    policy = node.meta.get("comm")
+    row.reused = bool(node.kwargs.get("reuse")) and not wants
+    policy = None if row.reused else node.meta.get("comm")  # (a kept result is made exactly, once)
     if policy is not None:  # bytes of a step that exchanges; stale caches stay for backward
         sent = args[op.exchange.sends[0]]
         wire_row = Wire(policy, 0).wire_bytes(1, width // sent.element_size(), sent.dtype) if policy.bits else width
@@ -560,7 +561,6 @@ def _halo_traffic(row: OpPlan, node: fx.Node, op: OpDef, args: dict[str, Any], w
     blocks, sends = _round_bytes(workers, width)
     row.row_bytes = wire_row
     row.forward_bytes = recv
-    row.reused = bool(node.kwargs.get("reuse")) and not wants
     if row.reused:  # (the first step's exchange still sizes the estimate)
         row.forward_bytes = [0] * n
         row.reason += "; the input is the call's and needs no grad: received in the first step only, then reused"

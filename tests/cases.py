@@ -414,12 +414,12 @@ def run_reused_steps(rank: int, world_size: int, payload: dict[str, Any]) -> lis
     """Training steps on one input tensor that needs no grad, changed between steps as
     ``payload["changes"]`` says: "same" (left alone), "double" (the rows of
     ``payload["changed"]``, global ids, doubled in place -- on the workers that own any),
-    "new" (replaced by a copy). Per step: the output rows, the parameter gradients
-    (all-reduced) and the bytes exchanged by phase."""
+    "new" (replaced by a copy); under ``payload["options"]`` for distribute(). Per step:
+    the output rows, the parameter gradients (all-reduced) and the bytes exchanged by phase."""
     part: PartData = payload["part"]
     shard = ShardGraph.from_part(part, rank, world_size, payload["num_nodes"], payload["num_edges"])
     model = make_model(payload["model"], payload["seed"])
-    dm = sc.distribute(model)
+    dm = sc.distribute(model, **payload.get("options", {}))
     x = part.node_data["x"].clone()
     changed = torch.isin(part.global_ids, payload["changed"])
     steps = []

@@ -184,7 +184,8 @@ def test_explain_says_how_each_layer_is_lowered_or_why_it_is_refused(tmp_path, c
     assert capsys.readouterr().out.splitlines() == [
         "SAGE, mode=sar: 2 graph ops; every other module and tensor operation runs as written, on each worker's "
         "own rows",
-        "conv1:", "  spmm(mean) [node -> node]: direct -- backward needs no remote inputs: send gradients to owners",
+        "conv1:", "  spmm(mean) [node -> node]: direct, reused -- backward needs no remote inputs: send gradients to "
+        "owners; the input is the call's and needs no grad: received in the first step only, then reused",
         "conv2:", "  spmm(mean) [node -> node]: direct -- backward needs no remote inputs: send gradients to owners",
     ]
     (tmp_path / "centered.py").write_text(

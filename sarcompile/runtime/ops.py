@@ -477,8 +477,8 @@ def sar_spmm(
     """Partitioned :func:`sarcompile.ir.ops.spmm`; edge weights in shard order."""
     if reuse and into is None and edge_weight is None:
         return reused(shard, ("spmm", reduce, executor), (x,),
-                      lambda: sar_spmm(shard, x, reduce, strategy=strategy, in_flight=in_flight, executor=executor,
-                                       comm=comm))
+                      lambda kept: sar_spmm(shard, x, reduce, strategy=strategy, in_flight=in_flight,
+                                            executor=executor, comm=None if kept else comm))
     link, iteration = _link(shard, comm)
     if into is not None and not _writable_into(into, (shard.num_nodes, *x.shape[1:]), x.dtype):
         return into + _SarSpmm.apply(x, edge_weight, shard, reduce, Strategy(strategy), in_flight, executor, link, iteration, None)

@@ -51,24 +51,27 @@ class _Entry:
 
 
 def reused(shard: ShardGraph, key: Hashable, inputs: tuple[torch.Tensor, ...],
-           compute: Callable[[], torch.Tensor]) -> torch.Tensor:
-    """``compute()``, or the result it gave for the same ``inputs`` on this shard under
-    ``key`` (the op and its constant arguments). Kept only where no input requires grad
-    (the result then has no backward). On N workers the workers agree first (one
-    all-reduce of a flag): one worker's changed input makes all of them compute again,
-    since each one's result reads its peers' rows."""
+           compute: Callable[[bool], torch.Tensor]) -> torch.Tensor:
+    """The result ``compute(kept)`` gave for the same ``inputs`` on this shard under
+    ``key`` (the op and its constant arguments), or a new one. ``kept``: whether it will
+    be kept -- no input requires grad, on any worker -- so that ``compute`` can make it
+    exactly (a kept result is read for good: an opt-in compressed or stale exchange would
+    freeze its error in). On N workers the workers agree first (one all-reduce of two
+    flags): one worker's changed input makes all of them compute again, since each one's
+    result reads its peers' rows, and all of them exchange alike."""
     cache: dict = shard.__dict__.setdefault("_reused", {})
     key = (key, *(id(t) for t in inputs))
     entry = cache.get(key)
-    constant = not any(t.requires_grad for t in inputs)
-    hit = constant and entry is not None and entry.holds(inputs)
+    graded = any(t.requires_grad for t in inputs)
+    hit = not graded and entry is not None and entry.holds(inputs)
     if shard.world_size > 1:
-        hit = not bool(global_max(torch.tensor(int(not hit))))
+        miss, graded = (bool(f) for f in global_max(torch.tensor([int(not hit), int(graded)])))
+        hit = not miss
     if hit:
         return entry.out
     cache.pop(key, None)
-    out = compute()
-    if constant and not out.requires_grad:
+    out = compute(not graded)
+    if not graded and not out.requires_grad:
         while len(cache) >= KEPT:
             cache.pop(next(iter(cache)))
         # A dead input drops its entry (its id may come back with another tensor).

@@ -207,7 +207,8 @@ def test_bad_options_are_refused_early():
 
 
 def test_plan_counts_packed_bytes_and_the_stale_cache():
-    g, x = _case().graph, torch.zeros(1, 6, dtype=torch.float64)
+    # x needs its grad: an aggregation of a constant x is made once, exactly (passes/reuse)
+    g, x = _case().graph, torch.zeros(1, 6, dtype=torch.float64, requires_grad=True)
     exact = sc.distribute(make_model("one_sage", 0)).plan(g, 2, x=x, method="contiguous")
     packed = sc.distribute(make_model("one_sage", 0), compress="1bit").plan(g, 2, x=x, method="contiguous")
     stale = sc.distribute(make_model("one_sage", 0), staleness=4).plan(g, 2, x=x, method="contiguous")

@@ -27,9 +27,12 @@ def single_machine(g: sc.Graph, x: torch.Tensor, w: torch.Tensor, seed: int) -> 
 
 
 @given(data=st.data())
-@settings(max_examples=6, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=8, deadline=None, suppress_health_check=list(HealthCheck))
 def test_workers_reuse_together_and_stay_exact(pool, data):
+    """Also with 1-bit compression asked for: a kept result is made once, exactly (the
+    bytes of the first step are the exact ones)."""
     world_size = data.draw(st.sampled_from([2, 3]))
+    options = data.draw(st.sampled_from([{}, {"compress": "1bit"}]))
     src, dst, n, seed = data.draw(graphs(max_nodes=24, max_edges=80))
     gen = torch.Generator().manual_seed(seed % 2**16)
     g = sc.Graph.from_edges(src, dst, n)
@@ -39,7 +42,7 @@ def test_workers_reuse_together_and_stay_exact(pool, data):
     changed = torch.nonzero(assignment == world_size - 1).flatten()  # the last worker's rows: maybe none
     parts = split_graph(g, assignment, world_size, {"x": x, "w": w})
     jobs = [{"part": p, "model": "reused", "seed": seed % 2**16, "changes": CHANGES, "changed": changed,
-             "num_nodes": n, "num_edges": g.num_edges} for p in parts]
+             "num_nodes": n, "num_edges": g.num_edges, "options": options} for p in parts]
     results = pool(world_size).run(run_reused_steps, jobs)
     first_bytes = None
     for t, change in enumerate(CHANGES):
@@ -55,6 +58,9 @@ def test_workers_reuse_together_and_stay_exact(pool, data):
         received = [r[t]["bytes"]["received"].get("forward", 0) for r in results]
         if change == "first":
             first_bytes = received
+            # every halo row of x (6 float64) for each of the three aggregations: exact, not packed
+            halo = [sum(len(q.send_index[r]) for i, q in enumerate(parts) if i != r) for r in range(world_size)]
+            assert received == [3 * 6 * 8 * h for h in halo], (received, halo)
         # Kept while nobody's input changed; else every worker receives its halo again.
         computed = change in ("first", "new") or (change == "double" and changed.numel() > 0)
         assert received == (first_bytes if computed else [0] * world_size), (change, received)
@@ -72,4 +78,7 @@ def test_the_plan_counts_the_first_steps_exchange_only(world_size):
     grad = sc.distribute(ReusedInputs().double()).plan(g, world_size, x=x.requires_grad_(),
                                                        method=torch.arange(6) % world_size)
     assert not any(op.reused for op in grad.ops) and "reused" not in str(grad)
+    packed = sc.distribute(ReusedInputs().double(), compress="1bit").plan(g, world_size, x=x.detach(),
+                                                                         method=torch.arange(6) % world_size)
+    assert all(op.reused and not op.comm for op in packed.ops)  # made exactly, once
     assert grad.forward_bytes(0) == (3 * 6 * 8 * 3 if world_size == 2 else 0)  # per op, 3 halo rows of 6 float64
