@@ -5,6 +5,10 @@ Every kernel works on one :class:`~sarcompile.ir.graph.Block` -- the edges from 
 source rows into the local destination rows -- so the same code serves one machine (one
 block) and N workers (one block per source partition). Node tensors may have any
 trailing shape (``[n, F]`` or ``[n, heads, F]``); kernels flatten it to 2-D.
+
+Rows are gathered per edge with ``index_select``, never ``t[index]``: on the CPU it copies
+whole rows, 3-9x faster than advanced indexing for rows of 4 to 64 values (torch 2.13,
+int32 indices; the gathers of GAT's scores were 4% of its step).
 """
 
 from __future__ import annotations
@@ -75,9 +79,9 @@ def spmm(block: Block, x: torch.Tensor, weight: torch.Tensor | None, into: torch
         return _heads(lambda k, out: _tiled_mm(tiles, weight[:, k], x[:, k], out, accumulate=into is not None),
                       x.new_empty((block.num_dst, *x.shape[1:])) if into is None else into)
     # Other broadcasts: materialise one message per edge.
-    msg = x[block.col] * weight.reshape(*weight.shape, *([1] * (x.dim() - weight.dim())))
+    msg = x.index_select(0, block.col) * weight.reshape(*weight.shape, *([1] * (x.dim() - weight.dim())))
     out = x.new_zeros((block.num_dst, *x.shape[1:])) if into is None else into
-    return out.index_add_(0, block.row, msg)
+    return _add_rows(out, block.row, msg)
 
 
 def prepare_transpose(block: Block, weighted: bool) -> None:
@@ -146,9 +150,9 @@ def spmm_t(block: Block, g: torch.Tensor, weight: torch.Tensor | None, out: torc
         values = g.new_empty(block.num_edges)  # each head's weights in tile order, in turn
         return _heads(lambda k, o: _tiled_mm(tiles, _in_order(weight[:, k], tiles.order, values), g[:, k], o),
                       g.new_empty((block.num_src, *g.shape[1:])) if out is None else out)
-    msg = g[block.row] * weight.reshape(*weight.shape, *([1] * (g.dim() - weight.dim())))
+    msg = g.index_select(0, block.row) * weight.reshape(*weight.shape, *([1] * (g.dim() - weight.dim())))
     out = g.new_zeros((block.num_src, *g.shape[1:])) if out is None else out.zero_()
-    return out.index_add_(0, block.col, msg)
+    return _add_rows(out, block.col, msg)
 
 
 def _in_order(weight: torch.Tensor, order: torch.Tensor, into: torch.Tensor | None = None) -> torch.Tensor:
@@ -235,12 +239,12 @@ class MaxState:
     def block_max(self, block: Block, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Per destination row and feature of one block: the max over its in-edges and the
         smallest source row reaching it (``_NO_ROW`` where there is no in-edge)."""
-        msg = _flat(x)[block.col]
+        msg = _flat(x).index_select(0, block.col)
         idx = block.row.unsqueeze(1).expand_as(msg)
         bmax = torch.full_like(self.value, float("-inf")).scatter_reduce(0, idx, msg, "amax")
         # Source rows of a block are sorted by global id, so the smallest row among the
         # tied edges is the smallest global id.
-        cand = torch.where(msg == bmax[block.row], block.col.long().unsqueeze(1).expand_as(msg), _NO_ROW)
+        cand = torch.where(msg == bmax.index_select(0, block.row), block.col.long().unsqueeze(1).expand_as(msg), _NO_ROW)
         return bmax, torch.full_like(self.pos, _NO_ROW).scatter_reduce(0, idx, cand, "amin")
 
     def result(self) -> torch.Tensor:
@@ -263,10 +267,10 @@ def sddmm(block: Block, a: torch.Tensor, b: torch.Tensor | None, op: str) -> tor
     """Per-edge value from ``a`` at the source and ``b`` at the destination, in CSR order;
     ``copy_u`` is ``a`` at the source alone (``b`` is None)."""
     block = block.on(a.device)
-    au = a[block.col]
+    au = a.index_select(0, block.col)
     if op == "copy_u":
         return au
-    bv = b[block.row]
+    bv = b.index_select(0, block.row)
     if op == "add":
         return au + bv
     if op == "sub":
@@ -289,16 +293,16 @@ def sddmm_grads(
         g = g.unsqueeze(-1)
     ga = gb = None
     if want_a:
-        msg = g if op in ("add", "sub", "copy_u") else g * b[block.row]
-        ga = msg.new_zeros((block.num_src, *msg.shape[1:])).index_add_(0, block.col, msg)
+        msg = g if op in ("add", "sub", "copy_u") else g * b.index_select(0, block.row)
+        ga = _add_rows(msg.new_zeros((block.num_src, *msg.shape[1:])), block.col, msg)
     if want_b:
         if op == "add":
             msg = g
         elif op == "sub":
             msg = -g
         else:
-            msg = g * a[block.col]
-        gb = msg.new_zeros((block.num_dst, *msg.shape[1:])).index_add_(0, block.row, msg)
+            msg = g * a.index_select(0, block.col)
+        gb = _add_rows(msg.new_zeros((block.num_dst, *msg.shape[1:])), block.row, msg)
     return ga, gb
 
 
@@ -346,8 +350,8 @@ class AttentionState:
             m_new = torch.maximum(m, block_max)
             # Rows that have seen no edge yet keep m = -inf; rescaling them would give nan.
             rescale = torch.where(torch.isinf(m_new), torch.ones_like(m_new), torch.exp(m - m_new))
-            e = torch.exp(score - m_new[sub.row])
-            l.mul_(rescale).add_(torch.zeros_like(l).index_add_(0, sub.row, e))
+            e = torch.exp(score - m_new.index_select(0, sub.row))
+            l.mul_(rescale).add_(_add_rows(torch.zeros_like(l), sub.row, e))
             spmm(sub, h, e if keep is None else e * keep[lo:hi], into=acc.mul_(rescale.unsqueeze(-1)))
             m.copy_(m_new)
 
@@ -363,7 +367,7 @@ class AttentionState:
 def _pre_scores(block: Block, a_src: torch.Tensor, a_dst: torch.Tensor, a_edge: torch.Tensor | None) -> torch.Tensor:
     """``a_src[u] + a_dst[v] (+ a_edge[e])`` per edge of the block, summed in that order
     (PyG's), so every executor rounds alike."""
-    pre = a_src[block.col] + a_dst[block.row]
+    pre = a_src.index_select(0, block.col) + a_dst.index_select(0, block.row)
     return pre if a_edge is None else pre + a_edge
 
 
@@ -408,18 +412,18 @@ def attention_grads(
         sub, lo, hi = block.rows(r0, r1), int(block.indptr[r0]), int(block.indptr[r1])
         pre = _pre_scores(sub, a_src, a_dst[r0:r1], None if a_edge is None else a_edge[lo:hi])
         score = torch.nn.functional.leaky_relu(pre, negative_slope)
-        p = torch.exp(score - lse[r0:r1][sub.row])
+        p = torch.exp(score - lse[r0:r1].index_select(0, sub.row))
         del score
         chunk_keep = None if keep is None else keep[lo:hi]
         weights[lo:hi] = p if chunk_keep is None else p * chunk_keep
         d_score = d_w[lo:hi]
         if chunk_keep is not None:
             d_score.mul_(chunk_keep)
-        d_score.sub_(delta[r0:r1][sub.row]).mul_(p)
+        d_score.sub_(delta[r0:r1].index_select(0, sub.row)).mul_(p)
         del p
         d_pre = torch.where(pre > 0, d_score, d_score * negative_slope)
-        d_src.index_add_(0, sub.col, d_pre)
-        d_dst[r0:r1] = torch.zeros_like(d_dst[r0:r1]).index_add_(0, sub.row, d_pre)
+        _add_rows(d_src, sub.col, d_pre)
+        d_dst[r0:r1] = _add_rows(torch.zeros_like(d_dst[r0:r1]), sub.row, d_pre)
         if a_edge is not None:
             d_score.copy_(d_pre)
     # Without edge scores the dot products are spent: let them go (the last range's views
@@ -429,6 +433,14 @@ def attention_grads(
     if into is not None:
         d_src = into[:, width:].copy_(d_src)
     return d_h, d_src, d_dst, d_edge
+
+
+def _add_rows(out: torch.Tensor, index: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
+    """``out.index_add_(0, index, src)``, the index as int64: for an int32 index (a
+    block's) torch's CPU index_add_ takes a row-at-a-time path, 7-13x slower for rows of
+    1 to 4 values (torch 2.13; GAT's score gradients spent 15% of its step there). The
+    copy is a block's or a row range's index, and the sums are the same, in index order."""
+    return out.index_add_(0, index.long(), src)
 
 
 def row_blocks(t: torch.Tensor):
