@@ -28,6 +28,7 @@ __all__ = [
     "AttentionState",
     "MaxState",
     "Packed",
+    "add_rows",
     "attention_grads",
     "dst_weights",
     "edge_dot",
@@ -81,7 +82,7 @@ def spmm(block: Block, x: torch.Tensor, weight: torch.Tensor | None, into: torch
     # Other broadcasts: materialise one message per edge.
     msg = x.index_select(0, block.col) * weight.reshape(*weight.shape, *([1] * (x.dim() - weight.dim())))
     out = x.new_zeros((block.num_dst, *x.shape[1:])) if into is None else into
-    return _add_rows(out, block.row, msg)
+    return add_rows(out, block.row, msg)
 
 
 def prepare_transpose(block: Block, weighted: bool) -> None:
@@ -152,7 +153,7 @@ def spmm_t(block: Block, g: torch.Tensor, weight: torch.Tensor | None, out: torc
                       g.new_empty((block.num_src, *g.shape[1:])) if out is None else out)
     msg = g.index_select(0, block.row) * weight.reshape(*weight.shape, *([1] * (g.dim() - weight.dim())))
     out = g.new_zeros((block.num_src, *g.shape[1:])) if out is None else out.zero_()
-    return _add_rows(out, block.col, msg)
+    return add_rows(out, block.col, msg)
 
 
 def _in_order(weight: torch.Tensor, order: torch.Tensor, into: torch.Tensor | None = None) -> torch.Tensor:
@@ -294,7 +295,7 @@ def sddmm_grads(
     ga = gb = None
     if want_a:
         msg = g if op in ("add", "sub", "copy_u") else g * b.index_select(0, block.row)
-        ga = _add_rows(msg.new_zeros((block.num_src, *msg.shape[1:])), block.col, msg)
+        ga = add_rows(msg.new_zeros((block.num_src, *msg.shape[1:])), block.col, msg)
     if want_b:
         if op == "add":
             msg = g
@@ -302,7 +303,7 @@ def sddmm_grads(
             msg = -g
         else:
             msg = g * a.index_select(0, block.col)
-        gb = _add_rows(msg.new_zeros((block.num_dst, *msg.shape[1:])), block.row, msg)
+        gb = add_rows(msg.new_zeros((block.num_dst, *msg.shape[1:])), block.row, msg)
     return ga, gb
 
 
@@ -351,7 +352,7 @@ class AttentionState:
             # Rows that have seen no edge yet keep m = -inf; rescaling them would give nan.
             rescale = torch.where(torch.isinf(m_new), torch.ones_like(m_new), torch.exp(m - m_new))
             e = torch.exp(score - m_new.index_select(0, sub.row))
-            l.mul_(rescale).add_(_add_rows(torch.zeros_like(l), sub.row, e))
+            l.mul_(rescale).add_(add_rows(torch.zeros_like(l), sub.row, e))
             spmm(sub, h, e if keep is None else e * keep[lo:hi], into=acc.mul_(rescale.unsqueeze(-1)))
             m.copy_(m_new)
 
@@ -422,8 +423,8 @@ def attention_grads(
         d_score.sub_(delta[r0:r1].index_select(0, sub.row)).mul_(p)
         del p
         d_pre = torch.where(pre > 0, d_score, d_score * negative_slope)
-        _add_rows(d_src, sub.col, d_pre)
-        d_dst[r0:r1] = _add_rows(torch.zeros_like(d_dst[r0:r1]), sub.row, d_pre)
+        add_rows(d_src, sub.col, d_pre)
+        d_dst[r0:r1] = add_rows(torch.zeros_like(d_dst[r0:r1]), sub.row, d_pre)
         if a_edge is not None:
             d_score.copy_(d_pre)
     # Without edge scores the dot products are spent: let them go (the last range's views
@@ -435,7 +436,7 @@ def attention_grads(
     return d_h, d_src, d_dst, d_edge
 
 
-def _add_rows(out: torch.Tensor, index: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
+def add_rows(out: torch.Tensor, index: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
     """``out.index_add_(0, index, src)``, the index as int64: for an int32 index (a
     block's) torch's CPU index_add_ takes a row-at-a-time path, 7-13x slower for rows of
     1 to 4 values (torch 2.13; GAT's score gradients spent 15% of its step there). The

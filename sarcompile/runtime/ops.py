@@ -27,6 +27,7 @@ import torch
 
 from ..ir import ops as ir
 from ..codegen import kernels_for, torch_kernels
+from ..codegen.torch_kernels import add_rows
 from ..errors import CompileError
 from ..ir.graph import Block
 from ..ir.rng import edge_keep
@@ -535,7 +536,7 @@ class _SarEdgeReduceSrc(torch.autograd.Function):
 
         def visit(q: int, _rows: None) -> torch.Tensor:
             block = shard.blocks[q].on(flat.device)
-            return flat.new_zeros((block.num_src, flat.shape[1])).index_add_(0, block.col, _edge_slice(flat, shard, q))
+            return add_rows(flat.new_zeros((block.num_src, flat.shape[1])), block.col, _edge_slice(flat, shard, q))
 
         run_rounds(shard, visit, push_into=out, phase="forward", what=f"edge_reduce_src({reduce})")
         count = None
@@ -682,9 +683,9 @@ class _SarMessage(torch.autograd.Function):
             if state is not None:
                 state.update(block.row, msg, _edge_slice(shard.edge_ids, shard, q).to(x.device, torch.long), shard.num_nodes)
             elif "out" not in acc:
-                acc["out"] = msg.new_zeros((shard.num_nodes, *msg.shape[1:])).index_add_(0, block.row, msg)
+                acc["out"] = add_rows(msg.new_zeros((shard.num_nodes, *msg.shape[1:])), block.row, msg)
             else:
-                acc["out"].index_add_(0, block.row, msg)
+                add_rows(acc["out"], block.row, msg)
 
         run_rounds(shard, visit, fetch=x, lookahead=_lookahead(shard, strategy, in_flight), what=f"message_passing({reduce})",
                    link=link, iteration=iteration, visit_keeps=strategy.keeps_blocks)
@@ -742,9 +743,9 @@ class _SarMessage(torch.autograd.Function):
             if not want_x:
                 return None
             if d_i is not None:
-                gx.index_add_(0, block.row, d_i)
+                add_rows(gx, block.row, d_i)
             d_src = pool.take((block.num_src, *x.shape[1:]), x.dtype, x.device).zero_()
-            return d_src if d_j is None else d_src.index_add_(0, block.col, d_j)
+            return d_src if d_j is None else add_rows(d_src, block.col, d_j)
 
         run_rounds(
             shard,
