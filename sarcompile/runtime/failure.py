@@ -41,7 +41,8 @@ TCPStore; a FileStore or HashStore works the same):
   and exits :data:`EXIT_TERMINATED` (or the pending error's code) at once. A worker whose
   wait failed because a peer went away first looks for that peer's published cause for
   :data:`CAUSE_READ_S` and prints it instead, as the others do (under load, torchrun's
-  SIGTERM can come before the watchdog's next look at the store).
+  SIGTERM can come before the watchdog's next look at the store); so does one stopped
+  while computing, before it would say it was stopped alone.
 
 Exit codes of a worker (``python -m sarcompile.train``; the same through
 :func:`report` in any script): 0 success; :data:`EXIT_FAILED` (1) this worker's own
@@ -401,14 +402,8 @@ class Watchdog:
             return
         if self.pending is not None:  # the main thread is still agreeing on its own error
             message, code = self.pending
-            cause = self._published_cause() if code == EXIT_PEER_LOST and not self.said else None
-            if cause is not None:  # its wait failed because of a peer that already said why
-                with self._lock:
-                    first, self._seen = not self._seen, True
-                if first:
-                    _say(self.rank, describe(cause))
-                self._exit(EXIT_PEER_FAILED)
-                return
+            if code == EXIT_PEER_LOST and not self.said and self._peer_said_why():
+                return  # its wait failed because of a peer that already said why
             if not self.said:
                 self.say(f"{message} (stopped by SIGTERM before the other workers could be reached to agree "
                          "on the cause)")
@@ -417,8 +412,25 @@ class Watchdog:
         if self.said:  # this worker's own line is on screen
             self._exit(EXIT_TERMINATED)
             return
+        # torchrun's SIGTERM to the others follows a worker's failure at once, and can come
+        # before the watchdog's next look at the store: name the cause that worker published.
+        if self._peer_said_why():
+            return
         self._stop_alone("terminated", "SIGTERM", "stopped by SIGTERM (torchrun sends it to a host's other workers "
                          "once one of them has failed: that worker's error is the cause)", EXIT_TERMINATED)
+
+    def _peer_said_why(self) -> bool:
+        """Print the failure a peer published, as far as the store answers within
+        :data:`CAUSE_READ_S`, and leave (:data:`EXIT_PEER_FAILED`); False if there is none."""
+        cause = self._published_cause()
+        if cause is None:
+            return False
+        with self._lock:
+            first, self._seen = not self._seen, True
+        if first:
+            _say(self.rank, describe(cause))
+        self._exit(EXIT_PEER_FAILED)
+        return True
 
     def _published_cause(self) -> dict[str, Any] | None:
         """A peer's published failure, as far as the store answers within :data:`CAUSE_READ_S`."""

@@ -286,13 +286,14 @@ def test_sigterm_is_answered_with_the_cause_at_once(case):
         assert rc == failure_codes()["EXIT_PEER_LOST"], (rc, err)
         assert err.strip() == ("[rank 2] error: spmm(mean): worker 0 did not answer within 5s (stopped by SIGTERM "
                                "before the other workers could be reached to agree on the cause)"), err
-    # idle: ALONE_PUBLISH_S trying the store; agreeing: at once, well before LEAVE_LIMIT_S
+    # idle: CAUSE_READ_S and ALONE_PUBLISH_S trying the store; agreeing: at once, well before LEAVE_LIMIT_S
     assert took < 2.5, f"took {took:.1f}s"
 
 
 def test_a_sigtermed_worker_whose_wait_failed_prints_the_cause_a_peer_published(capsys):
     """Under load torchrun's SIGTERM can come before the watchdog's next look at the store:
-    a worker agreeing on a lost peer reads the cause that peer published, and names it."""
+    a worker agreeing on a lost peer, or still computing, reads the cause that peer
+    published, and names it."""
     import torch.distributed as dist
 
     from sarcompile.runtime import failure
@@ -305,10 +306,14 @@ def test_a_sigtermed_worker_whose_wait_failed_prints_the_cause_a_peer_published(
     wd._terminated()
     assert codes == [failure.EXIT_PEER_FAILED]
     assert capsys.readouterr().err == "[rank 0] error: rank 1 was stopped by SIGTERM\n"
+    computing = failure.Watchdog(store, 0, 2, exit=codes.append)  # no wait failed yet: the same cause
+    computing._terminated()
+    assert codes == [failure.EXIT_PEER_FAILED] * 2
+    assert capsys.readouterr().err == "[rank 0] error: rank 1 was stopped by SIGTERM\n"
     own = failure.Watchdog(dist.HashStore(), 0, 2, exit=codes.append)  # nothing published: its own error
     own.pending = ("spmm(mean): worker 1 went away", failure.EXIT_PEER_LOST)
     own._terminated()
-    assert codes[1:] == [failure.EXIT_PEER_LOST]
+    assert codes[2:] == [failure.EXIT_PEER_LOST]
     assert "[rank 0] error: spmm(mean): worker 1 went away (stopped by SIGTERM" in capsys.readouterr().err
 
 
