@@ -294,8 +294,8 @@ def _compile(model: nn.Module, options: CompileOptions, partitioned: bool, call:
     passes += [("lower", lower), ("fuse", fuse), ("linear_first", linear_first), ("residency", check)]
     if partitioned:
         passes += [("partition", partition), ("strategy", strategy), ("communication", communication)]
-    passes += [("kernels", kernels), ("reuse", reuse), ("inplace", inplace), ("linear_groups", linear_groups), ("accumulate", accumulate),
-               ("head_dot", head_dot)]
+    passes += [("kernels", kernels), ("reuse", reuse), ("inplace", inplace), ("linear_groups", linear_groups),
+               ("accumulate", accumulate), ("head_dot", head_dot)]
     for name, run in passes:
         start = time.perf_counter()
         gm = run(gm, options)

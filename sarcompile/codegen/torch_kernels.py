@@ -245,7 +245,8 @@ class MaxState:
         bmax = torch.full_like(self.value, float("-inf")).scatter_reduce(0, idx, msg, "amax")
         # Source rows of a block are sorted by global id, so the smallest row among the
         # tied edges is the smallest global id.
-        cand = torch.where(msg == bmax.index_select(0, block.row), block.col.long().unsqueeze(1).expand_as(msg), _NO_ROW)
+        tied = msg == bmax.index_select(0, block.row)
+        cand = torch.where(tied, block.col.long().unsqueeze(1).expand_as(msg), _NO_ROW)
         return bmax, torch.full_like(self.pos, _NO_ROW).scatter_reduce(0, idx, cand, "amin")
 
     def result(self) -> torch.Tensor:

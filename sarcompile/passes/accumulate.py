@@ -40,7 +40,9 @@ def _summing(node: fx.Node) -> bool:
     if node.op != "call_function" or node.target is not ops.spmm:
         return False
     a = ops.registry()[ops.spmm].bind(node.args, node.kwargs)
-    return a["into"] is None and not a["reuse"] and (a["reduce"] == "sum" or (a["reduce"] == "mean" and a["edge_weight"] is None))
+    if a["into"] is not None or a["reuse"]:  # (a kept result must stay the aggregation alone)
+        return False
+    return a["reduce"] == "sum" or (a["reduce"] == "mean" and a["edge_weight"] is None)
 
 
 def _root(gm: fx.GraphModule, node: fx.Node) -> bool:

@@ -19,9 +19,10 @@ TOL = 1e-9
 CHANGES = ["first", "same", "double", "same", "new", "same"]
 
 
-def single_machine(g: sc.Graph, x: torch.Tensor, w: torch.Tensor, seed: int) -> tuple[torch.Tensor, dict]:
+def eager(g: sc.Graph, x: torch.Tensor, w: torch.Tensor, seed: int) -> tuple[torch.Tensor, dict]:
+    """The oracle: the model run eagerly on the whole graph (no compiler, nothing kept)."""
     model = make_model("reused", seed)
-    out = model(g, x)  # eager: no compiler, nothing kept
+    out = model(g, x)
     (out * w).sum().backward()
     return out.detach(), {k: p.grad for k, p in model.named_parameters()}
 
@@ -48,7 +49,7 @@ def test_workers_reuse_together_and_stay_exact(pool, data):
     for t, change in enumerate(CHANGES):
         if change == "double":
             x[changed] *= 2
-        want_out, want_grads = single_machine(g, x, w, seed % 2**16)
+        want_out, want_grads = eager(g, x, w, seed % 2**16)
         for p, r in zip(parts, results):
             step = r[t]
             scale = max(1.0, float(want_out.abs().max()) if n else 1.0)
