@@ -7,7 +7,9 @@ Each size is the SBM graph of ``benchmarks/vs_dgl.py`` (symmetric, a self-loop p
 128 features, 16 classes) at average degree ``--degree`` (20), METIS-partitioned for each
 worker count, and trained by ``vs_dgl_worker.py`` (3-layer SAGE, hidden 256, Adam; the
 median of ``--epochs`` epochs after a warm-up; peak resident size above the floor, of the
-largest worker). The table gives each run's epoch time per million edges and peak bytes per
+largest worker). The sizes of one worker count take turns, epoch by epoch
+(benchmarks/turns.py), so that the machine's slow spells hit every size alike; they are
+resident together (about 9 GiB at N=1 up to 800k nodes; ``--no-interleave`` runs one at a time). The table gives each run's epoch time per million edges and peak bytes per
 node, each also as a ratio to its smallest value over the sizes of that worker count: a
 cost that grows linearly keeps both ratios at 1. Writes benchmarks/results/growth.json and
 growth.png.
@@ -24,6 +26,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from turns import Run, take_turns
 from vs_dgl import MiB, launcher, make_graph, run_one
 
 HERE = Path(__file__).resolve().parent
@@ -36,27 +39,34 @@ def measure(a: argparse.Namespace) -> list[dict]:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         for nodes in a.nodes:
-            edges = nodes * a.degree
-            graph = tmp / "graph.pt"
-            make_graph(graph, nodes, edges, 128, 16)
-            for n in a.workers:
-                parts = tmp / f"parts{n}"
-                subprocess.run([sys.executable, "-m", "sarcompile", "partition", "--edges", str(graph), "--parts",
-                                str(n), "--out", str(parts)], check=True, capture_output=True, env=base)
-                out = tmp / "run.json"
-                env = {**base, "OMP_NUM_THREADS": str(max(threads // n, 1))}
-                rec = run_one(launcher(n) + [str(HERE / "vs_dgl_worker.py"), "--engine", "sarcompile", "--model", "sage",
-                                        "--parts", str(parts), "--out", str(out), "--hidden", "256",
-                                        "--epochs", str(a.epochs)], out, env, a.timeout)
-                if rec is None:
+            make_graph(tmp / f"graph{nodes}.pt", nodes, nodes * a.degree, 128, 16)
+        for n in a.workers:  # the sizes of one worker count take turns (benchmarks/turns.py)
+            env = {**base, "OMP_NUM_THREADS": str(max(threads // n, 1))}
+            runs = []
+            for nodes in a.nodes:
+                parts, out = tmp / f"parts{nodes}_{n}", tmp / f"run{nodes}_{n}.json"
+                subprocess.run([sys.executable, "-m", "sarcompile", "partition", "--edges", str(tmp / f"graph{nodes}.pt"),
+                                "--parts", str(n), "--out", str(parts)], check=True, capture_output=True, env=base)
+                cmd = launcher(n) + [str(HERE / "vs_dgl_worker.py"), "--engine", "sarcompile", "--model", "sage",
+                                     "--parts", str(parts), "--out", str(out), "--hidden", "256",
+                                     "--epochs", str(a.epochs)]
+                runs.append((nodes, Run(cmd, env, n, out.with_suffix(".log")), out))
+            if a.interleave:
+                finished = take_turns([run for _, run, _ in runs], a.epochs, a.timeout)
+            else:
+                finished = [run_one(run, a.timeout) for _, run, _ in runs]
+            for (nodes, _, out), ok in zip(runs, finished):
+                if not (ok and out.exists()):
                     continue
+                rec = json.loads(out.read_text())
                 slowest = max(rec, key=lambda w: w["epoch_s"])
                 largest = max(rec, key=lambda w: w["peak_above_floor_bytes"])
-                rows.append({"nodes": nodes, "edges": edges, "workers": n, "epoch_s": slowest["epoch_s"],
+                rows.append({"nodes": nodes, "edges": nodes * a.degree, "workers": n, "epoch_s": slowest["epoch_s"],
                              "peak_bytes": largest["peak_above_floor_bytes"], "time_ledger": slowest["time_ledger"],
                              "estimate_bytes": largest["estimate"]["peak_bytes"]})
                 print(line(rows[-1]), flush=True)
-                shutil.rmtree(parts)
+            for nodes in a.nodes:
+                shutil.rmtree(tmp / f"parts{nodes}_{n}", ignore_errors=True)
     return rows
 
 
@@ -109,6 +119,8 @@ def main() -> None:
     ap.add_argument("--workers", nargs="+", type=int, default=[1, 4])
     ap.add_argument("--epochs", type=int, default=3, help="timed epochs after one warm-up")
     ap.add_argument("--threads", type=int, default=0, help="threads of the one process (default: all cores)")
+    ap.add_argument("--no-interleave", dest="interleave", action="store_false",
+                    help="run each size start to end, one after the other, instead of epoch by epoch in turns")
     ap.add_argument("--timeout", type=float, default=3600)
     ap.add_argument("--out", default=str(HERE / "results" / "growth.json"))
     a = ap.parse_args()

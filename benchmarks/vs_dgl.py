@@ -25,8 +25,13 @@ preloaded into DGL's and sarcompile's processes alike (``sarcompile allocator``)
 compare runs with the same allocator. ``off`` runs sarcompile with ``SARCOMPILE_MALLOC=off``
 (glibc's own thresholds), against DGL as a user runs it.
 Threads: the one process uses every core (``--threads``, default all); N workers split them (at least 1).
-``--repeat K`` runs each engine K times, in turn, and reports the medians: on a machine
-whose epochs swing by a third between runs, one run of each is a coin toss for a ratio.
+On a machine whose speed swings by a third between minutes, two runs made one after the
+other compare two spells of the machine as much as two engines; so all runs of one model
+(every engine, setting and worker count) take turns (benchmarks/turns.py): each is set up
+alone, then round k gives each its k-th timed epoch while the others wait, blocked, and a
+slow spell hits every run's epochs of the same rounds. ``--no-interleave`` runs each one
+start to end instead. ``--repeat K`` does it all K times over, in fresh processes, and
+reports the medians.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ import torch
 
 from sarcompile.runtime.comm import TIME_LEDGER
 from sarcompile.runtime.memory import find_allocator
+from turns import Run, take_turns
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -98,13 +104,14 @@ def launcher(n: int) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(n)]
 
 
-def run_one(cmd: list[str], out: Path, env: dict, timeout: float) -> list[dict] | None:
-    out.unlink(missing_ok=True)
-    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
-    if done.returncode != 0 or not out.exists():
-        print(f"FAILED (exit {done.returncode}): {' '.join(cmd)}\n{done.stderr[-3000:]}", flush=True)
-        return None
-    return json.loads(out.read_text())
+def run_one(run: Run, timeout: float) -> bool:
+    """Run one benchmark run alone, start to end; whether it finished (else its log's tail is printed)."""
+    with open(run.log, "w") as log:
+        done = subprocess.run(run.cmd, stdout=log, stderr=subprocess.STDOUT, env=run.env, timeout=timeout)
+    if done.returncode != 0:
+        print(f"FAILED (exit {done.returncode}): {' '.join(run.cmd)}\n{run.log.read_text()[-3000:]}", flush=True)
+        return False
+    return True
 
 
 # --allocator values that are sarcompile's own SARCOMPILE_MALLOC setting (DGL runs as is).
@@ -150,31 +157,39 @@ def measure(a: argparse.Namespace) -> list[dict]:
         dgl = dgl_python() if not a.skip_dgl else None
         worker = str(HERE / "vs_dgl_worker.py")
         common = ["--hidden", str(a.hidden), "--classes", str(a.classes), "--epochs", str(a.epochs)]
-        for allocator in a.allocator:
-            extra = allocator_env(allocator)
-            for model in a.models:
-                kind = "mag" if model == "rgcn" else "sbm"
-                hidden = ["--hidden", str(a.rgcn_hidden)] if model == "rgcn" else []  # (the later flag wins)
-                out = tmp / "run.json"
+        for model in a.models:
+            kind = "mag" if model == "rgcn" else "sbm"
+            hidden = ["--hidden", str(a.rgcn_hidden)] if model == "rgcn" else []  # (the later flag wins)
+            runs = []  # (row tag, Run, its JSON record): every engine and setting of this model
+            for allocator in a.allocator:
+                extra = allocator_env(allocator)
                 tag = {"model": model, "allocator": allocator}
-                for _ in range(a.repeat):  # the engines in turn, so that a slow spell hits both
-                    if dgl and allocator not in OWN_SETTINGS:
-                        env = {**base, **extra, "OMP_NUM_THREADS": str(threads), "DGLBACKEND": "pytorch",
-                               "PYTHONPATH": str(ROOT)}
-                        rec = run_one([dgl, worker, "--engine", "dgl", "--model", model, "--graph",
-                                       str(graphs[kind]), "--out", str(out), *common, *hidden], out, env, a.timeout)
-                        if rec:
-                            rows.append({"engine": "dgl", **tag, "workers": 1, "per_worker": rec})
-                            print(line(rows[-1]), flush=True)
-                    for n in a.workers:
-                        env = {**base, **extra, "OMP_NUM_THREADS": str(max(threads // n, 1))}
-                        args = [worker, "--engine", "sarcompile", "--model", model, "--parts",
-                                str(tmp / f"{kind}{n}"), "--out", str(out), *common, *hidden, "--blocks-in-flight",
-                                str(a.blocks_in_flight)]
-                        rec = run_one(launcher(n) + args, out, env, a.timeout)
-                        if rec:
-                            rows.append({"engine": "sarcompile", **tag, "workers": n, "per_worker": rec})
-                            print(line(rows[-1]), flush=True)
+                if dgl and allocator not in OWN_SETTINGS:
+                    env = {**base, **extra, "OMP_NUM_THREADS": str(threads), "DGLBACKEND": "pytorch",
+                           "PYTHONPATH": str(ROOT)}
+                    out = tmp / f"run{len(runs)}.json"
+                    cmd = [dgl, worker, "--engine", "dgl", "--model", model, "--graph", str(graphs[kind]),
+                           "--out", str(out), *common, *hidden]
+                    runs.append(({"engine": "dgl", **tag, "workers": 1}, Run(cmd, env, 1, out.with_suffix(".log")), out))
+                for n in a.workers:
+                    env = {**base, **extra, "OMP_NUM_THREADS": str(max(threads // n, 1))}
+                    out = tmp / f"run{len(runs)}.json"
+                    cmd = launcher(n) + [worker, "--engine", "sarcompile", "--model", model, "--parts",
+                                         str(tmp / f"{kind}{n}"), "--out", str(out), *common, *hidden,
+                                         "--blocks-in-flight", str(a.blocks_in_flight)]
+                    runs.append(({"engine": "sarcompile", **tag, "workers": n}, Run(cmd, env, n, out.with_suffix(".log")),
+                                 out))
+            for _ in range(a.repeat):
+                for _, _, out in runs:
+                    out.unlink(missing_ok=True)
+                if a.interleave:
+                    finished = take_turns([run for _, run, _ in runs], a.epochs, a.timeout)
+                else:  # one after the other
+                    finished = [run_one(run, a.timeout) for _, run, _ in runs]
+                for (row, _, out), ok in zip(runs, finished):
+                    if ok and out.exists():
+                        rows.append({**row, "per_worker": json.loads(out.read_text())})
+                        print(line(rows[-1]), flush=True)
     return merge_repeats(rows)
 
 
@@ -324,6 +339,8 @@ def main() -> None:
                     "(sarcompile's SARCOMPILE_MALLOC=off)")
     ap.add_argument("--repeat", type=int, default=1,
                     help="runs of each engine, in turn; each worker's epoch and peak are the medians over them")
+    ap.add_argument("--no-interleave", dest="interleave", action="store_false",
+                    help="run each engine start to end, one after the other, instead of epoch by epoch in turns")
     ap.add_argument("--skip-dgl", action="store_true", help="sarcompile only (no DGL environment)")
     ap.add_argument("--timeout", type=float, default=1800)
     ap.add_argument("--out", default=str(RESULTS / "vs_dgl.json"))
@@ -332,7 +349,7 @@ def main() -> None:
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     config = {k: getattr(a, k) for k in ("nodes", "edges", "features", "classes", "hidden", "epochs", "threads",
-                                         "allocator", "mag_scale", "rgcn_hidden", "blocks_in_flight", "repeat")}
+                                         "allocator", "mag_scale", "rgcn_hidden", "blocks_in_flight", "repeat", "interleave")}
     tmp = out.with_suffix(".tmp")
     tmp.write_text(json.dumps({"config": config, "rows": rows}, indent=1))
     tmp.replace(out)

@@ -30,6 +30,7 @@ import torch
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 from sarcompile.runtime.memory import floor_bytes, malloc_stats, status_bytes  # noqa: E402  (torch 2.2 too: no DGL import)
+from turns import Turns  # noqa: E402  (benchmarks/, this script's folder)
 
 
 def _tensor_bytes(tensors) -> int:
@@ -166,19 +167,26 @@ def run_dgl(a) -> list[dict]:
         opt.step()
         return float(loss)
 
-    times, losses = _train(step, a.epochs)
+    times, losses = _train(step, a.epochs, Turns(a.turns, int(os.environ.get("RANK", "0"))))
     return [{"engine": "dgl", "rank": 0, "world": 1, "floor_bytes": floor,
              "peak_above_floor_bytes": status_bytes("VmHWM") - floor, "epoch_s": statistics.median(times),
+             "epoch_times": times,
              "losses": losses, "threads": torch.get_num_threads(), "torch": torch.__version__}]
 
 
-def _train(step, epochs: int) -> tuple[list[float], list[float]]:
-    losses = [step()]  # warm-up: caches, optimizer state
+def _train(step, epochs: int, turns: Turns) -> tuple[list[float], list[float]]:
+    """The warm-up epoch (caches, optimizer state) and the timed ones, each timed one in its
+    turn (benchmarks/turns.py); returns in the last turn, the report's."""
+    losses = [step()]
+    turns.give()
     times = []
     for _ in range(epochs):
+        turns.take()
         t0 = time.perf_counter()
         losses.append(step())
         times.append(time.perf_counter() - t0)
+        turns.give()
+    turns.take()
     return times, losses
 
 
@@ -278,7 +286,7 @@ def run_sarcompile(a) -> list[dict]:
         ledgers.append(stats.time_ledger(done - start, done - stepped))
         return float(sc.global_sum(loss.detach()))
 
-    times, losses = _train(step, a.epochs)
+    times, losses = _train(step, a.epochs, Turns(a.turns, int(os.environ.get("RANK", "0"))))
     steady = ledgers[1:]  # the warm-up step left out, as from the times
     time_ledger = {k: statistics.median(d[k] for d in steady) for k in steady[0]}
     params = list(model.parameters())
@@ -304,7 +312,7 @@ def run_sarcompile(a) -> list[dict]:
     ledger.update(malloc_stats())
     mine = {"engine": "sarcompile", "rank": rank, "world": world, "floor_bytes": floor,
             "peak_above_floor_bytes": status_bytes("VmHWM") - floor, "epoch_s": statistics.median(times),
-            "losses": losses, "threads": torch.get_num_threads(), "torch": torch.__version__,
+            "epoch_times": times, "losses": losses, "threads": torch.get_num_threads(), "torch": torch.__version__,
             "ledger": ledger, "time_ledger": time_ledger,
             "estimate": {"peak_bytes": estimate.peak_bytes, **estimate.breakdown},
             "num_nodes": manifest.num_nodes}
@@ -328,6 +336,7 @@ def main() -> None:
     ap.add_argument("--blocks-in-flight", type=int, default=1, help="sarcompile's overlap (sc.distribute)")
     ap.add_argument("--dropout", type=float, default=0.5, help="rgcn's dropout between its layers")
     ap.add_argument("--out", required=True)
+    ap.add_argument("--turns", help="FIFO prefix: take turns with other runs (benchmarks/turns.py; set by the driver)")
     a = ap.parse_args()
     records = run_dgl(a) if a.engine == "dgl" else run_sarcompile(a)
     if int(os.environ.get("RANK", "0")) == 0:

@@ -1,0 +1,131 @@
+"""Benchmark runs that take turns: one timed epoch of each run in a round, then the next round.
+
+This machine's speed swings by a third between minutes (shared cores), so two runs made one
+after the other compare two spells of the machine as much as two engines. Here every run
+is started and set up (to the end of its warm-up epoch) alone; then round k gives each run,
+in turn, its k-th timed epoch while the others wait. A slow spell hits every run's epochs
+of the same rounds, and their medians compare like with like. Runs waiting their turn
+block on a pipe (no CPU); they stay resident, which is harmless while memory is ample and
+each run's peak is measured in its own process.
+
+The protocol is two FIFOs per run, made by :func:`take_turns`: the driver writes one byte per
+worker process to ``PREFIX.go`` to start a turn; the run's rank 0 writes one byte to
+``PREFIX.done`` when the turn's epoch is over (the epoch ends in an all-reduce, so every
+rank is through it). The worker side is :class:`Turns`, given ``--turns PREFIX``:
+
+    turns = Turns(prefix)        # None: no driver, every turn is the worker's at once
+    ... warm-up epoch ...; turns.give()                   # turn 0: set up
+    for _ in range(epochs): turns.take(); epoch(); turns.give()
+    turns.take()                 # the last turn: report and exit
+
+A run that dies or overruns ``timeout`` is killed and reported; the others go on. If the
+driver dies, a waiting worker reads end-of-file and exits.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+
+class Turns:
+    """A worker process's side (every rank of a run makes one)."""
+
+    def __init__(self, prefix: str | None, rank: int = 0):
+        self.go = os.open(f"{prefix}.go", os.O_RDONLY) if prefix else None
+        # the driver holds both FIFOs open read-write, so neither open blocks
+        self.done = os.open(f"{prefix}.done", os.O_WRONLY) if prefix and rank == 0 else None
+
+    def take(self) -> None:
+        """Wait for the driver to start this run's next turn."""
+        if self.go is not None and os.read(self.go, 1) == b"":
+            sys.exit("the benchmark's driver is gone (its turn pipe closed)")
+
+    def give(self) -> None:
+        """Tell the driver this run's turn is over (rank 0's word serves the run)."""
+        if self.done is not None:
+            os.write(self.done, b".")
+
+
+@dataclass
+class Run:
+    """One benchmark run: its command (the worker script's, before ``--turns``), environment,
+    worker processes (for ``go`` bytes) and where its output goes."""
+
+    cmd: list[str]
+    env: dict[str, str]
+    processes: int
+    log: Path
+
+
+@dataclass
+class _Live:
+    run: Run
+    proc: subprocess.Popen
+    go: int
+    done: int
+
+
+def _fifo(path: Path) -> int:
+    path.unlink(missing_ok=True)
+    os.mkfifo(path)
+    return os.open(path, os.O_RDWR)
+
+
+def _given(live: _Live, timeout: float) -> bool:
+    """Whether the run ended its turn within ``timeout`` (False: it exited or overran)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([live.done], [], [], 0.5)
+        if ready:
+            os.read(live.done, 1)
+            return True
+        if live.proc.poll() is not None:
+            return False
+    return False
+
+
+def _drop(live: _Live, why: str) -> bool:
+    """Kill a failed run and print why and its log's tail; False, for ``ok or _drop(...)``."""
+    if live.proc.poll() is None:
+        live.proc.kill()
+        live.proc.wait()
+    tail = live.run.log.read_text(errors="replace")[-3000:] if live.run.log.exists() else ""
+    print(f"FAILED ({why}, exit {live.proc.returncode}): {' '.join(live.run.cmd)}\n{tail}", flush=True)
+    return False
+
+
+def take_turns(runs: list[Run], epochs: int, timeout: float) -> list[bool]:
+    """Run ``runs`` in turns (module docstring): each starts alone, then ``epochs`` rounds of
+    one epoch each, then each reports and exits alone. ``timeout`` bounds each turn. Returns
+    which runs finished (exit 0); a failed one's log tail is printed."""
+    lives, ok = [], []
+    for i, run in enumerate(runs):
+        prefix = f"{run.log}.turn{i}"
+        go, done = _fifo(Path(f"{prefix}.go")), _fifo(Path(f"{prefix}.done"))
+        with open(run.log, "w") as log:
+            proc = subprocess.Popen([*run.cmd, "--turns", prefix], env=run.env, stdout=log,
+                                    stderr=subprocess.STDOUT)
+        lives.append(_Live(run, proc, go, done))
+        ok.append(_given(lives[-1], timeout) or _drop(lives[-1], "set-up"))
+    for k in range(epochs + 1):  # the timed epochs, then the last turn: report and exit
+        for i, live in enumerate(lives):
+            if not ok[i]:
+                continue
+            os.write(live.go, b"." * live.run.processes)
+            if k < epochs:
+                ok[i] = _given(live, timeout) or _drop(live, f"epoch {k + 1}")
+            else:
+                try:
+                    ok[i] = live.proc.wait(timeout) == 0 or _drop(live, "report")
+                except subprocess.TimeoutExpired:
+                    ok[i] = _drop(live, "report")
+    for live in lives:
+        os.close(live.go)
+        os.close(live.done)
+    return ok

@@ -1,0 +1,100 @@
+"""benchmarks/turns.py: benchmark runs take turns epoch by epoch, a failed run is dropped
+while the others finish, and a worker whose driver is gone exits instead of waiting."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from commands import ROOT, import_script
+
+turns = import_script(ROOT / "benchmarks" / "turns.py")
+
+# A stand-in for vs_dgl_worker.py: NAME RANK EPOCHS JOURNAL FAIL_AT [--turns PREFIX]. Each
+# "epoch" appends "NAME RANK k" to the journal, with a pause that lets a run that broke
+# the protocol (ran out of turn) show up interleaved.
+WORKER = """
+import sys, time
+sys.path.insert(0, {bench!r})
+from turns import Turns
+name, rank, epochs, journal, fail_at = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], int(sys.argv[5])
+t = Turns(sys.argv[7] if len(sys.argv) > 7 else None, rank)
+def note(text):
+    with open(journal, "a") as f:
+        f.write(text + "\\n")
+note(f"{{name}} {{rank}} setup"); t.give()
+for k in range(1, epochs + 1):
+    t.take()
+    if k == fail_at:
+        sys.exit(3)
+    time.sleep(0.02)
+    note(f"{{name}} {{rank}} {{k}}"); t.give()
+t.take(); note(f"{{name}} {{rank}} report")
+""".format(bench=str(ROOT / "benchmarks"))
+
+
+def _run(tmp: Path, name: str, epochs: int, ranks: int = 1, fail_at: int = 0) -> "turns.Run":
+    script = tmp / "worker.py"
+    script.write_text(WORKER)
+    journal = tmp / "journal"
+    # several "ranks" of one run: one shell starting them all, as torchrun starts its workers
+    cmds = " & ".join(f"{sys.executable} {script} {name} {r} {epochs} {journal} {fail_at} \"$@\"" for r in range(ranks))
+    return turns.Run(["bash", "-c", f"{cmds} & wait", "run"], dict(os.environ), ranks, tmp / f"{name}.log")
+
+
+def test_runs_take_turns_epoch_by_epoch(tmp_path):
+    runs = [_run(tmp_path, "a", 3), _run(tmp_path, "b", 3, ranks=2), _run(tmp_path, "c", 3)]
+    assert turns.take_turns(runs, epochs=3, timeout=30) == [True, True, True]
+    lines = (tmp_path / "journal").read_text().split()
+    events = [tuple(lines[i:i + 3]) for i in range(0, len(lines), 3)]
+    turn_of = lambda e: (e[0], e[2])  # noqa: E731  (both ranks of b share each turn)
+    order = list(dict.fromkeys(turn_of(e) for e in events))
+    assert order == [("a", "setup"), ("b", "setup"), ("c", "setup"),
+                     *[(n, str(k)) for k in (1, 2, 3) for n in "abc"],
+                     ("a", "report"), ("b", "report"), ("c", "report")]
+    # no turn's lines are split by another's: each run's turn is whole before the next starts
+    assert len(order) == len([k for k, _ in itertools.groupby(map(turn_of, events))])
+    assert sum(1 for e in events if e[0] == "b") == 2 * 5  # both ranks of b, every turn
+
+
+def test_a_failed_run_is_dropped_and_the_others_finish(tmp_path, capsys):
+    runs = [_run(tmp_path, "a", 3), _run(tmp_path, "b", 3, fail_at=2), _run(tmp_path, "c", 3)]
+    assert turns.take_turns(runs, epochs=3, timeout=30) == [True, False, True]
+    assert "FAILED (epoch 2" in capsys.readouterr().out
+    lines = (tmp_path / "journal").read_text().splitlines()
+    assert "b 0 2" not in lines and "a 0 report" in lines and "c 0 3" in lines
+
+
+def test_a_run_that_overruns_its_turn_is_killed_within_the_timeout(tmp_path, capsys):
+    stuck = turns.Run([sys.executable, "-c", "import time; time.sleep(60)"], dict(os.environ), 1, tmp_path / "s.log")
+    start = time.monotonic()
+    assert turns.take_turns([stuck, _run(tmp_path, "a", 1)], epochs=1, timeout=2) == [False, True]
+    assert time.monotonic() - start < 15
+    assert "FAILED (set-up" in capsys.readouterr().out
+
+
+def test_a_worker_exits_when_its_driver_is_gone(tmp_path):
+    go, done = tmp_path / "p.go", tmp_path / "p.done"
+    os.mkfifo(go)
+    os.mkfifo(done)
+    driver_go, driver_done = os.open(go, os.O_RDWR), os.open(done, os.O_RDWR)
+    worker = subprocess.Popen([sys.executable, "-c", f"import sys; sys.path.insert(0, {str(ROOT / 'benchmarks')!r})\n"
+                               f"from turns import Turns\nt = Turns({str(tmp_path / 'p')!r}); t.give(); t.take()"],
+                              stderr=subprocess.PIPE, text=True)
+    assert os.read(driver_done, 1) == b"."  # its turn 0 is over; now it waits for the next
+    os.close(driver_go)  # the driver dies: the last writer of the go pipe is gone
+    os.close(driver_done)
+    _, err = worker.communicate(timeout=10)
+    assert worker.returncode != 0 and "driver is gone" in err
+
+
+def test_without_a_driver_every_turn_is_at_once(tmp_path):
+    journal = tmp_path / "journal"
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    subprocess.run([sys.executable, str(script), "solo", "0", "2", str(journal), "0"], check=True, timeout=30)
+    assert journal.read_text().split("\n")[:-1] == ["solo 0 setup", "solo 0 1", "solo 0 2", "solo 0 report"]
