@@ -8,6 +8,15 @@ of the same rounds, and their medians compare like with like. Runs waiting their
 block on a pipe (no CPU); they stay resident, which is harmless while memory is ample and
 each run's peak is measured in its own process.
 
+A turn is two epochs, and only the second is timed. A run back from waiting is not in
+the state it trains in: memory its allocator gave back to the kernel has sat free for
+seconds, long enough for this VM to report it free to the host (virtio-balloon's free page
+reporting), so the next step's fresh pages are faulted in from the host. A pause of 5 s
+before each step took DGL's SAGE step here from 1.30-1.33 s to 1.90-1.96 s; with one
+untimed step after the pause, 1.22-1.27 s. It would tax most the runs that unmap and
+re-fault their tensors every step (glibc's own thresholds: DGL, ``SARCOMPILE_MALLOC=off``),
+so without the extra epoch, taking turns would favour sarcompile's default setting.
+
 The protocol is two FIFOs per run, made by :func:`take_turns`: the driver writes one byte per
 worker process to ``PREFIX.go`` to start a turn; the run's rank 0 writes one byte to
 ``PREFIX.done`` when the turn's epoch is over (the epoch ends in an all-reduce, so every
@@ -15,7 +24,7 @@ rank is through it). The worker side is :class:`Turns`, given ``--turns PREFIX``
 
     turns = Turns(prefix)        # None: no driver, every turn is the worker's at once
     ... warm-up epoch ...; turns.give()                   # turn 0: set up
-    for _ in range(epochs): turns.take(); epoch(); turns.give()
+    for _ in range(epochs): turns.take(); epoch(); timed(epoch()); turns.give()
     turns.take()                 # the last turn: report and exit
 
 A run that dies or overruns ``timeout`` is killed and reported; the others go on. If the
@@ -37,6 +46,7 @@ class Turns:
     """A worker process's side (every rank of a run makes one)."""
 
     def __init__(self, prefix: str | None, rank: int = 0):
+        self.driven = prefix is not None  # whether a driver hands out the turns
         self.go = os.open(f"{prefix}.go", os.O_RDONLY) if prefix else None
         # the driver holds both FIFOs open read-write, so neither open blocks
         self.done = os.open(f"{prefix}.done", os.O_WRONLY) if prefix and rank == 0 else None

@@ -28,8 +28,9 @@ Threads: the one process uses every core (``--threads``, default all); N workers
 On a machine whose speed swings by a third between minutes, two runs made one after the
 other compare two spells of the machine as much as two engines; so all runs of one model
 (every engine, setting and worker count) take turns (benchmarks/turns.py): each is set up
-alone, then round k gives each its k-th timed epoch while the others wait, blocked, and a
-slow spell hits every run's epochs of the same rounds. ``--no-interleave`` runs each one
+alone, then round k gives each its k-th timed epoch (after an untimed one that brings it
+back to its steady state) while the others wait, blocked, and a slow spell hits every run's
+epochs of the same rounds. ``--no-interleave`` runs each one
 start to end instead. ``--repeat K`` does it all K times over, in fresh processes, and
 reports the medians.
 """

@@ -176,12 +176,15 @@ def run_dgl(a) -> list[dict]:
 
 def _train(step, epochs: int, turns: Turns) -> tuple[list[float], list[float]]:
     """The warm-up epoch (caches, optimizer state) and the timed ones, each timed one in its
-    turn (benchmarks/turns.py); returns in the last turn, the report's."""
+    turn (benchmarks/turns.py) after an untimed one that brings the run back to its steady
+    state from waiting; returns in the last turn, the report's."""
     losses = [step()]
     turns.give()
     times = []
     for _ in range(epochs):
         turns.take()
+        if turns.driven:
+            step()
         t0 = time.perf_counter()
         losses.append(step())
         times.append(time.perf_counter() - t0)
