@@ -200,14 +200,14 @@ MEDIANS = ("epoch_s", "peak_above_floor_bytes", "time_ledger")  # what --repeat 
 def merge_repeats(rows: list[dict]) -> list[dict]:
     """One row per (engine, model, allocator, workers): with ``--repeat``, each worker's
     epoch, peak and time ledger (each part on its own) are the medians over the repeats
-    (its other fields the first run's), and ``runs`` keeps every repeat's."""
+    (its other fields the first run's), and ``runs`` keeps every repeat's, with its epochs."""
     merged: dict[tuple, dict] = {}
     for row in rows:
         key = (row["engine"], row["model"], row["allocator"], row["workers"])
         if key not in merged:
             merged[key] = {**row, "per_worker": [{**w, "runs": []} for w in row["per_worker"]]}
         for mine, w in zip(merged[key]["per_worker"], row["per_worker"]):
-            mine["runs"].append({k: w[k] for k in MEDIANS if k in w})
+            mine["runs"].append({k: w[k] for k in (*MEDIANS, "epoch_times") if k in w})  # (every epoch, kept)
     for row in merged.values():
         for w in row["per_worker"]:
             for k in ("epoch_s", "peak_above_floor_bytes"):
