@@ -9,8 +9,8 @@ worker count, and trained by ``vs_dgl_worker.py`` (3-layer SAGE, hidden 256, Ada
 median of ``--epochs`` epochs after a warm-up; peak resident size above the floor, of the
 largest worker). The sizes of one worker count take turns, epoch by epoch
 (benchmarks/turns.py), so that the machine's slow spells hit every size alike; they are
-resident together (about 9 GiB at N=1 up to 800k nodes; ``--no-interleave`` runs one at a time). The table gives each run's epoch time per million edges and peak bytes per
-node, each also as a ratio to its smallest value over the sizes of that worker count: a
+resident together (about 9 GiB at N=1 up to 800k nodes; ``--no-interleave`` runs one at a
+time). The table gives each run's epoch time per million edges and peak bytes per node, each also as a ratio to its smallest value over the sizes of that worker count: a
 cost that grows linearly keeps both ratios at 1. Writes benchmarks/results/growth.json and
 growth.png.
 """
@@ -26,8 +26,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from turns import Run, take_turns
-from vs_dgl import MiB, launcher, make_graph, run_one
+from turns import Run, run_all
+from vs_dgl import MiB, launcher, make_graph
 
 HERE = Path(__file__).resolve().parent
 
@@ -51,10 +51,7 @@ def measure(a: argparse.Namespace) -> list[dict]:
                                      "--parts", str(parts), "--out", str(out), "--hidden", "256",
                                      "--epochs", str(a.epochs)]
                 runs.append((nodes, Run(cmd, env, n, out.with_suffix(".log")), out))
-            if a.interleave:
-                finished = take_turns([run for _, run, _ in runs], a.epochs, a.timeout)
-            else:
-                finished = [run_one(run, a.timeout) for _, run, _ in runs]
+            finished = run_all([run for _, run, _ in runs], a.epochs, a.timeout, a.interleave)
             for (nodes, _, out), ok in zip(runs, finished):
                 if not (ok and out.exists()):
                     continue

@@ -28,7 +28,8 @@ rank is through it). The worker side is :class:`Turns`, given ``--turns PREFIX``
     turns.take()                 # the last turn: report and exit
 
 A run that dies or overruns ``timeout`` is killed and reported; the others go on. If the
-driver dies, a waiting worker reads end-of-file and exits.
+driver dies, a waiting worker reads end-of-file and exits. :func:`run_all` runs a list
+either way: in turns, or each start to end, one after the other.
 """
 
 from __future__ import annotations
@@ -46,10 +47,14 @@ class Turns:
     """A worker process's side (every rank of a run makes one)."""
 
     def __init__(self, prefix: str | None, rank: int = 0):
-        self.driven = prefix is not None  # whether a driver hands out the turns
         self.go = os.open(f"{prefix}.go", os.O_RDONLY) if prefix else None
         # the driver holds both FIFOs open read-write, so neither open blocks
         self.done = os.open(f"{prefix}.done", os.O_WRONLY) if prefix and rank == 0 else None
+
+    @property
+    def driven(self) -> bool:
+        """Whether a driver hands out the turns."""
+        return self.go is not None
 
     def take(self) -> None:
         """Wait for the driver to start this run's next turn."""
@@ -139,3 +144,20 @@ def take_turns(runs: list[Run], epochs: int, timeout: float) -> list[bool]:
         os.close(live.go)
         os.close(live.done)
     return ok
+
+
+def run_one(run: Run, timeout: float) -> bool:
+    """Run one benchmark run alone, start to end; whether it finished (else its log's tail is printed)."""
+    with open(run.log, "w") as log:
+        done = subprocess.run(run.cmd, stdout=log, stderr=subprocess.STDOUT, env=run.env, timeout=timeout)
+    if done.returncode != 0:
+        print(f"FAILED (exit {done.returncode}): {' '.join(run.cmd)}\n{run.log.read_text()[-3000:]}", flush=True)
+        return False
+    return True
+
+
+def run_all(runs: list[Run], epochs: int, timeout: float, interleave: bool) -> list[bool]:
+    """Which of ``runs`` finished: run in turns (:func:`take_turns`), or each start to end."""
+    if interleave:
+        return take_turns(runs, epochs, timeout)
+    return [run_one(run, timeout) for run in runs]

@@ -30,9 +30,8 @@ other compare two spells of the machine as much as two engines; so all runs of o
 (every engine, setting and worker count) take turns (benchmarks/turns.py): each is set up
 alone, then round k gives each its k-th timed epoch (after an untimed one that brings it
 back to its steady state) while the others wait, blocked, and a slow spell hits every run's
-epochs of the same rounds. ``--no-interleave`` runs each one
-start to end instead. ``--repeat K`` does it all K times over, in fresh processes, and
-reports the medians.
+epochs of the same rounds. ``--no-interleave`` runs each one start to end instead.
+``--repeat K`` does it all K times over, in fresh processes, and reports the medians.
 """
 
 from __future__ import annotations
@@ -50,7 +49,7 @@ import torch
 
 from sarcompile.runtime.comm import TIME_LEDGER
 from sarcompile.runtime.memory import find_allocator
-from turns import Run, take_turns
+from turns import Run, run_all
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -103,16 +102,6 @@ def launcher(n: int) -> list[str]:
     if n == 1:
         return [sys.executable]
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(n)]
-
-
-def run_one(run: Run, timeout: float) -> bool:
-    """Run one benchmark run alone, start to end; whether it finished (else its log's tail is printed)."""
-    with open(run.log, "w") as log:
-        done = subprocess.run(run.cmd, stdout=log, stderr=subprocess.STDOUT, env=run.env, timeout=timeout)
-    if done.returncode != 0:
-        print(f"FAILED (exit {done.returncode}): {' '.join(run.cmd)}\n{run.log.read_text()[-3000:]}", flush=True)
-        return False
-    return True
 
 
 # --allocator values that are sarcompile's own SARCOMPILE_MALLOC setting (DGL runs as is).
@@ -183,10 +172,7 @@ def measure(a: argparse.Namespace) -> list[dict]:
             for _ in range(a.repeat):
                 for _, _, out in runs:
                     out.unlink(missing_ok=True)
-                if a.interleave:
-                    finished = take_turns([run for _, run, _ in runs], a.epochs, a.timeout)
-                else:  # one after the other
-                    finished = [run_one(run, a.timeout) for _, run, _ in runs]
+                finished = run_all([run for _, run, _ in runs], a.epochs, a.timeout, a.interleave)
                 for (row, _, out), ok in zip(runs, finished):
                     if ok and out.exists():
                         rows.append({**row, "per_worker": json.loads(out.read_text())})

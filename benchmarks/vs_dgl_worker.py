@@ -155,7 +155,7 @@ def _dgl_inputs(a):
     return g, {"paper": data["x"]}, data["y"], model
 
 
-def run_dgl(a) -> list[dict]:
+def run_dgl(a, turns: Turns) -> list[dict]:
     floor = floor_bytes()
     g, x, y, model = _dgl_inputs(a)
     opt = torch.optim.Adam(model.parameters(), lr=0.01)
@@ -167,7 +167,7 @@ def run_dgl(a) -> list[dict]:
         opt.step()
         return float(loss)
 
-    times, losses = _train(step, a.epochs, Turns(a.turns, int(os.environ.get("RANK", "0"))))
+    times, losses = _train(step, a.epochs, turns)
     return [{"engine": "dgl", "rank": 0, "world": 1, "floor_bytes": floor,
              "peak_above_floor_bytes": status_bytes("VmHWM") - floor, "epoch_s": statistics.median(times),
              "epoch_times": times,
@@ -240,7 +240,7 @@ def _typed_model(a, manifest):
     return RGCN(counts, rels, {"paper": width}, "paper", a.classes, a.hidden, 2, a.dropout, embed_dim=width)
 
 
-def run_sarcompile(a) -> list[dict]:
+def run_sarcompile(a, turns: Turns) -> list[dict]:
     import torch.distributed as dist
 
     import sarcompile as sc
@@ -289,7 +289,7 @@ def run_sarcompile(a) -> list[dict]:
         ledgers.append(stats.time_ledger(done - start, done - stepped))
         return float(sc.global_sum(loss.detach()))
 
-    times, losses = _train(step, a.epochs, Turns(a.turns, int(os.environ.get("RANK", "0"))))
+    times, losses = _train(step, a.epochs, turns)
     steady = ledgers[1:]  # the warm-up step left out, as from the times
     time_ledger = {k: statistics.median(d[k] for d in steady) for k in steady[0]}
     params = list(model.parameters())
@@ -341,8 +341,10 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--turns", help="FIFO prefix: take turns with other runs (benchmarks/turns.py; set by the driver)")
     a = ap.parse_args()
-    records = run_dgl(a) if a.engine == "dgl" else run_sarcompile(a)
-    if int(os.environ.get("RANK", "0")) == 0:
+    rank = int(os.environ.get("RANK", "0"))  # (torchrun's; sc.init() reads the same)
+    turns = Turns(a.turns, rank)
+    records = run_dgl(a, turns) if a.engine == "dgl" else run_sarcompile(a, turns)
+    if rank == 0:
         tmp = Path(a.out).with_suffix(".tmp")
         tmp.write_text(json.dumps(records))
         tmp.replace(a.out)

@@ -41,9 +41,12 @@ def _run(tmp: Path, name: str, epochs: int, ranks: int = 1, fail_at: int = 0) ->
     script = tmp / "worker.py"
     script.write_text(WORKER)
     journal = tmp / "journal"
-    # several "ranks" of one run: one shell starting them all, as torchrun starts its workers
-    cmds = " & ".join(f"{sys.executable} {script} {name} {r} {epochs} {journal} {fail_at} \"$@\"" for r in range(ranks))
-    return turns.Run(["bash", "-c", f"{cmds} & wait", "run"], dict(os.environ), ranks, tmp / f"{name}.log")
+    # several "ranks" of one run: one shell starting them all and failing if one fails, as
+    # torchrun starts its workers
+    starts = " ".join(f"{sys.executable} {script} {name} {r} {epochs} {journal} {fail_at} \"$@\" & pids+=($!);"
+                      for r in range(ranks))
+    shell = f"pids=(); {starts} for p in \"${{pids[@]}}\"; do wait $p || exit $?; done"
+    return turns.Run(["bash", "-c", shell, "run"], dict(os.environ), ranks, tmp / f"{name}.log")
 
 
 def test_runs_take_turns_epoch_by_epoch(tmp_path):
@@ -98,3 +101,11 @@ def test_without_a_driver_every_turn_is_at_once(tmp_path):
     script.write_text(WORKER)
     subprocess.run([sys.executable, str(script), "solo", "0", "2", str(journal), "0"], check=True, timeout=30)
     assert journal.read_text().split("\n")[:-1] == ["solo 0 setup", "solo 0 1", "solo 0 2", "solo 0 report"]
+
+
+def test_run_all_without_interleaving_runs_each_start_to_end(tmp_path, capsys):
+    runs = [_run(tmp_path, "a", 2), _run(tmp_path, "b", 2, fail_at=1), _run(tmp_path, "c", 2)]
+    assert turns.run_all(runs, epochs=2, timeout=30, interleave=False) == [True, False, True]
+    assert "FAILED (exit 3)" in capsys.readouterr().out
+    assert (tmp_path / "journal").read_text().splitlines() == [
+        "a 0 setup", "a 0 1", "a 0 2", "a 0 report", "b 0 setup", "c 0 setup", "c 0 1", "c 0 2", "c 0 report"]
