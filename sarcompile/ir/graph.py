@@ -87,14 +87,15 @@ class Tiles:
 
 def tile_count(shape: tuple[int, int], edges: int) -> int:
     """Tiles a CPU product splits a ``[rows, cols]`` matrix of ``edges`` entries into: of at
-    most :data:`TILE_ROWS` columns, as long as the tiles' row offsets (one per row and
-    tile) stay within :data:`TILE_OFFSETS` per entry; fewer, larger tiles where they would
-    not, but none past twice :data:`TILE_ROWS` columns. Such a tile's rows miss the cache
-    anyway, and each tile's pass streams the whole output: at 800k nodes a product in 5-49
-    tiles took 1.1-1.4x the time of one (docs/benchmarks.md)."""
+    most :data:`TILE_ROWS` columns, where the tiles' row offsets (one per row and tile) stay
+    within :data:`TILE_OFFSETS` per entry; else one, and the product goes to the CPU kernel
+    (:mod:`sarcompile.codegen.cpu_spmm`). Fewer, larger tiles than the columns ask for were
+    slower than that kernel: their rows no longer sit in the cache beside the output, which
+    each tile's pass streams whole (200k nodes of degree 20: SAGE's step 2.67 s in 9 tiles
+    of 22k rows against 2.44 s in one, median of 14 taken in turn; docs/benchmarks.md)."""
     rows, cols = shape
-    count = min(-(-cols // TILE_ROWS), int(TILE_OFFSETS * edges / (rows + 1)))
-    return count if count > 1 and cols <= 2 * TILE_ROWS * count else 1
+    count = -(-cols // TILE_ROWS)
+    return count if 1 < count <= TILE_OFFSETS * edges / (rows + 1) else 1
 
 
 def _even(size: int, count: int) -> list[int]:

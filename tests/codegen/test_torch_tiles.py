@@ -98,18 +98,18 @@ def test_tiles_are_split_as_the_bound_says(tile_rows):
 
 
 def test_tiles_stop_where_their_row_offsets_would_outweigh_the_edges(monkeypatch):
-    """Each tile has an offset per row: a sparse block gets no more tiles than
-    TILE_OFFSETS offsets per edge pay for, and none where those would be too large."""
+    """Each tile has an offset per row: a block is split into tiles of TILE_ROWS columns
+    only where TILE_OFFSETS offsets per edge pay for them all, else not at all (larger
+    tiles miss the cache, and the CPU kernel takes the product whole)."""
     monkeypatch.setattr(graph_module, "TILE_OFFSETS", 0.5)
-    monkeypatch.setattr(graph_module, "TILE_ROWS", 16)
+    monkeypatch.setattr(graph_module, "TILE_ROWS", 25)
     ring = block_from([(v, (v + 1) % 100) for v in range(100)], 100, 100)  # one edge per row
     assert len(ring.tiles().indptr) == len(ring.tiles(transposed=True).indptr) == 1
     pairs = [(v, (v + k) % 100) for v in range(100) for k in range(10)]
-    dense = block_from(pairs, 100, 100)
-    assert len(dense.tiles().indptr) == len(dense.tiles(transposed=True).indptr) == 4  # 0.5 * 1000 / 101, not 7
-    # Four tiles of 25 rows, past twice TILE_ROWS (8 here): no gain in the cache, a pass
-    # over the output each, so none
-    monkeypatch.setattr(graph_module, "TILE_ROWS", 8)
+    dense = block_from(pairs, 100, 100)  # 0.5 * 1000 / 101: up to 4 tiles pay for their offsets
+    assert len(dense.tiles().indptr) == len(dense.tiles(transposed=True).indptr) == 4
+    # Five tiles of 20 rows would be needed: not four of 25, but none
+    monkeypatch.setattr(graph_module, "TILE_ROWS", 20)
     dense = block_from(pairs, 100, 100)
     assert len(dense.tiles().indptr) == len(dense.tiles(transposed=True).indptr) == 1
 
