@@ -17,13 +17,15 @@ from typing import Any
 import torch
 
 from .. import logs
-from ..ir import ops
+from ..ir import graph, ops
 from ..errors import KernelError
 from ..ir.vocab import Executor
-from . import torch_kernels
+from . import cpu_spmm, torch_kernels
 from .kernel_cache import KernelSpec, current_target
 
 __all__ = ["kernels_for", "triton_available"]
+
+graph.whole_product_kernel = cpu_spmm.enabled  # what tile_count asks (see there)
 
 
 def triton_available() -> bool:

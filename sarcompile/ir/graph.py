@@ -40,6 +40,16 @@ TILE_ROWS = 1 << 14
 TILE_OFFSETS = 0.5
 
 
+def _no_whole_product_kernel() -> bool:
+    return False
+
+
+# Whether a CPU product left in one tile runs a kernel that beats large tiles (the CPU
+# kernel of our own, where it is built). sarcompile.codegen registers
+# ``cpu_spmm.enabled`` here when imported: it builds on this module, so cannot be imported by it.
+whole_product_kernel: Callable[[], bool] = _no_whole_product_kernel
+
+
 @dataclass(eq=False)
 class Tiles:
     """A sparse product's matrix ``[num_rows, num_cols]`` split by ranges of its columns:
@@ -87,15 +97,18 @@ class Tiles:
 
 def tile_count(shape: tuple[int, int], edges: int) -> int:
     """Tiles a CPU product splits a ``[rows, cols]`` matrix of ``edges`` entries into: of at
-    most :data:`TILE_ROWS` columns, where the tiles' row offsets (one per row and tile) stay
-    within :data:`TILE_OFFSETS` per entry; else one, and the product goes to the CPU kernel
-    (:mod:`sarcompile.codegen.cpu_spmm`). Fewer, larger tiles than the columns ask for were
-    slower than that kernel: their rows no longer sit in the cache beside the output, which
-    each tile's pass streams whole (200k nodes of degree 20: SAGE's step 2.67 s in 9 tiles
-    of 22k rows against 2.44 s in one, median of 14 taken in turn; docs/benchmarks.md)."""
+    most :data:`TILE_ROWS` columns, as long as the tiles' row offsets (one per row and
+    tile) stay within :data:`TILE_OFFSETS` per entry. Where more would be needed, one tile,
+    for the CPU kernel (:mod:`sarcompile.codegen.cpu_spmm`): fewer, larger tiles were
+    slower than it, their rows no longer in the cache beside the output, which each tile's
+    pass streams whole (200k nodes of degree 20: SAGE's step 2.67 s in 9 tiles of 22k rows
+    against 2.44 s in one, median of 14 taken in turn; docs/benchmarks.md). Without that
+    kernel (:data:`whole_product_kernel`), fewer, larger tiles of up to twice
+    :data:`TILE_ROWS` columns, which beat torch's product of one (2.45 against 2.67 s)."""
     rows, cols = shape
-    count = -(-cols // TILE_ROWS)
-    return count if 1 < count <= TILE_OFFSETS * edges / (rows + 1) else 1
+    stretch = 1 if whole_product_kernel() else 2
+    count = min(-(-cols // TILE_ROWS), int(TILE_OFFSETS * edges / (rows + 1)))
+    return count if count > 1 and cols <= stretch * TILE_ROWS * count else 1
 
 
 def _even(size: int, count: int) -> list[int]:

@@ -97,10 +97,13 @@ def test_tiles_are_split_as_the_bound_says(tile_rows):
     assert len(block.tiles(split=False).indptr) == 1
 
 
-def test_tiles_stop_where_their_row_offsets_would_outweigh_the_edges(monkeypatch):
-    """Each tile has an offset per row: a block is split into tiles of TILE_ROWS columns
-    only where TILE_OFFSETS offsets per edge pay for them all, else not at all (larger
-    tiles miss the cache, and the CPU kernel takes the product whole)."""
+@pytest.mark.parametrize("kernel", [True, False], ids=["cpu kernel", "no cpu kernel"])
+def test_tiles_stop_where_their_row_offsets_would_outweigh_the_edges(monkeypatch, kernel):
+    """Each tile has an offset per row: a block gets no more tiles than TILE_OFFSETS
+    offsets per edge pay for. Where the rows need more tiles of TILE_ROWS than that, the
+    product stays whole for the CPU kernel; without one, it takes fewer, larger tiles, up
+    to twice TILE_ROWS rows (and none past that)."""
+    monkeypatch.setattr(graph_module, "whole_product_kernel", lambda: kernel)
     monkeypatch.setattr(graph_module, "TILE_OFFSETS", 0.5)
     monkeypatch.setattr(graph_module, "TILE_ROWS", 25)
     ring = block_from([(v, (v + 1) % 100) for v in range(100)], 100, 100)  # one edge per row
@@ -108,10 +111,23 @@ def test_tiles_stop_where_their_row_offsets_would_outweigh_the_edges(monkeypatch
     pairs = [(v, (v + k) % 100) for v in range(100) for k in range(10)]
     dense = block_from(pairs, 100, 100)  # 0.5 * 1000 / 101: up to 4 tiles pay for their offsets
     assert len(dense.tiles().indptr) == len(dense.tiles(transposed=True).indptr) == 4
-    # Five tiles of 20 rows would be needed: not four of 25, but none
+    # Five tiles of 20 rows would be needed, four are allowed: four of 25 rows without the
+    # kernel, one with it
     monkeypatch.setattr(graph_module, "TILE_ROWS", 20)
     dense = block_from(pairs, 100, 100)
+    assert len(dense.tiles().indptr) == len(dense.tiles(transposed=True).indptr) == (1 if kernel else 4)
+    # Four tiles of 25 rows, past twice TILE_ROWS (8 here): none either way
+    monkeypatch.setattr(graph_module, "TILE_ROWS", 8)
+    dense = block_from(pairs, 100, 100)
     assert len(dense.tiles().indptr) == len(dense.tiles(transposed=True).indptr) == 1
+
+
+def test_the_kernels_package_tells_the_tiles_whether_the_cpu_kernel_runs(monkeypatch):
+    from sarcompile.codegen import cpu_spmm
+
+    assert graph_module.whole_product_kernel is cpu_spmm.enabled
+    monkeypatch.setenv("SARCOMPILE_CPU_KERNEL", "0")
+    assert not graph_module.whole_product_kernel()
 
 
 @pytest.mark.parametrize("reduce", ["sum", "mean"])
