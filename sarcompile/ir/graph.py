@@ -36,7 +36,7 @@ SUBSET_CACHE = 64
 TILE_ROWS = 1 << 14
 # The most row offsets the tiles may add per entry. Each tile has an offset per row, so on a
 # sparse graph of many nodes (average degree 20, 800k nodes: 49 tiles) they would outgrow
-# the entries' own columns; with fewer, larger tiles the product gains less but still gains.
+# the entries' own columns; such a product goes whole to the CPU kernel (see tile_count).
 TILE_OFFSETS = 0.5
 
 
