@@ -27,15 +27,17 @@ rank is through it). The worker side is :class:`Turns`, given ``--turns PREFIX``
     for _ in range(epochs): turns.take(); epoch(); timed(epoch()); turns.give()
     turns.take()                 # the last turn: report and exit
 
-A run that dies or overruns ``timeout`` is killed and reported; the others go on. If the
-driver dies, a waiting worker reads end-of-file and exits. :func:`run_all` runs a list
-either way: in turns, or each start to end, one after the other.
+A run that dies or overruns ``timeout`` is killed (its whole process group: torchrun and its
+workers) and reported; the others go on. If the driver dies, a waiting worker reads
+end-of-file and exits. :func:`run_all` runs a list either way: in turns, or each start to
+end, one after the other.
 """
 
 from __future__ import annotations
 
 import os
 import select
+import signal
 import subprocess
 import sys
 import time
@@ -105,14 +107,32 @@ def _given(live: _Live, timeout: float) -> bool:
     return False
 
 
-def _drop(live: _Live, why: str) -> bool:
-    """Kill a failed run and print why and its log's tail; False, for ``ok or _drop(...)``."""
-    if live.proc.poll() is None:
-        live.proc.kill()
-        live.proc.wait()
-    tail = live.run.log.read_text(errors="replace")[-3000:] if live.run.log.exists() else ""
-    print(f"FAILED ({why}, exit {live.proc.returncode}): {' '.join(live.run.cmd)}\n{tail}", flush=True)
+def _start(run: Run, *extra: str) -> subprocess.Popen:
+    """The run's command (with ``extra`` arguments), its output to its log, in a process
+    group of its own: killing a run kills its workers too, not torchrun alone."""
+    with open(run.log, "w") as log:
+        return subprocess.Popen([*run.cmd, *extra], env=run.env, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+
+
+def _drop(run: Run, proc: subprocess.Popen, why: str = "") -> bool:
+    """Kill a failed run (if it still runs) and print why, its exit status and its log's
+    tail; False, for ``ok or _drop(...)``."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    tail = run.log.read_text(errors="replace")[-3000:] if run.log.exists() else ""
+    cause = f"{why}, " if why else ""
+    print(f"FAILED ({cause}exit {proc.returncode}): {' '.join(run.cmd)}\n{tail}", flush=True)
     return False
+
+
+def _finished(run: Run, proc: subprocess.Popen, timeout: float, why: str = "") -> bool:
+    """Whether the run exits with 0 within ``timeout``; else it is killed and reported."""
+    try:
+        return proc.wait(timeout) == 0 or _drop(run, proc, why)
+    except subprocess.TimeoutExpired:
+        return _drop(run, proc, f"{why or 'run'} past {timeout:g} s")
 
 
 def take_turns(runs: list[Run], epochs: int, timeout: float) -> list[bool]:
@@ -123,23 +143,17 @@ def take_turns(runs: list[Run], epochs: int, timeout: float) -> list[bool]:
     for i, run in enumerate(runs):
         prefix = f"{run.log}.turn{i}"
         go, done = _fifo(Path(f"{prefix}.go")), _fifo(Path(f"{prefix}.done"))
-        with open(run.log, "w") as log:
-            proc = subprocess.Popen([*run.cmd, "--turns", prefix], env=run.env, stdout=log,
-                                    stderr=subprocess.STDOUT)
-        lives.append(_Live(run, proc, go, done))
-        ok.append(_given(lives[-1], timeout) or _drop(lives[-1], "set-up"))
+        lives.append(_Live(run, _start(run, "--turns", prefix), go, done))
+        ok.append(_given(lives[-1], timeout) or _drop(run, lives[-1].proc, "set-up"))
     for k in range(epochs + 1):  # the timed epochs, then the last turn: report and exit
         for i, live in enumerate(lives):
             if not ok[i]:
                 continue
             os.write(live.go, b"." * live.run.processes)
             if k < epochs:
-                ok[i] = _given(live, timeout) or _drop(live, f"epoch {k + 1}")
+                ok[i] = _given(live, timeout) or _drop(live.run, live.proc, f"epoch {k + 1}")
             else:
-                try:
-                    ok[i] = live.proc.wait(timeout) == 0 or _drop(live, "report")
-                except subprocess.TimeoutExpired:
-                    ok[i] = _drop(live, "report")
+                ok[i] = _finished(live.run, live.proc, timeout, "report")
     for live in lives:
         os.close(live.go)
         os.close(live.done)
@@ -147,13 +161,9 @@ def take_turns(runs: list[Run], epochs: int, timeout: float) -> list[bool]:
 
 
 def run_one(run: Run, timeout: float) -> bool:
-    """Run one benchmark run alone, start to end; whether it finished (else its log's tail is printed)."""
-    with open(run.log, "w") as log:
-        done = subprocess.run(run.cmd, stdout=log, stderr=subprocess.STDOUT, env=run.env, timeout=timeout)
-    if done.returncode != 0:
-        print(f"FAILED (exit {done.returncode}): {' '.join(run.cmd)}\n{run.log.read_text()[-3000:]}", flush=True)
-        return False
-    return True
+    """Run one benchmark run alone, start to end; whether it finished (else it is killed
+    past ``timeout``, as in turns, and its log's tail is printed)."""
+    return _finished(run, _start(run), timeout)
 
 
 def run_all(runs: list[Run], epochs: int, timeout: float, interleave: bool) -> list[bool]:

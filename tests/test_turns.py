@@ -109,3 +109,19 @@ def test_run_all_without_interleaving_runs_each_start_to_end(tmp_path, capsys):
     assert "FAILED (exit 3)" in capsys.readouterr().out
     assert (tmp_path / "journal").read_text().splitlines() == [
         "a 0 setup", "a 0 1", "a 0 2", "a 0 report", "b 0 setup", "c 0 setup", "c 0 1", "c 0 2", "c 0 report"]
+
+
+def test_run_all_without_interleaving_kills_a_stuck_run_and_its_workers_within_the_timeout(tmp_path, capsys):
+    """A stuck run is killed as in turns, with the workers its launcher started (as
+    torchrun starts its ranks): none is left running."""
+    pid = tmp_path / "worker.pid"
+    stuck = turns.Run(["bash", "-c", f"sleep 60 & echo $! > {pid}; wait"], dict(os.environ), 1, tmp_path / "s.log")
+    start = time.monotonic()
+    assert turns.run_all([stuck, _run(tmp_path, "a", 1)], epochs=1, timeout=2, interleave=False) == [False, True]
+    assert time.monotonic() - start < 15
+    assert "FAILED (run past 2 s" in capsys.readouterr().out
+    worker = int(pid.read_text())
+    deadline = time.monotonic() + 5
+    while Path(f"/proc/{worker}").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not Path(f"/proc/{worker}").exists(), "the stuck run's worker outlived it"
