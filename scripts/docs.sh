@@ -7,6 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 . .venv/bin/activate
-python -m sphinx -b html -W --keep-going -q docs docs/_build/html
-python -m sphinx -b linkcheck -W --keep-going -q docs docs/_build/linkcheck
+# one doctree folder for both: the link check reads what the html build parsed
+python -m sphinx -b html -W --keep-going -q -d docs/_build/doctrees docs docs/_build/html
+python -m sphinx -b linkcheck -W --keep-going -q -d docs/_build/doctrees docs docs/_build/linkcheck
 echo "docs: docs/_build/html/index.html"

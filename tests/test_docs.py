@@ -18,7 +18,10 @@ def test_docs_build_without_warnings_and_document_every_public_name(tmp_path):
     from sphinx.util.inventory import InventoryFile
 
     out = tmp_path / "html"
-    done = subprocess.run([sys.executable, "-m", "sphinx", "-b", "html", "-W", "--keep-going", "-q", "docs", str(out)],
+    # One doctree folder for both builds: the link check reads the pages the html build parsed
+    doctrees = ["-d", str(tmp_path / "doctrees")]
+    done = subprocess.run([sys.executable, "-m", "sphinx", "-b", "html", "-W", "--keep-going", "-q", *doctrees, "docs",
+                           str(out)],
                           cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stderr
     with open(out / "objects.inv", "rb") as f:
@@ -29,7 +32,7 @@ def test_docs_build_without_warnings_and_document_every_public_name(tmp_path):
     for page in ("getting-started", "using", "several-machines", "plans", "troubleshooting", "api"):
         assert (out / f"{page}.html").is_file()
     # scripts/docs.sh's second step: Sphinx's link check (links out of the repository skipped: no network)
-    done = subprocess.run([sys.executable, "-m", "sphinx", "-b", "linkcheck", "-W", "--keep-going", "-q", "docs",
-                           str(tmp_path / "linkcheck")], cwd=ROOT, capture_output=True, text=True, timeout=300,
+    done = subprocess.run([sys.executable, "-m", "sphinx", "-b", "linkcheck", "-W", "--keep-going", "-q", *doctrees,
+                           "docs", str(tmp_path / "linkcheck")], cwd=ROOT, capture_output=True, text=True, timeout=300,
                           check=False)
     assert done.returncode == 0, done.stderr
