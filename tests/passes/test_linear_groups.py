@@ -121,8 +121,15 @@ def test_elu_and_every_donating_aggregation(reduce):
 
 @settings(max_examples=25, deadline=None)
 @given(n=st.integers(1, 12), e=st.integers(0, 40), seed=st.integers(0, 10**6),
-       reduce=st.sampled_from(["sum", "mean"]), act=st.sampled_from(["relu", "elu"]))
-def test_random_graphs_match_the_eager_model(n, e, seed, reduce, act):
+       reduce=st.sampled_from(["sum", "mean"]), act=st.sampled_from(["relu", "elu"]), stack=st.booleans())
+def test_random_graphs_match_the_eager_model(n, e, seed, reduce, act, stack):
+    # (a plain context, not pytest's monkeypatch: hypothesis runs many examples in one call)
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(lg, "STACK_COLUMNS", 64 if stack else 0)  # the layers' linears stacked or each on its own
+        _match_the_eager_model(n, e, seed, reduce, act)
+
+
+def _match_the_eager_model(n, e, seed, reduce, act):
     gen = torch.Generator().manual_seed(seed)
     g = sc.Graph.from_edges(torch.randint(0, n, (e,), generator=gen), torch.randint(0, n, (e,), generator=gen), n)
     torch.manual_seed(seed)
@@ -140,9 +147,19 @@ def _reference(p, act, ws, bs, gys):
     return p.grad, [t.grad for t in (ws[0], bs[0], ws[1])]
 
 
+def _spy_stacked(monkeypatch) -> list:
+    """The calls of the stacked backward (its weights' gradients in one product)."""
+    calls, real = [], lg._stacked_param_grads
+    monkeypatch.setattr(lg, "_stacked_param_grads", lambda *a: calls.append(1) or real(*a))
+    return calls
+
+
+@pytest.mark.parametrize("stack", [True, False])
 @pytest.mark.parametrize("act", ["none", "relu", "elu"])
-def test_a_donated_gradient_receives_the_input_gradient_row_block_by_row_block(act, monkeypatch):
+def test_a_donated_gradient_receives_the_input_gradient_row_block_by_row_block(act, stack, monkeypatch):
     monkeypatch.setattr(lg, "ROW_BLOCK_BYTES", 3 * 5 * 8)  # three rows of width 5 per block: 4 blocks for 11 rows
+    monkeypatch.setattr(lg, "STACK_COLUMNS", 64 if stack else 0)  # 5 + 2 output columns: stacked or not
+    stacked = _spy_stacked(monkeypatch)
     torch.manual_seed(1)
     p = torch.randn(11, 5, dtype=DT)
     ws = [torch.randn(5, 5, dtype=DT), torch.randn(2, 5, dtype=DT)]
@@ -162,6 +179,35 @@ def test_a_donated_gradient_receives_the_input_gradient_row_block_by_row_block(a
         torch.testing.assert_close(got, want)
     # pp * 1.0's backward passes the gradient on as it is: the donated buffer itself
     torch.testing.assert_close(donated, want_p)
+    assert stacked == ([1] if stack else [])
+
+
+@pytest.mark.parametrize("frozen", [False, True])
+def test_a_stacked_group_with_an_output_unused_or_a_weight_frozen_runs_each_linear_on_its_own(frozen, monkeypatch):
+    """Forward stacks the two narrow linears; backward stacks only where every output has a
+    gradient and every weight wants one, and gives autograd's gradients either way."""
+    torch.manual_seed(3)
+    p = torch.randn(9, 5, dtype=DT)
+    ws, bs = [torch.randn(3, 5, dtype=DT), torch.randn(2, 5, dtype=DT)], [torch.randn(3, dtype=DT), None]
+    gy = torch.randn(9, 3, dtype=DT)
+    stacked = _spy_stacked(monkeypatch)
+    pp = p.clone().requires_grad_()
+    w0, w1 = ws[0].clone().requires_grad_(), ws[1].clone().requires_grad_(not frozen)
+    b0 = bs[0].clone().requires_grad_()
+    _, y0, y1 = lg.linear_group(pp * 1.0, "relu", 1.0, False, (False, False), w0, b0, w1, None)
+    torch.testing.assert_close(y1, F.linear(torch.relu(p), ws[1]))
+    if frozen:  # both outputs used, the second weight frozen
+        torch.autograd.backward([y0, y1], [gy, torch.ones_like(y1)])
+        want_p, want = _reference(p, "relu", ws, bs, [gy, torch.ones_like(y1)])
+        assert w1.grad is None
+    else:  # the second output unused
+        y0.backward(gy)
+        want_p, want = _reference(p, "relu", ws, bs, [gy, torch.zeros_like(y1)])
+        assert w1.grad is None
+    torch.testing.assert_close(pp.grad, want_p)
+    torch.testing.assert_close(w0.grad, want[0])
+    torch.testing.assert_close(b0.grad, want[1])
+    assert stacked == []
 
 
 def test_off_the_fused_path_the_plain_ops_run():
