@@ -5,7 +5,9 @@
 # environment kept OUTSIDE the clone: it is several GB (PyPI's torch 2.2.1 is a CUDA build)
 # and takes minutes to create, so one copy per machine is shared by every clone and CI run.
 # Its folder name carries a hash of the requirements: changing them makes a new env.
-# sarcompile itself is (re)installed editable from this clone on every call, which is cheap.
+# sarcompile itself is (re)installed editable from this clone on every call, which is cheap;
+# the env then imports the last clone that called this, so scripts/test.sh also puts its own
+# clone first on PYTHONPATH for the DGL tests.
 #
 #   env=$(bash scripts/dgl_env.sh) && "$env/bin/python" -m pytest tests/frontends/test_dgl.py
 #

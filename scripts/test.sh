@@ -33,7 +33,10 @@ else
     if env=$(bash scripts/dgl_env.sh 2>"$err"); then
         cat "$err" >&2
         echo "DGL tests: torch 2.2 environment $env"
-        DGLBACKEND=pytorch "$env/bin/python" -m pytest -q -p no:cacheprovider "${parallel[@]}" "${DGL_TESTS[@]}"
+        # This clone's code first on the path: the shared env's editable install points at
+        # whichever clone ran scripts/dgl_env.sh last (another checkout, a CI run beside it).
+        DGLBACKEND=pytorch PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" \
+            "$env/bin/python" -m pytest -q -p no:cacheprovider "${parallel[@]}" "${DGL_TESTS[@]}"
     else
         cat "$err" >&2
         skip "$(grep -m1 'FAILED' "$err" | sed 's/^scripts\/dgl_env.sh: FAILED: //' || echo 'scripts/dgl_env.sh failed')"
