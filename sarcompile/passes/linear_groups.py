@@ -126,7 +126,7 @@ class _LinearGroup(torch.autograd.Function):
         live = [(i, g, w) for i, (g, w) in enumerate(zip(gys, weights)) if g is not None]
         # Stacked as in forward where every output has a gradient and every weight wants
         # one: one product for the weights' gradients and one per block for the input's.
-        stacked = ctx.stacked and len(live) == len(gys) and all(ctx.needs_input_grad[5::2][: len(gys)])
+        stacked = ctx.stacked and len(live) == len(gys) and all(_wanted(ctx, i)[0] for i in range(len(gys)))
         if stacked:
             g_all, w_all = torch.cat(gys, 1), torch.cat(weights)
             param_grads = _stacked_param_grads(ctx, kept, g_all, [w.shape[0] for w in weights], blocks)
@@ -162,12 +162,18 @@ class _LinearGroup(torch.autograd.Function):
         return (into, None, None, None, None, *param_grads)
 
 
+def _wanted(ctx, i: int) -> tuple[bool, bool]:
+    """Whether linear ``i``'s weight and its bias want gradients (forward's inputs: ``p``,
+    four settings, then ``W_1, b_1, W_2, ...``)."""
+    return ctx.needs_input_grad[5 + 2 * i], ctx.has_bias[i] and ctx.needs_input_grad[6 + 2 * i]
+
+
 def _param_grads(ctx, kept: torch.Tensor, gys: tuple, blocks: list[slice]) -> list:
     """``[dW_1, db_1, dW_2, ...]`` (None where not wanted): ``g_i^T h`` and ``g_i`` summed
     over rows."""
     wanted = []
-    for i, (g, has_b) in enumerate(zip(gys, ctx.has_bias)):
-        want_w, want_b = ctx.needs_input_grad[5 + 2 * i], has_b and ctx.needs_input_grad[6 + 2 * i]
+    for i, g in enumerate(gys):
+        want_w, want_b = _wanted(ctx, i)
         wanted.append((g if want_w else None, g.sum(0) if g is not None and want_b else None))
     dws = _weight_grads(ctx, kept, [g for g, _ in wanted], blocks)
     return [t for (_, db), dw in zip(wanted, dws) for t in (dw, db)]
@@ -179,7 +185,7 @@ def _stacked_param_grads(ctx, kept: torch.Tensor, g_all: torch.Tensor, widths: l
     (dw_all,) = _weight_grads(ctx, kept, [g_all], blocks)
     sums = g_all.sum(0).split(widths) if any(ctx.has_bias) else [None] * len(widths)
     return [t for i, (dw, db) in enumerate(zip(dw_all.split(widths), sums))
-            for t in (dw, db if ctx.has_bias[i] and ctx.needs_input_grad[6 + 2 * i] else None)]
+            for t in (dw, db if _wanted(ctx, i)[1] else None)]
 
 
 def _weight_grads(ctx, kept: torch.Tensor, gs: list, blocks: list[slice]) -> list:
