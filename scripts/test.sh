@@ -5,6 +5,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+# Everything the run writes to the temporary directory goes to a folder of its own, removed
+# when the run passes and named when it fails: a run left about 900 files in /tmp (PyG's
+# generated modules, one per layer class in every process; torchrun's log folders; the
+# throwaway kernel cache), the child processes' too, since they inherit TMPDIR.
+run_tmp=$(mktemp -d "${TMPDIR:-/tmp}/sarcompile-tests-XXXXXX")
+export TMPDIR=$run_tmp
+trap 'rc=$?; if [ $rc -eq 0 ]; then rm -rf "$run_tmp"; else echo "the test run'"'"'s temporary files: $run_tmp" >&2; fi' EXIT
 . .venv/bin/activate
 # Two test files at a time (pytest-xdist), each whole on one process so its module's
 # worker groups and compiled fixtures are shared: much of the suite waits (on timeouts,
