@@ -14,26 +14,37 @@ from commands import ROOT, import_script
 
 turns = import_script(ROOT / "benchmarks" / "turns.py")
 
-# A stand-in for vs_dgl_worker.py: NAME RANK EPOCHS JOURNAL FAIL_AT [--turns PREFIX]. Each
-# "epoch" appends "NAME RANK k" to the journal, with a pause that lets a run that broke
-# the protocol (ran out of turn) show up interleaved.
+# A stand-in for vs_dgl_worker.py: NAME RANK RANKS EPOCHS JOURNAL FAIL_AT [--turns PREFIX].
+# Each "epoch" appends "NAME RANK k" to the journal, with a pause that lets a run that broke
+# the protocol (ran out of turn) show up interleaved. Rank 0 ends a turn once every rank
+# has noted it, as the all-reduce that ends a real run's epoch holds it back (without that,
+# a rank slow to start wrote its set-up line into the next run's turn).
 WORKER = """
-import sys, time
+import os, sys, time
 sys.path.insert(0, {bench!r})
 from turns import Turns
-name, rank, epochs, journal, fail_at = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], int(sys.argv[5])
-t = Turns(sys.argv[7] if len(sys.argv) > 7 else None, rank)
-def note(text):
+name, rank, ranks, epochs, journal, fail_at = (sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]),
+                                               sys.argv[5], int(sys.argv[6]))
+t = Turns(sys.argv[8] if len(sys.argv) > 8 else None, rank)
+def note(tag):
     with open(journal, "a") as f:
-        f.write(text + "\\n")
-note(f"{{name}} {{rank}} setup"); t.give()
+        f.write(f"{{name}} {{rank}} {{tag}}\\n")
+    open(f"{{journal}}.{{name}}.{{rank}}.{{tag}}", "w").close()  # this rank is through the turn
+def end_turn(tag):
+    deadline = time.monotonic() + 20
+    while rank == 0 and not all(os.path.exists(f"{{journal}}.{{name}}.{{r}}.{{tag}}") for r in range(ranks)):
+        if time.monotonic() > deadline:
+            sys.exit(f"rank 0 of {{name}}: the other ranks did not finish turn {{tag}}")
+        time.sleep(0.005)
+    t.give()
+note("setup"); end_turn("setup")
 for k in range(1, epochs + 1):
     t.take()
     if k == fail_at:
         sys.exit(3)
     time.sleep(0.02)
-    note(f"{{name}} {{rank}} {{k}}"); t.give()
-t.take(); note(f"{{name}} {{rank}} report")
+    note(k); end_turn(k)
+t.take(); note("report")
 """.format(bench=str(ROOT / "benchmarks"))
 
 
@@ -43,7 +54,7 @@ def _run(tmp: Path, name: str, epochs: int, ranks: int = 1, fail_at: int = 0) ->
     journal = tmp / "journal"
     # several "ranks" of one run: one shell starting them all and failing if one fails, as
     # torchrun starts its workers
-    starts = " ".join(f"{sys.executable} {script} {name} {r} {epochs} {journal} {fail_at} \"$@\" & pids+=($!);"
+    starts = " ".join(f"{sys.executable} {script} {name} {r} {ranks} {epochs} {journal} {fail_at} \"$@\" & pids+=($!);"
                       for r in range(ranks))
     shell = f"pids=(); {starts} for p in \"${{pids[@]}}\"; do wait $p || exit $?; done"
     return turns.Run(["bash", "-c", shell, "run"], dict(os.environ), ranks, tmp / f"{name}.log")
@@ -99,7 +110,7 @@ def test_without_a_driver_every_turn_is_at_once(tmp_path):
     journal = tmp_path / "journal"
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
-    subprocess.run([sys.executable, str(script), "solo", "0", "2", str(journal), "0"], check=True, timeout=30)
+    subprocess.run([sys.executable, str(script), "solo", "0", "1", "2", str(journal), "0"], check=True, timeout=30)
     assert journal.read_text().split("\n")[:-1] == ["solo 0 setup", "solo 0 1", "solo 0 2", "solo 0 report"]
 
 
