@@ -1,4 +1,6 @@
+import atexit
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -14,8 +16,11 @@ from workers import WorkerPool
 if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
 
-# Generated kernels go to a throwaway cache, in this process and in the workers it starts.
-os.environ.setdefault("SARCOMPILE_KERNEL_CACHE", tempfile.mkdtemp(prefix="sarcompile-kernels-"))
+# Generated kernels go to a throwaway cache, in this process and in the workers it starts
+# (which inherit it), removed when this process exits.
+if "SARCOMPILE_KERNEL_CACHE" not in os.environ:
+    os.environ["SARCOMPILE_KERNEL_CACHE"] = tempfile.mkdtemp(prefix="sarcompile-kernels-")
+    atexit.register(shutil.rmtree, os.environ["SARCOMPILE_KERNEL_CACHE"], ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
