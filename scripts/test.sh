@@ -11,7 +11,7 @@ bash scripts/setup.sh
 # throwaway kernel cache), the child processes' too, since they inherit TMPDIR.
 run_tmp=$(mktemp -d "${TMPDIR:-/tmp}/sarcompile-tests-XXXXXX")
 export TMPDIR=$run_tmp
-trap 'rc=$?; if [ $rc -eq 0 ]; then rm -rf "$run_tmp"; else echo "the test run'"'"'s temporary files: $run_tmp" >&2; fi' EXIT
+trap 'rc=$?; if [ $rc -eq 0 ]; then rm -rf "$run_tmp"; else echo "temporary files of this test run kept in $run_tmp" >&2; fi' EXIT
 . .venv/bin/activate
 # Two test files at a time (pytest-xdist), each whole on one process so its module's
 # worker groups and compiled fixtures are shared: much of the suite waits (on timeouts,
