@@ -31,11 +31,14 @@ import os
 import platform
 import statistics
 import subprocess
-import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
+
+from sarcompile import native
+from sarcompile.runtime.memory import active_allocator
 
 HERE = Path(__file__).resolve().parent
 
@@ -86,8 +89,6 @@ def peak(threads: int) -> dict | None:
     loop cannot be built here."""
     if platform.machine() not in ("x86_64", "AMD64"):
         return None
-    from sarcompile import native
-
     try:
         lib = ctypes.CDLL(str(native.build("fma_peak", _PEAK_SOURCE, os.environ.get("CC", "cc"),
                                            ["-O2", "-march=native", "-shared", "-fPIC"], depends=native.cpu())))
@@ -99,20 +100,15 @@ def peak(threads: int) -> dict | None:
     lib.fma_flops.argtypes = [ctypes.c_int64, ctypes.POINTER(ctypes.c_float)]
     steps = 100_000_000
 
-    def run_fma(out: list, i: int) -> None:
-        out[i] = lib.fma_flops(steps, ctypes.byref(ctypes.c_float()))
+    def fma() -> float:
+        return lib.fma_flops(steps, ctypes.byref(ctypes.c_float()))
 
-    one = [0.0]
-    run_fma(one, 0)
-    each = [0.0] * threads
+    one = fma()
     # (ctypes lets go of the GIL: the loops run on all cores at once)
-    workers = [threading.Thread(target=run_fma, args=(each, i)) for i in range(threads)]
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.join()
+    with ThreadPoolExecutor(threads) as pool:
+        each = list(pool.map(lambda _: fma(), range(threads)))
     return {"clock_ghz": lib.clock_hz(1_000_000_000) / 1e9, "vector_lanes": lib.lanes(),
-            "one_core_gflops": one[0] / 1e9, "all_threads_gflops": sum(each) / 1e9}
+            "one_core_gflops": one / 1e9, "all_threads_gflops": sum(each) / 1e9}
 
 
 def products(rows: int, repeats: int) -> list[dict]:
@@ -120,8 +116,7 @@ def products(rows: int, repeats: int) -> list[dict]:
     gen = torch.Generator().manual_seed(0)
     x, g = torch.randn(rows, 256, generator=gen), torch.randn(rows, 256, generator=gen)
     x1, w = torch.randn(rows, 128, generator=gen), torch.randn(256, 256, generator=gen)
-    w1, w_t = torch.randn(256, 128, generator=gen), torch.empty(256, 256)
-    w_t.copy_(w.t())
+    w1, w_t = torch.randn(256, 128, generator=gen), w.t().contiguous()
     out, grad_w, grad_w1 = torch.empty(rows, 256), torch.empty(256, 256), torch.empty(256, 128)
     try:
         onednn = torch.ops.mkldnn._linear_pointwise
@@ -195,8 +190,6 @@ def main() -> None:
     ap.add_argument("--out", default=str(HERE / "results" / "dense_rate"))
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
-    from sarcompile.runtime.memory import active_allocator
-
     summary = {"cpu": _cpu_name(), "threads": a.threads, "rows": a.rows, "torch": torch.__version__,
                "allocator": active_allocator(), "peak": peak(a.threads), "products": products(a.rows, a.repeats)}
     print(table(summary))
@@ -208,13 +201,8 @@ def main() -> None:
 
 
 def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    names = [line.split(":", 1)[1].strip() for line in native.cpu().splitlines() if line.startswith("model name")]
+    return names[0] if names else platform.processor() or platform.machine()
 
 
 if __name__ == "__main__":
