@@ -53,7 +53,6 @@ shared with the other zoos.
 from __future__ import annotations
 
 import functools
-import math
 import os
 import sys
 from dataclasses import dataclass
@@ -442,18 +441,6 @@ def build(name: str, seed: int = 0) -> nn.Module:
 
 
 # --- running one model ---------------------------------------------------------------------
-def _leaf(t: torch.Tensor) -> torch.Tensor:
-    t = t.clone()
-    return t.requires_grad_(True) if t.is_floating_point() else t
-
-
-def _loss_weight(out: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """``w``'s rows for ``out``: as many columns as ``out`` has entries per row, shaped like it
-    (a worker may hold no rows of a type)."""
-    cols = math.prod(out.shape[1:])
-    return w.repeat(1, -(-cols // w.shape[1]))[:, :cols].reshape(out.shape)
-
-
 def _tables(model: nn.Module) -> set[str]:
     import sarcompile.tables as tables
 
@@ -463,7 +450,8 @@ def _tables(model: nn.Module) -> set[str]:
 def run_model(model: nn.Module, case: Case, graph: Any, args: dict, w: Any) -> dict:
     """Output and the gradients of ``sum(out * w)`` w.r.t. the features, the edge features,
     every parameter and every node table (eager and compiled alike)."""
-    leaves = {k: ({key: _leaf(v) for key, v in a.items()} if isinstance(a, dict) else _leaf(a))
+    leaf = zoo_sweep.leaf
+    leaves = {k: ({key: leaf(v) for key, v in a.items()} if isinstance(a, dict) else leaf(a))
               for k, a in args.items()}
     with float64_default():
         if case.kind == "homogeneous":
@@ -471,9 +459,9 @@ def run_model(model: nn.Module, case: Case, graph: Any, args: dict, w: Any) -> d
         else:
             out = model(graph, leaves["x"]) if case.edge is None else model(graph, leaves["x"], leaves["e"])
         if isinstance(out, dict):
-            loss = sum((v * _loss_weight(v, w[k][: v.shape[0]])).sum() for k, v in sorted(out.items(), key=str))
+            loss = sum((v * zoo_sweep.loss_weight(v, w[k])).sum() for k, v in sorted(out.items(), key=str))
         elif isinstance(out, torch.Tensor):
-            loss = (out * _loss_weight(out, w[: out.shape[0]])).sum()
+            loss = (out * zoo_sweep.loss_weight(out, w)).sum()
         else:
             raise TypeError(f"the model returned {type(out).__name__}, not a tensor or a dict of tensors")
         model.zero_grad()
@@ -486,8 +474,7 @@ def run_model(model: nn.Module, case: Case, graph: Any, args: dict, w: Any) -> d
         "out": {k: v.detach() for k, v in out.items()} if isinstance(out, dict) else out.detach(),
         "x_grad": {k: grad(v) for k, v in x.items()} if isinstance(x, dict) else grad(x),
         "edge_grad": {k: grad(v) for k, v in leaves["e"].items() if v.is_floating_point()} if "e" in leaves else {},
-        "grads": {k: None if p.grad is None else p.grad.clone() for k, p in model.named_parameters()
-                  if p.requires_grad and k not in tables},
+        "grads": zoo_sweep.param_grads(model, skip=tables),
         "table_grads": {k: grad(p).clone() for k, p in model.named_parameters() if k in tables},
     }
 
@@ -551,8 +538,7 @@ def _worker_case(part, payload: dict) -> dict:
         r = run_model(sc.distribute(model), case, shard, args, w)
         sc.sync_gradients(model)
         tables = _tables(model)
-        r["grads"] = {k: None if p.grad is None else p.grad.clone() for k, p in model.named_parameters()
-                      if p.requires_grad and k not in tables}
+        r["grads"] = zoo_sweep.param_grads(model, skip=tables)
     except Exception as e:
         return {"error": describe_error(e)}
     r["ids"], r["edge_ids"] = ids, edge_ids

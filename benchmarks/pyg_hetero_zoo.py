@@ -44,7 +44,6 @@ bounded. What judges a case (the outcomes, the detail), the table and the comman
 from __future__ import annotations
 
 import functools
-import math
 import os
 import sys
 from dataclasses import dataclass
@@ -494,10 +493,7 @@ def run_model(model: nn.Module, case: Case, args: tuple, w: dict[str, torch.Tens
     """Outputs and the gradients of ``sum(out * w)`` w.r.t. every type's features, the edge
     features and every parameter, each a dict of tensors by key (a node type, ``(keyword,
     relation)``, ``"x"`` / ``"edge_attr"`` on the homogeneous view)."""
-    def leaf(t: torch.Tensor) -> torch.Tensor:
-        t = t.clone()
-        return t.requires_grad_(True) if t.is_floating_point() else t
-
+    leaf = zoo_sweep.leaf
     if case.typed:
         x, graph, node_type, edge_type, edge_attr = args
         xs, edges = {"x": leaf(x)}, {"edge_attr": leaf(edge_attr)}
@@ -510,7 +506,7 @@ def run_model(model: nn.Module, case: Case, args: tuple, w: dict[str, torch.Tens
         out = model(xs, graph, **edge)
     if not isinstance(out, dict) or not all(isinstance(v, torch.Tensor) for v in out.values()):
         raise TypeError(f"the model returned {type(out).__name__}, not a tensor or a dict of tensors")
-    loss = sum((v * _loss_weight(v, w[t])).sum() for t, v in out.items() if v.requires_grad)
+    loss = sum((v * zoo_sweep.loss_weight(v, w[t])).sum() for t, v in out.items() if v.requires_grad)
     if isinstance(loss, torch.Tensor):
         loss.backward()
     grad = lambda t: torch.zeros_like(t) if t.grad is None else t.grad  # noqa: E731  (none reached it: zeros)
@@ -518,15 +514,8 @@ def run_model(model: nn.Module, case: Case, args: tuple, w: dict[str, torch.Tens
         "out": {t: v.detach() for t, v in out.items()},
         "x_grad": {t: grad(v) for t, v in xs.items()},
         "edge_grad": {k: grad(e) for k, e in edges.items() if e.is_floating_point()},
-        "grads": {k: None if p.grad is None else p.grad.clone() for k, p in model.named_parameters()
-                  if p.requires_grad},
+        "grads": zoo_sweep.param_grads(model),
     }
-
-
-def _loss_weight(out: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """``w``'s columns as many times as ``out`` has entries per row (a worker may have none)."""
-    cols = math.prod(out.shape[1:])
-    return w[: out.shape[0]].repeat(1, -(-cols // w.shape[1]))[:, :cols].reshape(out.shape)
 
 
 def _loss_weights(case: Case) -> dict[str, torch.Tensor]:
@@ -571,8 +560,7 @@ def _worker_case(part, payload: dict) -> dict:
     try:
         r = run_model(sc.distribute(model), case, args, w)
         sc.sync_gradients(model)
-        r["grads"] = {k: None if p.grad is None else p.grad.clone() for k, p in model.named_parameters()
-                      if p.requires_grad}
+        r["grads"] = zoo_sweep.param_grads(model)
     except Exception as e:
         return {"error": describe_error(e)}
     r["ids"], r["edge_ids"] = ids, edge_ids

@@ -43,7 +43,7 @@ from typing import Any, Callable
 import torch
 import zoo_sweep
 from torch import nn
-from zoo_pool import Pool, describe_error, in_server
+from zoo_pool import Pool, in_server
 from zoo_sweep import (  # noqa: F401  (the outcomes: tests read them)
     CRASH, DT, EXACT, NA, REFUSED, WORLD_SIZES, WRONG, Record, diff,
 )
@@ -454,72 +454,16 @@ def build(name: str, seed: int = 0) -> nn.Module:
 
 
 # --- running one model ---------------------------------------------------------------------
-def _edge_input(t: torch.Tensor | None) -> torch.Tensor | None:
-    if t is None:
-        return None
-    t = t.clone()
-    return t.requires_grad_(True) if t.is_floating_point() else t
-
-
-def _loss_weight(out: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    flat = out.reshape(out.shape[0], -1)
-    cols = flat.shape[1]
-    reps = -(-cols // w.shape[1])
-    return w.repeat(1, reps)[:, :cols].reshape(out.shape)
-
-
 def run_model(model: nn.Module, x: torch.Tensor, graph: Any, edge: torch.Tensor | None, w: torch.Tensor) -> dict:
     """Output and the gradients of ``sum(out * w)`` w.r.t. x, the edge tensor, every parameter."""
-    x = x.clone().requires_grad_(True)
-    e = _edge_input(edge)
-    out = model(x, graph) if e is None else model(x, graph, e)
-    if not isinstance(out, torch.Tensor):
-        raise TypeError(f"the model returned {type(out).__name__}, not a tensor")
-    if out.requires_grad:
-        (out * _loss_weight(out, w[: out.shape[0]])).sum().backward()
-    return {
-        "out": out.detach(),
-        "x_grad": x.grad,
-        "edge_grad": None if e is None or not e.is_floating_point() else e.grad,
-        "grads": {k: None if p.grad is None else p.grad.clone() for k, p in model.named_parameters()
-                  if p.requires_grad},
-    }
+    return zoo_sweep.run_node_model(model, lambda x, e: model(x, graph) if e is None else model(x, graph, e), x, edge, w)
 
 
-def compare(got: dict, want: dict) -> tuple[float, float, str]:
-    """Max abs and relative difference over output and gradients, and where the worst is."""
-    worst = (0.0, 0.0, "")
-    items = [("output", got["out"], want["out"]), ("x grad", got["x_grad"], want["x_grad"]),
-             ("edge grad", got["edge_grad"], want["edge_grad"])]
-    if set(got["grads"]) != set(want["grads"]):
-        return float("inf"), float("inf"), f"parameters differ: {sorted(set(got['grads']) ^ set(want['grads']))}"
-    items += [(f"grad of {k}", got["grads"][k], g) for k, g in want["grads"].items()]
-    for what, a, b in items:
-        m, r = diff(a, b)
-        if r > worst[1] or (r == worst[1] == float("inf") and not worst[2]):
-            worst = (m, r, what)
-    return worst
+compare = zoo_sweep.compare_nodes
 
 
-# --- workers -------------------------------------------------------------------------------
 def _worker_case(part, payload: dict) -> dict:
-    import sarcompile as sc
-
-    model = build(payload["name"])
-    model.load_state_dict(payload["state"])
-    shard = part.graph
-    edge = payload["edge"]
-    edge = None if edge is None else edge[shard.edge_ids]
-    try:
-        r = run_model(sc.distribute(model), part.node_data["x"], shard, edge, part.node_data["w"])
-        sc.sync_gradients(model)
-        r["grads"] = {k: None if p.grad is None else p.grad.clone() for k, p in model.named_parameters()
-                      if p.requires_grad}
-    except Exception as e:
-        return {"error": describe_error(e)}
-    r["edge_ids"] = shard.edge_ids
-    r["global_ids"] = part.global_ids
-    return r
+    return zoo_sweep.node_case(part, payload, build, run_model)
 
 
 # --- the sweep -----------------------------------------------------------------------------
@@ -548,8 +492,7 @@ def distributed(rec: Record, want: dict, state: dict, pool: Pool, part_dir: str)
     case = cases()[rec.name]
     payload = {"name": rec.name, "state": state, "dir": part_dir,
                "edge": None if case.edge is None else inputs(case.graph).edge[case.edge]}
-    zoo_sweep.distributed(rec, want, pool, payload,
-                          lambda results: zoo_sweep.node_rows(results, want, N_NODES, F_IN), compare)
+    zoo_sweep.node_distributed(rec, want, pool, payload, N_NODES, F_IN)
 
 
 def _partition(tmp: str, world_size: int, names: list[str]) -> dict[str, str]:

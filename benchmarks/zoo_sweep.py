@@ -19,6 +19,7 @@ import copy
 import functools
 import importlib
 import json
+import math
 import os
 import re
 import shlex
@@ -230,6 +231,89 @@ def judge(rec: Record) -> None:
             continue
         said.setdefault(text, []).append(_label(run))
     rec.detail = "; ".join(f"{', '.join(runs)}: {text}" for text, runs in said.items())
+
+
+# --- running one model ---------------------------------------------------------------------
+def leaf(t: torch.Tensor) -> torch.Tensor:
+    """A copy of an input that collects its gradient (an integer one cannot)."""
+    t = t.clone()
+    return t.requires_grad_(True) if t.is_floating_point() else t
+
+
+def loss_weight(out: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``w``'s first rows, one per row of ``out`` (a worker may hold none), its columns
+    repeated to as many as ``out`` has entries per row, shaped like ``out``: the weights of
+    the loss ``sum(out * w)`` whose gradients the zoos compare."""
+    cols = math.prod(out.shape[1:])
+    return w[: out.shape[0]].repeat(1, -(-cols // w.shape[1]))[:, :cols].reshape(out.shape)
+
+
+def param_grads(model: nn.Module, skip: Collection[str] = ()) -> dict[str, torch.Tensor | None]:
+    """A copy of each trainable parameter's gradient (None where nothing reached it), but those
+    named in ``skip``."""
+    return {k: None if p.grad is None else p.grad.clone() for k, p in model.named_parameters()
+            if p.requires_grad and k not in skip}
+
+
+def run_node_model(model: nn.Module, forward: Callable[[torch.Tensor, torch.Tensor | None], Any], x: torch.Tensor,
+                   edge: torch.Tensor | None, w: torch.Tensor) -> dict:
+    """A one-type zoo's run: ``forward(x, e)`` (``model`` on its graph, given the edge tensor
+    ``e`` or None) on copies of the inputs, then the output and the gradients of ``sum(out *
+    w)`` w.r.t. ``x``, the edge tensor and every parameter."""
+    x, e = leaf(x), None if edge is None else leaf(edge)
+    out = forward(x, e)
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"the model returned {type(out).__name__}, not a tensor")
+    if out.requires_grad:
+        (out * loss_weight(out, w)).sum().backward()
+    return {
+        "out": out.detach(),
+        "x_grad": x.grad,
+        "edge_grad": None if e is None or not e.is_floating_point() else e.grad,
+        "grads": param_grads(model),
+    }
+
+
+def compare_nodes(got: dict, want: dict) -> tuple[float, float, str]:
+    """A one-type zoo's comparison: max abs and relative difference over the output and the
+    gradients of :func:`run_node_model`, and where the worst is."""
+    worst = (0.0, 0.0, "")
+    items = [("output", got["out"], want["out"]), ("x grad", got["x_grad"], want["x_grad"]),
+             ("edge grad", got["edge_grad"], want["edge_grad"])]
+    if set(got["grads"]) != set(want["grads"]):
+        return float("inf"), float("inf"), f"parameters differ: {sorted(set(got['grads']) ^ set(want['grads']))}"
+    items += [(f"grad of {k}", got["grads"][k], g) for k, g in want["grads"].items()]
+    for what, a, b in items:
+        m, r = diff(a, b)
+        if r > worst[1] or (r == worst[1] == float("inf") and not worst[2]):
+            worst = (m, r, what)
+    return worst
+
+
+def node_case(part: Any, payload: dict, build: Callable[[str], nn.Module], run: Callable[..., dict]) -> dict:
+    """A one-type zoo's case on a worker (``payload``: the case's ``name``, the model's
+    ``state``, the whole graph's ``edge`` tensor or None): the compiled model on this part
+    (``run(model, x, graph, edge, w)``), gradients synced, with the rows' global ids."""
+    import sarcompile as sc
+
+    model = build(payload["name"])
+    model.load_state_dict(payload["state"])
+    edge = None if payload["edge"] is None else payload["edge"][part.graph.edge_ids]
+    try:
+        r = run(sc.distribute(model), part.node_data["x"], part.graph, edge, part.node_data["w"])
+        sc.sync_gradients(model)
+        r["grads"] = param_grads(model)
+    except Exception as e:
+        return {"error": describe_error(e)}
+    r["edge_ids"] = part.graph.edge_ids
+    r["global_ids"] = part.global_ids
+    return r
+
+
+def node_distributed(rec: Record, want: dict, pool: Pool, payload: dict, num_nodes: int, features: int) -> None:
+    """:func:`distributed` for a one-type zoo (workers running :func:`node_case`)."""
+    distributed(rec, want, pool, payload, lambda results: node_rows(results, want, num_nodes, features),
+                compare_nodes)
 
 
 # --- the sweep -----------------------------------------------------------------------------
