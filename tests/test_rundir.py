@@ -18,7 +18,7 @@ import sarcompile as sc
 from sarcompile.data.checkpoint import load_checkpoint, save_checkpoint
 from sarcompile.errors import RunDirError
 from sarcompile.data.partitioning import load_partition, read_manifest
-from sarcompile.data.rundir import LOCK_NAME, lock_dir, remove_stale_temps
+from sarcompile.data.rundir import LOCK_NAME, lock_dir, lock_file, remove_stale_temps
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -41,6 +41,17 @@ def test_a_held_directory_is_refused_naming_the_holder(tmp_path):
     again = lock_dir(tmp_path, "training run")  # released with the block
     again.release()
     assert not again.held
+
+
+def test_a_held_file_is_refused_and_its_directory_stays_free(tmp_path):
+    log = tmp_path / "logs" / "a.jsonl"
+    with lock_file(log, "training run") as held:
+        assert held.held and (tmp_path / "logs" / ".a.jsonl.lock").is_file()
+        with pytest.raises(RunDirError, match=f"'{log}' is in use by another training run .*choose another file"):
+            lock_file(log, "training run")
+        lock_file(tmp_path / "logs" / "b.jsonl", "training run").release()  # another file beside it
+        lock_dir(tmp_path / "logs", "training run").release()
+    lock_file(log, "training run").release()
 
 
 def test_the_lock_dies_with_its_process(tmp_path):

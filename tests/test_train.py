@@ -365,7 +365,8 @@ def test_cli_under_torchrun(parts, tmp_path):
     log = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
     assert [r["epoch"] for r in log] == [1, 2, 3, 4]
     assert set(log[0]) == {"epoch", "loss", "train_acc", "val_acc", "test_acc", "epoch_s", "train_s", "world_size",
-                           "comm", "time"}
+                           "comm", "time", "run"}
+    assert {r["run"] for r in log} == {json.loads((out / "run.json").read_text())["run"]}
     assert all(r["world_size"] == 2 for r in log)
     for r in log:  # the time ledger: rank 0's parts add up to its step, every part of every rank counted
         assert list(r["time"]) == ["compute", "exchange_wait", "allreduce", "optimizer"]
@@ -507,12 +508,32 @@ def test_a_fresh_run_keeps_another_runs_log_and_cleans_stale_temp_files(pool, pa
         p.write_bytes(b"left by a killed run")
     assert [r["epoch"] for r in run_train(pool, 1, _args(parts[1], out, "--epochs", 1))] == [1]
     assert not any(p.exists() for p in stale)
-    assert sorted(p.name for p in out.iterdir()) == [".lock", "checkpoint.pt", "log.jsonl"]
+    assert sorted(p.name for p in out.iterdir()) == [".lock", ".log.jsonl.lock", "checkpoint.pt", "log.jsonl", "run.json"]
+
+
+def test_resume_refuses_another_runs_log_and_a_damaged_one(pool, parts, tmp_path):
+    """Resuming rewrites the log (its own records up to the checkpoint): a --log holding
+    another run's records, or damaged before its last line, is refused and left as it was."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    assert [r["epoch"] for r in run_train(pool, 1, _args(parts[1], a, "--epochs", 2))] == [1, 2]
+    run_train(pool, 1, _args(parts[1], b, "--epochs", 4, "--stop-after", 1))
+    theirs = (a / "log.jsonl").read_text()
+    msg = run_train(pool, 1, _args(parts[1], b, "--epochs", 4, "--resume", "--log-file", a / "log.jsonl"))
+    assert msg.startswith("RunDirError") and f"the log '{a / 'log.jsonl'}' holds another run's records" in msg, msg
+    assert (a / "log.jsonl").read_text() == theirs
+
+    own = (b / "log.jsonl").read_text()
+    (b / "log.jsonl").write_text("not json\n" + own)
+    msg = run_train(pool, 1, _args(parts[1], b, "--epochs", 4, "--resume"))
+    assert msg.startswith("RunDirError") and "is damaged at line 1 of 2" in msg, msg
+    (b / "log.jsonl").write_text(own + '{"epoch": 2, "lo')  # only the last line cut short, as by a kill
+    assert [r["epoch"] for r in run_train(pool, 1, _args(parts[1], b, "--epochs", 4, "--resume"))] == [2, 3, 4]
 
 
 def test_a_second_run_on_a_busy_out_is_refused_on_every_rank(parts, tmp_path):
     """One run trains in OUT; a second one, under torchrun, is refused at once on both
-    ranks, naming the first one's pid, and leaves the first one's log and checkpoint alone."""
+    ranks, naming the first one's pid, and leaves the first one's log and checkpoint alone;
+    so is a third one elsewhere that names the first one's log."""
     import time
 
     env = {**os.environ, "OMP_NUM_THREADS": "1", "SARCOMPILE_TIMEOUT": "60"}
@@ -532,6 +553,10 @@ def test_a_second_run_on_a_busy_out_is_refused_on_every_rank(parts, tmp_path):
         start = time.monotonic()
         done = subprocess.run(second, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180, check=False)
         took = time.monotonic() - start
+        # a run elsewhere that would write the first run's log: refused too
+        third = subprocess.run([sys.executable, "-m", "sarcompile.train",
+                                *_args(parts[1], tmp_path / "other", "--epochs", 1, "--log-file", out / "log.jsonl")],
+                               cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False)
         assert proc.poll() is None, "the first run died"
     finally:
         proc.terminate()
@@ -544,5 +569,7 @@ def test_a_second_run_on_a_busy_out_is_refused_on_every_rank(parts, tmp_path):
     assert "sarcompile/train/" not in done.stderr  # one-line errors, no worker traceback (torchrun's own aside)
     log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines() if line.endswith("}")]
     assert (out / "log.jsonl").read_text().splitlines()[:50] == head
+    assert third.returncode == 1, third.stderr
+    assert f"'{out / 'log.jsonl'}' is in use by another training run (pid {proc.pid} on " in third.stderr, third.stderr
     assert [r["epoch"] for r in log] == list(range(1, len(log) + 1)) and all(r["world_size"] == 1 for r in log)
     assert _state(out)["args"]["parts"] == parts[1]  # the first run's checkpoint

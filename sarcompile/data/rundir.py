@@ -39,16 +39,17 @@ try:  # POSIX; elsewhere directories are not locked
 except ImportError:  # pragma: no cover - Windows
     fcntl = None  # type: ignore[assignment]
 
-__all__ = ["LOCK_NAME", "DirLock", "lock_dir", "remove_stale_temps"]
+__all__ = ["LOCK_NAME", "DirLock", "lock_dir", "lock_file", "remove_stale_temps"]
 
 LOCK_NAME = ".lock"
 
 
 class DirLock:
-    """An exclusive lock on a directory, held until :meth:`release` (or the ``with`` block ends)."""
+    """An exclusive lock on a directory (or a file), held until :meth:`release` (or the
+    ``with`` block ends)."""
 
-    def __init__(self, directory: Path, fd: int | None):
-        self.directory = directory
+    def __init__(self, path: Path, fd: int | None):
+        self.path = path
         self._fd = fd
 
     @property
@@ -76,21 +77,35 @@ def lock_dir(directory: str | os.PathLike, what: str) -> DirLock:
     writer in the message ("training run", "partition run")."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    path = directory / LOCK_NAME
+    return _lock(directory, directory / LOCK_NAME, what, "directory")
+
+
+def lock_file(path: str | os.PathLike, what: str) -> DirLock:
+    """Lock the file ``path`` as :func:`lock_dir` locks a directory, through ``.NAME.lock``
+    beside it (its directory is created if missing): for a run's log written outside its
+    run directory, which two runs must not write at once."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return _lock(path, path.parent / f".{path.name}.lock", what, "file")
+
+
+def _lock(target: Path, lock_path: Path, what: str, kind: str) -> DirLock:
     if fcntl is None:  # pragma: no cover
-        return DirLock(directory, None)
+        return DirLock(target, None)
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)  # the umask decides the mode
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o666)  # the umask decides the mode
     except OSError as e:
-        raise RunDirError(f"cannot create the lock file '{path}' ({e}); is '{directory}' writable?") from None
+        raise RunDirError(
+            f"cannot create the lock file '{lock_path}' ({e}); is '{lock_path.parent}' writable?"
+        ) from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
         holder = _describe_holder(fd)
         os.close(fd)
         raise RunDirError(
-            f"'{directory}' is in use by another {what}{holder}: wait for it to finish or stop it, "
-            "or choose another directory"
+            f"'{target}' is in use by another {what}{holder}: wait for it to finish or stop it, "
+            f"or choose another {kind}"
         ) from None
     # Ours now: record who holds it, for the message a second writer gets.
     info = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%d %H:%M:%S")}
@@ -99,7 +114,7 @@ def lock_dir(directory: str | os.PathLike, what: str) -> DirLock:
         os.pwrite(fd, (json.dumps(info) + "\n").encode(), 0)
     except OSError:
         pass  # the lock holds without the note
-    return DirLock(directory, fd)
+    return DirLock(target, fd)
 
 
 def _describe_holder(fd: int) -> str:

@@ -5,12 +5,14 @@ ledger), the line printed per epoch, and the summary each worker prints at the e
 from __future__ import annotations
 
 import json
+import uuid
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from ..data.partitioning import _atomic_write
+from ..errors import RunDirError
 from ..runtime import cpu_cache
 from ..runtime.comm import TIME_LEDGER, global_sum, stats
 from ..runtime.memory import (
@@ -22,6 +24,55 @@ from ..runtime.memory import (
     huge_pages_requested,
 )
 from .config import ALWAYS_LOGGED, PHASES, TrainConfig
+
+
+RUN_NAME = "run.json"  # the run's id, in its run directory; every log record carries it
+
+
+def _run_id(out: Path, resume: bool) -> str | None:
+    """The run's id: for a fresh run a new one, saved in ``out/run.json`` (atomically); when
+    resuming the saved one, or None for a run directory from before ids (its log's records
+    carry none)."""
+    path = out / RUN_NAME
+    if resume:
+        try:
+            run = json.loads(path.read_text()).get("run")
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, AttributeError) as e:
+            raise RunDirError(f"cannot read the run's id from '{path}' ({e}): the run directory is damaged; "
+                              "start a fresh run in another --out") from None
+        if not isinstance(run, str):
+            raise RunDirError(f"'{path}' holds no run id: the run directory is damaged; start a fresh run in "
+                              "another --out")
+        return run
+    run = uuid.uuid4().hex
+    _atomic_write(path, lambda f: f.write((json.dumps({"run": run}) + "\n").encode()))
+    return run
+
+
+def _check_log_owner(path: Path, run: str | None) -> None:
+    """Refuse to resume into a log that holds another run's records (resuming rewrites the
+    log, keeping its own run's records up to the checkpoint) or that is damaged before its
+    last line (a kill may cut only the last one short)."""
+    if not path.is_file():
+        return
+    lines = path.read_text().splitlines()
+    for i, line in enumerate(lines, 1):
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            if i == len(lines):
+                continue
+            raise RunDirError(f"the log '{path}' is damaged at line {i} of {len(lines)} (not a JSON record): "
+                              "resuming would drop it; repair or move the log, or pass another --log") from None
+        if not isinstance(rec, dict) or rec.get("run") != run:
+            whose = f"run {rec.get('run')}" if isinstance(rec, dict) and rec.get("run") else "a run without an id"
+            raise RunDirError(
+                f"the log '{path}' holds another run's records (line {i}: {whose}; this run is "
+                f"{run or 'one without an id'}): resuming would overwrite them; pass this run's own log with "
+                "--log, or another path"
+            )
 
 
 def _prepare_log(path: Path, keep_through: int) -> None:

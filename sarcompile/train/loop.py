@@ -33,7 +33,7 @@ from ..errors import (
 )
 from ..hetero import parse_relation_key
 from ..data.partitioning import load_partition, read_manifest
-from ..data.rundir import lock_dir, remove_stale_temps
+from ..data.rundir import lock_dir, lock_file, remove_stale_temps
 from ..runtime.comm import (
     TIME_LEDGER,
     global_max,
@@ -55,13 +55,16 @@ from .checkpoints import (
 from .config import FORMAT, RESUME_KEYS, TYPED_KEYS, TrainConfig, _as_config, _out_dir
 from .evaluation import _accuracies, _check_model_kind, _counts, _node_tensors
 from .log import (
+    RUN_NAME,
     _comm_record,
     _comm_row,
     _comm_summary,
     _epoch_line,
     _fmt,
+    _check_log_owner,
     _prepare_log,
     _report,
+    _run_id,
     _time_row,
 )
 from .model import GNN, build_model
@@ -77,9 +80,9 @@ def train(config: TrainConfig | Mapping[str, Any] | argparse.Namespace | Sequenc
     records (the values are summed across workers); with ``resume`` only the epochs run
     by this call.
 
-    Rank 0 locks the run directory for the whole call (:mod:`sarcompile.data.rundir`): a second
-    run on the same ``out`` is refused on every rank with a :class:`RunDirError` before
-    anything is written.
+    Rank 0 locks the run directory and the log for the whole call
+    (:mod:`sarcompile.data.rundir`): a second run on the same ``out`` or log is refused on
+    every rank with a :class:`RunDirError` before anything is written.
     """
     cfg = _as_config(config)
     cfg.validate()
@@ -88,36 +91,38 @@ def train(config: TrainConfig | Mapping[str, Any] | argparse.Namespace | Sequenc
     manifest = read_manifest(cfg.parts)
     target = _check_model_kind(cfg, manifest)
 
-    lock, group = None, None
+    locks, group = [], None
     try:
-        out, failure = None, None
+        out, run, failure = None, None, None
         if rank == 0:
             try:
-                lock, out = _claim_out_dir(cfg)
+                locks, out, run = _claim_out_dir(cfg)
             except SarcompileError as e:
                 failure = (type(e).__name__, str(e))
-        out, failure = _broadcast((out, failure))
+        out, run, failure = _broadcast((out, run, failure))
         if failure is not None:  # the same error on every rank, each exits cleanly
             raise getattr(errors, failure[0])(failure[1])
         group = _checkpoint_group(ckpt_limit)
-        return _train(cfg, rank, world_size, manifest, target, Path(out), group, ckpt_limit)
+        return _train(cfg, rank, world_size, manifest, target, Path(out), run, group, ckpt_limit)
     finally:
         if group is not None:
             dist.destroy_process_group(group)
-        if lock is not None:
+        for lock in locks:
             lock.release()
 
 
 def _claim_out_dir(cfg: TrainConfig):
-    """Rank 0: create and lock the run directory, refuse what would overwrite another run's
-    files, and delete the temporary files a killed run left; returns (lock, out)."""
+    """Rank 0: create and lock the run directory and the log, refuse what would overwrite
+    another run's files, delete the temporary files a killed run left; returns (the locks,
+    out, the run's id)."""
     try:
         out = Path(_out_dir(cfg))
     except OSError as e:
         raise RunDirError(f"cannot create the run directory ({e}); choose another --out") from None
-    lock = lock_dir(out, "training run")
+    locks = [lock_dir(out, "training run")]
     try:
         log_path = Path(cfg.log) if cfg.log else out / "log.jsonl"
+        locks.append(lock_file(log_path, "training run"))  # --log may name a file in another run's directory
         if not cfg.resume and (out / CHECKPOINT_NAME).exists():
             raise CheckpointError(
                 f"'{out}' already holds a checkpoint: pass --resume to continue that run, or choose another --out"
@@ -127,19 +132,24 @@ def _claim_out_dir(cfg: TrainConfig):
                 f"the log '{log_path}' already holds another run's lines (and there is no checkpoint to resume): "
                 "a fresh run does not overwrite it; choose another --out (or --log), or delete it"
             )
-        stale = [CHECKPOINT_NAME] + ([log_path.name] if log_path.parent.resolve() == out.resolve() else [])
+        stale = [CHECKPOINT_NAME, RUN_NAME] + ([log_path.name] if log_path.parent.resolve() == out.resolve() else [])
         remove_stale_temps(out, stale)
+        run = _run_id(out, cfg.resume)
+        if cfg.resume:
+            _check_log_owner(log_path, run)
     except OSError as e:
-        lock.release()
+        for lock in locks:
+            lock.release()
         raise RunDirError(f"cannot use the run directory '{out}' ({e})") from None
     except BaseException:
-        lock.release()
+        for lock in locks:
+            lock.release()
         raise
-    return lock, str(out)
+    return locks, str(out), run
 
 
-def _train(cfg: TrainConfig, rank: int, world_size: int, manifest, target: str | None, out: Path, group: Any,
-           ckpt_limit: float):
+def _train(cfg: TrainConfig, rank: int, world_size: int, manifest, target: str | None, out: Path,
+           run_id: str | None, group: Any, ckpt_limit: float):
     log_path = Path(cfg.log) if cfg.log else out / "log.jsonl"
     ckpt_path = out / CHECKPOINT_NAME
     floor = floor_bytes()
@@ -232,6 +242,8 @@ def _train(cfg: TrainConfig, rank: int, world_size: int, manifest, target: str |
                                            times.reshape(-1)]))
             n, m = 1 + counts.numel(), 1 + counts.numel() + traffic.numel()
             rec = {"epoch": epoch, "loss": float(summed[0]), **_accuracies(summed[1:n])}
+            if run_id is not None:
+                rec["run"] = run_id
             if not (cfg.allow_nonfinite or math.isfinite(rec["loss"])):  # the same sum on every rank
                 raise TrainingError(_nonfinite_loss_message(epoch, rec["loss"], ckpt_path, saved))
             rec.update(epoch_s=round(time.perf_counter() - t0, 4), train_s=round(train_s, 4), world_size=world_size)
