@@ -1037,9 +1037,9 @@ def residency(gm: fx.GraphModule, ctx=None, *, distributed: bool = False) -> fx.
     specs = [n.meta.get("input") for n in placeholders]
     missing = [str(n.target) for n, s in zip(placeholders, specs) if s is None]
     seen, messages, why = None, None, f"no example of the inputs {missing}"
+    tensor = next(iter(gm.parameters()), None)
+    device = tensor.device if tensor is not None else torch.device("cpu")
     if all(s is not None for s in specs):
-        tensor = next(iter(gm.parameters()), None)
-        device = tensor.device if tensor is not None else torch.device("cpu")
         for choice in _choices(specs):  # the first reading of the inputs under which the program runs
             rec, failed = _run_probe(gm, [example(s, PROBES[0], device) for s in choice], gm)
             if seen is None or not failed:
@@ -1048,8 +1048,45 @@ def residency(gm: fx.GraphModule, ctx=None, *, distributed: bool = False) -> fx.
                     node.meta["input"] = spec
             if not failed:
                 break
-    _Checker(gm, seen, why, messages, distributed=distributed).run()
+    try:
+        _Checker(gm, seen, why, messages, distributed=distributed).run()
+    except CompileError as e:
+        constants = _fine_as_constants(gm, placeholders, device, distributed)
+        if not constants:
+            raise
+        raise CompileError(
+            f"{e} ({', '.join(constants)} {'was' if len(constants) == 1 else 'were'} read as rows of the graph "
+            "because the row count matches this worker's part; as a tensor that is the same on every worker the "
+            "model compiles: keep such a tensor in the model, as a buffer (register_buffer) or a parameter, where "
+            "it is never read as rows.)"
+        ) from None
     return gm
+
+
+def _fine_as_constants(gm: fx.GraphModule, placeholders: list[fx.Node], device: torch.device,
+                       distributed: bool) -> list[str]:
+    """The inputs read as rows (their row count matched the graph's) under which reading as a
+    constant instead the program runs and passes the checks: the likely cause of a refusal."""
+    chosen = [n.meta["input"] for n in placeholders]
+    found = []
+    for i, spec in enumerate(chosen):
+        if not (spec.residency.per_row and Residency.CONST in spec.alternatives):
+            continue
+        choice = [*chosen[:i], replace(spec, residency=Residency.CONST, alternatives=()), *chosen[i + 1:]]
+        rec, failed = _run_probe(gm, [example(s, PROBES[0], device) for s in choice], gm)
+        if failed:
+            continue
+        for node, s in zip(placeholders, choice):
+            node.meta["input"] = s
+        try:
+            _Checker(gm, rec.seen, failed, rec.messages, distributed=distributed).run()
+        except CompileError:
+            continue
+        finally:
+            for node, s in zip(placeholders, chosen):
+                node.meta["input"] = s
+        found.append(f"'{placeholders[i].target}' {list(spec.shape)}")
+    return found
 
 
 def _choices(specs: list[Input], limit: int = 8) -> list[list[Input]]:

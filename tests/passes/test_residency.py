@@ -57,6 +57,30 @@ def test_sum_over_nodes_is_refused_naming_the_line_and_the_fix():
     assert "feature dims" in msg
 
 
+class WithConstant(nn.Module):
+    """``forward(g, x, c)``: a graph layer on ``x`` shifted by the column sums of ``c``."""
+
+    def __init__(self, on_x: bool = False):
+        super().__init__()
+        self.conv, self.on_x = sc.nn.SAGEConv(4, 3), on_x
+
+    def forward(self, g, x, c):
+        return self.conv(g, x + (x if self.on_x else c).sum(0))
+
+
+def test_a_refusal_names_a_constant_read_as_rows_only_for_its_row_count():
+    """A [12, 4] constant beside a 12-node graph (a worker's part of that size) reads as rows:
+    its column sum is refused, and the message says it compiles as a constant, and how."""
+    c = torch.randn(12, 4, dtype=DT)
+    msg = refused(WithConstant().to(DT), G, X, c, match="sum over dim 0 reduces over the node axis")
+    assert "('c' [12, 4] was read as rows of the graph because the row count matches" in msg, msg
+    assert "register_buffer" in msg
+    assert compiled(WithConstant().to(DT), G, X, c[:5]) is not None  # another row count: a constant, compiles
+    # Summing x itself, which the graph layer needs as rows: no such note
+    msg = refused(WithConstant(on_x=True).to(DT), G, X, c, match="sum over dim 0 reduces over the node axis")
+    assert "read as rows of the graph because" not in msg, msg
+
+
 @pytest.mark.parametrize("body, match", [
     (lambda m, g, x: x.sum(), "sum over all elements"),
     (lambda m, g, x: x.cumsum(0), "cumsum over dim 0"),
