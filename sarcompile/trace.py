@@ -30,6 +30,8 @@ from .errors import CompileError, SarcompileError
 from .ir.lowering import function_homes, function_lowerings, lowering_for
 from .hetero import TracedHetero
 from .leaves import ArgLayout, rebuilt_arguments
+from .model_state import StateWatch, refuse_state_updates, state_kept
+from .source_lines import source_line, user_frame
 from .nn import NodeDropout, RandomStream
 from .ir.probe import PROBES, ROW_COUNTS, Input, example
 from .runtime.comm import offline
@@ -535,29 +537,40 @@ def trace(
     if inputs:
         names = [leaf for layout in layouts for leaf in layout.leaf_names()] if layouts else list(names)
         examples = examples_for(names, inputs, device)
-    tracer = ShapeTracer(examples, graph_input, layouts, tables, device)
-    try:
-        graph = tracer.trace(root, concrete_args=constants or None)
-        return module_class(tracer.root, graph, type(model).__name__)
-    except SarcompileError:
-        raise
-    except Exception as e:  # TraceError, or e.g. torch.ones(1, proxy) on older torch: say where and why
-        if isinstance(e, TypeError) and "Proxy'" in str(e):  # the model's Python asked a traced value for a number
+    name = type(model).__name__
+
+    def attempt(first: StateWatch | None) -> fx.GraphModule | StateWatch:
+        """The traced model, or the watch of a trace that set plain attributes (trace again)."""
+        tracer = ShapeTracer(examples, graph_input, layouts, tables, device)
+        try:
+            with state_kept(model, name, lambda: tracer._computing, first) as watch:
+                graph = tracer.trace(root, concrete_args=constants or None)
+            if not watch.settled:
+                return watch
+            refuse_state_updates(graph, name)
+            return module_class(tracer.root, graph, name)
+        except SarcompileError:
+            raise
+        except Exception as e:  # TraceError, or e.g. torch.ones(1, proxy) on older torch: say where and why
+            if isinstance(e, TypeError) and "Proxy'" in str(e):  # the model's Python asked a traced value for a number
+                raise CompileError(
+                    f"cannot trace {name}{_where(tracer, e)}: a traced tensor (or its shape) was used as a Python "
+                    f"number ({e}). sarcompile traces forward() once with symbolic tensors, whose values and row "
+                    "counts are not known (and differ between workers); keep the value a tensor (e.g. `x * x.max()` "
+                    "rather than `x * float(x.max())`) and loop over constants, not over rows."
+                ) from None
             raise CompileError(
-                f"cannot trace {type(model).__name__}{_where(tracer, e)}: a traced tensor (or its shape) was used as "
-                f"a Python number ({e}). sarcompile traces forward() once with symbolic tensors, whose values and "
-                "row counts are not known (and differ between workers); keep the value a tensor (e.g. `x * x.max()` "
-                "rather than `x * float(x.max())`) and loop over constants, not over rows."
+                f"cannot trace {name}{_where(tracer, e)}: {e}. sarcompile traces forward() once with symbolic "
+                "tensors, so Python control flow may not depend on tensor values or row counts (feature sizes and "
+                "dim() are known when compiling); move such logic into a submodule that stays a leaf or make it "
+                "static."
             ) from None
-        raise CompileError(
-            f"cannot trace {type(model).__name__}{_where(tracer, e)}: {e}. sarcompile traces forward() "
-            "once with symbolic tensors, so Python control flow may not depend on tensor values or row counts "
-            "(feature sizes and dim() are known when compiling); move such logic into a submodule that stays a "
-            "leaf or make it static."
-        ) from None
-    finally:  # the GraphModule holds the helper modules now; the user's model must not
-        for name in tracer.helpers:
-            delattr(tracer.root, name)
+        finally:  # the GraphModule holds the helper modules now; the user's model must not
+            for helper in tracer.helpers:
+                delattr(tracer.root, helper)
+
+    gm = attempt(None)
+    return attempt(gm) if isinstance(gm, StateWatch) else gm
 
 
 def _where(tracer: fx.Tracer, error: BaseException) -> str:
@@ -641,25 +654,3 @@ def _homes_binding_originals() -> list[dict]:
     if kept["sizes"] != sizes:
         kept.update(sizes=sizes, binding=[f for f in kept["frames"] if _bound_originals(f, rules)])
     return kept["binding"]
-
-
-# -- where a node comes from -----------------------------------------------------------------
-# As the interpreter spells code files (the paths modules were imported from), with the
-# separator: torch_geometric's files are not torch's.
-_TORCH = os.path.dirname(torch.__file__) + os.sep
-_OURS = os.path.dirname(__file__) + os.sep
-_TRACER = __file__  # the tracer's own frames name no line of code
-
-
-def user_frame(frame: Any) -> tuple[str, int] | None:
-    """``(file, line)`` of the innermost frame from ``frame`` outward that is outside torch
-    and sarcompile (outside torch and this tracer, if there is none), or None."""
-    ours = None
-    while frame is not None:
-        file = frame.f_code.co_filename
-        if not file.startswith(_TORCH) and file != _TRACER:
-            if not file.startswith(_OURS):
-                return file, frame.f_lineno
-            ours = ours or (file, frame.f_lineno)
-        frame = frame.f_back
-    return ours

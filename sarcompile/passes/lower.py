@@ -23,6 +23,8 @@ from torch import nn
 from ..errors import CompileError, SarcompileError
 from ..leaves import ArgLayout, layout_of, leaves_of_call
 from ..ir.lowering import lowering_for
+from ..model_state import refuse_state_updates, state_kept
+from ..source_lines import source_line
 from ..trace import UNKNOWN, ShapeTracer, user_line
 
 __all__ = ["lower"]
@@ -67,8 +69,16 @@ def _inline(gm: fx.GraphModule, node: fx.Node, module: nn.Module, lowered: nn.Mo
         layouts = tuple(layout_of(k, v) if isinstance(v, tuple) else ArgLayout(k)
                         for k, v in bound.arguments.items() if v is not None)
         params = leaves_of_call(layouts, bound.arguments)
+    what = f"layer {node.target!r} ({type(module).__name__})"
     try:
-        body = ShapeTracer(_examples(params), layouts=layouts).trace(lowered, concrete_args=constants or None)
+        first = None
+        while True:  # twice where the trace set plain attributes (see sarcompile.model_state)
+            tracer = ShapeTracer(_examples(params), layouts=layouts)
+            with state_kept(lowered, what, lambda: tracer._computing, first) as first:
+                body = tracer.trace(lowered, concrete_args=constants or None)
+            if first.settled:
+                break
+        refuse_state_updates(body, what)
     except SarcompileError:
         raise
     except Exception as e:  # e.g. a TraceError: Python control flow on a row count or a value

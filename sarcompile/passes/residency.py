@@ -86,6 +86,7 @@ from ..nn import NodeDropout, RandomStream
 from ..ir.probe import PROBES, Input, example
 from ..runtime.comm import offline
 from ..data.shard import DERIVED_GRAPHS
+from ..source_lines import source_line
 from ..trace import ShapeTracer
 from ..ir.lowering import declared_helpers
 from ..ir.vocab import Residency
@@ -217,16 +218,6 @@ def _name_of(node: fx.Node) -> str | None:
     return None
 
 
-def _source_line(node: fx.Node) -> str:
-    """``file.py:12: `code``` of the user's line the node was traced from (see
-    :func:`sarcompile.trace.user_frame`), or ''."""
-    where = node.meta.get("user_frame")
-    if where is None:
-        return ""
-    file, line = where
-    return f"{Path(file).name}:{line}: `{linecache.getline(file, line).strip()}`"
-
-
 def _layer(node: fx.Node, gm: fx.GraphModule | None) -> str:
     """``layer 'conv1' (GPSConv)``: the lowered layer, else the innermost module fx was in."""
     if node.meta.get("layer"):
@@ -312,7 +303,7 @@ class _Checker:
 
     # -- errors ----------------------------------------------------------------------------
     def refuse(self, node: fx.Node, what: str, fix: str) -> CompileError:
-        line = _source_line(node)
+        line = source_line(node)
         where = self.inside or _layer(node, self.gm)
         return CompileError(
             f"{what}, in {where}{', at ' + line if line else ''}. On N workers each worker holds only its own "
