@@ -413,6 +413,16 @@ def test_nan_features_are_refused_at_load_and_allowed_on_request(pool, tmp_path)
     assert [r["epoch"] for r in records] == [1, 2] and math.isnan(records[-1]["loss"])  # as asked
 
 
+def test_a_label_past_the_labelled_nodes_is_refused_on_every_rank_naming_the_node(pool, tmp_path):
+    """One bad label (1e9) would make the output layer that wide: refused before training."""
+    data = _sbm(200, 2, 3, 0.8, 4, 0)
+    data["y"][123] = 10**9
+    parts = _partition(data, [2], tmp_path)
+    msg = run_train(pool, 2, _args(parts[2], tmp_path / "run", "--epochs", 1))
+    assert msg.startswith("PartitionError:") and "node 123 has label 1000000000" in msg, msg
+    assert "more than the 200 labelled nodes; labels must be class ids 0..C-1" in msg, msg
+
+
 def test_nonfinite_loss_stops_and_keeps_the_last_good_checkpoint(pool, parts, tmp_path):
     # Adam moves every weight by about lr per step: lr 1e30 overflows the logits on epoch 2.
     msg = run_train(pool, 2, _args(parts[2], tmp_path, "--epochs", 6, "--lr", 1e30, "--checkpoint-every", 1))

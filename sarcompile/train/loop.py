@@ -160,6 +160,16 @@ def _train(cfg: TrainConfig, rank: int, world_size: int, manifest, target: str |
     if num_classes < 1 or num_train == 0:
         raise PartitionError(f"partition '{cfg.parts}' has no labelled training nodes (train_mask & y >= 0)"
                              + (f" of the target type {target!r}" if target else ""))
+    labelled = int(global_sum((y >= 0).sum()))
+    if num_classes > labelled:  # a class id, not a count or a value: the output layer would be that wide
+        ids = part.global_ids if target is None else part.global_ids[target]
+        holders = torch.where(y == num_classes - 1, ids, -1)
+        node = int(global_max((holders.max() if holders.numel() else ids.new_tensor(-1)).reshape(1)))
+        raise PartitionError(
+            f"partition '{cfg.parts}': node {node} has label {num_classes - 1}, so the model would predict "
+            f"{num_classes} classes, more than the {labelled} labelled nodes; labels must be class ids 0..C-1 "
+            "(-1 or any negative value for unlabelled): check y, and re-partition"
+        )
     run = {**dataclasses.asdict(cfg), "num_classes": num_classes, **_model_fields(cfg, manifest, target, x)}
     graph = {"num_nodes": manifest.num_nodes, "num_edges": manifest.num_edges}
     if manifest.graph_sha256:  # the partition's identity, whatever its number of parts
