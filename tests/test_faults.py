@@ -253,10 +253,14 @@ def test_a_killed_rank_mid_training_ends_the_job(parts, job, sig):
     print(f"{sig} of rank 1: job gone {took:.1f}s later")
 
 
-def test_sigstop_of_a_rank_is_blamed_the_same_by_every_survivor(parts, job):
-    """Rank 1 of 3 stopped: once the timeout (4 s here) runs out, every survivor names
-    rank 1 in the same words, and the survivors are gone seconds later."""
-    j = job(parts[3], 3, "--epochs", "100000", SARCOMPILE_TIMEOUT="4")
+@pytest.mark.parametrize("noticed", ["wait", "heartbeat"])
+def test_sigstop_of_a_rank_is_blamed_the_same_by_every_survivor(parts, job, noticed):
+    """Rank 1 of 3 stopped: every survivor names rank 1 in the same words, and the
+    survivors are gone seconds later -- once a wait for it fails (a 4 s timeout here), or,
+    with the default 300 s timeout, once its heartbeat stood still for the stall window
+    (4 s here: its watcher, rank 0, publishes it)."""
+    env = {"SARCOMPILE_TIMEOUT": "4"} if noticed == "wait" else {"SARCOMPILE_STALL_TIMEOUT": "4"}
+    j = job(parts[3], 3, "--epochs", "100000", **env)
     workers = j.find_workers()
     j.wait_for_epochs()
     start = time.monotonic()
@@ -266,9 +270,10 @@ def test_sigstop_of_a_rank_is_blamed_the_same_by_every_survivor(parts, job):
     errors = _error_lines(j.output())
     assert set(errors) >= {0, 2}, j.output()
     blamed = {errors[r] for r in (0, 2)}
-    assert all(e.startswith("rank 1 stopped answering (no heartbeat for 3s; noticed by rank ") for e in blamed), blamed
+    said = "no heartbeat for 3s; noticed by rank " if noticed == "wait" else "no heartbeat for 4s; noticed by rank 0"
+    assert all(e.startswith(f"rank 1 stopped answering ({said}") for e in blamed), blamed
     assert len(blamed) == 1, blamed  # one verdict, the same words everywhere
-    # timeout 4 s + 3 s watching the heartbeats + the exit protocol
+    # timeout 4 s + 3 s watching the heartbeats (or a 4 s stall) + the exit protocol
     assert took < 20, f"survivors took {took:.1f}s"
     # torchrun's SIGTERM to the stopped worker waits for it to be continued.
     os.kill(workers[1], signal.SIGCONT)

@@ -61,16 +61,25 @@ def timeout() -> float:
     return _check_timeout(raw, "SARCOMPILE_TIMEOUT")
 
 
+def stall_timeout() -> float:
+    """Seconds a peer's heartbeat may stand still before the job is stopped
+    (``SARCOMPILE_STALL_TIMEOUT``, default 20; a number > 0): see :mod:`sarcompile.runtime.failure`."""
+    raw = os.environ.get("SARCOMPILE_STALL_TIMEOUT")
+    if raw is None or not raw.strip():
+        return failure.STALL_S
+    return _check_timeout(raw, "SARCOMPILE_STALL_TIMEOUT")
+
+
 def _check_timeout(raw, name: str) -> float:
     try:
         value = float(raw)
     except (TypeError, ValueError):
         value = None
     if value is None or not math.isfinite(value) or value <= 0:
-        raise ValueError(
-            f"{name} must be a number of seconds > 0 (how long one wait for a peer worker may take; "
-            f"default {_DEFAULT_TIMEOUT_S:.0f}), got {raw!r}"
-        )
+        what = ("how long a peer's heartbeat may stand still; default "
+                f"{failure.STALL_S:.0f}" if name == "SARCOMPILE_STALL_TIMEOUT" else
+                f"how long one wait for a peer worker may take; default {_DEFAULT_TIMEOUT_S:.0f}")
+        raise ValueError(f"{name} must be a number of seconds > 0 ({what}), got {raw!r}")
     return value
 
 
@@ -103,6 +112,7 @@ def init(backend: str | None = None, timeout_s: float | None = None) -> tuple[in
     memory.tune_allocator()
     backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
     limit = timeout() if timeout_s is None else _check_timeout(timeout_s, "timeout_s")
+    stall = stall_timeout()
     wait = timedelta(seconds=limit)
     parent = None
     if _under_torchrun():
@@ -132,7 +142,8 @@ def init(backend: str | None = None, timeout_s: float | None = None) -> tuple[in
     atexit.register(shutdown)
     rank, world_size = dist.get_rank(), dist.get_world_size()
     if world_size > 1:
-        failure.start(dist.distributed_c10d._get_default_store(), rank, world_size, parent=parent)
+        failure.start(dist.distributed_c10d._get_default_store(), rank, world_size, parent=parent,
+                      stall_s=stall)
         _hook_excepthook()
     return rank, world_size
 

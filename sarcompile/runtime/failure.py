@@ -23,6 +23,14 @@ TCPStore; a FileStore or HashStore works the same):
   ranks whose counter stood still (killed, stopped, their host gone) are blamed in one
   published record, ``kind: "lost"``, which every survivor then prints. Healthy but
   slow workers are never killed by this: it runs only once a wait has already failed.
+* **A stopped worker is noticed without a failed wait.** Each watchdog also watches the
+  next rank's counter (a ring: one store read a second each). A counter that stands still
+  for ``SARCOMPILE_STALL_TIMEOUT`` seconds (default :data:`STALL_S`) belongs to a process
+  that is not running at all -- stopped (SIGSTOP, a debugger), frozen, or cut off -- since
+  a slow worker's watchdog thread still beats: its watcher publishes it (``kind: "lost"``)
+  and every worker exits, instead of waiting out ``SARCOMPILE_TIMEOUT`` (300 s). A worker
+  that finished (its watchdog stopped by :func:`sarcompile.shutdown`) says so first and
+  is not watched.
 * **The launcher's death ends the workers.** Under torchrun each worker asks Linux for
   SIGTERM when its parent (the torchrun agent) dies (``prctl(PR_SET_PDEATHSIG)``), and the
   watchdog also exits when its parent process changes (other systems, or a death
@@ -95,6 +103,8 @@ EXIT_TERMINATED = 143  # 128 + SIGTERM, what a shell reports for a worker the si
 
 POLL_S = 0.25  # how often a watchdog looks for a published failure
 BEAT_S = 0.5  # how often it bumps its heartbeat counter
+STALL_S = 20.0  # how long the next rank's heartbeat may stand still (SARCOMPILE_STALL_TIMEOUT)
+STALL_CHECK_S = 1.0  # how often a watchdog reads the next rank's heartbeat
 BLAME_WINDOW_S = 3.0  # how long a worker whose exchange failed watches the heartbeats
 ACK_WAIT_S = 3.0  # how long a failing worker waits for the others to print its failure
 EXIT_LAG_S = 1.0  # how long after the failing worker the others exit (torchrun polls every 0.1 s)
@@ -116,13 +126,18 @@ def _beat_key(rank: int) -> str:
     return f"{PREFIX}beat/{rank}"
 
 
+def _done_key(rank: int) -> str:
+    return f"{PREFIX}done/{rank}"
+
+
 def describe(record: dict[str, Any]) -> str:
     """One line for a published failure record, the same on every worker."""
     kind, rank, by, message = record.get("kind"), record.get("rank"), record.get("by"), record.get("message", "")
     if kind == "lost":
         if rank is None:
             return f"rank {by} lost contact with its peers, though all still show signs of life: {message}"
-        return f"rank {rank} stopped answering (no heartbeat for {BLAME_WINDOW_S:.0f}s; noticed by rank {by}): {message}"
+        window = record.get("window", BLAME_WINDOW_S)
+        return f"rank {rank} stopped answering (no heartbeat for {window:.0f}s; noticed by rank {by}): {message}"
     if kind == "interrupted":
         return f"rank {rank} was interrupted ({message})"
     if kind == "terminated":
@@ -197,9 +212,13 @@ class Watchdog:
     """
 
     def __init__(self, store, rank: int, world_size: int, *, parent: int | None = None,
-                 exit: Callable[[int], None] = _flush_and_exit):
+                 exit: Callable[[int], None] = _flush_and_exit, stall_s: float = STALL_S):
         self.store, self.rank, self.world_size = store, rank, world_size
         self.parent = parent
+        self.stall_s = stall_s
+        self._next = (rank + 1) % world_size  # the rank whose heartbeat this one watches
+        self._next_beats: int | None = None
+        self._next_since = time.monotonic()
         self._exit = exit
         self._stop = threading.Event()
         self._lock = threading.Lock()
@@ -232,6 +251,7 @@ class Watchdog:
             # Before the listener goes: no moment in which SIGTERM is silently ignored.
             signal.signal(signal.SIGTERM, self._old_sigterm)
             self._old_sigterm = None
+        _within(ALONE_PUBLISH_S, lambda: self.store.add(_done_key(self.rank), 1))  # not stalled: finished
         self._stop.set()
         for thread in (self._thread, self._listener):
             if thread is not None and thread is not threading.current_thread():
@@ -272,6 +292,7 @@ class Watchdog:
 
     def _run(self) -> None:
         next_beat = time.monotonic() + BEAT_S
+        next_look = time.monotonic() + STALL_CHECK_S
         while not self._stop.is_set():
             self._stop.wait(POLL_S)
             if self._stop.is_set():
@@ -280,6 +301,9 @@ class Watchdog:
             if now >= next_beat:
                 self._beat()
                 next_beat = now + BEAT_S
+            if now >= next_look and self.world_size > 1:
+                self._watch_next(now)
+                next_look = now + STALL_CHECK_S
             try:
                 record = self.record()
             except Exception:  # noqa: BLE001 - a store that went away: the parent check decides
@@ -304,6 +328,34 @@ class Watchdog:
                 self.signalled_at = time.monotonic()  # the watchdog's loop gives main its grace
             if signal.SIGTERM in got:
                 self._terminated()
+
+    def _watch_next(self, now: float) -> None:
+        """Read the next rank's heartbeat; publish it as lost once it stood still for
+        ``stall_s`` (unless it finished, or a failure is already being handled)."""
+        try:
+            beats = self.store.add(_beat_key(self._next), 0)
+            if beats != self._next_beats:
+                self._next_beats, self._next_since = beats, now
+                return
+            if now - self._next_since < self.stall_s or self.store.add(_done_key(self._next), 0) > 0:
+                return
+        except Exception:  # noqa: BLE001 - a store that went away: the waits decide
+            return
+        with self._lock:
+            if self.failing or self._seen:
+                return
+            self.failing = True
+        record = {"kind": "lost", "rank": self._next, "by": self.rank, "silent": [self._next],
+                  "window": self.stall_s,
+                  "message": "its process is not running (stopped, frozen or cut off: even its watchdog thread is "
+                             "silent); SARCOMPILE_STALL_TIMEOUT sets how long a heartbeat may stand still"}
+        standing = self.publish(record)
+        if standing.get("by") != self.rank:
+            self.failing = False
+            self.follow(standing)
+            return
+        self.say(describe(standing))
+        self.leave(standing, EXIT_PEER_LOST)
 
     def _beat(self) -> None:
         try:
@@ -497,11 +549,11 @@ def active() -> Watchdog | None:
     return _active
 
 
-def start(store, rank: int, world_size: int, parent: int | None = None) -> Watchdog:
+def start(store, rank: int, world_size: int, parent: int | None = None, stall_s: float = STALL_S) -> Watchdog:
     """Start this process's watchdog (once)."""
     global _active
     if _active is None:
-        _active = Watchdog(store, rank, world_size, parent=parent).start()
+        _active = Watchdog(store, rank, world_size, parent=parent, stall_s=stall_s).start()
     return _active
 
 

@@ -168,6 +168,38 @@ def test_watchdog_on_a_hash_store(capsys):
     assert "rank 1's launcher (the torchrun agent) is gone" in capsys.readouterr().err
 
 
+def test_a_stopped_peer_is_published_as_lost_and_a_finished_one_is_not(capsys):
+    """Rank 0 watches rank 1's heartbeat: one that never moves is published as lost after
+    the stall window (exit 4, the window in the words), one that said it finished is not."""
+    import torch.distributed as dist
+
+    from sarcompile.runtime import failure
+
+    codes: list[int] = []
+    finished_store = dist.HashStore()
+    failure.Watchdog(finished_store, 1, 2).start().stop()  # beat, then finished
+    quiet = failure.Watchdog(finished_store, 0, 2, exit=codes.append, stall_s=1.0).start()
+    time.sleep(1.0 + 3 * failure.STALL_CHECK_S)
+    quiet.stop()
+    assert codes == [] and finished_store.add(failure.PUBLISHED, 0) == 0
+
+    store = dist.HashStore()
+    watcher = failure.Watchdog(store, 0, 2, exit=codes.append, stall_s=1.0)
+    t0 = time.monotonic()
+    watcher.start()
+    while not codes and time.monotonic() - t0 < 10:
+        time.sleep(0.05)
+    took = time.monotonic() - t0
+    watcher.stop()
+    assert codes == [failure.EXIT_PEER_LOST]
+    assert 1.0 < took < 1.0 + 3 * failure.STALL_CHECK_S, took
+    record = watcher.record()
+    assert (record["kind"], record["rank"], record["by"], record["window"]) == ("lost", 1, 0, 1.0)
+    err = capsys.readouterr().err
+    assert "[rank 0] error: rank 1 stopped answering (no heartbeat for 1s; noticed by rank 0): its process is not " \
+           "running" in err, err
+
+
 @pytest.mark.parametrize("value", ["abc", "0", "-5", "inf", "nan"])
 def test_bad_timeout_names_the_variable(value, monkeypatch):
     from sarcompile.runtime import comm
@@ -177,6 +209,11 @@ def test_bad_timeout_names_the_variable(value, monkeypatch):
         comm.timeout()
     monkeypatch.setenv("SARCOMPILE_TIMEOUT", "2.5")
     assert comm.timeout() == 2.5
+    monkeypatch.setenv("SARCOMPILE_STALL_TIMEOUT", value)
+    with pytest.raises(ValueError, match=f"SARCOMPILE_STALL_TIMEOUT must be a number of seconds > 0 .*heartbeat"):
+        comm.stall_timeout()
+    monkeypatch.setenv("SARCOMPILE_STALL_TIMEOUT", "7")
+    assert comm.stall_timeout() == 7.0
 
 
 class _UnreachableStore:
