@@ -19,6 +19,7 @@ import argparse
 import contextlib
 import importlib
 import importlib.util
+import inspect
 import json
 import sys
 import time
@@ -33,7 +34,7 @@ from rich.console import Console
 from rich.text import Text
 
 from .data.datasets import MAG, SUPPORTED, HeteroDataset, load_ogb, load_ogb_mag
-from .errors import DatasetError, GraphError, PartitionError, SarcompileError
+from .errors import CompileError, DatasetError, GraphError, PartitionError, SarcompileError
 from .ir.graph import Graph
 from .hetero import HeteroGraph
 from .outofcore.sources import csv_header
@@ -287,20 +288,33 @@ def _load_factory(spec: str) -> Callable[..., Any]:
     return getattr(module, attr)
 
 
-def _factory_kwargs(text: str) -> dict[str, Any]:
-    """``--args``: the keyword arguments for a model's FACTORY, a JSON object."""
+def _build_model(spec: str, text: str) -> Any:
+    """The model ``MODULE:FACTORY`` builds with ``--args`` (a JSON object of keyword arguments)."""
     try:
-        return json.loads(text)
+        kwargs = json.loads(text)
     except json.JSONDecodeError as e:
         raise GraphError(f"--args is not JSON ({e})") from None
+    if not isinstance(kwargs, dict):
+        raise GraphError(f"--args must be a JSON object of keyword arguments, not {text!r}")
+    factory = _load_factory(spec)
+    try:
+        inspect.signature(factory).bind(**kwargs)
+    except TypeError as e:  # the arguments do not fit the factory's signature
+        raise GraphError(f"{spec} --args {text}: {e}; give its arguments as --args '{{\"name\": value, ...}}'") \
+            from None
+    except ValueError:  # no signature to check (a builtin): the call says
+        pass
+    return factory(**kwargs)
 
 
 def _plan(args: argparse.Namespace) -> int:
     from .compiler import distribute
 
-    kwargs = _factory_kwargs(args.args)
-    model = distribute(_load_factory(args.model)(**kwargs), mode=args.mode)
+    model = distribute(_build_model(args.model, args.args), mode=args.mode)
     plan = model.plan(args.parts, optimizer=args.optimizer)
+    stages = [name for name, _ in plan.stages]
+    if args.stage and args.stage not in stages:
+        raise CompileError(f"--stage {args.stage}: no such pass; the passes are {', '.join(stages)}")
     print(plan)
     print(plan.compile_summary())
     if args.stage:
@@ -314,10 +328,8 @@ def _plan(args: argparse.Namespace) -> int:
 
 def _explain(args: argparse.Namespace) -> int:
     from .compiler import distribute
-    from .errors import CompileError
 
-    kwargs = _factory_kwargs(args.args)
-    net = _load_factory(args.model)(**kwargs)
+    net = _build_model(args.model, args.args)
     # A small graph with every shape a layer meets: self-loops, an isolated node, edges across the two parts.
     n = 16
     src = torch.cat([torch.arange(n - 1), torch.arange(n - 1), torch.tensor([0, 5])])
@@ -346,7 +358,7 @@ def _estimate(args: argparse.Namespace) -> int:
     from .outofcore import edge_stats, open_edges
     from .data.partitioning import read_manifest
 
-    kwargs = _factory_kwargs(args.args)
+    model = _build_model(args.model, args.args)
     paths = args.edges.split(",")
     if len(paths) != 2 or not all(paths):
         raise GraphError(f"--edges {args.edges}: give two .npy files, SRC.npy,DST.npy")
@@ -367,7 +379,7 @@ def _estimate(args: argparse.Namespace) -> int:
     workers = sorted(set(args.workers) | set(partitions))
     print(f"graph: {stats.num_nodes} nodes, {stats.num_edges} edges ({stats.self_loops} self-loops), "
           f"x of {args.features} float32 features")
-    table = estimate(_load_factory(args.model)(**kwargs), stats, num_parts=workers, modes=args.modes,
+    table = estimate(model, stats, num_parts=workers, modes=args.modes,
                      x=torch.zeros(1, args.features), partitions=partitions, optimizer=args.optimizer)
     if args.plot:
         table.plot(args.plot)

@@ -210,6 +210,44 @@ def test_plan_command_bad_model_spec(tmp_path, capsys):
     assert "MODULE:FACTORY" in capsys.readouterr().err
 
 
+def test_plan_command_names_bad_arguments_widths_stages_and_damaged_parts(tmp_path, capsys):
+    """One line each, exit 2: --args that do not fit the factory, a model built for other
+    widths than the partition's features, an unknown --stage, a missing or truncated part."""
+    import shutil
+
+    import sarcompile as sc
+
+    g = sc.Graph.from_edges(torch.randint(0, 200, (900,)), torch.randint(0, 200, (900,)), 200)
+    parts = tmp_path / "parts"
+    sc.partition(g, 2, parts, node_data={"x": torch.randn(200, 32)})
+    spec = str(Path(__file__).resolve().parents[1] / "examples" / "train_sage.py") + ":SAGE"
+    good = '{"in_dim": 32, "hidden": 16, "num_classes": 4, "dropout": 0.5}'
+
+    def error(*argv) -> str:
+        assert main(["plan", spec, *argv]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("sarcompile plan: error: ") and len(err.splitlines()) == 1, err
+        return err
+
+    assert "missing a required argument: 'hidden'" in error("--parts", str(parts), "--args", '{"in_dim": 32}')
+    assert "--args must be a JSON object" in error("--parts", str(parts), "--args", "[1]")
+    wide = good.replace('"in_dim": 32', '"in_dim": 16')
+    msg = error("--parts", str(parts), "--args", wide)
+    assert "the model fails on example inputs shaped as the call's" in msg and "given: x [rows, 32]" in msg, msg
+    msg = error("--parts", str(parts), "--args", good, "--stage", "bogus")
+    assert "--stage bogus: no such pass; the passes are trace, lower, fuse" in msg, msg
+    for damage in ("missing", "truncated"):
+        bad = tmp_path / damage
+        shutil.copytree(parts, bad)
+        if damage == "missing":
+            (bad / "part-1.pt").unlink()
+        else:
+            (bad / "part-1.pt").write_bytes((bad / "part-1.pt").read_bytes()[:1000])
+        msg = error("--parts", str(bad), "--args", good)
+        assert f"part file '{bad / 'part-1.pt'}'" in msg and ("is missing" if damage == "missing" else "has 1000 bytes") \
+            in msg, msg
+
+
 # -- OGB datasets ----------------------------------------------------------------------------
 def test_dataset_end_to_end(tmp_path):
     from test_datasets import write_ogbn_arxiv

@@ -291,6 +291,14 @@ def _run_probe(gm: fx.GraphModule, inputs: list, buffers_of: nn.Module) -> tuple
                     v.copy_(saved[k])
 
 
+def _shape_words(spec: Input) -> str:
+    """``[rows, 32]`` for a per-row input, ``[4, 4]`` for a constant."""
+    dims = [str(d) for d in spec.shape]
+    if spec.residency.per_row and dims:
+        dims[0] = "rows"
+    return f"[{', '.join(dims)}]"
+
+
 # -- the checker -------------------------------------------------------------------------------
 class _Checker:
     def __init__(self, gm: fx.GraphModule, seen: dict[fx.Node, Any] | None, why_no_shapes: str,
@@ -321,6 +329,14 @@ class _Checker:
 
     def ndim(self, node: fx.Node, a: Any, what: str) -> int:
         s = self.shape(a)
+        if s is None and self.why and self.inside == "":
+            inputs = ", ".join(f"{n.target} {_shape_words(n.meta['input'])}" for n in self.gm.graph.nodes
+                               if n.op == "placeholder" and getattr(n.meta.get("input"), "shape", None) is not None)
+            raise CompileError(
+                f"the model fails on example inputs shaped as the call's ({self.why}), in {_layer(node, self.gm)}: "
+                f"check that the inputs have the widths the model was built for (given: {inputs or 'no tensors'}; "
+                "a layer's in_channels is the width of its input's last dim)"
+            )
         if s is None:
             raise self.refuse(
                 node, f"cannot tell which axis {what} is without the shape of its input"
