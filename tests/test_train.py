@@ -388,6 +388,18 @@ def test_cli_under_torchrun(parts, tmp_path):
     assert load_checkpoint(out / "checkpoint.pt")["epoch"] == 4
 
 
+def test_a_resumed_stale_run_says_it_continues_close_to_not_on_the_curve(parts, tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    run = [sys.executable, "-m", "sarcompile.train", *_args(parts[1], tmp_path, "--epochs", 2, "--staleness", 2)]
+    for extra in (["--stop-after", "1"], ["--resume"]):
+        done = subprocess.run(run + extra, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+                              check=False)
+        assert done.returncode == 0, done.stderr
+    first = done.stdout.splitlines()[0]
+    assert "staleness=2; resuming from epoch 1 (the stale caches and error-feedback residuals are not " \
+           "checkpointed" in first, first
+
+
 def test_cli_names_a_missing_node_tensor(tmp_path):
     parts = _partition(_sbm(200, 2, 3, 0.8, 4, 0), [1], tmp_path, drop=("val_mask",))
     env = {**os.environ, "OMP_NUM_THREADS": "1"}

@@ -221,6 +221,9 @@ def _train(cfg: TrainConfig, rank: int, world_size: int, manifest, target: str |
     if show:
         _prepare_log(log_path, start)
         where = f"resuming from epoch {start}" if start else "starting"
+        if start and _comm_summary(cfg):  # (the summary is empty for the exact exchange)
+            where += (" (the stale caches and error-feedback residuals are not checkpointed: the links start "
+                      "afresh, so the curve continues close to an uninterrupted run's, not exactly)")
         print(
             f"{world_size} worker{'s' if world_size > 1 else ''}, {num_train} training nodes"
             f"{f' of {target!r}' if target else ''}, "
