@@ -400,6 +400,26 @@ def test_a_resumed_stale_run_says_it_continues_close_to_not_on_the_curve(parts, 
            "checkpointed" in first, first
 
 
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="mounts a small tmpfs: needs root")
+def test_a_full_disk_under_the_log_names_the_file_and_what_is_kept(parts, tmp_path):
+    small = tmp_path / "small"
+    small.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=12k", "tmpfs", str(small)], check=False).returncode:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        done = subprocess.run([sys.executable, "-m", "sarcompile.train",
+                               *_args(parts[1], tmp_path / "run", "--epochs", 200, "--checkpoint-every", 1,
+                                      "--log-file", small / "log.jsonl")],
+                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=180, check=False)
+    finally:
+        subprocess.run(["umount", str(small)], check=False)
+    assert done.returncode == 1, done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert f"cannot write the log '{small / 'log.jsonl'}' (No space left on device); the checkpoint of epoch " in last
+    assert "pass --log-file on another one, and --resume" in last and "Traceback" not in done.stderr, done.stderr
+
+
 def test_cli_names_a_missing_node_tensor(tmp_path):
     parts = _partition(_sbm(200, 2, 3, 0.8, 4, 0), [1], tmp_path, drop=("val_mask",))
     env = {**os.environ, "OMP_NUM_THREADS": "1"}

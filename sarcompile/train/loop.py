@@ -236,7 +236,8 @@ def _train(cfg: TrainConfig, rank: int, world_size: int, manifest, target: str |
     estimate = model.plan(cfg.parts, optimizer=opt).memory_estimate()[rank].peak_bytes
     probe = MemoryProbe()
     with contextlib.ExitStack() as stack:
-        log = stack.enter_context(open(log_path, "a")) if show else None
+        # Unbuffered: a write that fails (a full disk) leaves nothing for close() to retry.
+        log = stack.enter_context(open(log_path, "ab", buffering=0)) if show else None
         bar = stack.enter_context(
             tqdm(total=cfg.epochs, initial=min(start, cfg.epochs), unit="epoch", file=sys.stderr,
                  disable=not (show and cfg.progress), dynamic_ncols=True)
@@ -266,8 +267,16 @@ def _train(cfg: TrainConfig, rank: int, world_size: int, manifest, target: str |
                            for i, k in enumerate(TIME_LEDGER)}
             records.append(rec)
             if log is not None:
-                log.write(json.dumps(rec) + "\n")
-                log.flush()
+                try:
+                    line = (json.dumps(rec) + "\n").encode()
+                    while line:  # (a raw write may take part of it)
+                        line = line[log.write(line):]
+                except OSError as e:  # a full disk: say which file, and what is kept (a cut line is dropped on resume)
+                    kept = f"the checkpoint of epoch {saved} is kept" if saved is not None else "no checkpoint yet"
+                    raise TrainingError(
+                        f"epoch {epoch}: cannot write the log '{log_path}' ({e.strerror or e}); {kept}. Free space "
+                        "on its disk, or pass --log-file on another one, and --resume"
+                    ) from None
                 bar.write(_epoch_line(rec), file=sys.stdout)
                 sys.stdout.flush()
                 bar.set_postfix(loss=f"{rec['loss']:.4f}", val=_fmt(rec["val_acc"]), refresh=False)
