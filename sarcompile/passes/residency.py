@@ -1080,7 +1080,10 @@ def _fine_as_constants(gm: fx.GraphModule, placeholders: list[fx.Node], device: 
         if not (spec.residency.per_row and Residency.CONST in spec.alternatives):
             continue
         choice = [*chosen[:i], replace(spec, residency=Residency.CONST, alternatives=()), *chosen[i + 1:]]
-        rec, failed = _run_probe(gm, [example(s, PROBES[0], device) for s in choice], gm)
+        try:
+            rec, failed = _run_probe(gm, [example(s, PROBES[0], device) for s in choice], gm)
+        except CompileError:  # a front-end's check refuses the call so read
+            continue
         if failed:
             continue
         for node, s in zip(placeholders, choice):
