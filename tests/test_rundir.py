@@ -140,3 +140,16 @@ def test_lock_refusal_is_fast(tmp_path):
         with pytest.raises(RunDirError):
             lock_dir(tmp_path, "training run")
         assert time.monotonic() - start < 1.0
+
+
+def test_a_file_where_a_directory_belongs_is_named_as_such(tmp_path):
+    from sarcompile.data.partitioning import read_manifest
+    from sarcompile.errors import PartitionError
+
+    f = tmp_path / "afile"
+    f.write_text("not a directory")
+    with pytest.raises(RunDirError, match=f"'{f}' is a file, not a directory: choose a directory for the partition"):
+        lock_dir(f, "partition run")
+    with pytest.raises(PartitionError, match=f"'{f}' is a file, not a partition directory"):
+        read_manifest(f)
+    assert f.read_text() == "not a directory"

@@ -9,6 +9,7 @@ import importlib.util
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -339,6 +340,11 @@ def test_communication_options_refuse_bad_values(capsys):
         parse_args(["--parts", "p", "--staleness", "2", "--bounded-staleness", "2"]).validate()
     with pytest.raises(ValueError, match=r"--blocks-in-flight must be >= 0 \(0: no overlap\), got -1"):
         parse_args(["--parts", "p", "--blocks-in-flight", "-1"]).validate()
+    for flag, value, said in (("--stop-after", "0", "--stop-after must be an epoch >= 1, got 0"),
+                              ("--lr", "-1", "--lr must be >= 0, got -1.0"),
+                              ("--weight-decay", "nan", "--weight-decay must be >= 0, got nan")):
+        with pytest.raises(ValueError, match=re.escape(said)):
+            parse_args(["--parts", "p", flag, value]).validate()
     # On the command line: exit status 1 and one line naming the flag, before any work.
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run([sys.executable, "-m", "sarcompile.train", "--parts", "nowhere", "--staleness", "0"],

@@ -551,6 +551,9 @@ def _sha256(path: Path) -> str:
 def read_manifest(out_dir: str | os.PathLike) -> Manifest:
     """The manifest of a partition directory, or a :class:`PartitionError` saying what to do."""
     out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise PartitionError(f"'{out}' is a file, not a partition directory: give the directory "
+                             "`sarcompile partition --out` (or sc.partition) wrote")
     if not out.is_dir():
         raise PartitionError(
             f"partition directory '{out}' does not exist: run `sarcompile partition` or sc.partition first"

@@ -76,6 +76,8 @@ def lock_dir(directory: str | os.PathLike, what: str) -> DirLock:
     :class:`RunDirError` at once if another process holds it. ``what`` names the kind of
     writer in the message ("training run", "partition run")."""
     directory = Path(directory)
+    if directory.exists() and not directory.is_dir():
+        raise RunDirError(f"'{directory}' is a file, not a directory: choose a directory for the {what}'s output")
     directory.mkdir(parents=True, exist_ok=True)
     return _lock(directory, directory / LOCK_NAME, what, "directory")
 

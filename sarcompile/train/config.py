@@ -128,6 +128,11 @@ class TrainConfig:
             raise ValueError(f"--blocks-in-flight must be >= 0 (0: no overlap), got {self.blocks_in_flight}")
         if self.epochs < 0 or self.checkpoint_every < 0:
             raise ValueError("--epochs and --checkpoint-every must be >= 0")
+        if self.stop_after is not None and self.stop_after < 1:
+            raise ValueError(f"--stop-after must be an epoch >= 1, got {self.stop_after}")
+        for name in ("lr", "weight_decay"):
+            if not getattr(self, name) >= 0:  # (nan too)
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"--dropout must be in [0, 1), got {self.dropout}")
         if self.model == "gat" and self.layers > 1 and self.hidden % self.heads:
@@ -179,9 +184,11 @@ def _out_dir(cfg: TrainConfig) -> str:
 def _parser() -> argparse.ArgumentParser:
     d = TrainConfig(parts="")
     ap = argparse.ArgumentParser(
-        prog="python -m sarcompile.train", description=__doc__.split("\n\n")[0],
-        epilog="Run under torchrun for N workers (the partition must have N parts); "
-        "see python -m sarcompile.train's module docstring for the log and checkpoint formats.",
+        prog="python -m sarcompile.train",
+        description="Train a GNN full-batch on a partitioned graph (sarcompile partition), in one process or on "
+        "N torchrun workers, with the same loss as on one machine; a JSONL log, checkpoints and --resume.",
+        epilog="Run under torchrun for N workers (the partition must have N parts); docs/training.md has the "
+        "log and checkpoint formats.",
     )
     ap.add_argument("--parts", required=True, help="partition directory (sarcompile partition --out)")
     ap.add_argument("--model", choices=MODELS, default=d.model)

@@ -165,7 +165,8 @@ def _report(records: list[dict[str, Any]], probe: MemoryProbe, rank: int, world_
             flush=True,
         )
     else:
-        print(f"nothing to train: the checkpoint is at epoch {start}, --epochs asks for no more", flush=True)
+        print(f"nothing to train: the checkpoint is at epoch {start}, --epochs asks for no more" if start else
+              "nothing to train: --epochs 0", flush=True)
         return
     for r in range(world_size):
         print(f"worker {r}: peak {mem[r, 0]:.0f} MiB above the imports (plan's estimate {mem[r, 1]:.0f} MiB), "
