@@ -358,7 +358,6 @@ def _estimate(args: argparse.Namespace) -> int:
     from .outofcore import edge_stats, open_edges
     from .data.partitioning import read_manifest
 
-    model = _build_model(args.model, args.args)
     paths = args.edges.split(",")
     if len(paths) != 2 or not all(paths):
         raise GraphError(f"--edges {args.edges}: give two .npy files, SRC.npy,DST.npy")
@@ -379,7 +378,7 @@ def _estimate(args: argparse.Namespace) -> int:
     workers = sorted(set(args.workers) | set(partitions))
     print(f"graph: {stats.num_nodes} nodes, {stats.num_edges} edges ({stats.self_loops} self-loops), "
           f"x of {args.features} float32 features")
-    table = estimate(model, stats, num_parts=workers, modes=args.modes,
+    table = estimate(_build_model(args.model, args.args), stats, num_parts=workers, modes=args.modes,
                      x=torch.zeros(1, args.features), partitions=partitions, optimizer=args.optimizer)
     if args.plot:
         table.plot(args.plot)

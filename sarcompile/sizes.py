@@ -24,7 +24,7 @@ from .errors import CompileError
 from .ir.graph import Graph
 from .hetero import HeteroGraph, HeteroShard, Relation, parse_relation_key, relation_key
 from .hetero_partition import assign_typed, read_typed
-from .data.partitioning import assign, check_part_files, part_self_loops, read_manifest, read_part
+from .data.partitioning import assign, part_self_loops, read_manifest, read_part
 from .data.shard import PartData, ShardGraph, split_graph
 
 __all__ = ["WorkerStats", "TypedWorkerStats", "worker_stats", "shard_stats"]
@@ -90,7 +90,6 @@ def worker_stats(
                if isinstance(source, (ShardGraph, HeteroShard)) else "")
         )
     manifest = read_manifest(Path(source))
-    check_part_files(source, manifest)
     if manifest.typed:
         if all(p.relations is not None for p in manifest.parts):  # every worker plans: read no part file
             return _typed_from_manifest(manifest)

@@ -665,19 +665,6 @@ def read_part(out_dir: str | os.PathLike, manifest: Manifest, rank: int, mmap: b
     return part
 
 
-def check_part_files(out_dir: str | os.PathLike, manifest: Manifest) -> None:
-    """That every part file the manifest lists is there with the size it records (a stat
-    each: what a plan, which reads no part, can check; loading checks the checksums)."""
-    for info in manifest.parts:
-        path = Path(out_dir) / info.file
-        if not path.is_file():
-            raise PartitionError(f"part file '{path}' is missing; re-run partition")
-        size = path.stat().st_size
-        if size != info.bytes:
-            raise PartitionError(f"part file '{path}' has {size} bytes where the manifest records {info.bytes}: "
-                                 "truncated, or from another partitioning; re-run partition")
-
-
 def read_part_file(
     out_dir: str | os.PathLike, manifest: Manifest, rank: int, mmap: bool = False,
 ) -> tuple[Path, dict]:
