@@ -288,20 +288,25 @@ def _load_factory(spec: str) -> Callable[..., Any]:
     return getattr(module, attr)
 
 
-def _build_model(spec: str, text: str) -> Any:
-    """The model ``MODULE:FACTORY`` builds with ``--args`` (a JSON object of keyword arguments)."""
+def _factory_kwargs(text: str) -> dict[str, Any]:
+    """``--args``: the keyword arguments for a model's FACTORY, a JSON object."""
     try:
         kwargs = json.loads(text)
     except json.JSONDecodeError as e:
         raise GraphError(f"--args is not JSON ({e})") from None
     if not isinstance(kwargs, dict):
         raise GraphError(f"--args must be a JSON object of keyword arguments, not {text!r}")
+    return kwargs
+
+
+def _build_model(spec: str, kwargs: dict[str, Any]) -> Any:
+    """The model ``MODULE:FACTORY`` builds with the keyword arguments of ``--args``."""
     factory = _load_factory(spec)
     try:
         inspect.signature(factory).bind(**kwargs)
     except TypeError as e:  # the arguments do not fit the factory's signature
-        raise GraphError(f"{spec} --args {text}: {e}; give its arguments as --args '{{\"name\": value, ...}}'") \
-            from None
+        raise GraphError(f"{spec} --args {json.dumps(kwargs)}: {e}; give its arguments as "
+                         "--args '{\"name\": value, ...}'") from None
     except ValueError:  # no signature to check (a builtin): the call says
         pass
     return factory(**kwargs)
@@ -310,7 +315,7 @@ def _build_model(spec: str, text: str) -> Any:
 def _plan(args: argparse.Namespace) -> int:
     from .compiler import distribute
 
-    model = distribute(_build_model(args.model, args.args), mode=args.mode)
+    model = distribute(_build_model(args.model, _factory_kwargs(args.args)), mode=args.mode)
     plan = model.plan(args.parts, optimizer=args.optimizer)
     stages = [name for name, _ in plan.stages]
     if args.stage and args.stage not in stages:
@@ -329,7 +334,7 @@ def _plan(args: argparse.Namespace) -> int:
 def _explain(args: argparse.Namespace) -> int:
     from .compiler import distribute
 
-    net = _build_model(args.model, args.args)
+    net = _build_model(args.model, _factory_kwargs(args.args))
     # A small graph with every shape a layer meets: self-loops, an isolated node, edges across the two parts.
     n = 16
     src = torch.cat([torch.arange(n - 1), torch.arange(n - 1), torch.tensor([0, 5])])
@@ -358,6 +363,7 @@ def _estimate(args: argparse.Namespace) -> int:
     from .outofcore import edge_stats, open_edges
     from .data.partitioning import read_manifest
 
+    kwargs = _factory_kwargs(args.args)
     paths = args.edges.split(",")
     if len(paths) != 2 or not all(paths):
         raise GraphError(f"--edges {args.edges}: give two .npy files, SRC.npy,DST.npy")
@@ -378,7 +384,7 @@ def _estimate(args: argparse.Namespace) -> int:
     workers = sorted(set(args.workers) | set(partitions))
     print(f"graph: {stats.num_nodes} nodes, {stats.num_edges} edges ({stats.self_loops} self-loops), "
           f"x of {args.features} float32 features")
-    table = estimate(_build_model(args.model, args.args), stats, num_parts=workers, modes=args.modes,
+    table = estimate(_build_model(args.model, kwargs), stats, num_parts=workers, modes=args.modes,
                      x=torch.zeros(1, args.features), partitions=partitions, optimizer=args.optimizer)
     if args.plot:
         table.plot(args.plot)
