@@ -55,7 +55,7 @@ import torch.fx as fx
 from torch import nn
 
 from ..errors import CompileError
-from ..ir.lowering import declare
+from ..ir.lowering import declare, register_function_lowering
 from ..ir.ops import edge_reduce, gather_dst, gather_src, message_passing, sddmm, spmm
 from .dgl import check_in_edges, graph_device, out_degrees
 
@@ -588,3 +588,33 @@ def _describe(func) -> str:
     if hasattr(func, "name"):
         return f"dgl.function.{func.name}"
     return getattr(func, "__name__", type(func).__name__)
+
+
+# -- DGL's graph functions called on the traced graph -----------------------------------------
+_READOUT = ("combines the rows of every node or edge (a graph readout), and each worker holds only its own: "
+            "not supported; leave it out of a node-level model, or sum each worker's rows and add them with "
+            "sc.global_sum")
+_TRANSFORM = ("builds another graph while the model runs, which a partitioned graph cannot be: transform the "
+              "graph once, before Graph.from_dgl and sc.partition")
+
+
+def _refused_on_the_traced_graph(original: Callable, why: str) -> Callable:
+    """``original``, refused with ``why`` where it is given the traced graph (inside forward)."""
+
+    def call(*args, **kwargs):
+        if any(isinstance(a, GraphProxy) for a in (*args, *kwargs.values())):
+            raise refusal(f"dgl.{original.__name__}(g) in forward {why}")
+        return original(*args, **kwargs)
+
+    return call
+
+
+for _name, _why in [*((n, _READOUT) for n in ("readout_nodes", "readout_edges", "sum_nodes", "sum_edges",
+                                               "mean_nodes", "mean_edges", "max_nodes", "max_edges",
+                                               "softmax_nodes", "softmax_edges", "topk_nodes", "topk_edges")),
+                    *((n, _TRANSFORM) for n in ("reverse", "add_reverse_edges", "to_bidirected", "remove_self_loop",
+                                                "to_simple", "add_edges", "remove_edges", "add_nodes", "remove_nodes",
+                                                "node_subgraph", "edge_subgraph", "khop_graph", "line_graph"))]:
+    if hasattr(dgl, _name):  # (every one in DGL 2.x)
+        _original = getattr(dgl, _name)
+        register_function_lowering(_original, _refused_on_the_traced_graph(_original, _why), homes=("dgl",))

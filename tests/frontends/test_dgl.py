@@ -329,6 +329,11 @@ class _Traced(nn.Module):
         return self.body(g, x)
 
 
+def _with(g, field: str, value: torch.Tensor):
+    g.ndata[field] = value
+    return g
+
+
 def test_what_the_traced_graph_cannot_express_is_refused_clearly():
     g = sc.Graph.from_edges(torch.tensor([0, 1, 2]), torch.tensor([1, 2, 0]), 3)
     x = torch.randn(3, 2, dtype=torch.float64)
@@ -337,6 +342,10 @@ def test_what_the_traced_graph_cannot_express_is_refused_clearly():
         (lambda g, x: dgl.nn.functional.edge_softmax(g, torch.ones(g.num_edges(), 1), norm_by="src").sum(-1).sum() * x,
          "norm_by='src'"),
         (lambda g, x: nn.Linear(2, 2).double()(x), "make it in __init__"),
+        (lambda g, x: dgl.reverse(g).in_degrees().to(x).unsqueeze(-1) * x,
+         r"dgl.reverse\(g\) in forward builds another graph .* before Graph.from_dgl and sc.partition"),
+        (lambda g, x: x + dgl.mean_nodes(_with(g, "h", x), "h"),
+         r"dgl.mean_nodes\(g\) in forward combines the rows of every node .* sc.global_sum"),
     ]
     for body, message in cases:
         with pytest.raises(sc.CompileError, match=message):
