@@ -54,13 +54,14 @@ def _plain(value: Any) -> bool:
 
 
 def _snapshot(model: nn.Module) -> dict[tuple[nn.Module, str], Any]:
-    """Each module's parameters and buffers (the objects) and public plain attributes."""
+    """Each module's parameters, buffers and public tensor attributes (the objects) and public
+    plain attributes (their values)."""
     state: dict[tuple[nn.Module, str], Any] = {}
     for m in model.modules():
         for name, t in [*m._parameters.items(), *m._buffers.items()]:
             state[(m, name)] = t
         for name, v in vars(m).items():
-            if not name.startswith("_") and name != "training" and _plain(v):
+            if not name.startswith("_") and name != "training" and (_plain(v) or isinstance(v, torch.Tensor)):
                 state[(m, name)] = v
     return state
 
@@ -85,6 +86,15 @@ def _put_back(before: dict[tuple[nn.Module, str], Any]) -> None:
             setattr(module, name, value)
 
 
+def _real_tensors(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """The buffers and plain tensor attributes of ``model``'s modules, by path: what fx hands
+    the traced code as the tensors themselves."""
+    for path, m in model.named_modules(remove_duplicate=False):
+        for name, t in [*m._buffers.items(), *((k, v) for k, v in vars(m).items() if isinstance(v, torch.Tensor))]:
+            if t is not None:
+                yield (f"{path}.{name}" if path else name), t
+
+
 class _InPlaceGuard(TorchFunctionMode):
     """Refuses an in-place update of one of ``model``'s parameters or buffers (or a view of
     one) made by the code being traced: fx reads buffers as plain tensors, so such an update
@@ -96,7 +106,7 @@ class _InPlaceGuard(TorchFunctionMode):
     def __init__(self, model: nn.Module, what: str, computing: Callable[[], bool]):
         super().__init__()
         self.names = {id(t): name for name, t in [*model.named_parameters(remove_duplicate=False),
-                                                  *model.named_buffers(remove_duplicate=False)]}
+                                                  *_real_tensors(model)]}
         self.what, self.computing = what, computing
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
@@ -136,7 +146,11 @@ def state_kept(model: nn.Module, what: str, computing: Callable[[], bool], first
     leave them changed (fx computes with a buffer it reads as a plain tensor): they are put
     back as they were before the first trace."""
     watch = StateWatch(_snapshot(model))
-    with _InPlaceGuard(model, what, computing):
+    # fx traces parameters as nodes (refuse_state_updates sees their updates) but hands user
+    # code buffers and tensor attributes themselves: only a model with those needs the guard,
+    # and its cost (a Python call per torch function while tracing).
+    guarded = any(True for _ in _real_tensors(model))
+    with _InPlaceGuard(model, what, computing) if guarded else contextlib.nullcontext():
         yield watch
     changes = _changes(model, watch.before)
     if not changes:
