@@ -96,9 +96,9 @@ def _real_tensors(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
 
 
 class _InPlaceGuard(TorchFunctionMode):
-    """Refuses an in-place update of one of ``model``'s parameters or buffers (or a view of
-    one) made by the code being traced: fx reads buffers as plain tensors, so such an update
-    runs once, on the real buffer, and the program never sees it. Updates sarcompile makes
+    """Refuses an in-place update of one of ``model``'s buffers or tensor attributes (or a
+    view of one) made by the code being traced: fx hands them over as the tensors
+    themselves, so such an update runs once, on the real tensor, and the program never sees it. Updates sarcompile makes
     itself (putting buffers back after the trace) or while the tracer computes example
     values (``computing()``: a leaf layer's running statistics) are the tracer's own, undone
     after the trace."""
