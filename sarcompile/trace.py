@@ -552,6 +552,12 @@ def trace(
         except SarcompileError:
             raise
         except Exception as e:  # TraceError, or e.g. torch.ones(1, proxy) on older torch: say where and why
+            if isinstance(e, TypeError) and "does not support item assignment" in str(e):
+                raise CompileError(
+                    f"cannot trace {name}{_where(tracer, e)}: an assignment into part of a traced tensor "
+                    "(`h[:, 0] = v`), which torch.fx cannot record; compute the new tensor instead, e.g. with "
+                    "torch.where(mask, v, h), torch.cat of its pieces along the feature dim, or h * keep"
+                ) from None
             if isinstance(e, TypeError) and "Proxy'" in str(e):  # the model's Python asked a traced value for a number
                 raise CompileError(
                     f"cannot trace {name}{_where(tracer, e)}: a traced tensor (or its shape) was used as a Python "

@@ -84,6 +84,18 @@ def test_a_branch_on_the_row_count_or_a_value_is_refused(body):
         compiled(Fn(body), G, X)
 
 
+def _zero_first_column(g, x):
+    h = x * 2
+    h[:, 0] = 0
+    return h
+
+
+def test_an_assignment_into_part_of_a_traced_tensor_is_refused_with_the_way_around():
+    with pytest.raises(CompileError, match=r"test_trace.py:\d+: `h\[:, 0\] = 0`: an assignment into part of a "
+                                           r"traced tensor .* torch.where\(mask, v, h\)"):
+        compiled(Fn(_zero_first_column), G, X)
+
+
 def test_without_examples_shapes_stay_symbolic():
     with pytest.raises(CompileError, match="control flow"):
         trace(Fn(lambda g, x: x if x.size(-1) > 3 else -x))
