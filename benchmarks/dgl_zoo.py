@@ -57,7 +57,7 @@ import zoo_sweep
 from torch import nn
 from zoo_pool import Pool, in_server
 from zoo_sweep import (  # noqa: F401  (the outcomes: tests read them)
-    CRASH, DT, EXACT, NA, REFUSED, WORLD_SIZES, WRONG, Record, diff,
+    CRASH, DT, EXACT, NA, REFUSED, WORLD_SIZES, WRONG, Record,
 )
 
 N_NODES = 320

@@ -23,7 +23,7 @@ import contextlib
 import operator
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.fx as fx
@@ -33,7 +33,7 @@ from torch.overrides import TorchFunctionMode
 from .errors import CompileError
 from .source_lines import called_by_sarcompile, calling_line, source_line
 
-__all__ = ["StateWatch", "refuse_state_updates", "state_kept"]
+__all__ = ["refuse_state_updates", "settled_trace"]
 
 _PLAIN = (bool, int, float, complex, str, bytes, type(None))
 # Ops that return a view of their first argument: an in-place update through one changes it.
@@ -42,8 +42,8 @@ _VIEWS = {"view", "view_as", "reshape", "reshape_as", "t", "transpose", "permute
 _IN_PLACE_OPERATORS = {operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.ifloordiv,
                        operator.imod, operator.ipow, operator.imatmul, operator.iand, operator.ior, operator.ixor,
                        operator.ilshift, operator.irshift, operator.setitem}
-_IN_PLACE_DUNDERS = {"__iadd__", "__isub__", "__imul__", "__itruediv__", "__ifloordiv__", "__imod__", "__ipow__",
-                     "__imatmul__", "__iand__", "__ior__", "__ixor__", "__ilshift__", "__irshift__", "__setitem__"}
+# The same updates as Tensor methods (``Tensor.__iadd__``), as a torch function mode sees them.
+_IN_PLACE_DUNDERS = {f"__{op.__name__}__" for op in _IN_PLACE_OPERATORS}
 _FIX = ("A compiled program is what one trace of forward saw: later calls would compute with the state as "
         "it was then. Update the model's state outside forward (between steps, e.g. after optimizer.step()), "
         "or keep the value in an input of the call")
@@ -105,8 +105,7 @@ class _InPlaceGuard(TorchFunctionMode):
 
     def __init__(self, model: nn.Module, what: str, computing: Callable[[], bool]):
         super().__init__()
-        self.names = {id(t): name for name, t in [*model.named_parameters(remove_duplicate=False),
-                                                  *_real_tensors(model)]}
+        self.names = {id(t): name for name, t in _real_tensors(model)}
         self.what, self.computing = what, computing
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
@@ -168,6 +167,23 @@ def state_kept(model: nn.Module, what: str, computing: Callable[[], bool], first
         said.append(where if isinstance(value, torch.Tensor) else f"{where} ({' -> '.join(map(repr, steps))})")
     _put_back(original)
     raise CompileError(f"{what}'s forward assigns {', '.join(said)}: it changes the model's state. {_FIX}.")
+
+
+R = TypeVar("R")
+
+
+def settled_trace(model: nn.Module, what: str, new_tracer: Callable[[], Any], run: Callable[[Any], R]) -> R:
+    """``run(new_tracer())`` with ``model``'s state kept (:func:`state_kept`; the tracer's
+    ``_computing`` says when it computes example values), once more with a fresh tracer
+    where the trace set plain attributes: forward may set them alike on every call, and a
+    second change is refused."""
+    first = None
+    while True:
+        tracer = new_tracer()
+        with state_kept(model, what, lambda: tracer._computing, first) as first:
+            result = run(tracer)
+        if first.settled:
+            return result
 
 
 def _base_attribute(node: Any) -> fx.Node | None:

@@ -30,8 +30,8 @@ from .errors import CompileError, SarcompileError
 from .ir.lowering import function_homes, function_lowerings, lowering_for
 from .hetero import TracedHetero
 from .leaves import ArgLayout, rebuilt_arguments
-from .model_state import StateWatch, refuse_state_updates, state_kept
-from .source_lines import source_line, user_frame
+from .model_state import refuse_state_updates, settled_trace
+from .source_lines import user_frame
 from .nn import NodeDropout, RandomStream
 from .ir.probe import PROBES, ROW_COUNTS, Input, example
 from .runtime.comm import offline
@@ -539,15 +539,9 @@ def trace(
         examples = examples_for(names, inputs, device)
     name = type(model).__name__
 
-    def attempt(first: StateWatch | None) -> fx.GraphModule | StateWatch:
-        """The traced model, or the watch of a trace that set plain attributes (trace again)."""
-        tracer = ShapeTracer(examples, graph_input, layouts, tables, device)
+    def once(tracer: ShapeTracer) -> fx.GraphModule:
         try:
-            with state_kept(model, name, lambda: tracer._computing, first) as watch:
-                graph = tracer.trace(root, concrete_args=constants or None)
-            if not watch.settled:
-                return watch
-            refuse_state_updates(graph, name)
+            graph = tracer.trace(root, concrete_args=constants or None)  # (it sets tracer.root)
             return module_class(tracer.root, graph, name)
         except SarcompileError:
             raise
@@ -575,8 +569,9 @@ def trace(
             for helper in tracer.helpers:
                 delattr(tracer.root, helper)
 
-    gm = attempt(None)
-    return attempt(gm) if isinstance(gm, StateWatch) else gm
+    gm = settled_trace(model, name, lambda: ShapeTracer(examples, graph_input, layouts, tables, device), once)
+    refuse_state_updates(gm.graph, name)
+    return gm
 
 
 def _where(tracer: fx.Tracer, error: BaseException) -> str:

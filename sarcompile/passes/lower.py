@@ -23,8 +23,7 @@ from torch import nn
 from ..errors import CompileError, SarcompileError
 from ..leaves import ArgLayout, layout_of, leaves_of_call
 from ..ir.lowering import lowering_for
-from ..model_state import refuse_state_updates, state_kept
-from ..source_lines import source_line
+from ..model_state import refuse_state_updates, settled_trace
 from ..trace import UNKNOWN, ShapeTracer, user_line
 
 __all__ = ["lower"]
@@ -71,13 +70,8 @@ def _inline(gm: fx.GraphModule, node: fx.Node, module: nn.Module, lowered: nn.Mo
         params = leaves_of_call(layouts, bound.arguments)
     what = f"layer {node.target!r} ({type(module).__name__})"
     try:
-        first = None
-        while True:  # twice where the trace set plain attributes (see sarcompile.model_state)
-            tracer = ShapeTracer(_examples(params), layouts=layouts)
-            with state_kept(lowered, what, lambda: tracer._computing, first) as first:
-                body = tracer.trace(lowered, concrete_args=constants or None)
-            if first.settled:
-                break
+        body = settled_trace(lowered, what, lambda: ShapeTracer(_examples(params), layouts=layouts),
+                             lambda tracer: tracer.trace(lowered, concrete_args=constants or None))
         refuse_state_updates(body, what)
     except SarcompileError:
         raise

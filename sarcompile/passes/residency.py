@@ -68,11 +68,9 @@ from __future__ import annotations
 import builtins
 import inspect
 import itertools
-import linecache
 import operator
 import re
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
 import torch
