@@ -67,19 +67,19 @@ def stall_timeout() -> float:
     raw = os.environ.get("SARCOMPILE_STALL_TIMEOUT")
     if raw is None or not raw.strip():
         return failure.STALL_S
-    return _check_timeout(raw, "SARCOMPILE_STALL_TIMEOUT")
+    return _check_timeout(raw, "SARCOMPILE_STALL_TIMEOUT",
+                          f"how long a peer's heartbeat may stand still; default {failure.STALL_S:.0f}")
 
 
-def _check_timeout(raw, name: str) -> float:
+def _check_timeout(raw, name: str,
+                   meaning: str = f"how long one wait for a peer worker may take; default {_DEFAULT_TIMEOUT_S:.0f}"
+                   ) -> float:
     try:
         value = float(raw)
     except (TypeError, ValueError):
         value = None
     if value is None or not math.isfinite(value) or value <= 0:
-        what = ("how long a peer's heartbeat may stand still; default "
-                f"{failure.STALL_S:.0f}" if name == "SARCOMPILE_STALL_TIMEOUT" else
-                f"how long one wait for a peer worker may take; default {_DEFAULT_TIMEOUT_S:.0f}")
-        raise ValueError(f"{name} must be a number of seconds > 0 ({what}), got {raw!r}")
+        raise ValueError(f"{name} must be a number of seconds > 0 ({meaning}), got {raw!r}")
     return value
 
 
