@@ -7,6 +7,7 @@ The pipeline, in order (each pass is a plain ``(GraphModule, options) -> GraphMo
     fuse       attention chains -> one fused attention op           (passes/fuse.py)
     residency  node / edge / graph / param per value; refuses what
                would mix rows (not exact on N workers)              (passes/residency.py)
+    dropout    dropout of rows -> masks keyed by node / edge id     (passes/dropout.py)
     partition  ops that read remote rows -> sequential aggregation  (passes/partition.py)
     strategy   direct / remat / stash / oneshot per op              (passes/strategy.py)
     communication  opt-in stale / compressed exchange per op        (passes/communication.py)
@@ -26,7 +27,7 @@ import os
 import re
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.fx as fx
@@ -43,6 +44,7 @@ from .ir.lowering import has_lowering
 from .data.partitioning import read_manifest
 from .passes.context import CompileOptions
 from .passes.communication import communication
+from .passes.dropout import dropout
 from .passes.fuse import fuse
 from .passes.accumulate import accumulate
 from .passes.head_dot import head_dot
@@ -62,6 +64,7 @@ from .data.shard import ShardGraph
 from .tables import find_node_tables, shard_tables, table_input
 from .trace import generated_wraps_dropped, trace
 from .ir.vocab import Residency
+from .nn import RandomStream
 
 __all__ = ["Program", "compile_program", "distribute", "DistributedModule"]
 
@@ -258,15 +261,17 @@ class _PassModule(fx.GraphModule):
 
 
 def compile_program(model: nn.Module, options: CompileOptions, partitioned: bool, call: CallShape = CallShape(),
-                    stages: bool = True) -> Program:
+                    stages: bool = True, stream: Callable[[], nn.Module] | None = None) -> Program:
     """Run the pipeline on ``model`` as called with ``call``; a single machine skips
     ``partition`` and ``strategy``. ``stages``: keep every stage's code
-    (:attr:`Program.stages`), which costs a third of the compile."""
+    (:attr:`Program.stages`), which costs a third of the compile. ``stream``: makes the
+    dropout masks' :class:`~sarcompile.nn.RandomStream` (see :mod:`sarcompile.passes.dropout`)."""
     with generated_wraps_dropped():
-        return _compile(model, options, partitioned, call, stages or "passes" in logs.ON)
+        return _compile(model, options, partitioned, call, stages or "passes" in logs.ON, stream)
 
 
-def _compile(model: nn.Module, options: CompileOptions, partitioned: bool, call: CallShape, keep: bool) -> Program:
+def _compile(model: nn.Module, options: CompileOptions, partitioned: bool, call: CallShape, keep: bool,
+             stream: Callable[[], nn.Module] | None) -> Program:
     load_available()  # lowering rules for the layers of libraries in use (PyG)
     lazy = _lazy_layers(model)
     if lazy:
@@ -291,7 +296,8 @@ def _compile(model: nn.Module, options: CompileOptions, partitioned: bool, call:
     check = functools.partial(residency, distributed=partitioned)
     # node_tables runs only where a typed model holds node tables, so one-type plans read as before
     passes = [("node_tables", node_tables)] if tables else []
-    passes += [("lower", lower), ("fuse", fuse), ("linear_first", linear_first), ("residency", check)]
+    passes += [("lower", lower), ("fuse", fuse), ("linear_first", linear_first), ("residency", check),
+               ("dropout", functools.partial(dropout, stream=stream))]
     if partitioned:
         passes += [("partition", partition), ("strategy", strategy), ("communication", communication)]
     passes += [("kernels", kernels), ("reuse", reuse), ("inplace", inplace), ("linear_groups", linear_groups),
@@ -390,6 +396,7 @@ class DistributedModule(nn.Module):
         module.training = mode
         object.__setattr__(self, "_options", options)
         object.__setattr__(self, "_programs", {})
+        object.__setattr__(self, "_stream", None)  # dropout masks' RandomStream, made when first needed
         self._parameters = module._parameters
         self._buffers = module._buffers
         self._modules = module._modules
@@ -412,6 +419,19 @@ class DistributedModule(nn.Module):
     def options(self) -> CompileOptions:
         return self._options
 
+    def dropout_stream(self) -> RandomStream:
+        """Where the dropout masks of every program of this model draw their salt (see
+        :mod:`sarcompile.passes.dropout`): one :class:`~sarcompile.nn.RandomStream`, kept
+        across recompiles (train and eval programs, replaced parameters), so the sequence of
+        masks goes on. Its seed is ``distribute(..., seed=)``, else ``torch.initial_seed()``
+        when it is made (at the first compile of a model that drops out in training): seed
+        torch alike on every worker, or pass ``seed``. Its ``step`` counts training calls;
+        save and restore ``dropout_stream().state_dict()`` to resume the same masks."""
+        if self._stream is None:
+            seed = self._options.seed if self._options.seed is not None else torch.initial_seed()
+            object.__setattr__(self, "_stream", RandomStream(seed))
+        return self._stream
+
     def program(self, partitioned: bool, call: CallShape | None = None, stages: bool = True) -> Program:
         """The compiled program for the current training flag (compiled on first use), with
         every stage's code unless ``stages`` is false (as a call compiles it).
@@ -425,12 +445,13 @@ class DistributedModule(nn.Module):
         key = (partitioned, self.training, call)
         cached = self._programs.get(key)
         if cached is None or len(cached[0]) != len(state) or any(a is not b for a, b in zip(cached[0], state)):
-            self._programs[key] = (state, compile_program(self._orig, self._options, partitioned, call, stages))
+            self._programs[key] = (state, compile_program(self._orig, self._options, partitioned, call, stages,
+                                                          self.dropout_stream))
         program = self._programs[key][1]
         if stages and not program.stages:
             # Compiled by a call, without its stages: the same pipeline again for them. The
             # module that runs stays (it may hold state, such as a stale exchange's cache).
-            again = compile_program(self._orig, self._options, partitioned, call)
+            again = compile_program(self._orig, self._options, partitioned, call, stream=self.dropout_stream)
             program.stages, program.seconds = again.stages, again.seconds
         return program
 
@@ -470,7 +491,7 @@ class DistributedModule(nn.Module):
             call = _typed_call(self._orig.forward, workers, x) if typed else CallShape.default(self._orig.forward, x=x)
         program = self.program(partitioned=True, call=call)
         # The probe run must not advance dropout counters or other buffers of the model.
-        buffers = {k: v.clone() for k, v in self._orig.named_buffers()}
+        buffers = {id(v): (v, v.clone()) for v in [*self._orig.buffers(), *program.module.buffers()]}
         try:
             return build_plan(
                 type(self._orig).__name__, self._options.mode, program.module, program.stages, workers, x, optimizer,
@@ -478,8 +499,8 @@ class DistributedModule(nn.Module):
             )
         finally:
             with torch.no_grad():
-                for k, v in self._orig.named_buffers():
-                    v.copy_(buffers[k])
+                for v, saved in buffers.values():
+                    v.copy_(saved)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         graph, where = _find_graph(args, kwargs)
@@ -515,6 +536,7 @@ def distribute(
     error_feedback: bool = True,
     compress_layers: list[str] | None = None,
     blocks_in_flight: int = 1,
+    seed: int | None = None,
 ):
     """Compile a model for exact distributed full-batch training.
 
@@ -532,6 +554,11 @@ def distribute(
     and gradient pushes kept in flight (default 1; 0 for the least memory, more for more
     overlap at one block buffer each). The plan counts their buffers.
 
+    ``seed``: the seed of the dropout masks. Dropout of node and edge rows (``F.dropout``,
+    ``nn.Dropout``, the layers' own) draws masks keyed by (seed, step, node or edge id), the
+    same on one machine and on N workers (:mod:`sarcompile.passes.dropout`); by default
+    the seed is ``torch.initial_seed()``, so seed torch alike on every worker.
+
     Example:
 
     >>> model = sc.distribute(sc.nn.SAGEConv(2, 4))
@@ -543,13 +570,13 @@ def distribute(
         mode, executor, staleness, compress, dict(strategies or {}), bounded_staleness, error_feedback,
         # a str stays a str, so that the options refuse it rather than split it into letters
         compress_layers if compress_layers is None or isinstance(compress_layers, str) else tuple(compress_layers),
-        blocks_in_flight,
+        blocks_in_flight, seed,
     )
     if model is None:
         return lambda m: distribute(m, mode=mode, executor=executor, staleness=staleness, compress=compress,
                                     strategies=strategies, bounded_staleness=bounded_staleness,
                                     error_feedback=error_feedback, compress_layers=compress_layers,
-                                    blocks_in_flight=blocks_in_flight)
+                                    blocks_in_flight=blocks_in_flight, seed=seed)
     if isinstance(model, type):
         if not issubclass(model, nn.Module):
             raise CompileError(f"@distribute decorates torch.nn.Module classes, not {model.__name__}")

@@ -12,10 +12,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from .errors import GraphError
-from .ir.ops import batch_norm, edge_dropout, edge_softmax, sddmm, spmm
+from .ir.ops import batch_norm, edge_dropout, edge_softmax, node_dropout, sddmm, spmm
 from .ir.lowering import register_lowering
-from .ir.opdef import EDGE_CHUNK_ELEMENTS
-from .ir.rng import keep, mix32
+from .ir.rng import mix32
 
 __all__ = ["SAGEConv", "GCNConv", "GINConv", "GATConv", "BatchNorm", "NodeDropout", "RandomStream"]
 
@@ -140,23 +139,12 @@ class NodeDropout(nn.Module):
     def forward(self, graph, x: torch.Tensor) -> torch.Tensor:
         if not self.training or self.p == 0.0:
             return x
-        width = x[0].numel() if x.shape[0] else 1
-        salt = self.stream()
         ids = graph.src_global_ids if self.source else graph.global_ids
         if ids.numel() != x.shape[0]:
             end = "source" if self.source else "destination"
             raise GraphError(f"NodeDropout: x has {x.shape[0]} rows but the graph has {ids.numel()} {end} nodes; "
                              "pass the graph (or relation) whose nodes x's rows are, and source=True for its sources")
-        # A bool mask, hashed a bounded slice of rows at a time: the int64 keys and hash
-        # temporaries of all [n, F] entries at once were several times the layer's input.
-        kept = torch.empty((x.shape[0], width), dtype=torch.bool, device=x.device)
-        rows = max(1, EDGE_CHUNK_ELEMENTS // width)
-        for lo in range(0, x.shape[0], rows):
-            keys = ids[lo : lo + rows].unsqueeze(1) * width + torch.arange(width)
-            kept[lo : lo + rows] = keep(keys, salt, self.p)
-        # A product with the bool mask keeps the mask (not a float copy of it) for backward,
-        # and is several times faster than masked_fill on the CPU.
-        return x * kept.reshape(x.shape) / (1.0 - self.p)
+        return node_dropout(graph, x, self.p, self.stream(), self.source)
 
     def extra_repr(self) -> str:
         return f"p={self.p}" + (", source=True" if self.source else "")

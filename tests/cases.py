@@ -72,6 +72,26 @@ class DropModel(nn.Module):
         return self.c2(g, self.drop(g, torch.relu(self.c1(g, x))))
 
 
+class TorchDropModel(nn.Module):
+    """Dropout as models write it: ``F.dropout`` and ``nn.Dropout`` on node rows, ``F.dropout``
+    on edge weights and on a parameter (the compiler gives the rows' masks keyed by id)."""
+
+    def __init__(self, f_in: int = 6, hidden: int = 8):
+        super().__init__()
+        self.c1 = sc.nn.SAGEConv(f_in, hidden, "mean")
+        self.drop = nn.Dropout(0.3)
+        self.att = nn.Linear(f_in, 1)
+        self.c2 = sc.nn.SAGEConv(hidden, 2, "sum")
+        self.scale = nn.Parameter(torch.ones(2))
+
+    def forward(self, g, x):
+        h = F.dropout(x, p=0.4, training=self.training)
+        h = self.drop(torch.relu(self.c1(g, h)))
+        weight = F.dropout(torch.sigmoid(sc.sddmm(g, self.att(x), self.att(x), "add")), 0.5, self.training)
+        h = sc.spmm(g, h, "mean", edge_weight=weight.squeeze(-1)) + h
+        return self.c2(g, h) * F.dropout(self.scale, 0.2, self.training)
+
+
 class GAT2(nn.Module):
     """Two GAT layers with ELU: heads concatenated, then averaged."""
 
@@ -202,6 +222,7 @@ MODELS = {
     "gathers": GatherModel,
     "edge": EdgeModel,
     "drop": DropModel,
+    "torchdrop": TorchDropModel,
     "gat2": GAT2,
     "gat3": GAT3,
     "norm": NormModel,

@@ -489,6 +489,43 @@ def replace_self_loops(graph: Any, looped: Any, edge_attr: Any, fill_value: Any)
     return _carry(graph, looped, edge_attr, loops)
 
 
+def _graph_argument(value: Any) -> EdgeIndex | None:
+    """``value`` as an :class:`EdgeIndex` where it is the traced graph: inside a PyG layer
+    (already one), or the model's own graph argument (a placeholder of the tracer's
+    ``graph_input``, by name or position) in the model's forward; else None."""
+    if isinstance(value, EdgeIndex):
+        return value
+    if not (isinstance(value, torch.fx.Proxy) and value.node.op == "placeholder"):
+        return None
+    where = getattr(value.tracer, "graph_input", None)
+    placeholders = [n for n in value.tracer.graph.nodes if n.op == "placeholder"]
+    if where == value.node.target or where == placeholders.index(value.node):
+        return as_edge_index(value)
+    return None
+
+
+@handles(pyg_utils.dropout_edge)
+def _dropout_edge(original, edge_index, p=0.5, force_undirected=False, training=True):
+    """PyG's edge dropout, ``(edge_index[:, mask], mask)``, with ``mask`` drawn by ``F.dropout``
+    of a weight per edge: the dropout pass keys it by global edge id, so N workers drop the
+    edges one machine drops."""
+    edge_index = _graph_argument(edge_index)
+    if edge_index is None:
+        return original(edge_index, p, force_undirected, training)
+    if force_undirected:
+        raise CompileError(
+            "dropout_edge(force_undirected=True) drops u->v and v->u together, pairing edges that live on different "
+            "workers; drop each direction on its own (force_undirected=False), or build the graph with the "
+            "dropped edges removed"
+        )
+    if not 0.0 <= p < 1.0:
+        raise CompileError(f"dropout_edge(p={p}): use a probability in [0, 1)")
+    if not training or p == 0.0:
+        return edge_index, _ones_per_edge(edge_index, torch.bool)
+    mask = torch.nn.functional.dropout(_ones_per_edge(edge_index, None), p, True) != 0
+    return as_edge_index(edge_subset(edge_index, mask)), mask
+
+
 @handles(pyg_utils.remove_self_loops)
 def _remove_self_loops(original, edge_index, edge_attr=None):
     if not isinstance(edge_index, EdgeIndex):

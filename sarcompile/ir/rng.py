@@ -13,7 +13,7 @@ import torch
 
 from .opdef import EDGE_CHUNK_ELEMENTS
 
-__all__ = ["edge_keep", "keep", "mix32", "uniform"]
+__all__ = ["edge_keep", "keep", "mix32", "node_keep", "site_salt", "uniform"]
 
 _MASK32 = 0xFFFFFFFF
 
@@ -63,3 +63,23 @@ def edge_keep(edge_ids: torch.Tensor, heads: int, p: float, salt: torch.Tensor, 
         keys = edge_ids[lo : lo + step].long().unsqueeze(1) * heads + torch.arange(heads)  # (a shard's may be int32)
         out[lo : lo + step] = keep(keys, salt, p).to(dtype) / (1.0 - p)
     return out
+
+
+def node_keep(ids: torch.Tensor, x: torch.Tensor, p: float, salt: torch.Tensor) -> torch.Tensor:
+    """Whether each entry of ``x`` (a row per node, ``ids`` their global ids) is kept by
+    dropout of probability ``p``, as a bool tensor of ``x``'s shape keyed by (node id,
+    position in the row, salt). Hashed a bounded slice of rows at a time: the int64 keys
+    and hash temporaries of all entries at once were several times ``x`` itself."""
+    width = x[0].numel() if x.shape[0] else 1
+    kept = torch.empty((x.shape[0], width), dtype=torch.bool, device=x.device)
+    rows = max(1, EDGE_CHUNK_ELEMENTS // width)
+    for lo in range(0, x.shape[0], rows):
+        keys = ids[lo : lo + rows].long().unsqueeze(1) * width + torch.arange(width)
+        kept[lo : lo + rows] = keep(keys, salt, p)
+    return kept.reshape(x.shape)
+
+
+def site_salt(salt: torch.Tensor, site: int) -> torch.Tensor:
+    """The salt of the ``site``-th dropout of a program: one step's salt mixed with the site,
+    so that two dropouts of one step draw independent masks."""
+    return salt ^ mix32(torch.tensor(site + 1, dtype=torch.long))

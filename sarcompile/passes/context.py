@@ -37,6 +37,7 @@ class CompileOptions:
     error_feedback: bool = True
     compress_layers: tuple[str, ...] | None = None
     blocks_in_flight: int = 1
+    seed: int | None = None  # of the dropout masks (sarcompile.passes.dropout)
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__  # frozen: normalise once, here
@@ -69,6 +70,8 @@ class CompileOptions:
             raise CompileError(
                 f"blocks_in_flight must be an integer >= 0 (0: no overlap, 1: the default), got {self.blocks_in_flight!r}"
             )
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
+            raise CompileError(f"seed must be None or an integer, got {self.seed!r}")
         halo = Strategy.halo()
         for key, strategy in self.strategies.items():
             if strategy not in halo:

@@ -188,6 +188,9 @@ _ATTENTION = (nn.MultiheadAttention, nn.Transformer, nn.TransformerEncoder, nn.T
 _ATTENTION_FIX = ("Attention over all nodes cannot be split by rows: use attention over the edges (GATConv, "
                   "sc.ops.attention), or leave the global attention out.")
 _DROPOUTS = (nn.Dropout, nn.AlphaDropout, nn.FeatureAlphaDropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d)
+_DROPOUT_FIX = ("Use F.dropout or nn.Dropout on node or edge rows outside message functions (the compiler gives them "
+                "a mask keyed by node or edge id, the same on any number of workers), e.g. on the messages' inputs or "
+                "on the aggregated output.")
 
 
 def _pointwise(name: str) -> bool:
@@ -560,10 +563,10 @@ class _Checker:
         if any(v.res is ROWS for v in ins):
             raise self.refuse(node, f"{kind} is given a row count", "Do not compute with the number of rows.")
         if isinstance(m, _DROPOUTS):
-            if m.training and m.p > 0 and self.distributed:
+            # nn.Dropout gets a mask keyed by row id (the dropout pass); the others draw theirs from torch's RNG
+            if m.training and m.p > 0 and self.distributed and (type(m) is not nn.Dropout or self.inside):
                 raise self.refuse(node, f"{kind}(p={m.p}) in training draws its mask from torch's RNG row by row",
-                                  "Use sc.nn.NodeDropout(p): a mask keyed by node id, the same on any number "
-                                  "of workers.")
+                                  _DROPOUT_FIX)
             return k
         if isinstance(m, _ACTIVATIONS):
             return k
@@ -692,11 +695,11 @@ class _Checker:
         if name == "addmm":
             return self.addmm(node, k)
         if name == "dropout" or name in ("alpha_dropout", "feature_alpha_dropout"):
+            # dropout gets a mask keyed by row id (the dropout pass), but not inside a message function
             p, training = self.arg(node, 1, "p", 0.5), self.arg(node, 2, "training", True)
-            if training and p and self.distributed:
-                raise self.refuse(node, f"dropout(p={p}) in training draws its mask from torch's RNG row by row",
-                                  "Use sc.nn.NodeDropout(p): a mask keyed by node id, the same on any number "
-                                  "of workers.")
+            if training and p and self.distributed and (name != "dropout" or self.inside):
+                raise self.refuse(node, f"{name}(p={p}) in training draws its mask from torch's RNG row by row",
+                                  _DROPOUT_FIX)
             return k
         if name == "layer_norm":
             shape = self.arg(node, 1, "normalized_shape")

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 import torch_geometric.nn as gnn
 from torch import nn
+from torch_geometric.utils import dropout_edge
 
 import sarcompile as sc
 from sarcompile.data.shard import PartData, ShardGraph
@@ -57,6 +58,24 @@ class DropAttention(nn.Module):
 
     def forward(self, x, edge_index):
         return self.gatv2(F.elu(self.gat(x, edge_index)), edge_index)
+
+
+class DropEverywhere(nn.Module):
+    """Dropout as PyG's examples write it: ``F.dropout`` on the input, ``nn.Dropout`` between
+    layers, ``dropout_edge`` on the graph, attention dropout, and a PyG ``MLP``'s own."""
+
+    def __init__(self, f_in: int = 6, f_out: int = 3):
+        super().__init__()
+        self.conv1 = gnn.GCNConv(f_in, 8)
+        self.drop = nn.Dropout(0.3)
+        self.gat = gnn.GATConv(8, 4, heads=2, dropout=0.2)
+        self.mlp = gnn.MLP([8, 8, f_out], dropout=0.4)
+
+    def forward(self, x, edge_index):
+        x = F.dropout(x, p=0.5, training=self.training)
+        kept, _ = dropout_edge(edge_index, p=0.3, training=self.training)
+        h = self.drop(F.relu(self.conv1(x, kept)))
+        return self.mlp(F.elu(self.gat(h, edge_index)))
 
 
 class Weighted(nn.Module):
@@ -129,6 +148,7 @@ class EdgeAttention(nn.Module):
 
 
 MODELS = {"sage_bn_gcn": sage_bn_gcn, "attention_mix": AttentionMix, "drop_attention": DropAttention,
+          "drop_everywhere": DropEverywhere,
           "weighted": Weighted, "edge_features": EdgeFeatures, "edge_attention": EdgeAttention}
 WEIGHTED = {"weighted", "edge_features", "edge_attention"}  # models that take a per-edge tensor
 EDGE_DIMS = {"edge_features": 3, "edge_attention": 3}  # its width, for those that take features rather than weights

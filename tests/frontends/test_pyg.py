@@ -318,6 +318,16 @@ def test_attention_dropout_same_on_any_number_of_workers(pool, case):
     check_distributed(pool, case, oracle="compiled")
 
 
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_dropout_everywhere_trains_on_workers_as_the_compiled_model_on_one_machine(pool, world_size):
+    """F.dropout, nn.Dropout, dropout_edge, attention dropout and an MLP's own dropout."""
+    gen = torch.Generator().manual_seed(world_size)
+    n = 19
+    src, dst = torch.randint(0, n, (70,), generator=gen), torch.randint(0, n, (70,), generator=gen)
+    assignment = torch.randint(0, world_size, (n,), generator=gen)
+    check_distributed(pool, (world_size, "drop_everywhere", "sar", src, dst, n, 11, assignment), oracle="compiled")
+
+
 # --- what is refused, and how ---------------------------------------------------------
 class Two(nn.Module):
     def __init__(self, second: nn.Module):

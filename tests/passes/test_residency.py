@@ -277,10 +277,11 @@ def test_node_and_edge_values_do_not_mix():
     refused(Mixed2(), G, X, torch.rand(40, dtype=DT), match="combines per-node and per-edge")
 
 
-def test_dropout_in_training_on_workers_is_refused_and_on_one_machine_kept():
-    model = Fn(lambda m, g, x: m.mods[0](x), nn.Dropout(0.5)).train()
+def test_dropout_of_rows_is_row_local_and_dropouts_drawing_from_torch_are_refused_on_workers():
+    compiled(Fn(lambda m, g, x: m.mods[0](x), nn.Dropout(0.5)).train(), G, X, partitioned=True)  # keyed masks
+    model = Fn(lambda m, g, x: m.mods[0](x), nn.AlphaDropout(0.5)).train()
     compiled(model, G, X)  # one machine: the same draws as eager
-    with pytest.raises(CompileError, match="NodeDropout"):
+    with pytest.raises(CompileError, match="torch's RNG row by row.*F.dropout or nn.Dropout"):
         compiled(model, G, X, partitioned=True)
     compiled(model.eval(), G, X, partitioned=True)  # eval: the identity
 
