@@ -6,7 +6,7 @@ A zoo script says what its cases are and how one runs: eagerly and compiled on o
 (handed to :func:`reference`), on a pool of workers (its ``case(part, payload)`` for
 ``zoo_pool.Pool`` and the rows it puts back together, handed to :func:`distributed`), and how
 its graphs are partitioned (handed to :func:`sweep`). Each case ends as exactly one of
-``exact``, ``refused``, ``n/a``, ``WRONG`` or ``CRASH`` (see :func:`judge`).
+``exact``, ``refused``, ``n/a``, ``WRONG``, ``CRASH`` or ``HANG`` (see :func:`judge`).
 
 Neither PyG nor DGL is imported here (the DGL zoos run under torch 2.2 in DGL's
 environment).
@@ -42,8 +42,8 @@ TOL = 1e-9
 WORLD_SIZES = (1, 2, 3)
 DETAIL_CHARS = 240  # of a detail in the table (the JSON keeps it whole)
 
-EXACT, REFUSED, NA, WRONG, CRASH = "exact", "refused", "n/a", "WRONG", "CRASH"
-OUTCOMES = (EXACT, REFUSED, NA, WRONG, CRASH)
+EXACT, REFUSED, NA, WRONG, CRASH, HANG = "exact", "refused", "n/a", "WRONG", "CRASH", "HANG"
+OUTCOMES = (EXACT, REFUSED, NA, WRONG, CRASH, HANG)
 
 Compare = Callable[[dict, dict], "tuple[float, float, str]"]
 
@@ -80,9 +80,9 @@ def diff(got: torch.Tensor | None, want: torch.Tensor | None) -> tuple[float, fl
     return m, m / scale
 
 
-def _record_diff(rec: Record, run: str, got: dict, want: dict, compare: Compare) -> float:
+def _record_diff(rec: Record, run: str, got: dict, want: dict, compare: Compare, tol: float = TOL) -> float:
     m, r, what = compare(got, want)
-    if r > TOL:
+    if r > tol:
         rec.errors[run] = f"differs: {what} off by {m:.3g}"
     return m
 
@@ -107,13 +107,14 @@ def _where(tb: str) -> str:
 # --- one case ------------------------------------------------------------------------------
 def reference(case: Any, build: Callable[[str], nn.Module], eager: Callable[[nn.Module], dict],
               compiled: Callable[[nn.Module], dict], library: str,
-              compare: Compare) -> tuple[Record, dict | None, dict | None]:
+              compare: Compare, tol: float = TOL) -> tuple[Record, dict | None, dict | None]:
     """A zoo's ``case`` (its ``name``, ``group``, ``build``, ``na``) on one machine: the eager
     model (``eager(build(name))``) and a copy of it compiled (``compiled(model)``, which
     distributes it). Returns the case's record so far, the eager result and the model state,
     or None for both when the case is decided here: ``n/a`` where the case has no model
     (``na`` says why) or the eager ``library`` fails, ``refused`` / ``CRASH`` where the
-    compiled model raises (the workers are not run then: they would fail the same way)."""
+    compiled model raises (the workers are not run then: they would fail the same way).
+    A relative difference over ``tol`` is a difference."""
     rec = Record(case.name, case.group)
     if case.build is None:
         rec.outcome, rec.detail = NA, case.na or ""
@@ -137,21 +138,21 @@ def reference(case: Any, build: Callable[[str], nn.Module], eager: Callable[[nn.
         if not err["sarcompile"]:
             rec.detail = f"one machine: {rec.detail} (at {_where(err['traceback'])})"
         return rec, None, None
-    rec.diffs["local"] = _record_diff(rec, "local", got, want, compare)
+    rec.diffs["local"] = _record_diff(rec, "local", got, want, compare, tol)
     return rec, want, state
 
 
 def distributed(rec: Record, want: dict, pool: Pool, payload: dict, assemble: Callable[[list[dict]], dict],
-                compare: Compare) -> None:
-    """Runs one case on every worker of ``pool`` and records the run (``"2w"``): a timeout, the
-    root cause where a worker raised, else the worst difference from ``want`` of the rows
-    the workers gave (``assemble(results)``, in the whole graph's order) with each rank's
-    parameter gradients."""
+                compare: Compare, tol: float = TOL) -> None:
+    """Runs one case on every worker of ``pool`` and records the run (``"2w"``): a timeout (a
+    hang), the root cause where a worker raised, else the worst difference from ``want``
+    (relative, over ``tol``) of the rows the workers gave (``assemble(results)``, in the whole
+    graph's order) with each rank's parameter gradients."""
     run = f"{pool.world_size}w"
     try:
         results = pool.run(payload)
     except TimeoutError as e:
-        rec.errors[run], rec.diffs[run] = f"TimeoutError: {e}", None
+        rec.errors[run], rec.diffs[run] = f"hang|TimeoutError: {e}", None
         return
     errors = [r["error"] for r in results if "error" in r]
     if errors:
@@ -167,7 +168,7 @@ def distributed(rec: Record, want: dict, pool: Pool, payload: dict, assemble: Ca
     worst = 0.0
     for r in results:  # every rank holds the all-reduced parameter gradients
         got["grads"] = r["grads"]
-        worst = max(worst, _record_diff(rec, run, got, want, compare))
+        worst = max(worst, _record_diff(rec, run, got, want, compare, tol))
     rec.diffs[run] = worst
 
 
@@ -201,15 +202,17 @@ def _label(run: str) -> str:
 
 
 def judge(rec: Record) -> None:
-    """The outcome from every run: a crash anywhere is a CRASH, else a difference anywhere
-    WRONG, else a refusal anywhere refused, else exact. The detail says what each run did
-    (runs that did the same are listed together)."""
+    """The outcome from every run: a crash anywhere is a CRASH, else a run that timed out a
+    HANG, else a difference anywhere WRONG, else a refusal anywhere refused, else exact. The
+    detail says what each run did (runs that did the same are listed together)."""
     if rec.outcome:
         return
     kinds = {k: v.split("|", 1)[0] if "|" in v else ("differs" if v.startswith("differs") else "crash")
              for k, v in rec.errors.items()}
     if "crash" in kinds.values():
         rec.outcome = CRASH
+    elif "hang" in kinds.values():
+        rec.outcome = HANG
     elif "differs" in kinds.values():
         rec.outcome = WRONG
     elif "refused" in kinds.values():
@@ -222,7 +225,7 @@ def judge(rec: Record) -> None:
     for run in ["local", *(f"{w}w" for w in WORLD_SIZES)]:
         if run in rec.errors:
             v = rec.errors[run]
-            text = v.split("|", 1)[1] if v.startswith(("crash|", "refused|")) else v.removeprefix("differs: ")
+            text = v.split("|", 1)[1] if v.startswith(("crash|", "refused|", "hang|")) else v.removeprefix("differs: ")
             if v.startswith("differs"):
                 text = "WRONG, " + text
         elif run in rec.diffs:
@@ -414,7 +417,7 @@ def table(records: list[Record], meta: dict, header: str, *, column: str, noun: 
         detail = r.detail if len(r.detail) <= DETAIL_CHARS else r.detail[: DETAIL_CHARS - 1] + "…"
         detail = detail.replace("|", "\\|").replace("\n", " ")
         name = r.name if r.group in untagged else f"{r.name} ({r.group})"
-        outcome = f"**{r.outcome}**" if r.outcome in (WRONG, CRASH) else r.outcome
+        outcome = f"**{r.outcome}**" if r.outcome in (WRONG, CRASH, HANG) else r.outcome
         lines.append(f"| `{name}` | {outcome} | {detail} |")
     for name, why in meta.get("skipped", {}).items():
         lines.append(f"| `{name}` | skipped | {why} |")
@@ -479,12 +482,13 @@ def sarcompile_version() -> str:
 def main(argv: list[str] | None, *, doc: str, script: str, results: Path, frontend: str,
          cases: Callable[[], dict], sweep: Callable[..., list[Record]], table: Callable[[list[Record], dict], str],
          summary: Callable[[list[Record], dict], str], describe: Callable[[], dict],
-         skipped: Callable[[], dict[str, str]] | None = None) -> int:
+         skipped: Callable[[], dict[str, str]] | None = None, record: type[Record] = Record) -> int:
     """A zoo's command line (``--only``, ``--table``, ``--summary``, ``--load``, ``--out``,
     ``--world-sizes``, ``--list``; see the zoo's docstring ``doc``). A sweep's results go to
     ``--out``, or to ``results`` for a full sweep, with the table beside them as ``.md``.
     Their ``meta`` holds the run, the versions (``frontend``'s too), what ``describe()`` says
-    of the graph, and ``skipped()``'s classes where the zoo has them."""
+    of the graph, and ``skipped()``'s classes where the zoo has them; saved records load as
+    ``record`` (a subclass of :class:`Record` for a sweep whose records say more)."""
     ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     ap.add_argument("--only", nargs="+", metavar="NAME", help="run these cases only (names as in the table)")
     ap.add_argument("--table", action="store_true", help="print the Markdown table")
@@ -504,7 +508,7 @@ def main(argv: list[str] | None, *, doc: str, script: str, results: Path, fronte
     out = args.out or (None if args.only else results)
     if args.load:
         data = json.loads((args.out or results).read_text())
-        records = [Record(**r) for r in data["records"]]
+        records = [record(**r) for r in data["records"]]
         meta = data["meta"]
     else:
         names = list(cases())
@@ -541,6 +545,6 @@ def main(argv: list[str] | None, *, doc: str, script: str, results: Path, fronte
     else:
         print(", ".join(f"{n} {o}" for o, n in counts(records).items()))
         for r in records:
-            if r.outcome in (WRONG, CRASH):
+            if r.outcome in (WRONG, CRASH, HANG):
                 print(f"{r.outcome}: {r.name}: {r.detail}")
     return 0
