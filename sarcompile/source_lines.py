@@ -1,36 +1,80 @@
 """Where traced code comes from: the line of the user's code a node was traced from, or
-that is calling into torch now, for the messages of a refusal."""
+that is calling into torch now, for the messages of a refusal.
+
+The user's code is any file outside the libraries a model is built on -- torch, PyG (and
+its companions torch_sparse, torch_scatter, ...), DGL, the standard library -- and outside
+sarcompile. A model that is a package of its own, installed in site-packages, is the
+user's code too: only the libraries named here are not. So a refusal of code inside a
+PyG layer or a DGL function names the line of the user's forward that called it."""
 
 from __future__ import annotations
 
+import functools
 import linecache
 import os
+import re
 import sys
+import sysconfig
 from pathlib import Path
 from typing import Any
 
-import torch
 import torch.fx as fx
 
-__all__ = ["called_by_sarcompile", "calling_line", "source_line", "user_frame"]
+__all__ = ["called_by_sarcompile", "calling_line", "source_line", "user_file", "user_frame"]
 
+# Packages a model is built on, whose lines a refusal does not name (as their top-level
+# import names; each is looked up once imported).
+LIBRARIES = ("torch", "functorch", "torch_geometric", "torch_sparse", "torch_scatter", "torch_cluster",
+             "torch_spline_conv", "pyg_lib", "dgl")
 # As the interpreter spells code files (the paths modules were imported from), with the
 # separator: torch_geometric's files are not torch's.
-_TORCH = os.path.dirname(torch.__file__) + os.sep
 _OURS = os.path.dirname(__file__) + os.sep
 _TRACER = os.path.join(os.path.dirname(__file__), "trace.py")  # the tracer's own frames name no line of code
+_STDLIB = tuple({sysconfig.get_paths()[k] + os.sep for k in ("stdlib", "platstdlib")})
+_INSTALLED = re.compile(r"[\\/](site|dist)-packages[\\/]")  # inside the standard library's folder, not of it
+
+
+@functools.lru_cache(maxsize=None)
+def _library_dirs(imported: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(os.path.join(d, "") for name in imported for d in getattr(sys.modules[name], "__path__", ()))
+
+
+_known: tuple[int, tuple[str, ...]] = (-1, ())  # (how many modules were imported, their folders) when last looked
+
+
+def _libraries() -> tuple[str, ...]:
+    """The folders of the :data:`LIBRARIES` imported now (looked up again only where a
+    module was imported since: it is asked for every traced node)."""
+    global _known
+    if _known[0] != len(sys.modules):
+        _known = (len(sys.modules), _library_dirs(tuple(name for name in LIBRARIES if name in sys.modules)))
+    return _known[1]
+
+
+def _is_library(file: str, libraries: tuple[str, ...]) -> bool:
+    if file.startswith(libraries) or file.startswith("<frozen "):
+        return True
+    return file.startswith(_STDLIB) and not _INSTALLED.search(file)
+
+
+def user_file(file: str) -> bool:
+    """Whether the code file ``file`` is the user's (see the module docstring)."""
+    return not file.startswith(_OURS) and not _is_library(file, _libraries())
 
 
 def user_frame(frame: Any) -> tuple[str, int] | None:
-    """``(file, line)`` of the innermost frame from ``frame`` outward that is outside torch
-    and sarcompile (outside torch and the tracer, if there is none), or None."""
+    """``(file, line)`` of the innermost frame from ``frame`` outward that is the user's
+    code (see the module docstring), else of the innermost of sarcompile's outside the
+    tracer (a model of sarcompile's own, such as the trainer's), or None."""
+    libraries = _libraries()
     ours = None
     while frame is not None:
         file = frame.f_code.co_filename
-        if not file.startswith(_TORCH) and file != _TRACER:
-            if not file.startswith(_OURS):
-                return file, frame.f_lineno
-            ours = ours or (file, frame.f_lineno)
+        if file.startswith(_OURS):
+            if file != _TRACER:
+                ours = ours or (file, frame.f_lineno)
+        elif not _is_library(file, libraries):
+            return file, frame.f_lineno
         frame = frame.f_back
     return ours
 

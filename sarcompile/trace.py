@@ -31,7 +31,7 @@ from .ir.lowering import function_homes, function_lowerings, lowering_for
 from .hetero import TracedHetero
 from .leaves import ArgLayout, rebuilt_arguments
 from .model_state import refuse_state_updates, settled_trace
-from .source_lines import user_frame
+from .source_lines import user_file, user_frame
 from .nn import NodeDropout, RandomStream
 from .ir.probe import PROBES, ROW_COUNTS, Input, example
 from .runtime.comm import offline
@@ -587,9 +587,11 @@ def _where(tracer: fx.Tracer, error: BaseException) -> str:
 
 def user_line(error: BaseException) -> str:
     """``, at file.py:12: `code` `` for the innermost frame of ``error``'s traceback that is
-    neither torch's nor sarcompile's (empty if there is none)."""
+    the user's (:func:`~sarcompile.source_lines.user_file`), else neither torch's nor
+    sarcompile's (a PyG layer's, where only library code ran); empty if there is none."""
     ours = (str(Path(__file__).resolve().parent) + os.sep, str(Path(fx.__file__).resolve().parents[1]) + os.sep)
     frames = [f for f in traceback.extract_tb(error.__traceback__) if not f.filename.startswith(ours)]
+    frames = [f for f in frames if user_file(f.filename)] or frames
     if not frames:
         return ""
     f = frames[-1]
