@@ -535,7 +535,7 @@ def _worker_case(part, payload: dict) -> dict:
             args["e"] = {rel: v[edge_ids[rel]] for rel, v in full["e"].items()}
         w = {k: v[ids[k]] if k in ids else v[edge_ids[k]] for k, v in inp.w.items()}
     try:
-        r = run_model(sc.distribute(model), case, shard, args, w)
+        r = run_model(zoo_sweep.distribute(model), case, shard, args, w)
         sc.sync_gradients(model)
         tables = _tables(model)
         r["grads"] = zoo_sweep.param_grads(model, skip=tables)
@@ -590,7 +590,7 @@ def reference(name: str) -> tuple[Record, dict | None, dict | None]:
         hg = hetero_graph()
         homogeneous = case.kind == "homogeneous"
         g = sc.Graph.from_dgl(_models().homogeneous(hg)[0]) if homogeneous else sc.HeteroGraph.from_dgl(hg)
-        return run_model(sc.distribute(model), case, g, eager_args(case), w)
+        return run_model(zoo_sweep.distribute(model), case, g, eager_args(case), w)
 
     return zoo_sweep.reference(case, build, eager, compiled, "DGL", compare)
 

@@ -558,7 +558,7 @@ def _worker_case(part, payload: dict) -> dict:
         ids = part.global_ids
         edge_ids = {(k, rel): g[rel].edge_ids for k, d in edge.items() for rel in d}
     try:
-        r = run_model(sc.distribute(model), case, args, w)
+        r = run_model(zoo_sweep.distribute(model), case, args, w)
         sc.sync_gradients(model)
         r["grads"] = zoo_sweep.param_grads(model)
     except Exception as e:
@@ -597,7 +597,7 @@ def reference(name: str) -> tuple[Record, dict | None, dict | None]:
 
     def compiled(model: nn.Module) -> dict:
         graph = sc.Graph.from_pyg(inputs().typed) if case.typed else sc.HeteroGraph.from_pyg(inputs().data)
-        return run_model(sc.distribute(model), case, (args[0], graph, *args[2:]), _loss_weights(case))
+        return run_model(zoo_sweep.distribute(model), case, (args[0], graph, *args[2:]), _loss_weights(case))
 
     return zoo_sweep.reference(case, build, eager, compiled, "PyG", compare)
 

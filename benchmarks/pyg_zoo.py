@@ -483,7 +483,7 @@ def reference(name: str) -> tuple[Record, dict | None, dict | None]:
         return want
 
     def compiled(model: nn.Module) -> dict:
-        return run_model(sc.distribute(model), inp.x, sc.Graph.from_edges(inp.src, inp.dst, N_NODES), edge, inp.w)
+        return run_model(zoo_sweep.distribute(model), inp.x, sc.Graph.from_edges(inp.src, inp.dst, N_NODES), edge, inp.w)
 
     return zoo_sweep.reference(case, build, eager, compiled, "PyG", compare)
 

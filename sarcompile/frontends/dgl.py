@@ -19,10 +19,10 @@ sarcompile graph (``Graph.from_dgl(g)``, ``HeteroGraph.from_dgl(hg)``, or a work
     model = sc.distribute(MyDGLModel(...))
     out = model(sc.Graph.from_dgl(g), x)        # == MyDGLModel(...)(g, x)
 
-What does not carry over is refused with a :class:`~sarcompile.CompileError` naming the
-layer and the option: DGL's torch-RNG dropouts (``feat_drop``, HGTConv's ``dropout``, while
-training; GAT's ``attn_drop`` is replaced by sarcompile's counter-based edge dropout, the same
-on any number of workers but a different mask than DGL's), ``DGLBlock`` inputs and
+Dropouts (``feat_drop``, HGTConv's ``dropout``, GAT's ``attn_drop``) draw sarcompile's
+counter-based masks, keyed by node or edge id: the same on any number of workers, but other
+masks than DGL's. What does not carry over is refused with a
+:class:`~sarcompile.CompileError` naming the layer and the option: ``DGLBlock`` inputs and
 ``aggregator_type="lstm"``. DGL code that calls ``DGLGraph`` methods itself is traced with a
 graph proxy (:mod:`sarcompile.frontends.dgl_graph`).
 """
@@ -159,19 +159,15 @@ for _fn, _out in ((out_degrees, "src_rows"),
 
 
 # -- stand-ins -------------------------------------------------------------------------------------
-def _refuse_dropout(layer: str, option: str, drop: nn.Dropout, training: bool, fix: str) -> None:
-    """Refuse a DGL layer's own ``nn.Dropout`` while training: its mask comes from torch's RNG,
-    so N workers would drop different entries than one machine."""
-    if training and drop.p > 0:
-        raise CompileError(
-            f"{layer}({option}={drop.p}): DGL's dropout draws from torch's RNG, so N workers would drop "
-            f"different entries than one machine. Build the layer with {option}=0 and {fix} (a mask keyed "
-            "by node id, the same on any number of workers)."
-        )
-
-
-def _refuse_feat_drop(layer: str, m: nn.Module) -> None:
-    _refuse_dropout(layer, "feat_drop", m.feat_drop, m.training, "put sc.nn.NodeDropout(p) before it")
+def dropped_pair(drop: nn.Module, feat: Any, layer: str) -> tuple[Any, Any]:
+    """A layer's ``(source, destination)`` features after its ``feat_drop``, as DGL drops
+    them: each end of a pair on its own, one tensor once for both ends. The dropout pass
+    keys the masks by node id (see :mod:`sarcompile.passes.dropout`)."""
+    src, dst = split_pair(feat, layer)
+    if src is dst:
+        src = dst = drop(src)
+        return src, dst
+    return drop(src), drop(dst)
 
 
 class _Shared(nn.Module):
@@ -199,14 +195,13 @@ class DGLSAGEConv(_Shared):
                 f"dgl.nn.SAGEConv(aggregator_type={aggr!r}) is not supported: its reducer runs an LSTM "
                 "over each node's in-edges in DGL's order. Use 'mean', 'gcn' or 'pool'."
             )
-        _refuse_feat_drop("dgl.nn.SAGEConv", m)
-        super().__init__(m, ("fc_neigh", "fc_self", "fc_pool", "bias", "activation", "norm"))
+        super().__init__(m, ("feat_drop", "fc_neigh", "fc_self", "fc_pool", "bias", "activation", "norm"))
         self.aggr = aggr
         self.lin_before_mp = m._in_src_feats > m._out_feats  # DGL's order of the linear map
 
     # Note: every argument is a symbolic value when this is traced (see check_call).
     def forward(self, graph, feat, edge_weight=None):
-        feat_src, feat_dst = split_pair(feat, "dgl.nn.SAGEConv")
+        feat_src, feat_dst = dropped_pair(self.feat_drop, feat, "dgl.nn.SAGEConv")
         if self.aggr == "pool":
             feat_src = check_call(feat_src, "dgl.nn.SAGEConv(aggregator_type='pool')", edge_weight=edge_weight)
             h_neigh = self.fc_neigh(spmm(graph, F.relu(self.fc_pool(feat_src)), "max"))
@@ -317,9 +312,8 @@ class DGLGATConv(_Shared):
     ``attn_drop`` uses sarcompile's counter-based edge dropout (see the module docstring)."""
 
     def __init__(self, m: GATConv):
-        _refuse_feat_drop("dgl.nn.GATConv", m)
         # fc, or fc_src and fc_dst when built with a pair of input sizes
-        super().__init__(m, ("fc", "fc_src", "fc_dst", "attn_l", "attn_r", "res_fc", "activation"))
+        super().__init__(m, ("feat_drop", "fc", "fc_src", "fc_dst", "attn_l", "attn_r", "res_fc", "activation"))
         self.bias = m.bias if m.has_explicit_bias else None
         self.heads, self.out_feats = m._num_heads, m._out_feats
         self.negative_slope = float(m.leaky_relu.negative_slope)
@@ -336,7 +330,7 @@ class DGLGATConv(_Shared):
         if self.fc is None and not paired:  # DGL fails here too (it has no fc)
             raise CompileError("dgl.nn.GATConv built with a pair of input sizes takes a (source, destination) pair "
                                "of features")
-        feat_src, feat_dst = split_pair(feat, "dgl.nn.GATConv")
+        feat_src, feat_dst = dropped_pair(self.feat_drop, feat, "dgl.nn.GATConv")
         # The compiled attention keeps no per-edge tensor: nothing to return or to reweight.
         feat_src = check_call(feat_src, "dgl.nn.GATConv", edge_weight=edge_weight, get_attention=get_attention)
         if not self.allow_zero_in_degree:
@@ -370,12 +364,10 @@ class DGLHGTConv(nn.Module):
     (DGL's forward picks the skip by comparing two shapes in Python, which a traced row
     count cannot answer; on a whole graph the feature sizes decide it, as here.)
 
-    ``dropout`` while training is refused, as ``feat_drop`` is (see :func:`_refuse_dropout`)."""
+    Its ``dropout`` gets masks keyed by node id, as every dropout of node rows does."""
 
     def __init__(self, m: HGTConv):
         super().__init__()
-        _refuse_dropout("dgl.nn.HGTConv", "dropout", m.drop, m.training,
-                        "put sc.nn.NodeDropout(p) on its input or output instead")
         self.m = m  # its typed linear maps, relation parameters and message function, called through it
 
     def forward(self, graph, x, ntype, etype, *, presorted=False):
@@ -391,7 +383,7 @@ class DGLHGTConv(nn.Module):
                                 dst={"q": gather_dst(graph, q)}, data={"etype": etype})
         out = m.message(edges)
         h = edge_reduce(graph, out["m"] * edge_softmax(graph, out["a"]).unsqueeze(-1), "sum").view(n, heads * size)
-        h = m.linear_a(h, ntype)
+        h = m.drop(m.linear_a(h, ntype))
         alpha = torch.sigmoid(m.skip[ntype]).unsqueeze(-1)
         if m.in_size != heads * size:
             h = h * alpha + torch.matmul(x, m.residual_w) * (1 - alpha)

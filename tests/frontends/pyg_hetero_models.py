@@ -13,6 +13,7 @@ compiled over ``sc.Graph.from_pyg`` of it.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 import torch_geometric.nn as gnn
 from torch_geometric.data import Data, HeteroData
 
@@ -60,6 +61,20 @@ class HeteroSageGat(torch.nn.Module):
 
     def forward(self, x_dict, edge_index_dict):
         h = {k: v.relu() for k, v in self.conv1(x_dict, edge_index_dict).items()}
+        return self.conv2(h, edge_index_dict)
+
+
+class HeteroDrop(HeteroSageGat):
+    """Dropout per node type as a typed model writes it: ``F.dropout`` on every type's input
+    and ``nn.Dropout`` between the layers (the compiler keys each type's masks by its ids)."""
+
+    def __init__(self):
+        super().__init__()
+        self.drop = torch.nn.Dropout(0.3)
+
+    def forward(self, x_dict, edge_index_dict):
+        x_dict = {t: F.dropout(x, p=0.5, training=self.training) for t, x in x_dict.items()}
+        h = {t: self.drop(v.relu()) for t, v in self.conv1(x_dict, edge_index_dict).items()}
         return self.conv2(h, edge_index_dict)
 
 
@@ -167,6 +182,8 @@ def build(name: str, data: HeteroData) -> torch.nn.Module:
     metadata = data.metadata()
     if name == "HeteroConv(SAGE+GAT)":
         model = HeteroSageGat()
+    elif name == "HeteroConv(dropout)":
+        model = HeteroDrop()
     elif name == "HeteroConv(direct)":
         model = HeteroDirect()
     elif name == "to_hetero(GraphSAGE)":
@@ -227,7 +244,7 @@ def step(model, x: dict, graph, weights: dict, ids: dict | None, edge: dict | No
 def run_worker(rank: int, world_size: int, payload: dict) -> dict:
     """One worker: its part of the typed partition, one step of the compiled model."""
     part = sc.load_partition(payload["dir"], rank=rank, world_size=world_size)
-    model = sc.distribute(payload["model"])
+    model = sc.distribute(payload["model"], seed=payload.get("seed"))
     g = part.graph
     edge = {k: {rel: e[g[rel].edge_ids] for rel, e in d.items()} for k, d in payload.get("edge", {}).items()}
     result = step(model, payload["x"], g, payload["weights"], part.global_ids, edge)

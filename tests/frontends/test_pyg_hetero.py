@@ -81,6 +81,34 @@ def test_pyg_hetero_model_equals_pyg_on_one_to_four_workers(pool, tmp_path_facto
             _close(r["param_grads"][k], grad, f"{name}, {world} workers: gradient of {k}")
 
 
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_typed_dropout_trains_on_workers_as_the_compiled_model_on_one_machine(pool, tmp_path_factory, world):
+    """F.dropout on every type's input and nn.Dropout between the layers: masks keyed by each
+    type's own ids, the same on any number of workers."""
+    data = hetero_data(world, {"paper": 9, "author": 7, "field": 3}, 24)
+    model = build("HeteroConv(dropout)", data).train()
+    g = sc.HeteroGraph.from_pyg(data)
+    weights = loss_weights(model(data.x_dict, data.edge_index_dict), world)
+    want = step(sc.distribute(model, seed=5), data.x_dict, g, weights, None)
+    model.eval()
+    assert any(not torch.allclose(v, want["out"][t]) for t, v in step(sc.distribute(model, seed=5), data.x_dict, g,
+                                                                        weights, None)["out"].items())
+    model.train()
+    out_dir = tmp_path_factory.mktemp("pyg_hetero_dropout")
+    sc.partition(g, world, out_dir, method="random", seed=world)
+    payload = {"dir": str(out_dir), "model": model, "x": data.x_dict, "weights": weights, "seed": 5}
+    results = pool(world).run(run_worker, [payload] * world)
+    for key in ("out", "x_grad"):
+        for t, full in want[key].items():
+            got = torch.full_like(full, float("nan"))
+            for r in results:
+                got[r["ids"][t]] = r[key][t]
+            _close(got, full, f"{world} workers: {key} of {t}")
+    for r in results:
+        for k, grad in want["param_grads"].items():
+            _close(r["param_grads"][k], grad, f"{world} workers: gradient of {k}")
+
+
 @pytest.mark.parametrize("name", list(TYPED_MODELS))
 @given(**CASE)
 @SETTINGS
