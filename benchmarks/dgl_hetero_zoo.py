@@ -352,6 +352,8 @@ def _cases() -> list[Case]:
              kind="homogeneous"),
         Case("RGCN (DGL's ogbn-mag example)", "layer",
              lambda: m.RGCN(hg.ntypes, hg.etypes, NODES, f, 5, hidden=8, dropout=0.0)),
+        Case("RGCN (DGL's ogbn-mag example, dropout=0.5)", "layer",
+             lambda: m.RGCN(hg.ntypes, hg.etypes, NODES, f, 5, hidden=8, dropout=0.5)),
         Case("WeightBasis (RGCN with bases)", "layer", lambda: BasisRGCN()),
         Case("CuGraphRelGraphConv", "layer", lambda: Homogeneous(c.CuGraphRelGraphConv(f, 5, num_rels), "etype"),
              kind="homogeneous"),

@@ -318,8 +318,27 @@ def _cases() -> list[Case]:
              edge="attr"),
         Case("RelGraphConv(bdd)", "variant", lambda: WithEdge(c.RelGraphConv(f, f, NUM_RELATIONS, regularizer="bdd",
                                                                           num_bases=2)), edge="type"),
+        # dropout in training: compared with the compiled model on one machine (its masks, keyed by id)
+        Case("SAGEConv(feat_drop)", "variant", lambda: Plain(c.SAGEConv(f, f, "mean", feat_drop=0.3))),
+        Case("GATConv(feat_drop, attn_drop)", "variant",
+             lambda: Plain(c.GATConv(f, f, num_heads=2, feat_drop=0.3, attn_drop=0.3, **z))),
+        Case("GATv2Conv(feat_drop, attn_drop)", "variant",
+             lambda: Plain(c.GATv2Conv(f, f, num_heads=2, feat_drop=0.3, attn_drop=0.3, **z))),
+        Case("APPNPConv(edge_drop)", "variant", lambda: Plain(c.APPNPConv(k=3, alpha=0.1, edge_drop=0.3))),
+        Case("GINConv -> nn.Dropout", "variant", lambda: Dropped(c.GINConv(mlp(f, f), "sum"))),
     ]
     return conv + variant
+
+
+class Dropped(nn.Module):
+    """A layer whose output goes through ``nn.Dropout``, as DGL's examples put it between layers."""
+
+    def __init__(self, layer: nn.Module):
+        super().__init__()
+        self.layer, self.drop = layer, nn.Dropout(0.4)
+
+    def forward(self, g, feat):
+        return self.drop(self.layer(g, feat))
 
 
 class SelfLoops(nn.Module):

@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -190,6 +191,14 @@ class SAGE(nn.Module):
 
     def forward(self, x, edge_index):
         return self.conv2(self.conv1(x, edge_index).relu(), edge_index)
+
+
+class DropSAGE(SAGE):
+    """:class:`SAGE` with dropout on its input and between its layers, as PyG's examples write it."""
+
+    def forward(self, x, edge_index):
+        x = F.dropout(x, p=0.3, training=self.training)
+        return self.conv2(F.dropout(self.conv1(x, edge_index).relu(), p=0.5, training=self.training), edge_index)
 
 
 class GAT(nn.Module):
@@ -408,6 +417,8 @@ def _cases() -> list[Case]:
         Case("HANConv", "layer", lambda: g.HANConv(dict(WIDTHS), H, md(), heads=2)),
         Case("HANConv(in_channels=-1, negative_slope, eval with dropout)", "layer",
              lambda: g.HANConv(-1, 6, md(), heads=3, negative_slope=0.1, dropout=0.3), eval=True),
+        Case("HANConv(dropout)", "layer", lambda: g.HANConv(dict(WIDTHS), H, md(), heads=2, dropout=0.3)),
+        Case("to_hetero(GraphSAGE with dropout)", "to_hetero", lambda: g.to_hetero(DropSAGE(), md(), aggr="sum")),
         Case("HAN (HANConv, Linear)", "layer", HAN),
         Case("HeteroDictLinear", "layer", DictLinear),
         Case("Linear(-1) per type", "layer", LazyLinears),

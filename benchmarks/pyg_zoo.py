@@ -363,6 +363,12 @@ def _cases() -> list[Case]:
         Case("GPSConv(norm=None)", "variant", lambda: Plain(g.GPSConv(f, g.GINConv(mlp(f, f)), heads=2,
                                                                       norm=None))),
         Case("DirGNNConv(SAGEConv)", "variant", lambda: Plain(g.DirGNNConv(g.SAGEConv(f, f)))),
+        # dropout in training: compared with the compiled model on one machine (its masks, keyed by id)
+        Case("GATConv(dropout)", "variant", lambda: Plain(g.GATConv(f, f, heads=2, dropout=0.3))),
+        Case("GATv2Conv(dropout)", "variant", lambda: Plain(g.GATv2Conv(f, f, heads=2, dropout=0.3))),
+        Case("TransformerConv(dropout)", "variant", lambda: Plain(g.TransformerConv(f, f, heads=2, dropout=0.3))),
+        Case("RGATConv(dropout)", "variant", lambda: WithEdge(g.RGATConv(f, f, num_relations=NUM_RELATIONS,
+                                                                        dropout=0.3)), edge="type"),
     ]
     b = dict(num_layers=2, out_channels=f)
     model = [
@@ -395,6 +401,17 @@ def _cases() -> list[Case]:
                                                                    in_dropout=0.0, dropout=0.0,
                                                                    global_dropout=0.0))),
         Case("LabelPropagation", "model", lambda: Labels(M.LabelPropagation(num_layers=3, alpha=0.9))),
+        # dropout in training: compared with the compiled model on one machine (its masks, keyed by id)
+        Case("GraphSAGE(dropout)", "model", lambda: M.GraphSAGE(f, f, dropout=0.5, **b)),
+        Case("GCN(dropout, jk=cat)", "model", lambda: M.GCN(f, f, dropout=0.5, jk="cat", **b)),
+        Case("GAT(dropout)", "model", lambda: M.GAT(f, f, heads=2, dropout=0.5, **b)),
+        Case("GIN(dropout)", "model", lambda: M.GIN(f, f, dropout=0.5, **b)),
+        Case("PNA(dropout)", "model", lambda: M.PNA(f, f, aggregators=PNA_AGGRS, scalers=PNA_SCALERS, deg=PNA_DEG,
+                                                   dropout=0.3, **b)),
+        Case("EdgeCNN(dropout)", "model", lambda: M.EdgeCNN(f, f, dropout=0.3, **b)),
+        Case("MLP(dropout)", "model", lambda: NoGraph(M.MLP([f, f, f], dropout=0.5))),
+        Case("PMLP(dropout)", "model", lambda: M.PMLP(f, f, f, num_layers=2, dropout=0.5)),
+        Case("LINKX(dropout)", "model", lambda: M.LINKX(N_NODES, f, f, f, num_layers=2, dropout=0.5)),
     ]
     na_models = {
         "JumpingKnowledge": "swept through the models' jk= option (GraphSAGE jk=cat, GCN jk=max / lstm)",
