@@ -24,8 +24,8 @@ from __future__ import annotations
 import functools
 import inspect
 import os
-import re
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -38,8 +38,8 @@ from .errors import CompileError, GraphError
 from .frontends import load_available
 from .ir.graph import Graph
 from .hetero import HeteroGraph, HeteroShard, parse_relation_key
-from .leaves import (TYPED_GRAPHS, ArgLayout, argument_name, call_arguments, layout_of, leaves_of_call, needs_leaves,
-                     takes_varargs)
+from .leaves import (TYPED_GRAPHS, ArgLayout, Constant, argument_name, call_arguments, is_plain, layout_of,
+                     leaves_of_call, needs_leaves, takes_varargs)
 from .ir.lowering import has_lowering
 from .data.partitioning import read_manifest
 from .passes.context import CompileOptions
@@ -89,8 +89,10 @@ class Program:
 class CallShape:
     """What a traced program depends on in how the model is called: where the graph
     argument is (DGL-style code calling ``g.update_all`` needs it traced as a graph), and
-    which optional inputs are None -- traced as constants, so branches such as ``if
-    edge_weight is not None`` are decided when compiling (PyG's ready-made models need it).
+    the plain Python arguments (``constants``: bool, int, float, str, None and tuples of
+    them, given or by default) -- traced as their values, so that ``if training:``,
+    ``self.lins[target]`` and ``if edge_weight is not None`` (PyG's ready-made models) are
+    decided when compiling, and a call with another value compiles a program of its own.
     ``inputs`` says, per argument name, where each input lives and its trailing shape (see
     :class:`~sarcompile.ir.probe.Input`): the residency pass checks the program for
     it. A program is compiled per shape.
@@ -101,44 +103,45 @@ class CallShape:
     other tensors and values are the same on every worker."""
 
     graph_input: int | str | None = None
-    none_inputs: frozenset[str] = frozenset()
+    constants: tuple[tuple[str, Constant], ...] = ()
     inputs: tuple[tuple[str, Input], ...] = ()
-    # A call with dicts or a typed graph: how each argument becomes the program's leaves
-    # (see sarcompile.leaves); ``inputs`` are then per leaf.
+    # A call with dicts, lists, tuples or a typed graph: how each argument becomes the
+    # program's leaves (see sarcompile.leaves); ``inputs`` are then per leaf, and the
+    # constants are layouts of their own.
     layouts: tuple[ArgLayout, ...] = ()
 
     @classmethod
     def of_call(cls, forward, args: tuple, kwargs: dict, graph_input: int | str) -> "CallShape":
         params = inspect.signature(forward).parameters
         bound = call_arguments(forward, args, kwargs)
-        if needs_leaves({k: v for k, (v, _) in bound.items()}) or takes_varargs(bound):
-            return cls._of_leaves(bound, argument_name(forward, graph_input), graph_input)
         given = {k: v for k, (v, _) in bound.items()}
-        optional = [n for n, p in params.items() if p.default is None and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+        if needs_leaves(given) or takes_varargs(bound):
+            return cls._of_leaves(forward, bound, argument_name(forward, graph_input), graph_input)
         graph_name = list(params)[graph_input] if isinstance(graph_input, int) else graph_input
         graph = given.get(graph_name)
-        inputs = []
+        inputs, constants = [], []
         for name, p in params.items():
-            if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) or (name not in given and p.default is p.empty):
                 continue
+            value = given[name] if name in given else p.default
             if name == graph_name:
                 inputs.append((name, Input(Residency.GRAPH)))
-            elif name in given:
-                inputs.append((name, _input_of(name, given[name], graph)))
-            elif p.default is not p.empty and _hashable(p.default):
-                inputs.append((name, Input(Residency.CONST, value=p.default)))
-        return cls(graph_input, frozenset(n for n in optional if given.get(n) is None), tuple(inputs))
+            elif is_plain(value):
+                constants.append((name, Constant(value)))
+                inputs.append((name, Input(Residency.CONST, value=value)))
+            else:
+                inputs.append((name, _input_of(name, value, graph)))
+        return cls(graph_input, tuple(constants), tuple(inputs))
 
     @classmethod
-    def _of_leaves(cls, bound: dict[str, tuple[Any, str]], graph_name: str, graph_input: int | str) -> "CallShape":
+    def _of_leaves(cls, forward, bound: dict[str, tuple[Any, str]], graph_name: str,
+                   graph_input: int | str) -> "CallShape":
         """A call with dicts, a typed graph or values for ``*args`` / ``**kwargs`` (``bound``,
         see :func:`~sarcompile.leaves.call_arguments`): one input per leaf, each named by its
         type or relation when the graph is typed."""
         graph = bound.get(graph_name, (None, ''))[0]
         layouts, inputs = [], []
-        for name, (value, passed) in bound.items():
-            if value is None and passed != "varargs":  # (a None in *args keeps its place)
-                continue
+        for name, (value, passed) in _with_plain_defaults(forward, bound).items():
             layout = layout_of(name, value, passed)
             layouts.append(layout)
             for leaf, key, value in zip(layout.leaf_names(), layout.keys or (None,), layout.leaves(value)):
@@ -150,7 +153,11 @@ class CallShape:
                     inputs.append((leaf, _typed_input(key, value, graph)))
                 else:
                     inputs.append((leaf, _input_of(leaf, value, graph)))
-        return cls(graph_input, frozenset(), tuple(inputs), tuple(layouts))
+        return cls(graph_input, (), tuple(inputs), tuple(layouts))
+
+    def specialised(self) -> dict[str, Constant]:
+        """The plain Python arguments the program is traced with, by name."""
+        return dict(self.constants) | {x.name: x.keys[0] for x in self.layouts if x.kind == "constant"}
 
     def arguments(self, forward, args: tuple, kwargs: dict) -> tuple:
         """The program's inputs for this call: ``args`` / ``kwargs`` themselves, or their leaves."""
@@ -173,7 +180,23 @@ class CallShape:
         features = next((n for n in params if n != graph_name), None)
         if x is not None and features is not None:
             inputs[features] = Input(Residency.NODE, tuple(x.shape), x.dtype)
-        return cls(graph_input, shape.none_inputs - {features}, tuple(inputs.items()))
+        return cls(graph_input, tuple((n, c) for n, c in shape.constants if n != features), tuple(inputs.items()))
+
+
+def _with_plain_defaults(forward, bound: dict[str, tuple[Any, str]]) -> dict[str, tuple[Any, str]]:
+    """``bound`` (see :func:`~sarcompile.leaves.call_arguments`) with the plain defaults of
+    the parameters not given, in ``forward``'s order: a call that gives a default's value
+    and one that leaves it out are one program."""
+    out: dict[str, tuple[Any, str]] = {}
+    for name, p in inspect.signature(forward).parameters.items():
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            passed = "varargs" if p.kind is p.VAR_POSITIONAL else "varkw"
+            out.update({k: v for k, v in bound.items() if v[1] == passed})
+        elif name in bound:
+            out[name] = bound[name]
+        elif p.default is not p.empty and is_plain(p.default):
+            out[name] = (p.default, "named")
+    return out
 
 
 def _hashable(value: Any) -> bool:
@@ -284,13 +307,14 @@ def _compile(model: nn.Module, options: CompileOptions, partitioned: bool, call:
     typed = next((layout for layout in call.layouts if layout.kind == "typed"), None)
     tables = {} if typed is None else find_node_tables(model, dict(zip(typed.node_types, typed.node_counts)))
     start = time.perf_counter()
-    gm = trace(model, call.graph_input, call.none_inputs, inputs, call.layouts,
+    gm = trace(model, call.graph_input, {name: c.value for name, c in call.constants}, inputs, call.layouts,
                {path: table_input(model.get_parameter(path), t) for path, t in tables.items()}, _PassModule)
+    constants = dict(call.constants)
     for node in gm.graph.nodes:  # what the residency pass starts from
-        # (fx renames the placeholder of an input traced as a constant: edge_attr -> edge_attr_1)
-        name = node.target if node.target in inputs else re.sub(r"_\d+$", "", str(node.target))
-        if node.op == "placeholder" and name in inputs:
-            node.meta["input"] = inputs[name]
+        if node.op == "placeholder" and node.target in inputs:
+            node.meta["input"] = inputs[node.target]
+        if node.op == "placeholder" and node.target in constants:  # (unused: forward was traced with it)
+            node.meta["constant"] = constants[node.target].value
     stages = [("trace", gm.stage_code())] if keep else []
     seconds = {"trace": time.perf_counter() - start}
     check = functools.partial(residency, distributed=partitioned)
@@ -365,6 +389,29 @@ def _find_graph(args: tuple, kwargs: dict) -> tuple[Graph | ShardGraph | HeteroG
         "no graph argument: call the model with a sarcompile Graph or HeteroGraph (one machine) or a worker's "
         "part.graph, e.g. model(part.graph, part.node_data['x'])"
     )
+
+
+# Programs one model may compile for other values of its plain Python arguments before it is
+# told that each new value compiles again (torch.compile's recompile limit is 8 too).
+VARIANTS_BEFORE_WARNING = 8
+
+
+def _warn_if_constants_keep_changing(compiled: list[CallShape], call: CallShape, name: str) -> bool:
+    """Warn where ``call`` would be the first program past :data:`VARIANTS_BEFORE_WARNING`
+    compiled (``compiled``: the calls of a model's programs) for other values of the same
+    plain Python arguments; whether it warned."""
+    values = call.specialised()
+    others = [c.specialised() for c in compiled if c.specialised().keys() == values.keys()]
+    changing = sorted(n for n in values if any(o[n] != values[n] for o in others))
+    if len(others) < VARIANTS_BEFORE_WARNING or not changing:
+        return False
+    warnings.warn(
+        f"{name} has compiled {len(others) + 1} programs, one per value of its plain Python arguments "
+        f"{', '.join(changing)}: each new value traces and compiles forward again. Pass a value that changes "
+        "from call to call as a tensor (torch.tensor(v)), an input of one program, not a constant of each",
+        stacklevel=6,  # the model's call
+    )
+    return True
 
 
 class DistributedModule(nn.Module):
@@ -444,6 +491,9 @@ class DistributedModule(nn.Module):
         call = call or self.__dict__.get("_last_call") or CallShape.default(self._orig.forward)
         key = (partitioned, self.training, call)
         cached = self._programs.get(key)
+        if cached is None and not self.__dict__.get("_warned_constants"):  # (once per model)
+            self.__dict__["_warned_constants"] = _warn_if_constants_keep_changing(
+                [k[2] for k in self._programs], call, type(self._orig).__name__)
         if cached is None or len(cached[0]) != len(state) or any(a is not b for a, b in zip(cached[0], state)):
             self._programs[key] = (state, compile_program(self._orig, self._options, partitioned, call, stages,
                                                           self.dropout_stream))

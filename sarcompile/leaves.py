@@ -13,6 +13,10 @@ A model whose ``forward`` takes ``*args`` or ``**kwargs`` (PyG's ``HeteroConv.fo
 *args_dict, **kwargs_dict)``) is traced the same way: each value such a parameter collects
 is an argument of its own, named ``args_dict_0``, ``args_dict_1``, ... or by its keyword.
 
+A plain Python argument (:func:`is_plain`: a bool, int, float, str or None, or a tuple of
+them) is no input of the program: forward is traced with its value (``if training:``,
+``self.lins[target]``), and the compiler keeps a program per value (:class:`Constant`).
+
 >>> ArgLayout("x", "dict", ("paper", "author")).leaf_names()
 ['x__paper', 'x__author']
 """
@@ -27,9 +31,48 @@ from typing import Any, Callable
 from .errors import CompileError
 from .hetero import HeteroGraph, HeteroShard, TracedHetero, relation_key
 
-__all__ = ["ArgLayout", "call_arguments", "argument_name", "layout_of", "needs_leaves", "takes_varargs"]
+__all__ = ["ArgLayout", "Constant", "call_arguments", "argument_name", "is_plain", "layout_of", "needs_leaves",
+           "takes_varargs"]
 
 TYPED_GRAPHS = (HeteroGraph, HeteroShard)
+_PLAIN = (bool, int, float, str, type(None))
+
+
+def is_plain(value: Any) -> bool:
+    """Whether ``value`` is a plain Python value, traced as a constant: a bool, int, float,
+    str or None, or a tuple of them."""
+    if isinstance(value, tuple):
+        return all(is_plain(v) for v in value)
+    return isinstance(value, _PLAIN)
+
+
+def _typed(value: Any) -> Any:
+    return tuple(_typed(v) for v in value) if isinstance(value, tuple) else (type(value), value)
+
+
+class Constant:
+    """A plain Python argument's value, as a program is keyed by it: equal values of one
+    type are one program, ``True`` and ``1`` (or ``1`` and ``1.0``) two, as the traced
+    code may tell them apart (``x * 1`` keeps an integer tensor's dtype, ``x * 1.0`` not).
+
+    >>> Constant(True) == Constant(1), Constant((2, "a")) == Constant((2, "a"))
+    (False, True)
+    """
+
+    __slots__ = ("value", "_key")
+
+    def __init__(self, value: Any):
+        self.value = value
+        self._key = _typed(value)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Constant) and self._key == other._key
+
+    def __hash__(self) -> int:
+        return hash(self._key)
+
+    def __repr__(self) -> str:
+        return f"Constant({self.value!r})"
 
 
 def _leaf_name(arg: str, key: Any) -> str:
@@ -40,11 +83,12 @@ def _leaf_name(arg: str, key: Any) -> str:
 @dataclass(frozen=True)
 class ArgLayout:
     """How one argument of ``forward`` reaches the program: as it is (``plain``), one leaf
-    per key (``dict``) or item (``tuple``: a bipartite layer's ``(x_src, x_dst)``), one
-    graph leaf per relation (``typed``, a typed graph whose
+    per key (``dict``) or item (``tuple``: a bipartite layer's ``(x_src, x_dst)``; ``list``:
+    a list of tensors or graphs), one graph leaf per relation (``typed``, a typed graph whose
     node types are ``node_types``, with ``node_counts`` nodes each in the whole graph, and
     relations ``keys``), or none (``none``: a None that ``*args`` collected, which keeps
-    its position). ``passed`` says how ``forward`` receives it: as the named parameter
+    its position; ``constant``: a plain Python value, the :class:`Constant` in ``keys``,
+    which forward is traced with). ``passed`` says how ``forward`` receives it: as the named parameter
     ``name`` (``named``), as one of the values its ``*args`` collects (``varargs``, in
     order) or by keyword into its ``**kwargs`` (``varkw``)."""
 
@@ -58,13 +102,15 @@ class ArgLayout:
     def leaf_names(self) -> list[str]:
         if self.kind == "plain":
             return [self.name]
+        if self.kind == "constant":
+            return []
         return [_leaf_name(self.name, k) for k in self.keys]
 
     def leaves(self, value: Any) -> list[Any]:
         """``value``'s leaves, in :meth:`leaf_names` order."""
         if self.kind == "plain":
             return [value]
-        if self.kind == "none":
+        if self.kind in ("none", "constant"):
             return []
         if self.kind == "typed":
             return [value.relations[k] for k in self.keys]
@@ -76,10 +122,14 @@ class ArgLayout:
             return leaves[0]
         if self.kind == "none":
             return None
+        if self.kind == "constant":
+            return self.keys[0].value
         if self.kind == "typed":
             return TracedHetero(self.node_types, dict(zip(self.keys, leaves)))
         if self.kind == "tuple":
             return tuple(leaves)
+        if self.kind == "list":
+            return list(leaves)
         return dict(zip(self.keys, leaves))
 
 
@@ -87,6 +137,8 @@ def layout_of(name: str, value: Any, passed: str = "named") -> ArgLayout:
     """The layout of argument ``name`` given ``value`` (``passed`` as :class:`ArgLayout` says)."""
     if value is None:
         return ArgLayout(name, "none", passed=passed)
+    if is_plain(value):
+        return ArgLayout(name, "constant", (Constant(value),), passed=passed)
     if isinstance(value, TYPED_GRAPHS):
         counts = value.num_global_nodes if isinstance(value, HeteroShard) else {t: value.num_nodes(t)
                                                                                for t in value.node_types}
@@ -100,8 +152,8 @@ def layout_of(name: str, value: Any, passed: str = "named") -> ArgLayout:
                     "type or relation), not nested containers; flatten it into one dict"
                 )
         return ArgLayout(name, "dict", tuple(value), passed=passed)
-    if isinstance(value, tuple):
-        return ArgLayout(name, "tuple", tuple(range(len(value))), passed=passed)
+    if isinstance(value, (tuple, list)):
+        return ArgLayout(name, "list" if isinstance(value, list) else "tuple", tuple(range(len(value))), passed=passed)
     return ArgLayout(name, passed=passed)
 
 
@@ -146,14 +198,16 @@ def takes_varargs(given: dict[str, tuple[Any, str]]) -> bool:
 
 
 def needs_leaves(values: dict[str, Any]) -> bool:
-    """Whether a call with these arguments is traced leaf by leaf (it has a dict or a
-    typed graph); a call with neither is traced as it always was."""
-    return any(isinstance(v, TYPED_GRAPHS + (dict,)) for v in values.values())
+    """Whether a call with these arguments is traced leaf by leaf (it has a dict, a typed
+    graph, or a list or tuple that is not plain, such as a list of tensors, whose length
+    forward may ask); a call with none of them is traced as it always was."""
+    return any(isinstance(v, TYPED_GRAPHS + (dict,)) or (isinstance(v, (list, tuple)) and not is_plain(v))
+               for v in values.values())
 
 
 def leaves_of_call(layouts: tuple[ArgLayout, ...], given: dict[str, Any]) -> list[Any]:
-    """The program's inputs for a call (its arguments by name)."""
-    return [leaf for layout in layouts for leaf in layout.leaves(given[layout.name])]
+    """The program's inputs for a call (its arguments by name; a constant's may be left out)."""
+    return [leaf for layout in layouts for leaf in layout.leaves(given.get(layout.name))]
 
 
 def rebuilt_arguments(forward_params: list[Any], layouts: tuple[ArgLayout, ...],

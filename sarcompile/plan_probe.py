@@ -170,7 +170,10 @@ def _halo_graph(node: fx.Node) -> fx.Node | None:
 
 
 def _default(node: fx.Node) -> Any:
-    """An optional input's default, or a refusal naming it."""
+    """The value a plain Python argument was traced with, an optional input's default, or a
+    refusal naming it."""
+    if "constant" in node.meta:
+        return node.meta["constant"]
     if node.args:
         return node.args[0]
     raise CompileError(

@@ -43,12 +43,16 @@ class SarTracer(fx.Tracer):
     """fx's tracer, with sarcompile's layers as leaves. With ``graph_input`` (the position
     after ``self``, or the name, of the graph argument) and DGL imported, the graph is
     traced as a :class:`~sarcompile.frontends.dgl_graph.GraphProxy`, so code calling
-    ``g.update_all`` becomes IR ops."""
+    ``g.update_all`` becomes IR ops. ``constants``: forward's arguments (by name) that it
+    is traced with as values, not proxies (plain Python arguments, see
+    :func:`~sarcompile.leaves.is_plain`); each keeps its placeholder, unused, so the
+    program takes the same arguments as forward."""
 
     def __init__(self, graph_input: int | str | None = None, layouts: tuple[ArgLayout, ...] = (),
-                 tables: Mapping[str, Input] | None = None):
+                 tables: Mapping[str, Input] | None = None, constants: Mapping[str, Any] | None = None):
         super().__init__()
         self.graph_input = graph_input
+        self.constants = dict(constants or {})
         self.layouts = layouts  # a call with dicts or a typed graph: one placeholder per leaf
         self.tables = dict(tables or {})  # node tables (parameter name -> its input): inputs, not get_attr
         self._table_proxies: dict[str, fx.Proxy] = {}
@@ -82,6 +86,8 @@ class SarTracer(fx.Tracer):
             self._swapped.clear()
 
     def call_module(self, m, forward, args, kwargs):
+        if isinstance(m, torch.jit.ScriptModule):
+            raise _TorchScript(self.path_of_module(m))
         self._swap_functions(getattr(m, "forward", None))
         if any(isinstance(v, (dict, TracedHetero)) for v in (*args, *kwargs.values())):
             # A layer over dicts or a typed graph (PyG's HGTConv(x_dict, edge_index_dict)) cannot be
@@ -89,6 +95,10 @@ class SarTracer(fx.Tracer):
             # traced in its place, referring to the layer's own parameters.
             lowered = lowering_for(m)
             if lowered is not None and lowered is not m:
+                paths = getattr(self, "submodule_paths", None) or {}
+                for sub in lowered.children():  # its own state (HANConv's dropout stream), for the program to call
+                    if sub not in paths and sub is not m:
+                        self.add_helper_module(sub)
                 self._swap_functions(lowered.forward)
                 return lowered.forward(*args, **kwargs)
         return super().call_module(m, forward, args, kwargs)
@@ -169,15 +179,18 @@ class SarTracer(fx.Tracer):
                 kwargs = {k: HeteroGraphProxy(a, self) if isinstance(a, TracedHetero) else a for k, a in kwargs.items()}
             return _with_keywords(root_fn, kwargs), ([self.root] if is_module else []) + args
         fn, args = super().create_args_for_root(root_fn, is_module, concrete_args)
-        if self.graph_input is None or "dgl" not in sys.modules:
-            return fn, args
-        from .frontends.dgl_graph import GraphProxy
-
+        dgl = self.graph_input is not None and "dgl" in sys.modules
         args = list(args)
         first = 1 if is_module else 0
         for i in range(first, len(args)):
             a = args[i]
-            if isinstance(a, fx.Proxy) and self.graph_input in (i - first, a.node.target):
+            if not isinstance(a, fx.Proxy):
+                continue
+            if a.node.target in self.constants:
+                args[i] = self.constants[a.node.target]
+            elif dgl and self.graph_input in (i - first, a.node.target):
+                from .frontends.dgl_graph import GraphProxy
+
                 args[i] = GraphProxy(a.node, self)
         return fn, args
 
@@ -234,6 +247,14 @@ class _ShapeProxy(fx.Proxy):
             return self.tracer.create_proxy("call_function", builtins.getattr, (self, k), {})
         return super().__getattr__(k)
 
+    def __len__(self) -> int:
+        """``len(x)``: the size of its first axis where it is a constant (not a row count)."""
+        if isinstance(self.tracer, ShapeTracer) and self.tracer.is_tensor(self.node):
+            size = self.tracer.create_proxy("call_method", "size", (self, 0), {})
+            if isinstance(size, int):
+                return size
+        raise _LengthUnknown(f"len({self})")
+
 
 class ShapeTracer(SarTracer):
     """:class:`SarTracer` that also computes values on example inputs while it traces, so
@@ -256,8 +277,9 @@ class ShapeTracer(SarTracer):
 
     def __init__(self, examples: Sequence[Sequence[Any]] | None, graph_input: int | str | None = None,
                  layouts: tuple[ArgLayout, ...] = (), tables: Mapping[str, Input] | None = None,
-                 device: torch.device = torch.device("cpu"), every_value: bool = False):
-        super().__init__(graph_input, layouts, tables)
+                 device: torch.device = torch.device("cpu"), every_value: bool = False,
+                 constants: Mapping[str, Any] | None = None):
+        super().__init__(graph_input, layouts, tables, constants)
         self.device = device  # where the examples live
         self.examples = None if examples is None else [list(e) for e in examples]
         self.values: dict[fx.Node, tuple] = {}
@@ -511,7 +533,7 @@ def _with_own_forward(model: nn.Module) -> nn.Module:
 def trace(
     model: nn.Module,
     graph_input: int | str | None = None,
-    none_inputs: frozenset[str] = frozenset(),
+    constants: Mapping[str, Any] | None = None,
     inputs: Mapping[str, Input] | None = None,
     layouts: tuple[ArgLayout, ...] = (),
     tables: Mapping[str, Input] | None = None,
@@ -519,8 +541,8 @@ def trace(
 ) -> fx.GraphModule:
     """Symbolically trace ``model``; failures become a :class:`CompileError` that says why,
     naming the layer being traced and the user's line that failed. ``graph_input``: see
-    :class:`SarTracer`; ``none_inputs``: forward's optional inputs that are None, traced
-    as constants; ``inputs``: what is known of each input of the call (by name), from
+    :class:`SarTracer`; ``constants``: forward's plain Python arguments (by name), traced
+    as these values (see :class:`SarTracer`); ``inputs``: what is known of each input of the call (by name), from
     which the tracer computes example values, so shapes are constants (see
     :class:`ShapeTracer`); ``layouts``: for a call with dicts or a typed graph, how its
     arguments become the program's inputs (:mod:`sarcompile.leaves`), which ``inputs``
@@ -530,7 +552,7 @@ def trace(
     root = lowering_for(model)  # a model that is one layer: trace what it lowers to
     root = _with_own_forward(model if root is None else root)
     names = inspect.signature(root.forward).parameters
-    constants = {name: None for name in none_inputs if name in names}
+    constants = {name: v for name, v in (constants or {}).items() if name in names}
     examples = None
     tensor = next(iter(model.parameters()), None)
     device = tensor.device if tensor is not None else torch.device("cpu")
@@ -541,37 +563,81 @@ def trace(
 
     def once(tracer: ShapeTracer) -> fx.GraphModule:
         try:
-            graph = tracer.trace(root, concrete_args=constants or None)  # (it sets tracer.root)
+            graph = tracer.trace(root)  # (it sets tracer.root)
             return module_class(tracer.root, graph, name)
         except SarcompileError:
             raise
-        except Exception as e:  # TraceError, or e.g. torch.ones(1, proxy) on older torch: say where and why
-            if isinstance(e, TypeError) and "does not support item assignment" in str(e):
-                raise CompileError(
-                    f"cannot trace {name}{_where(tracer, e)}: an assignment into part of a traced tensor "
-                    "(`h[:, 0] = v`), which torch.fx cannot record; compute the new tensor instead, e.g. with "
-                    "torch.where(mask, v, h), torch.cat of its pieces along the feature dim, or h * keep"
-                ) from None
-            if isinstance(e, TypeError) and "Proxy'" in str(e):  # the model's Python asked a traced value for a number
-                raise CompileError(
-                    f"cannot trace {name}{_where(tracer, e)}: a traced tensor (or its shape) was used as a Python "
-                    f"number ({e}). sarcompile traces forward() once with symbolic tensors, whose values and row "
-                    "counts are not known (and differ between workers); keep the value a tensor (e.g. `x * x.max()` "
-                    "rather than `x * float(x.max())`) and loop over constants, not over rows."
-                ) from None
-            raise CompileError(
-                f"cannot trace {name}{_where(tracer, e)}: {e}. sarcompile traces forward() once with symbolic "
-                "tensors, so Python control flow may not depend on tensor values or row counts (feature sizes and "
-                "dim() are known when compiling); move such logic into a submodule that stays a leaf or make it "
-                "static."
-            ) from None
+        except Exception as e:  # TraceError, or the model's own error: say where, why and what to do
+            raise CompileError(f"cannot trace {name}{_where(tracer, e)}: {_failure(e)}") from None
         finally:  # the GraphModule holds the helper modules now; the user's model must not
             for helper in tracer.helpers:
                 delattr(tracer.root, helper)
 
-    gm = settled_trace(model, name, lambda: ShapeTracer(examples, graph_input, layouts, tables, device), once)
+    gm = settled_trace(model, name, lambda: ShapeTracer(examples, graph_input, layouts, tables, device,
+                                                        constants=constants), once)
     refuse_state_updates(gm.graph, name)
     return gm
+
+
+_CONTROL_FLOW = ("sarcompile traces forward() once with symbolic tensors, so Python control flow may not depend on "
+                 "tensor values or row counts (feature sizes, dim() and the plain Python arguments of the call are "
+                 "known when compiling); move such logic into a submodule that stays a leaf or make it static.")
+
+
+class _LengthUnknown(Exception):
+    """``len()`` of a traced tensor whose first axis is not known when compiling."""
+
+
+class _TorchScript(Exception):
+    """A TorchScript module called while tracing (its path is the message)."""
+
+
+def _failure(e: Exception) -> str:
+    """What went wrong while tracing, and what the user can do about it, by the kind of
+    failure: only Python control flow on a traced value gets the control-flow advice."""
+    text = str(e)
+    if isinstance(e, fx.proxy.TraceError) and "cannot be iterated" in text:
+        return ("a traced tensor was iterated (a Python loop over its rows, or `*x`), whose row count is not known "
+                f"when compiling. {_CONTROL_FLOW}")
+    if isinstance(e, fx.proxy.TraceError):  # bool() of a traced value: control flow
+        return f"{text}. {_CONTROL_FLOW}"
+    if isinstance(e, TypeError) and "does not support item assignment" in text:
+        return ("an assignment into part of a traced tensor (`h[:, 0] = v`), which torch.fx cannot record; compute "
+                "the new tensor instead, e.g. with torch.where(mask, v, h), torch.cat of its pieces along the feature "
+                "dim, or h * keep")
+    if isinstance(e, _TorchScript):
+        return (f"layer {text!r} is a TorchScript module (torch.jit.script or torch.jit.trace), which torch.fx cannot "
+                "trace into, so sarcompile cannot see what it computes; give the model the nn.Module it was "
+                "scripted from")
+    if isinstance(e, RuntimeError) and "Expected a value of type" in text and "Proxy" in text:
+        return ("a TorchScript function (torch.jit.script) was called with a traced tensor; torch.fx cannot trace "
+                "into TorchScript, so sarcompile cannot see what it computes. Call the Python function it was "
+                "scripted from")
+    if isinstance(e, TypeError) and "Proxy'" in text:  # the model's Python asked a traced value for a number
+        return (f"a traced tensor (or its shape) was used as a Python number ({e}). sarcompile traces forward() "
+                "once with symbolic tensors, whose values and row counts are not known (and differ between "
+                "workers); keep the value a tensor (e.g. `x * x.max()` rather than `x * float(x.max())`) and loop "
+                "over constants, not over rows.")
+    if isinstance(e, _LengthUnknown) or (isinstance(e, RuntimeError) and "'len' is not supported" in text):
+        return ("len() of a traced tensor, whose first axis is its row count: not known when compiling, and not "
+                "the same on every worker. Use x.size(0) where a size is needed (it stays symbolic), x.dim() or "
+                "len(x.shape) for the number of axes, or x.size(k) of a feature axis")
+    if isinstance(e, KeyError):
+        key = e.args[0] if e.args else None
+        if isinstance(key, fx.Proxy):
+            return (f"a dict or ModuleDict was indexed by a traced value ({key}), whose value is not known when "
+                    "compiling; index it by a Python value (a str, int or bool argument of forward is traced as "
+                    "its value, and each value compiles a program of its own)")
+        return (f"KeyError {text}: forward asked for a key that what it indexes does not hold when traced (a dict "
+                "argument holds the keys of the call, a graph's frames the data of the graph given). Check the key "
+                "against what the model is called with")
+    if isinstance(e, AttributeError):
+        return (f"AttributeError: {text}. While tracing, forward gets a symbolic tensor for each tensor argument and "
+                "sarcompile's graph (a sarcompile Graph, or a DGL-style view of it when DGL is imported) for the "
+                "graph; read what else it needs before the call and pass it as an argument")
+    return (f"{type(e).__name__}: {text}, raised by forward while sarcompile traced it on example inputs shaped as "
+            "the call's; the model raises it eagerly on such inputs too, or it needs a value that tracing does not "
+            "know (a tensor's contents): compute that value before the call and pass it as an argument")
 
 
 def _where(tracer: fx.Tracer, error: BaseException) -> str:
