@@ -526,6 +526,21 @@ def _dropout_edge(original, edge_index, p=0.5, force_undirected=False, training=
     return as_edge_index(edge_subset(edge_index, mask)), mask
 
 
+@handles(pyg_utils.dropout_adj)
+def _dropout_adj(original, edge_index, edge_attr=None, p=0.5, force_undirected=False, num_nodes=None, training=True):
+    """PyG's deprecated edge dropout: :func:`_dropout_edge`'s, where no edge features come along."""
+    graph = _graph_argument(edge_index)
+    if graph is None:
+        return original(edge_index, edge_attr, p, force_undirected, num_nodes, training)
+    if edge_attr is not None and training and p > 0:
+        raise CompileError(
+            "dropout_adj(edge_index, edge_attr, p) with edge features is not supported: the kept edges' features "
+            "would be rows picked by a mask; call dropout_edge(edge_index, p) (PyG's replacement) and weight the "
+            "edges by its mask instead (edge_attr * mask.unsqueeze(-1)), or drop the features with F.dropout"
+        )
+    return _dropout_edge(None, graph, p, force_undirected, training)[0], edge_attr
+
+
 @handles(pyg_utils.remove_self_loops)
 def _remove_self_loops(original, edge_index, edge_attr=None):
     if not isinstance(edge_index, EdgeIndex):

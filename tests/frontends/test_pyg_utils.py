@@ -21,6 +21,8 @@ from torch_geometric.utils import (  # noqa: E402
     add_remaining_self_loops,  # noqa: F401  (looked up by name, see test_self_loop_utilities_carry_edge_attributes_as_pyg)
     add_self_loops,
     degree,
+    dropout_adj,
+    dropout_edge,
     get_laplacian,
     remove_self_loops,
     scatter,
@@ -275,3 +277,50 @@ def test_a_layer_propagating_under_no_grad_is_refused():
         sc.distribute(Wrap(Frozen()))(torch.randn(n, 4), sc.Graph.from_edges(src, dst, n))
     with torch.no_grad():  # called so by the user: nothing to keep
         sc.distribute(Wrap(Frozen()))(torch.randn(n, 4), sc.Graph.from_edges(src, dst, n))
+
+
+
+class EdgeDropout(nn.Module):
+    """A GCN layer on the edges ``dropout_edge`` keeps, and the mask."""
+
+    def __init__(self, force_undirected: bool = False):
+        super().__init__()
+        self.force_undirected = force_undirected
+        self.conv = gnn.GCNConv(3, 2, add_self_loops=False, normalize=False)
+
+    def forward(self, x, edge_index):
+        kept, mask = dropout_edge(edge_index, p=0.4, training=self.training, force_undirected=self.force_undirected)
+        return self.conv(x, kept), mask
+
+
+class AdjDropout(EdgeDropout):
+    """The same with PyG's deprecated ``dropout_adj``."""
+
+    def forward(self, x, edge_index):
+        return self.conv(x, dropout_adj(edge_index, p=0.4, training=self.training)[0])
+
+
+def test_edge_dropout_runs_the_layer_on_the_kept_edges_and_refuses_what_pairs_or_picks_rows():
+    gen = torch.Generator().manual_seed(0)
+    src, dst = torch.randint(0, 12, (200,), generator=gen), torch.randint(0, 12, (200,), generator=gen)
+    g, x = sc.Graph.from_edges(src, dst, 12), torch.randn(12, 3, generator=gen)
+    model = EdgeDropout()
+    out, mask = sc.distribute(model, seed=3)(x, g)
+    assert mask.dtype == torch.bool and 0.45 < mask.double().mean() < 0.75  # p = 0.4
+    torch.testing.assert_close(out, model.conv(x, torch.stack([src, dst])[:, mask]))  # PyG on the kept edges
+    adj = AdjDropout()
+    adj.conv = model.conv
+    torch.testing.assert_close(sc.distribute(adj, seed=3)(x, g), out)  # the same edges
+    model.eval()
+    out, mask = sc.distribute(model)(x, g)
+    assert mask.all()
+    torch.testing.assert_close(out, model.conv(x, torch.stack([src, dst])))
+    with pytest.raises(sc.CompileError, match="force_undirected"):
+        sc.distribute(EdgeDropout(force_undirected=True))(x, g)
+
+    class WithFeatures(nn.Module):
+        def forward(self, x, edge_index):
+            return dropout_adj(edge_index, torch.ones(200), p=0.4, training=True)
+
+    with pytest.raises(sc.CompileError, match="call dropout_edge"):
+        sc.distribute(WithFeatures())(x, g)
