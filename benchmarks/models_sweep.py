@@ -19,14 +19,15 @@ Each model runs in eval mode and in train mode, each mode a case:
   gradients of the loss ``sum(out * w)`` (a node table's gradient rows where each worker
   holds its own rows);
 * **train**: where two eager runs under different seeds differ (dropout), against the
-  compiled model on one machine under the same seed (dropout masks are the same on any
-  number of workers, not torch's), and the compiled training output must differ from
-  eval's (dropout applied); where they do not differ, against eager as in eval.
+  compiled model on one machine (``zoo_sweep.reference``, seeded alike everywhere by
+  ``zoo_sweep.distribute``: its masks are keyed by node and edge id, the same on any number
+  of workers, not torch's), and the compiled training output must differ from eval's
+  (dropout applied); where they do not differ, against eager as in eval.
 
 A case ends as exactly one of ``exact`` (every run within 1e-7, relative to max(1, |want|)),
 ``refused`` (a ``sarcompile.SarcompileError``, its message quoted), ``n/a`` (eager itself
-fails, or is random in eval mode), ``WRONG``, ``CRASH`` (any other exception) or ``HANG`` (a worker did not answer in
-``zoo_pool.JOB_TIMEOUT_S``).
+fails, or is random in eval mode), ``WRONG``, ``CRASH`` (any other exception) or ``HANG`` (a
+worker did not answer in ``zoo_pool.JOB_TIMEOUT_S``).
 
 A model that keeps its graph on the module (``self.edge_index``, DGL's ``self.g``) is built
 with the graph of the run: the library's graph eagerly, ``sc.Graph`` on one machine, the
@@ -71,7 +72,7 @@ from zoo_sweep import (  # noqa: E402, F401  (the outcomes: tests read them)
 
 TOL = 1e-7  # relative to max(1, |want|), float64
 MODES = ("eval", "train")
-BUILD_SEED, RUN_SEED = 0, 52
+BUILD_SEED = 0
 W_COLS = 64  # width of the per-node loss weights; outputs use their first columns
 CHECK = "check"  # the group of models that check the harness itself: run by the tests, not in the sweep
 WRONG_ON_WORKERS = "deliberately wrong on workers"
@@ -202,11 +203,10 @@ class Case:
 
 @dataclass
 class ModelRecord(Record):
-    """A case's record, with its model, mode and what it was compared with."""
+    """A case's record, with its model, its mode and what the model has."""
 
     model: str = ""
     mode: str = ""
-    against: str = "eager"  # or "compiled one machine"
     has: str = ""
 
 
@@ -274,17 +274,14 @@ class Sweep:
         return model
 
     # -- one run ----------------------------------------------------------------------------
-    def run(self, model: nn.Module, case: Case, graph: Any, inputs: dict, w: dict, *, training: bool,
-            seed: int = RUN_SEED) -> dict:
-        """``model`` (eager or compiled) called as its user calls it, in ``training`` mode after
-        ``torch.manual_seed(seed)``; its outputs per node type and the gradients of
-        ``sum(out * w)`` w.r.t. every floating input (an input nothing reached: zeros) and every
-        parameter."""
+    def run(self, model: nn.Module, case: Case, graph: Any, inputs: dict, w: dict, *, training: bool) -> dict:
+        """``model`` (eager or compiled) called as its user calls it, in ``training`` mode; its
+        outputs per node type and the gradients of ``sum(out * w)`` w.r.t. every floating input
+        (an input nothing reached: zeros) and every parameter."""
         leaves = {k: {key: zoo_sweep.leaf(t) for key, t in v.items()} if isinstance(v, dict) else zoo_sweep.leaf(v)
                   for k, v in inputs.items()}
         with float64_default():
             model.train(training)
-            torch.manual_seed(seed)
             out = case.model.call(model, graph, leaves, training)
             if isinstance(out, torch.Tensor):
                 out = {case.model.out_type: out}
@@ -326,72 +323,42 @@ class Sweep:
 
     # -- one machine ------------------------------------------------------------------------
     def reference(self, name: str) -> tuple[Record, dict | None, dict | None]:
-        """The case on one machine: eval, and train without randomness, as the zoos do (eager
-        against compiled, ``zoo_sweep.reference``); train with randomness against the compiled
-        model on one machine (:meth:`_against_compiled`)."""
+        """The case on one machine as the zoos judge one (``zoo_sweep.reference``: against
+        eager, or against the compiled model on one machine where eager is random), and two
+        checks of a random one: in eval mode eager must not be random (``n/a`` if it is, as
+        in a model that bakes ``training=True`` in), and in train mode the compiled model must
+        apply its dropout (:meth:`_check_dropout_applied`)."""
         case = self.cases[name]
         kind = self.kinds[case.model.kind]
         training = case.mode == "train"
 
-        def eager(model: nn.Module, seed: int = RUN_SEED, training: bool = training) -> dict:
-            return self.run(model, case, kind.eager(), kind.inputs, kind.w, training=training, seed=seed)
+        def eager(model: nn.Module, training: bool = training) -> dict:
+            return self.run(model, case, kind.eager(), kind.inputs, kind.w, training=training)
 
         whole = kind.graphs[0] if len(kind.graphs) == 1 else list(kind.graphs)
 
-        def compiled(model: nn.Module, training: bool = training) -> dict:
-            import sarcompile as sc
-
+        def compiled(model: nn.Module) -> dict:
             if case.model.keeps:
                 setattr(model, case.model.keeps, whole)
-            return self.run(sc.distribute(model), case, whole, kind.inputs, kind.w, training=training)
+            return self.run(zoo_sweep.distribute(model), case, whole, kind.inputs, kind.w, training=training)
 
-        record = lambda rec, against="eager": ModelRecord(**rec.__dict__, model=case.model.name,  # noqa: E731
-                                                          mode=case.mode, against=against, has=case.model.has)
-        if self._random(case, eager):
-            if not training:
-                rec = Record(case.name, case.group, NA, f"eager {self.library} is random in eval mode")
-                return record(rec), None, None
-            rec, want, state = self._against_compiled(case, eager, compiled)
-            return record(rec, "compiled one machine"), want, state
         rec, want, state = zoo_sweep.reference(case, self.build, eager, compiled, self.library, self.compare, TOL)
-        return record(rec), want, state
+        rec = ModelRecord(**rec.__dict__, model=case.model.name, mode=case.mode, has=case.model.has)
+        if want is not None and rec.oracle == "compiled":
+            if not training:
+                rec.outcome, rec.detail = NA, f"eager {self.library} is random in eval mode"
+                return rec, None, None
+            self._check_dropout_applied(rec, eager, want)
+        return rec, want, state
 
-    def _random(self, case: Case, eager: Callable[..., dict]) -> bool:
-        """Whether two eager runs of the fresh model under different seeds differ (False where
-        eager fails: the reference says so)."""
-        try:
-            model = self.build(case.name)
-            a, b = eager(copy.deepcopy(model), seed=1), eager(copy.deepcopy(model), seed=2)
-        except Exception:
-            return False
-        return self.compare(a, b)[1] > TOL
-
-    def _against_compiled(self, case: Case, eager: Callable[..., dict],
-                          compiled: Callable[[nn.Module], dict]) -> tuple[Record, dict | None, dict | None]:
-        """A random model in train mode: the compiled model on one machine is what the workers
-        must give. Where eager's training output differs from its eval output, the compiled
-        training output must too (its dropout applied, not left out)."""
-        rec = Record(case.name, case.group)
-        model = self.build(case.name)
-        state = copy.deepcopy(model.state_dict())
-        try:
-            idle, trained = eager(copy.deepcopy(model), training=False), eager(copy.deepcopy(model))
-        except Exception as e:
-            rec.outcome = NA
-            rec.detail = f"eager {self.library} fails here: {type(e).__name__}: {zoo_sweep._first_line(e)}"
-            return rec, None, None
-        try:
-            want = compiled(model)
-        except Exception as e:
-            err = describe_error(e)
-            rec.outcome = REFUSED if err["sarcompile"] else CRASH
-            rec.errors["local"] = rec.detail = f"{err['type']}: {err['message']}"
-            if not err["sarcompile"]:
-                rec.detail = f"one machine: {rec.detail} (at {zoo_sweep._where(err['traceback'])})"
-            return rec, None, None
+    def _check_dropout_applied(self, rec: Record, eager: Callable[..., dict], want: dict) -> None:
+        """Where eager's training output differs from its eval output, the compiled training
+        output (``want``) must too: its dropout applied, not left out."""
+        model = self.build(rec.name)
+        torch.manual_seed(1)
+        idle, trained = eager(copy.deepcopy(model), training=False), eager(copy.deepcopy(model))
         if _out_diff(trained, idle) > TOL >= _out_diff(want, idle):
             rec.errors["local"] = "differs: the compiled output in training equals eval's: dropout left out"
-        return rec, want, state
 
     # -- workers ----------------------------------------------------------------------------
     def worker_case(self, part: Any, payload: dict) -> dict:
@@ -417,11 +384,13 @@ class Sweep:
         try:
             model = self.build(case.name, graph)
             model.load_state_dict(payload["state"])
-            r = self.run(sc.distribute(model), case, graph, inputs, w, training=case.mode == "train")
+            r = self.run(zoo_sweep.distribute(model), case, graph, inputs, w, training=case.mode == "train")
             sc.sync_gradients(model)
             tables = {k: sc.tables.table_type(p) for k, p in model.named_parameters() if sc.tables.table_type(p)}
             r["grads"] = zoo_sweep.param_grads(model, skip=tables)
-            r["table_grads"] = {k: (t, p.grad) for k, p in model.named_parameters() if (t := tables.get(k))}
+            # (rows nothing reached have no gradient: zeros, as the zoos count them)
+            r["table_grads"] = {k: (t, torch.zeros_like(p) if p.grad is None else p.grad)
+                                for k, p in model.named_parameters() if (t := tables.get(k))}
         except Exception as e:
             return {"error": describe_error(e)}
         r["ids"], r["edge_ids"] = ids, edge_ids
@@ -448,11 +417,11 @@ class Sweep:
             rows = "edge_ids" if name in kind.edge_inputs else "ids"
             got["x_grad"][(name, key)] = put(full, [(r[rows][key], r["x_grad"].get((name, key))) for r in results])
         for k, (t, _) in results[0]["table_grads"].items():
+            pieces = [(r["ids"].get(t, r["ids"].get("")), r["table_grads"][k][1]) for r in results]
             full = want["grads"].get(k)
-            if full is None:
-                continue
-            got["table_grads"][k] = put(full, [(r["ids"].get(t, r["ids"].get("")), r["table_grads"][k][1])
-                                               for r in results])
+            if full is None:  # no gradient eagerly: the rows the workers give, compared with zeros
+                full = torch.zeros(sum(rows.numel() for rows, _ in pieces), *pieces[0][1].shape[1:], dtype=DT)
+            got["table_grads"][k] = put(full, pieces)
         return got
 
     # -- the sweep --------------------------------------------------------------------------
@@ -506,7 +475,7 @@ class Sweep:
                     cells.append("")
                     continue
                 outcome = f"**{r.outcome}**" if r.outcome in (WRONG, CRASH, HANG) else r.outcome
-                cells.append(outcome + (" (vs compiled)" if r.against != "eager" else ""))
+                cells.append(outcome + (" (vs compiled)" if r.oracle == "compiled" else ""))
                 details.append(f"{mode}: {r.detail}")
             detail = "; ".join(d if len(d) <= zoo_sweep.DETAIL_CHARS else d[: zoo_sweep.DETAIL_CHARS - 1] + "…"
                                for d in details).replace("|", "\\|").replace("\n", " ")

@@ -20,6 +20,6 @@ def test_dgl_example_models_are_exact_in_eval_and_train():
     records = {r.name: r for r in ms.SWEEP.sweep(names, world_sizes=(2,), log=lambda s: None)}
     assert all(r.outcome == ms.EXACT for r in records.values()), [(r.name, r.outcome, r.detail)
                                                                   for r in records.values()]
-    assert records["GCN (gcn/train.py) [eval]"].against == "eager"
-    assert records["GCN (gcn/train.py) [train]"].against == "compiled one machine"
-    assert set(records["HGTConv (to_homogeneous) [train]"].diffs) == {"2w"}
+    assert records["GCN (gcn/train.py) [eval]"].oracle == "eager"
+    assert records["GCN (gcn/train.py) [train]"].oracle == "compiled"
+    assert records["HGTConv (to_homogeneous) [train]"].oracle == "compiled"
