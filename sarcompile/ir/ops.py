@@ -499,7 +499,7 @@ def edge_dropout(g, e: torch.Tensor, p: float, salt: torch.Tensor) -> torch.Tens
     if p == 0.0:
         return e
     heads = e[0].numel() if e.shape[0] else 1
-    keep = edge_keep(g.edge_ids, heads, p, salt, e.dtype)
+    keep = edge_keep(g.edge_ids, heads, p, salt.to(e.device), e.dtype)  # (a model's salt lives where it does)
     return e * keep.reshape(e.shape)
 
 
@@ -519,7 +519,7 @@ def node_dropout(g, x: torch.Tensor, p: float, salt: torch.Tensor, source: bool 
         return x
     # A product with the bool mask keeps the mask (not a float copy) for backward, and is
     # several times faster than masked_fill on the CPU.
-    return x * node_keep(ids, x, p, salt) / (1.0 - p)
+    return x * node_keep(ids, x, p, salt.to(x.device)) / (1.0 - p)
 
 
 # ----------------------------------------------------------------------------- attention
