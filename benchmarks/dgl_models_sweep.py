@@ -119,12 +119,15 @@ def _set_frames(g, i: dict) -> None:
 
 
 def _hgt_call(m, g, i, training):
-    for t in g.ntypes:
-        g.nodes[t].data["inp"] = i["inp"][t]
+    """The HGT example's script: every type's input into the frame ``inp``, then
+    ``model(G, "paper")``."""
+    for t, inp in i["inp"].items():
+        g.nodes[t].data["inp"] = inp
     return m(g, "paper")
 
 
 def _entity_call(m, g, i, training):
+    """entity.py's script: relation types and normalisers into the edge frames, then ``model(g)``."""
     import dgl
 
     g.edata[dgl.ETYPE] = i["etype"]

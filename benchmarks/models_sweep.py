@@ -220,6 +220,20 @@ def _out_diff(a: dict, b: dict) -> float:
     return max((diff(a["out"][k], v)[1] for k, v in b["out"].items() if k in a["out"]), default=0.0)
 
 
+def _models(records: list[Record]) -> str:
+    """The models of some cases, each with its modes unless it is there in every mode."""
+    modes: dict[str, list[str]] = {}
+    for r in records:
+        modes.setdefault(r.model, []).append(r.mode)
+    return ", ".join(f"`{m}`" + ("" if len(ms) == len(MODES) else f" ({', '.join(ms)})") for m, ms in modes.items())
+
+
+def _quote(detail: str, chars: int = 240) -> str:
+    """A message for a table cell: without its error class, cut at ``chars``."""
+    text = re.sub(r"^\w+Error: ", "", detail.replace("\n", " "))
+    return (text if len(text) <= chars else text[: chars - 1] + "…").replace("|", "\\|")
+
+
 def _key_label(name: str, key: Any) -> str:
     return name if key == "" else f"{name}[{key[1] if isinstance(key, tuple) else key}]"
 
@@ -501,15 +515,17 @@ class Sweep:
         for mode in MODES:
             exact = [r.model for r in records if r.mode == mode and r.outcome == EXACT]
             lines.append(f"exact in {mode} ({len(exact)}): " + ", ".join(f"`{m}`" for m in exact) + ".")
-        lines += ["", "| cause | cases | models | message (one of them) |", "| --- | ---: | --- | --- |"]
+        lines += ["", "| refused: cause | cases | models | message (one of them) |", "| --- | ---: | --- | --- |"]
         for cause, rows in refusals_by_cause(records).items():
-            models = sorted({r.model for r in rows})
-            quote = zoo_sweep._short(rows[0].detail) if len(rows[0].detail) > 200 else rows[0].detail
-            lines.append(f"| {cause} | {len(rows)} | {', '.join(f'`{m}`' for m in models)} | "
-                         f"{quote.replace('|', chr(92) + '|')} |")
-        others = [r for r in records if r.outcome not in (EXACT, REFUSED)]
-        for r in others:
-            lines.append(f"| {r.outcome} | 1 | `{r.model}` ({r.mode}) | {r.detail[:200].replace('|', chr(92) + '|')} |")
+            lines.append(f"| {cause} | {len(rows)} | {_models(rows)} | {_quote(rows[0].detail)} |")
+        others: dict[tuple[str, str], list[Record]] = {}
+        for r in records:
+            if r.outcome not in (EXACT, REFUSED):
+                others.setdefault((r.outcome, r.detail), []).append(r)
+        if others:
+            lines += ["", "| outcome | cases | models | detail |", "| --- | ---: | --- | --- |"]
+            lines += [f"| {outcome} | {len(rows)} | {_models(rows)} | {_quote(detail)} |"
+                      for (outcome, detail), rows in others.items()]
         return "\n".join(lines)
 
     def main(self, argv: list[str] | None, describe: Callable[[], dict]) -> int:
@@ -518,16 +534,21 @@ class Sweep:
                               describe=describe, record=ModelRecord)
 
 
-# Refusal causes, in the order of issue 52's list: a message matching a pattern is that cause.
+# Refusal causes, roughly in the order of issue 52's list: a message matching a pattern is that
+# cause (the first that matches).
 CAUSES = (
     ("dropout on N workers", r"[Dd]ropout|NodeDropout"),
-    ("graph not passed as an argument (kept on the module, in a list, a Data or frames)", r"no graph argument"),
-    ("Python argument or control flow traced as a value", r"control flow|Proxy"),
-    ("a new axis or shape test not followed (stack, einsum, dim, zeros)", r"stack|einsum|unsqueeze|zeros|new axis"),
-    ("node table not recognised", r"param tensor of shape|first axis of size 1"),
-    ("cached normalisation", r"cached=True"),
-    ("BatchNorm / a norm over all nodes", r"BatchNorm|batch_norm|LayerNorm"),
-    ("the graph used as a tensor", r"uses the graph argument|edge_index\[\d\]|is used as a tensor"),
+    ("the graph not passed as an argument (kept on the module, in a Data, a list, frames)", r"no graph argument"),
+    ("an assignment into part of a tensor (`x[mask] = 0`)", r"does not support item assignment|assignment into part"),
+    ("a Python loop over a tensor's rows (`enumerate(torch.split(param, 1))`)", r"was iterated"),
+    ("a Python argument or control flow traced as a value", r"control flow|Proxy"),
+    ("a reduction over all nodes (`z.mean(0)`)", r"reduces over the node axis"),
+    ("a new axis or shape not followed (`stack`, `einsum`, `zeros`)", r"stack|einsum|unsqueeze|zeros|new axis"),
+    ("a node table not recognised", r"param tensor of shape|first axis of size 1"),
+    ("cached normalisation (`cached=True`)", r"cached=True"),
+    ("the graph used as a tensor (message passing in plain torch)",
+     r"uses the graph argument|edge_index\[\d\]|is used as a tensor"),
+    ("node ids as features (`x=None`)", r"got no features"),
 )
 
 
