@@ -50,17 +50,18 @@ __all__ = ["dropout", "STREAM"]
 
 STREAM = "dropout_stream"  # the submodule the salt is read from
 
-_FUNCTIONS = (F.dropout, torch.dropout)
 _KEPT_META = ("layer", "layer_type", "nn_module_stack", "user_frame", "residency", "rows_of")
 
 
-def _site(gm: fx.GraphModule, node: fx.Node) -> tuple[fx.Node, float, bool] | None:
-    """(input, p, inplace) if ``node`` drops out in training with p > 0, else None."""
-    if node.op == "call_function" and node.target in _FUNCTIONS:
-        names = ("input", "p", "training", "inplace") if node.target is F.dropout else ("input", "p", "train")
-        args = {"p": 0.5, "training": True, "inplace": False} | dict(zip(names, node.args)) | dict(node.kwargs)
-        training = args.get("training", args.get("train"))
-        x, p, inplace = args["input"], args["p"], args["inplace"]
+def _drops(gm: fx.GraphModule, node: fx.Node) -> tuple[fx.Node, float, bool] | None:
+    """(input, p, inplace) if ``node`` is a dropout in training with p > 0, else None."""
+    if node.op == "call_function" and node.target is F.dropout:
+        args = {"p": 0.5, "training": True, "inplace": False}
+        args |= dict(zip(("input", "p", "training", "inplace"), node.args)) | dict(node.kwargs)
+        x, p, training, inplace = args["input"], args["p"], args["training"], args["inplace"]
+    elif node.op == "call_function" and node.target is torch.dropout:
+        args = dict(zip(("input", "p", "train"), node.args)) | dict(node.kwargs)
+        x, p, training, inplace = args["input"], args["p"], args["train"], False
     elif node.op == "call_module" and type(gm.get_submodule(node.target)) is nn.Dropout:
         m = gm.get_submodule(node.target)
         x, p, training, inplace = (node.args[0] if node.args else node.kwargs["input"]), m.p, m.training, m.inplace
@@ -68,9 +69,11 @@ def _site(gm: fx.GraphModule, node: fx.Node) -> tuple[fx.Node, float, bool] | No
         return None
     if training is not True or not isinstance(p, (int, float)) or p == 0:
         return None  # (a traced training flag or p is left to the residency pass to judge)
-    if not isinstance(x, fx.Node) or not x.meta.get("residency", Residency.CONST).per_row:
-        return None
     return x, float(p), inplace
+
+
+def _of_rows(x: object) -> bool:
+    return isinstance(x, fx.Node) and x.meta.get("residency", Residency.CONST).per_row
 
 
 def _graphs(gm: fx.GraphModule) -> list[fx.Node]:
@@ -126,8 +129,10 @@ def dropout(gm: fx.GraphModule, ctx: CompileOptions | None = None,
     compiled model's own, kept across recompiles so the sequence of masks goes on); by
     default a new one seeded from ``torch.initial_seed()``."""
     graph = gm.graph
-    sites = [n for n in graph.nodes if _site(gm, n) is not None]
-    if not sites:
+    # Every dropout in training is a site, numbered in program order, those of rows or not:
+    # a value read as rows on one machine and as a constant on a worker shifts no other site.
+    sites = [n for n in graph.nodes if _drops(gm, n) is not None]
+    if not any(_of_rows(_drops(gm, n)[0]) for n in sites):
         return gm
     gm.add_submodule(STREAM, stream() if stream is not None else RandomStream(torch.initial_seed()))
     first = next(n for n in graph.nodes if n.op != "placeholder")
@@ -135,7 +140,9 @@ def dropout(gm: fx.GraphModule, ctx: CompileOptions | None = None,
         salt = graph.call_module(STREAM)
     salt.meta["residency"] = Residency.CONST
     for k, node in enumerate(sites):
-        x, p, inplace = _site(gm, node)  # (read now: an earlier site may have been its input)
+        x, p, inplace = _drops(gm, node)  # (read now: an earlier site may have been its input)
+        if not _of_rows(x):
+            continue
         if inplace and any(u is not node and _after(node, u) for u in x.users):
             raise _refuse(node, "an in-place dropout (inplace=True) whose input is read again after it",
                           "Use inplace=False and read the dropout's result.")

@@ -173,3 +173,12 @@ def test_a_model_with_dropout_learns_as_well_as_eager(graph_file):
 
     compiled, eager = accuracy(True), accuracy(False)
     assert compiled > 0.8 and abs(compiled - eager) < 0.05, (compiled, eager)
+
+
+def test_torch_dropout_follows_its_train_flag():
+    class M(nn.Module):
+        def forward(self, g, x):
+            return torch.dropout(x, 0.5, False) + torch.dropout(sc.spmm(g, x, "sum"), 0.5, True)
+
+    gm = _passed(M(), _graph())
+    assert len(_calls(gm, ops.node_dropout)) == 1 and len(_calls(gm, torch.dropout)) == 1
