@@ -538,7 +538,7 @@ class Sweep:
 # cause (the first that matches).
 CAUSES = (
     ("dropout on N workers", r"[Dd]ropout|NodeDropout"),
-    ("the graph not passed as an argument (kept on the module, in a Data, a list, frames)", r"no graph argument"),
+    ("the graph not passed as an argument (kept on the module, in a Data, a list, frames)", r"\bno graph\b"),
     ("an assignment into part of a tensor (`x[mask] = 0`)", r"does not support item assignment|assignment into part"),
     ("a Python loop over a tensor's rows (`enumerate(torch.split(param, 1))`)", r"was iterated"),
     ("a Python argument or control flow traced as a value", r"control flow|Proxy"),
