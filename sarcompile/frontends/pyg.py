@@ -252,8 +252,9 @@ class _GCNConv(_StandIn):
 
 def _lower_gcn(m: gnn.GCNConv) -> nn.Module:
     _check_common(m, gnn.GCNConv, ("add", "sum"))
-    if m.cached:
-        raise _refuse(m, "cached", True, "use cached=False (the normalisation is cheap and computed per call)")
+    # cached=True: PyG keeps the first call's normalisation for every later call, the same
+    # numbers on the one graph of full-batch training; here each call normalises the graph
+    # it is given, so a model also called on another graph gets that graph's.
     return _GCNConv(m)
 
 
