@@ -9,6 +9,9 @@ fx node ``meta["residency"]``, a :class:`~sarcompile.ir.vocab.Residency`:
 * ``const``: values that are the same on every worker (scalars, dtypes, feature sizes);
 * ``rows``: a row count (``x.size(0)``, ``x.shape``): it differs between workers.
 
+A per-node or per-edge value whose rows are not on dim 0 (``torch.stack(xs)`` puts them on
+dim 1) also gets ``meta["row_axis"]``, the dim they are on.
+
 It guarantees that every per-node or per-edge value is computed *row-locally*: row ``i``
 of a result depends only on row ``i`` of its per-row inputs. Such a program computes on
 each worker's rows exactly what one machine computes on the same rows, so "compiles"
@@ -24,20 +27,30 @@ How residency flows:
   ``remove_self_loops``, ``plus_self_loops`` give a graph, ``in_degrees`` per-node values), read for
   ``num_nodes`` / ``num_edges`` / ``global_ids`` / ``edge_ids``, or given to helpers that
   declared themselves row-local (:func:`sarcompile.ir.lowering.declare`, used by the front-ends).
+* The rows follow the dims they are on: ``unsqueeze``, ``stack``, ``permute``, ``transpose``,
+  ``movedim``, ``.T``, indexing with ``None`` or an int before them, reductions over the dims
+  before them, ``view``/``reshape`` sized by a symbolic row count (``-1``, ``x.size(0)``)
+  with the same elements before it, ``einsum``/``matmul`` keeping the rows' subscript, and
+  ``torch.zeros(1, x.size(0), h)`` (any factory sized by the row count, in any position) move
+  them. Pointwise ops broadcast from the right, so their per-row operands must have their
+  rows as many dims from the right, and the others size 1 there. IR ops, declared helpers,
+  ``NodeDropout`` and the program's output take rows on dim 0: elsewhere they are refused,
+  saying where the rows are and how to move them back (``.mean(0)``, ``.movedim(1, 0)``).
 * Torch code keeps the residency of its per-row inputs when it is row-local: pointwise
   ops (``torch.Tag.pointwise``, and the activations) broadcasting with parameters or
-  constants that do not cover the row axis; ``nn.Linear``, ``LayerNorm`` over features;
-  RNN cells (``GRUCell``, ``LSTMCell``, ``RNNCell``) on ``[rows, features]``, LSTM/GRU over a
-  sequence per row; reductions, softmax, ``cat``/``stack``, indexing, ``transpose``/``permute``
-  along other axes; ``x[:n]`` with ``n`` the row count of ``x``'s kind (all its rows);
-  ``view``/``reshape`` that keep dim 0; ``matmul`` not contracting the row axis;
-  ``sc.nn.NodeDropout`` (masks keyed by node id), dropout in eval mode.
+  constants that do not cover the row axis; ``nn.Linear`` (rows not on the last dim),
+  ``LayerNorm`` over features; RNN cells (``GRUCell``, ``LSTMCell``, ``RNNCell``) on
+  ``[rows, features]``, LSTM/GRU over a sequence per row (the rows their batch, in their
+  hidden states too); reductions, softmax, ``cat``, indexing along other axes; ``x[:n]``
+  with ``n`` the row count of ``x``'s kind (all its rows); ``sc.nn.NodeDropout`` (masks
+  keyed by node id), dropout in eval mode.
 * Refused: anything over the row axis (reductions, softmax, sort, topk, cumsum, ``cat``
   of rows, full reductions such as ``x.sum()``), attention over rows
-  (``nn.MultiheadAttention``), a matmul contracting rows, indexing or slicing rows by
-  position (``x[0]``, ``x[1:]``, ``x[perm]``), ``.t()``/``.flip(0)``; arithmetic on row
-  counts and ``torch.arange(rows)``; random draws per row (``torch.randn_like``, and on N
-  workers ``nn.Dropout`` in training);
+  (``nn.MultiheadAttention``), a matmul or einsum contracting rows or pairing the rows of
+  two values (an outer product), a reshape or flatten merging rows with another dim,
+  indexing or slicing rows by position (``x[0]``, ``x[1:]``, ``x[perm]``), ``.flip(0)``;
+  arithmetic on row counts and ``torch.arange(rows)``; random draws per row
+  (``torch.randn_like``, and on N workers ``nn.Dropout`` in training);
   using the graph as a tensor (``edge_index.flip([0])``); and any function or module the
   pass does not know to be row-local, because it cannot prove it.
 
@@ -68,6 +81,7 @@ from __future__ import annotations
 import builtins
 import inspect
 import itertools
+import math
 import operator
 import re
 from dataclasses import dataclass, replace
@@ -101,15 +115,21 @@ GRAPH_NAMES = ("g", "graph", "edge_index", "adj", "adj_t", "block")
 class _Val:
     """The residency of one value; ``rows`` says whose row count a ROWS value is, and
     ``ndim`` for a shape (``x.shape``) how many sizes it has; ``seq`` marks a tuple of
-    per-row tensors (``x.max(1)``, ``x.split(...)``). ``of``, on a typed graph: the node
-    type of per-node rows, the relation of per-edge rows and of a graph (for a ROWS value,
-    of the rows it counts); None on a one-type graph."""
+    per-row tensors (``x.max(1)``, ``x.split(...)``), ``parts`` a tuple whose items differ
+    (an LSTM's ``(out, (h, c))``). ``of``, on a typed graph: the node type of per-node rows,
+    the relation of per-edge rows and of a graph (for a ROWS value, of the rows it counts);
+    None on a one-type graph. ``axis``: the dim a per-row tensor has its rows on (1 after
+    ``torch.stack(xs)``), or where in a shape the row count is; ``moved``: the node that
+    moved the rows off dim 0, for messages."""
 
     res: Residency
     rows: Residency | None = None
     shape_ndim: int | None = None
     seq: bool = False
     of: Any = None
+    axis: int = 0
+    moved: fx.Node | None = None
+    parts: tuple[_Val, ...] | None = None
 
     @property
     def per_row(self) -> bool:
@@ -160,6 +180,10 @@ _ALONG = {
     "flip": (1, None), "roll": (2, None), "normalize": (2, 1), "unflatten": (1, None), "renorm": (2, None),
     "squeeze": (1, "all"), "max": (1, None), "min": (1, None), "cosine_similarity": (2, 1),
 }
+# Those whose result lacks the dims they work along (without keepdim; squeeze: those of size 1).
+_DROPS = {"sum", "mean", "prod", "amax", "amin", "all", "any", "argmax", "argmin", "logsumexp", "std", "var", "nansum",
+          "nanmean", "count_nonzero", "median", "mode", "norm", "max", "min", "kthvalue", "select", "unbind",
+          "squeeze", "cosine_similarity"}
 _RETURNS_SEQ = {"max", "min", "median", "mode", "sort", "topk", "kthvalue", "unbind", "chunk", "split",
                 "tensor_split", "cummax", "cummin"}
 _SHAPED = {"view", "reshape", "expand", "view_as", "reshape_as", "expand_as", "repeat"}
@@ -167,7 +191,8 @@ _META = {"dim": _CONST, "ndim": _CONST, "dtype": _CONST, "device": _CONST, "is_c
          "requires_grad": _CONST, "element_size": _CONST, "is_floating_point": _CONST, "layout": _CONST}
 _LIKE = {"zeros_like", "ones_like", "full_like", "empty_like"}
 _RANDOM = {"rand_like", "randn_like", "randint_like", "bernoulli", "bernoulli_", "multinomial", "normal_",
-           "uniform_", "rrelu", "rand", "randn", "randint", "randperm", "arange", "eye", "linspace", "logspace"}
+           "uniform_", "rrelu", "rand", "randn", "randint", "randperm"}
+_POSITIONS = {"arange", "eye", "linspace", "logspace"}  # numbers by position (refused before _RANDOM)
 _FACTORIES = {"zeros", "ones", "full", "empty", "new_zeros", "new_ones", "new_full", "new_empty"}
 _OPERATORS = {
     operator.add: "add", operator.sub: "sub", operator.mul: "mul", operator.truediv: "div",
@@ -311,13 +336,34 @@ class _Checker:
         self.vals: dict[fx.Node, _Val] = {}
 
     # -- errors ----------------------------------------------------------------------------
-    def refuse(self, node: fx.Node, what: str, fix: str) -> CompileError:
+    def refuse(self, node: fx.Node, what: str, fix: str, why: str = "") -> CompileError:
         line = source_line(node)
         where = self.inside or _layer(node, self.gm)
-        return CompileError(
-            f"{what}, in {where}{', at ' + line if line else ''}. On N workers each worker holds only its own "
-            f"rows, so this would not compute what one machine computes. {fix}"
-        )
+        why = why or ("On N workers each worker holds only its own rows, so this would not compute what one "
+                      "machine computes.")
+        return CompileError(f"{what}, in {where}{', at ' + line if line else ''}. {why} {fix}")
+
+    def rows_first(self, node: fx.Node, value: Any, what: str) -> None:
+        """Refuse ``value`` (a node, or arguments holding nodes) if a per-row tensor in it has
+        its rows off dim 0: ``what`` (an IR op's argument, a layer, the output) takes them there."""
+        for a in _nodes_in(value):
+            v = next((p for p in _flat(self.vals[a]) if p.per_row and p.axis != 0), None)
+            if v is None:
+                continue
+            moved = source_line(v.moved) if v.moved is not None else ""
+            raise self.refuse(
+                a if node.op == "output" else node,  # (the output's own line is the tracer's)
+                f"{what} needs the {w_axis(v)} of a {v.word()} value at dim 0, but here it is at dim {v.axis}"
+                f"{' (moved there at ' + moved + ')' if moved else ''}",
+                f"Move the rows back first: .movedim({v.axis}, 0) or .transpose(0, {v.axis}), or reduce the dims "
+                f"before them (.mean(0), .sum(0), x[0]).",
+                why="Each worker holds its own rows of a per-row value, and sarcompile splits them along dim 0.",
+            )
+
+    def at(self, node: fx.Node, k: _Val, axis: int) -> _Val:
+        """``k`` with its rows on dim ``axis`` (``node`` moved them there, if they were on 0)."""
+        moved = None if axis == 0 else k.moved if k.axis != 0 and k.moved is not None else node
+        return replace(k, axis=axis, moved=moved)
 
     # -- shapes ----------------------------------------------------------------------------
     def shape(self, a: Any) -> tuple[int, ...] | None:
@@ -333,10 +379,15 @@ class _Checker:
         if s is None and self.why and self.inside == "":
             inputs = ", ".join(f"{n.target} {_shape_words(n.meta['input'])}" for n in self.gm.graph.nodes
                                if n.op == "placeholder" and getattr(n.meta.get("input"), "shape", None) is not None)
+            failed = next((n for n in self.gm.graph.nodes if n not in self.seen and n.op != "output"), node)
+            line = source_line(failed)
             raise CompileError(
-                f"the model fails on example inputs shaped as the call's ({self.why}), in {_layer(node, self.gm)}: "
-                f"check that the inputs have the widths the model was built for (given: {inputs or 'no tensors'}; "
-                "a layer's in_channels is the width of its input's last dim)"
+                f"the model fails on example inputs shaped as the call's (given: {inputs or 'no tensors'}), in "
+                f"{_layer(failed, self.gm)}{', at ' + line if line else ''}: {self.why}. Check that the inputs have "
+                "the widths the model was built for (a layer's in_channels is the width of its input's last dim). "
+                "If the model runs eagerly on inputs of these widths, its Python code takes another path when "
+                "traced: a check such as isinstance(x, torch.Tensor) is False for a traced value; write that part "
+                "without such a check"
             )
         if s is None:
             raise self.refuse(
@@ -363,7 +414,7 @@ class _Checker:
         if isinstance(a, (tuple, list)):
             inner = [self.val(x) for x in a]
             rows = [v for v in inner if v.per_row]
-            return _Val(rows[0].res, seq=True, of=rows[0].of) if rows else _CONST
+            return replace(rows[0], seq=True, parts=None) if rows else _CONST
         return _CONST
 
     def run(self) -> None:
@@ -378,6 +429,18 @@ class _Checker:
             node.meta["residency"] = v.res
             if v.of is not None:  # a typed graph's node type or relation
                 node.meta["rows_of"] = v.of
+            if v.per_row and v.axis:  # rows off dim 0 (after torch.stack(xs)): only row-local torch code reads it
+                node.meta["row_axis"] = v.axis
+
+    def item(self, node: fx.Node, xv: _Val) -> _Val:
+        """An item of a tuple of per-row tensors (``x.max(1).values``, ``x.split(2, 1)[0]``,
+        ``lstm(x)[1]``)."""
+        i = node.args[1]
+        if xv.parts is not None and isinstance(i, int):
+            return xv.parts[i]
+        if xv.parts is not None and isinstance(i, slice):
+            return replace(xv, parts=xv.parts[i])
+        return replace(xv, seq=False, parts=None)
 
     def prefer_attention(self, later: list[fx.Node]) -> None:
         """Code before a global attention (PyG's to_dense_batch) is refused first; name the
@@ -398,6 +461,7 @@ class _Checker:
         if node.op == "get_attr":
             return _PARAM
         if node.op == "output":
+            self.rows_first(node, node.args[0], "the message function's result" if self.inside else "the output")
             return self.val(node.args[0])
         if node.op == "call_function" and node.target is getattr(fx._symbolic_trace, "_assert_is_none", None):
             return _CONST  # fx's check that an input traced as None is None
@@ -429,6 +493,7 @@ class _Checker:
                 if value is not None and v.res is not want:
                     raise self.refuse(node, f"{op.name}'s argument {name} must be per-{want} rows, got a "
                                       f"{v.word()} value", f"Pass {op.name} a per-{want} tensor for {name}.")
+                self.rows_first(node, value, f"{op.name}'s argument {name}")
                 expect = _end_of(rel, want, name in sources)
                 if value is not None and rel is not None and want.per_row and v.of != expect:
                     end = "source" if name in sources else "destination"
@@ -457,6 +522,7 @@ class _Checker:
 
     def declared(self, node: fx.Node) -> _Val:
         out = declared_helpers()[node.target]  # its author vouches for it, whatever it is given
+        self.rows_first(node, (node.args, node.kwargs), getattr(node.target, "__name__", str(node.target)))
         if isinstance(out, Residency):
             return _Val(out, of=self.rows_of(node, out))
         bound = inspect.signature(node.target).bind(*node.args, **node.kwargs)
@@ -526,6 +592,7 @@ class _Checker:
         if node.op == "call_module":
             m = self.gm.get_submodule(node.target)
             if isinstance(m, NodeDropout) and len(node.args) == 2 and self.val(node.args[0]).res is GRAPH:
+                self.rows_first(node, node.args[1], "NodeDropout")
                 x, rel = self.val(node.args[1]), self.val(node.args[0]).of
                 want = _end_of(rel, NODE, m.source)
                 if want is not None and x.of is not None and x.of != want:
@@ -571,43 +638,44 @@ class _Checker:
         if isinstance(m, _ACTIVATIONS):
             return k
         nd = self.ndim(node, x, f"the feature axis of {kind}")
+        a = self.val(x).axis
         if isinstance(m, (nn.Linear, nn.Bilinear, nn.LazyLinear)):
-            if nd < 2:
-                raise self.refuse(node, f"{kind} on a 1-D {k.word()} tensor contracts the row axis",
-                                  "Give it features [rows, in_features] (x.unsqueeze(-1)).")
+            if a >= nd - 1:
+                raise self.refuse(node, f"{kind} contracts the last dim of a {nd}-D {k.word()} tensor, which holds "
+                                  "its rows", "Give it the features on the last dim: [rows, in_features] "
+                                  "(x.unsqueeze(-1)).")
             return k
         if isinstance(m, nn.RNNBase):  # e.g. JumpingKnowledge(mode="lstm"): a sequence per row
-            if not m.batch_first or nd != 3:
-                raise self.refuse(node, f"{kind} on [{'steps, rows' if nd == 3 else 'rows'}, ...] runs its sequence "
-                                  "along the row axis", "Give it batch_first=True and [rows, steps, features].")
-            hidden = [u for u in node.users if u.users and not (u.target is operator.getitem and u.args[1] == 0)]
-            if hidden:
-                raise self.refuse(hidden[0], f"{kind}'s hidden state is [layers, rows, hidden]: its rows are not on "
-                                  "axis 0", "Use the output (its first result) only.")
-            return replace(k, seq=True)
+            return self.rnn(node, m, x, k, nd)
         if isinstance(m, nn.RNNCellBase):  # e.g. GatedGraphConv's GRUCell: one step per row, rows as the batch
-            if nd != 2:
+            if nd != 2 or a != 0:
                 raise self.refuse(node, f"{kind} on a {nd}-D {k.word()} tensor does not take its rows as the batch",
                                   "Give it [rows, features].")
             hx = self.arg(node, 1, "hx")
-            if hx is not None and not all(self.val(h).per_row for h in (hx if isinstance(hx, tuple) else (hx,))):
+            if hx is not None and not all(self.val(h).per_row and self.val(h).axis == 0
+                                          for h in (hx if isinstance(hx, tuple) else (hx,))):
                 raise self.refuse(node, f"{kind}'s hidden state is not one row per {k.word()} row",
                                   "Give it a hidden state [rows, hidden] computed per row, or none.")
             return replace(k, seq=isinstance(m, nn.LSTMCell))  # LSTMCell: (h, c)
         if isinstance(m, nn.LayerNorm):
-            if len(m.normalized_shape) >= nd:
+            if len(m.normalized_shape) >= nd - a:
                 raise self.refuse(node, f"LayerNorm{tuple(m.normalized_shape)} normalises over the row axis too",
                                   "Normalise over the feature dims only.")
             return k
-        if isinstance(m, (nn.GroupNorm, nn.Embedding, nn.Flatten, nn.Unflatten, nn.Softmax, nn.LogSoftmax,
-                          nn.Softmin)):
-            if isinstance(m, nn.GroupNorm) and nd < 2:
-                raise self.refuse(node, "GroupNorm on a 1-D per-row tensor normalises over rows",
-                                  "Give it [rows, channels].")
-            dim = {nn.Flatten: lambda: m.start_dim, nn.Unflatten: lambda: m.dim}.get(type(m), lambda: getattr(
-                m, "dim", 1))()
-            if dim is None or (not isinstance(m, (nn.GroupNorm, nn.Embedding)) and self.axis(node, x, dim) == 0):
-                raise self.refuse(node, f"{kind}(dim={dim}) works along the row axis", "Give it a feature dim.")
+        if isinstance(m, nn.GroupNorm):
+            if nd < 2 or a != 0:
+                raise self.refuse(node, f"GroupNorm on a {nd}-D {k.word()} tensor with its rows on dim {a} normalises "
+                                  "over rows", "Give it [rows, channels].")
+            return k
+        if isinstance(m, nn.Flatten):
+            return self.flattened(node, x, m.start_dim, m.end_dim, k, kind)
+        if isinstance(m, nn.Unflatten):
+            return self.unflattened(node, x, m.dim, len(m.unflattened_size), k, kind)
+        if isinstance(m, nn.Embedding):
+            return k
+        if isinstance(m, (nn.Softmax, nn.LogSoftmax, nn.Softmin)):
+            if m.dim is None or self.axis(node, x, m.dim) == a:
+                raise self.refuse(node, f"{kind}(dim={m.dim}) works along the row axis", "Give it a feature dim.")
             return k
         raise self.refuse(
             node, f"sarcompile cannot prove that {kind} is row-local (each output row computed from the same "
@@ -615,8 +683,29 @@ class _Checker:
             "Write it with torch operations that work per row, or as an IR op.",
         )
 
+    def rnn(self, node: fx.Node, m: nn.RNNBase, x: fx.Node, k: _Val, nd: int) -> _Val:
+        """An RNN over a sequence per row: the rows are its batch (dim 0 with ``batch_first``,
+        else 1), and so are its hidden states' dim 1, given and returned."""
+        kind, batch = type(m).__name__, 0 if m.batch_first else 1
+        if nd != 3 or self.val(x).axis != batch:
+            raise self.refuse(node, f"{kind} on a {nd}-D {k.word()} tensor with its rows on dim {self.val(x).axis} "
+                              "runs its sequence along the row axis", "Give it the rows as the batch: [rows, steps, "
+                              "features] with batch_first=True (or [steps, rows, features] without).")
+        hx = self.arg(node, 1, "hx")
+        for h in (hx if isinstance(hx, (tuple, list)) else () if hx is None else (hx,)):
+            if not all(v.per_row and v.axis == 1 for v in _flat(self.val(h)) if v.parts is None):
+                raise self.refuse(node, f"{kind}'s hidden state is not [layers, rows, hidden] with one row per "
+                                  f"{k.word()} row", "Compute it per row, e.g. torch.zeros(layers, x.size(0), hidden) "
+                                  "for batch_first input x, or give none.")
+        state = self.at(node, k, 1)
+        hidden = replace(state, seq=True, parts=(state, state)) if isinstance(m, nn.LSTM) else state
+        out = self.at(node, k, batch)
+        return replace(out, seq=True, parts=(out, hidden))  # (output, hidden state)
+
     # -- torch operations ----------------------------------------------------------------------
     def one_kind(self, node: fx.Node, ins: list[_Val]) -> _Val:
+        """The rows ``node``'s per-row inputs hold (their residency and type; the rows' dim of
+        the first of them), refusing inputs with rows of different kinds or types."""
         kinds = {(v.res, v.of) for v in ins if v.per_row} | {(v.rows, v.of) for v in ins if v.res is ROWS and v.rows}
         if len({res for res, _ in kinds}) > 1:
             raise self.refuse(node, f"`{_name_of(node) or node.target}` combines per-node and per-edge values",
@@ -632,7 +721,8 @@ class _Checker:
         if not kinds:
             return _CONST
         res, of = kinds.pop()
-        return _Val(res, of=of)
+        first = next((v for v in ins if v.per_row), _Val(res))
+        return _Val(res, of=of, axis=first.axis, moved=first.moved)
 
     def arg(self, node: fx.Node, pos: int, key: str, default: Any = None) -> Any:
         if len(node.args) > pos:
@@ -659,28 +749,32 @@ class _Checker:
             return self.meta_of(node, name, x, xv)
         if name in _META and node.op == "call_method":  # x.dim(), x.element_size(): the same on every worker
             return _META[name]
-        if xv.seq and name in ("getattr", "getitem"):  # x.max(1).values, x.split(2, 1)[0]
-            return k
+        if (xv.seq or xv.parts is not None) and name in ("getattr", "getitem"):  # x.max(1).values, x.split(2, 1)[0]
+            return self.item(node, xv)
         if xv.res is ROWS and name == "getitem" and xv.shape_ndim is not None:
             return self.shape_item(node, xv)
+        if name in _POSITIONS:
+            raise self.refuse(node, f"`{name}` numbers the rows of a {w} value by their position on this worker",
+                              "A row's position differs between workers: where the model needs a node's id, use "
+                              "the graph's node ids (g.global_ids).")
         if name in _RANDOM:
-            raise self.refuse(node, f"{name} draws a different value per row position on each worker, or "
-                              "numbers rows by position", "Use sc.nn.NodeDropout for dropout; use "
-                              "g.global_ids for a node's id.")
+            raise self.refuse(node, f"`{name}` draws random numbers for the rows of a {w} value from torch's "
+                              "random number generator, which each worker runs over its own rows",
+                              "For dropout use F.dropout or nn.Dropout, whose masks sarcompile keys by node id, the "
+                              "same on any number of workers; draw other random numbers per row outside the model "
+                              "and pass them in as an input with a row per node.")
         if name in _FACTORIES:
             return self.factory(node, name, ins, k)
-        if name == "getitem" and self.all_rows(node, xv):
-            return k
-        if name == "add" and xv.res is ROWS and xv.shape_ndim is not None:  # x.shape + (1,) * k: a longer shape
-            extra = self.tuple_length(node.args[1])
-            if extra is not None:
-                return _Val(ROWS, xv.rows, shape_ndim=xv.shape_ndim + extra, of=xv.of)
-        if any(v.res is ROWS for v in ins) and name not in _SHAPED:
-            raise self.refuse(node, f"`{name}` computes with a row count (x.size(0), len(x)), which differs "
-                              "between workers", "Compute per row; for a total over all nodes use a "
-                              "collective (sc.nn.BatchNorm) instead.")
-        if name == "getitem":
+        if name == "getitem" and xv.per_row:
             return self.getitem(node, x, xv, k)
+        if name == "add" and len(node.args) == 2:  # x.shape + (1,) * k: a longer shape
+            longer = self.longer_shape(node)
+            if longer is not None:
+                return longer
+        if any(v.res is ROWS for v in ins) and name not in _SHAPED:
+            raise self.row_count(node, name)
+        if name == "getitem":
+            return self.lookup(node, x, xv, k)
         if name in _SHAPED:
             return self.reshape(node, name, x, k)
         if name in _LIKE:
@@ -703,7 +797,7 @@ class _Checker:
             return k
         if name == "layer_norm":
             shape = self.arg(node, 1, "normalized_shape")
-            if len(shape) >= self.ndim(node, x, "the feature axis of layer_norm"):
+            if len(shape) >= self.ndim(node, x, "the feature axis of layer_norm") - xv.axis:
                 raise self.refuse(node, "layer_norm normalises over the row axis too", "Normalise over features.")
             return k
         if name == "embedding" and self.val(self.arg(node, 1, "weight")).per_row:
@@ -737,36 +831,66 @@ class _Checker:
             return _CONST if xv.res is not PARAM else _PARAM
         if name == "size" and (len(node.args) > 1 or "dim" in node.kwargs):
             d = self.axis(node, x, self.arg(node, 1, "dim"))
-            return _Val(ROWS, xv.res, of=xv.of) if d == 0 else _CONST
+            return _Val(ROWS, xv.res, of=xv.of) if d == xv.axis else _CONST
         if name in ("size", "shape"):
-            return _Val(ROWS, xv.res, shape_ndim=self.ndim(node, x, "the shape"), of=xv.of)
+            return _Val(ROWS, xv.res, shape_ndim=self.ndim(node, x, "the shape"), of=xv.of, axis=xv.axis)
+        if name in ("__len__", "len") and xv.axis != 0:
+            return _CONST  # the size of dim 0, which is not the rows'
         return _Val(ROWS, xv.res, of=xv.of)  # numel, len
 
     def shape_item(self, node, xv) -> _Val:
         idx = node.args[1]
         picked = range(xv.shape_ndim)[idx]
         if isinstance(idx, int):
-            return _Val(ROWS, xv.rows, of=xv.of) if picked == 0 else _CONST
-        if 0 not in picked:
+            return _Val(ROWS, xv.rows, of=xv.of) if picked == xv.axis else _CONST
+        if xv.axis not in picked:
             return _CONST
-        if picked[0] != 0:
-            raise self.refuse(node, "a shape is reordered so that the row count is not first", "Keep rows first.")
-        return _Val(ROWS, xv.rows, shape_ndim=len(picked), of=xv.of)
+        return _Val(ROWS, xv.rows, shape_ndim=len(picked), of=xv.of, axis=picked.index(xv.axis))
+
+    def longer_shape(self, node) -> _Val | None:
+        """``x.shape + (1,) * k`` or ``(1,) + x.shape``: a longer shape, its row count where it
+        moved; None if ``node`` is not such a sum."""
+        a, b = node.args
+        if self.val(a).res is ROWS and self.val(a).shape_ndim is not None and self.tuple_length(b) is not None:
+            return replace(self.val(a), shape_ndim=self.val(a).shape_ndim + self.tuple_length(b))
+        if self.val(b).res is ROWS and self.val(b).shape_ndim is not None and self.tuple_length(a) is not None:
+            extra = self.tuple_length(a)
+            return replace(self.val(b), shape_ndim=self.val(b).shape_ndim + extra, axis=self.val(b).axis + extra)
+        return None
+
+    def row_count(self, node, name) -> CompileError:
+        return self.refuse(node, f"`{name}` computes with a row count (x.size(0), len(x)), which differs between "
+                           "workers", "Compute per row; for a total over all nodes use a collective "
+                           "(sc.nn.BatchNorm) instead.")
 
     def factory(self, node, name, ins, k) -> _Val:
+        """``torch.zeros(x.size(0), 4)``, ``torch.zeros(1, x.size(0), h)`` (an LSTM's state),
+        ``x.new_ones(x.shape)``: rows of ``x``'s kind on the dim the row count sizes."""
         sizes = list(node.args[1:] if name.startswith("new_") else node.args)
         sizes = list(sizes[0]) if len(sizes) == 1 and isinstance(sizes[0], (tuple, list)) else sizes
         if name in ("full", "new_full"):
             sizes = list(sizes[0]) if isinstance(sizes[0], (tuple, list)) else sizes[:1]
         vals = [self.val(s) for s in sizes]
-        if vals and vals[0].res is ROWS and vals[0].shape_ndim is None and not any(v.res is ROWS for v in vals[1:]):
-            return _Val(vals[0].rows, of=vals[0].of)
-        if vals and vals[0].res is ROWS and vals[0].shape_ndim is not None and len(vals) == 1:
-            return _Val(vals[0].rows, of=vals[0].of)
-        if any(v.res is ROWS for v in vals):
-            raise self.refuse(node, f"{name} is given a row count in another place than the first size",
-                              "Only the first size may be the number of rows.")
-        return _CONST
+        counts = [i for i, v in enumerate(vals) if v.res is ROWS]
+        if not counts:
+            return _CONST
+        v = vals[counts[0]]
+        if len(counts) > 1 or (v.shape_ndim is not None and len(vals) > 1):
+            raise self.refuse(node, f"{name} is given more than one row count", "Give the number of rows as one "
+                              "size: torch.zeros(x.size(0), 4), torch.zeros(1, x.size(0), 4).")
+        return self.at(node, _Val(v.rows, of=v.of), counts[0] if v.shape_ndim is None else v.axis)
+
+    def row_slice(self, i: Any, xv: _Val) -> bool:
+        """Whether ``i``, indexing the rows of ``xv``, takes them all: ``:``, or ``:n`` with ``n``
+        the row count of their own kind (``x[:y.size(0)]``, DGL's ``feat[:g.num_dst_nodes()]``),
+        every row on any worker."""
+        if i == slice(None):
+            return True
+        if not (xv.res is NODE and isinstance(i, slice) and i.start is None and i.step is None):
+            return False
+        stop = self.val(i.stop) if isinstance(i.stop, fx.Node) else None
+        return (stop is not None and stop.res is ROWS and stop.rows is xv.res and stop.of == xv.of
+                and stop.shape_ndim is None)
 
     def tuple_length(self, a: Any) -> int | None:
         """The length of ``a`` if it is a tuple of sizes the same on every worker, else None."""
@@ -776,125 +900,225 @@ class _Checker:
             return len(self.seen[a])
         return None
 
-    def all_rows(self, node, xv) -> bool:
-        """``x[:n]`` (``x[:y.size(0)]``, DGL's ``feat[:g.num_dst_nodes()]``) with ``n`` the row
-        count of ``x``'s own kind: every row, on any worker, so ``x`` itself."""
-        idx = node.args[1]
-        first = idx[0] if isinstance(idx, tuple) and idx else idx
-        if not (xv.res is NODE and isinstance(first, slice) and first.start is None and first.step is None):
-            return False
-        stop = self.val(first.stop) if isinstance(first.stop, fx.Node) else None
-        rest = idx[1:] if isinstance(idx, tuple) else ()
-        return (stop is not None and stop.res is ROWS and stop.rows is xv.res and stop.of == xv.of
-                and stop.shape_ndim is None
-                and not any(isinstance(i, fx.Node) and self.val(i).res is ROWS for i in rest))
-
     def getitem(self, node, x, xv, k) -> _Val:
-        if xv.seq or isinstance(self.seen.get(x), list):
-            return k
+        """Indexing a per-row tensor: row-local if it takes every row (``:`` at the rows' dim)
+        and indexes the other dims by constants; the rows' dim moves with the dims before it."""
+        if isinstance(self.seen.get(x), list):
+            return self.item(node, xv)
         idx = node.args[1]
-        items = list(idx) if isinstance(idx, tuple) else [idx]
-        if Ellipsis in items:
-            at = items.index(Ellipsis)
-            real = [i for i in items if i is not None and i is not Ellipsis]
-            fill = self.ndim(node, x, "`...`") - len(real)
-            items = items[:at] + [slice(None)] * fill + items[at + 1:]
-        first = items[0] if items else slice(None)
-        if not xv.per_row:  # a parameter's rows looked up by a per-row index: an embedding
-            fv = self.val(first) if isinstance(first, fx.Node) else _CONST
-            if fv.per_row and all(i == slice(None) for i in items[1:]):
-                return k
-            raise self.refuse(node, f"indexing `[{_fmt(idx)}]` combines a {xv.word()} value with per-row ones",
-                              "Index a parameter by one per-row index tensor (an embedding lookup) only.")
-        if first is None:
-            raise self.refuse(node, f"indexing with None first puts a new axis before the {w_axis(k)}",
-                              "Add new axes after the row axis (x[:, None]).")
-        if first != slice(None):
-            raise self.refuse(node, f"indexing `[{_fmt(idx)}]` picks rows of a {k.word()} value by position",
-                              "Rows are split across workers: select features (x[:, ...]), or move between "
-                              "nodes with the IR ops.")
-        for i in items[1:]:
+        items = self.expanded(node, x, list(idx) if isinstance(idx, tuple) else [idx])
+        d = o = 0  # the next input and output dim
+        new, plain_before, tensors = None, 0, []
+        for pos, i in enumerate(items):
+            if i is None:
+                o, plain_before = o + 1, plain_before + (new is None)
+                continue
+            if d == xv.axis:
+                if not self.row_slice(i, xv):
+                    if i is None or isinstance(i, slice) or not isinstance(i, fx.Node) or not self.val(i).per_row:
+                        raise self.refuse(node, f"indexing `[{_fmt(idx)}]` picks rows of a {k.word()} value by "
+                                          "position", "Rows are split across workers: select features "
+                                          "(x[:, ...]), or move between nodes with the IR ops.")
+                    raise self.refuse(node, f"indexing `[{_fmt(idx)}]` picks rows by a {self.val(i).word()} index",
+                                      "Rows are split across workers: move between nodes with the IR ops.")
+                new, d, o = o, d + 1, o + 1
+                continue
+            bounds = [i.start, i.stop, i.step] if isinstance(i, slice) else [i]
+            if any(isinstance(b, fx.Node) and self.val(b).res is ROWS for b in bounds):
+                raise self.row_count(node, "getitem")
             if isinstance(i, fx.Node) and self.val(i).per_row:
                 raise self.refuse(node, "indexing a feature axis with a per-row tensor", "Use gather along dim 1.")
-        self.same_rows(node, x, f"indexing `[{_fmt(idx)}]`")
-        return k
+            width = self.index_ndim(node, i)
+            if width is None:  # an int or a slice
+                o, plain_before = o + isinstance(i, slice), plain_before + (isinstance(i, slice) and new is None)
+            else:  # positions along a feature dim: the indexed dims take their place, or go first
+                tensors.append(pos)
+                o += width
+            d += 1
+        if new is None:  # the rows come after the dims indexed
+            new, plain_before = o + xv.axis - d, plain_before + xv.axis - d
+        apart = any(i is None or isinstance(i, slice) for i in items[tensors[0]:tensors[-1]]) if tensors else False
+        if apart:  # torch puts the dims of indices that a slice separates first
+            new = max(self.index_ndim(node, items[p]) for p in tensors) + plain_before
+        self.same_rows(node, x, f"indexing `[{_fmt(idx)}]`", new)
+        return self.at(node, k, new)
 
-    def same_rows(self, node, x, what) -> None:
+    def expanded(self, node, x, items: list) -> list:
+        """``items`` of an index with ``...`` spelled out as the slices it stands for."""
+        if Ellipsis not in items:
+            return items
+        at = items.index(Ellipsis)
+        real = [i for i in items if i is not None and i is not Ellipsis]
+        fill = self.ndim(node, x, "`...`") - len(real)
+        return items[:at] + [slice(None)] * fill + items[at + 1:]
+
+    def index_ndim(self, node, i: Any) -> int | None:
+        """The number of dims an index item gives: None for an int or a slice (one dim or
+        none), that of a tensor of positions."""
+        if isinstance(i, (int, slice)) or (isinstance(i, fx.Node) and self.seen.get(i) is int):
+            return None
+        if isinstance(i, (list, tuple)):
+            return 1 + (self.index_ndim(node, i[0]) or 0) if i else 1
+        return self.ndim(node, i, "the index")
+
+    def lookup(self, node, x, xv, k) -> _Val:
+        """``p[index]``: a parameter's rows looked up by a per-row index, an embedding."""
+        items = self.expanded(node, x, list(node.args[1]) if isinstance(node.args[1], tuple) else [node.args[1]])
+        first = items[0] if items else slice(None)
+        fv = self.val(first) if isinstance(first, fx.Node) else _CONST
+        if fv.per_row and all(i == slice(None) for i in items[1:]):
+            return k
+        raise self.refuse(node, f"indexing `[{_fmt(node.args[1])}]` combines a {xv.word()} value with per-row ones",
+                          "Index a parameter by one per-row index tensor (an embedding lookup) only.")
+
+    def same_rows(self, node, x, what, new: int | None = None) -> None:
+        """Refuse if the probe's shapes show that dim ``new`` of ``node`` (default: where ``x``
+        has its rows) is not ``x``'s rows."""
+        axis = self.val(x).axis
+        new = axis if new is None else new
         a, b = self.shape(x), self.shape(node)
-        if a is not None and b is not None and (not b or b[0] != a[0]):
+        if a is not None and b is not None and (len(b) <= new or b[new] != a[axis]):
             raise self.refuse(node, f"{what} turns {a} into {b}, so the rows do not stay rows",
-                              "Keep the row axis first and unchanged.")
+                              "Keep the row axis whole: reshape the feature dims only.")
 
     def reshape(self, node, name, x, k) -> _Val:
+        """view / reshape / expand / repeat (and ``*_as``): row-local when the rows stay one
+        dim, sized by a symbolic row count (``-1``, ``x.size(0)``), with the same dims before it."""
+        xv = self.val(x)
         if name in ("view_as", "reshape_as", "expand_as"):
             other = self.val(node.args[1])
             if other.res is not k.res or other.of != k.of:
                 raise self.refuse(node, f"{name} gives a {k.word()} value the shape of a {other.word()} one",
                                   "Reshape to a shape whose first size is the row count.")
-            self.same_rows(node, x, name)
-            return k
+            if name == "expand_as":
+                return self.broadcast_to(node, name, x, self.ndim(node, node.args[1], "the shape"), other.axis, k)
+            self.keeps_rows(node, x, name, other.axis)
+            return self.at(node, k, other.axis)
         sizes = list(node.args[1:])
         if "size" in node.kwargs or "shape" in node.kwargs:
             sizes = [node.kwargs.get("size", node.kwargs.get("shape"))]
         if len(sizes) == 1 and isinstance(sizes[0], (tuple, list)):
             sizes = list(sizes[0])
-        head = sizes[0] if sizes else None
-        hv = self.val(head) if isinstance(head, fx.Node) else None
-        if name == "repeat" and self.val(x).per_row:
-            ok = head == 1
-        elif hv is not None:
-            ok = hv.res is ROWS and hv.rows is k.res and hv.of == k.of and not any(
-                isinstance(s, fx.Node) and self.val(s).res is ROWS for s in sizes[1:])
+        what = f"{name}({_fmt(tuple(sizes))})"
+        counts = [i for i, s in enumerate(sizes) if isinstance(s, fx.Node) and self.val(s).res is ROWS]
+        if any(self.val(sizes[i]).rows is not k.res or self.val(sizes[i]).of != k.of for i in counts) or \
+                len(counts) > 1 or (counts and self.val(sizes[counts[0]]).shape_ndim is not None and len(sizes) > 1):
+            raise self.refuse(node, f"{what} is given another row count than that of a {k.word()} value, or more "
+                              "than one", "Size the rows once, by the value's own count (-1 or x.size(0)).")
+        shape = self.val(sizes[0]) if counts and self.val(sizes[counts[0]]).shape_ndim is not None else None
+        if name == "repeat" or not xv.per_row:
+            if not xv.per_row and name in ("expand", "repeat") and counts:  # a parameter or constant made per-row
+                at = shape.axis if shape is not None else counts[0]
+                return self.broadcast_to(node, name, x, shape.shape_ndim if shape is not None else len(sizes), at, k)
+            if not xv.per_row:
+                raise self.refuse(node, f"{what} gives a {xv.word()} value the row count of a per-row one",
+                                  "Broadcast it instead (p.expand(x.size(0), -1)).")
+            at = len(sizes) - self.ndim(node, x, "the dims repeat adds") + xv.axis
+            if sizes[at] != 1:
+                raise self.refuse(node, f"{what} repeats the rows of a {k.word()} value", "Repeat the features only "
+                                  "(a count of 1 for the rows).")
+            return self.at(node, k, at)
+        if shape is not None:  # x.view(y.shape)
+            at = shape.axis
+        elif counts:
+            at = counts[0]
+        elif -1 in sizes and name == "expand":
+            at = len(sizes) - self.ndim(node, x, "the dims expand adds") + xv.axis
+        elif -1 in sizes:
+            at = sizes.index(-1)
         else:
-            ok = head == -1 and (name != "expand")
-            ok = ok or (name == "expand" and head == -1)
-        if not self.val(x).per_row:  # a parameter or constant made per-row: only by broadcasting
-            if name in ("expand", "repeat") and hv is not None and hv.res is ROWS and hv.shape_ndim is None:
-                return k
-            raise self.refuse(node, f"{name}({_fmt(tuple(sizes))}) gives a {self.val(x).word()} value the row count "
-                              "of a per-row one", "Broadcast it instead (p.expand(x.size(0), -1)).")
-        if not ok:
-            raise self.refuse(node, f"{name}({_fmt(tuple(sizes))}) does not keep the rows of a {k.word()} value "
-                              "as dim 0", "Keep the first size as -1 or x.size(0) and reshape the feature dims only.")
-        self.same_rows(node, x, f"{name}({_fmt(tuple(sizes))})")
-        return k
+            raise self.refuse(node, f"{what} does not keep the rows of a {k.word()} value",
+                              "Size the rows by -1 or x.size(0) and reshape the feature dims only.")
+        if name == "expand":
+            return self.broadcast_to(node, what, x, len(sizes), at, k)
+        self.keeps_rows(node, x, what, at)
+        return self.at(node, k, at)
+
+    def keeps_rows(self, node, x, what, new: int) -> None:
+        """Refuse a reshape that does not keep ``x``'s rows whole as dim ``new`` with the same
+        number of elements before them (as the probe's shapes show)."""
+        axis = self.val(x).axis
+        a, b = self.shape(x), self.shape(node)
+        if (axis, new) != (0, 0) and (a is None or b is None):
+            self.ndim(node, None, f"where {what} puts the rows")  # (refuses: the probe gave no shapes)
+        if a is not None and b is not None and (len(b) <= new or b[new] != a[axis] or
+                                                math.prod(a[:axis]) != math.prod(b[:new])):
+            raise self.refuse(node, f"{what} turns {a} into {b}, so the rows do not stay rows",
+                              "Keep the row axis whole: reshape the feature dims only.")
+
+    def broadcast_to(self, node, what, x, ndim: int, at: int, k: _Val) -> _Val:
+        """``x`` expanded to ``ndim`` dims with rows on dim ``at``: ``x``'s own rows must be
+        there (dims are added in front), or, for a value without rows, a dim of size 1."""
+        xv, nd = self.val(x), self.ndim(node, x, f"the dims {what} adds")
+        if xv.per_row and ndim - nd + xv.axis != at:
+            raise self.refuse(node, f"{what} lines the rows of a {xv.word()} value up with another axis",
+                              "Expand the feature dims only (-1 for the rows).")
+        shape = self.shape(x)
+        if not xv.per_row and at >= ndim - nd and (shape is None or shape[at - (ndim - nd)] != 1):
+            raise self.refuse(node, f"{what} gives a {xv.word()} tensor of shape {shape} the rows of a {k.word()} "
+                              "value along an axis it has", "Give it a dim of size 1 there, so it applies to every "
+                              "row alike (p.unsqueeze(0).expand(x.size(0), -1)).")
+        return self.at(node, k, at)
 
     def axes(self, node, name, x, k) -> _Val:
-        nd = None
-        if name in ("t", "T", "mT", "adjoint"):
-            nd = self.ndim(node, x, f"the axes `.{name}` swaps")
-            if name in ("t", "T") and nd >= 2 or name in ("mT", "adjoint") and nd == 2:
-                raise self.refuse(node, f"`.{name}` moves the row axis of a {k.word()} value",
-                                  "Keep rows first: transpose feature dims only (x.transpose(1, 2)).")
-            return k
-        if name in ("transpose", "swapaxes", "swapdims"):
-            dims = [self.axis(node, x, self.arg(node, 1, "dim0")), self.axis(node, x, self.arg(node, 2, "dim1"))]
-            bad = 0 in dims and dims[0] != dims[1]
-        elif name == "permute":
-            order = node.args[1:] if len(node.args) > 2 else self.arg(node, 1, "dims")
-            bad = self.axis(node, x, list(order)[0]) != 0
-        elif name in ("movedim", "moveaxis"):
-            src, dst = self.arg(node, 1, "source"), self.arg(node, 2, "destination")
-            src = src if isinstance(src, (tuple, list)) else [src]
-            dst = dst if isinstance(dst, (tuple, list)) else [dst]
-            bad = any(self.axis(node, x, d) == 0 for d in list(src) + list(dst))
-        elif name == "unsqueeze":
-            bad = self.axis(node, x, self.arg(node, 1, "dim"), extra=1) == 0
-        else:  # flatten / ravel
+        """Ops that move dims (t, transpose, permute, movedim, unsqueeze) move the rows with
+        them; flatten merges dims, refused where it merges the rows with another."""
+        a = self.val(x).axis
+        if name == "unsqueeze":
+            d = self.axis(node, x, self.arg(node, 1, "dim"), extra=1)
+            return self.at(node, k, a + 1 if d <= a else a)
+        if name in ("flatten", "ravel"):
             start = self.arg(node, 1, "start_dim", 0) if name == "flatten" else 0
             end = self.arg(node, 2, "end_dim", -1) if name == "flatten" else -1
-            bad = self.axis(node, x, start) == 0 and self.axis(node, x, end) != 0
-        if bad:
-            raise self.refuse(node, f"`{name}` moves or merges the row axis of a {k.word()} value",
-                              "Keep rows as dim 0: work on the feature dims only.")
-        return k
+            return self.flattened(node, x, start, end, k, f"`{name}`")
+        nd = self.ndim(node, x, f"the axes `{name}` moves")
+        order = list(range(nd))  # dim j of the result is dim order[j] of x
+        if name in ("t", "T"):
+            order.reverse()
+        elif name in ("mT", "adjoint"):
+            order[-2:] = order[:-3:-1]
+        elif name in ("transpose", "swapaxes", "swapdims"):
+            d0, d1 = self.axis(node, x, self.arg(node, 1, "dim0")), self.axis(node, x, self.arg(node, 2, "dim1"))
+            order[d0], order[d1] = d1, d0
+        elif name == "permute":
+            dims = node.args[1:] if len(node.args) > 2 else self.arg(node, 1, "dims")
+            order = [self.axis(node, x, d) for d in (dims if isinstance(dims, (tuple, list)) else [dims])]
+        else:  # movedim / moveaxis
+            src, dst = self.arg(node, 1, "source"), self.arg(node, 2, "destination")
+            src = [self.axis(node, x, d) for d in (src if isinstance(src, (tuple, list)) else [src])]
+            dst = [self.axis(node, x, d) for d in (dst if isinstance(dst, (tuple, list)) else [dst])]
+            rest = iter(d for d in range(nd) if d not in src)
+            placed = dict(zip(dst, src))
+            order = [placed[j] if j in placed else next(rest) for j in range(nd)]
+        return self.at(node, k, order.index(a))
+
+    def flattened(self, node, x, start, end, k, what) -> _Val:
+        """Dims ``start..end`` of ``x`` merged into one: row-local unless the rows merge with a
+        dim of another size than 1."""
+        a, nd = self.val(x).axis, self.ndim(node, x, f"the dims {what} merges")
+        s, e = (self.axis(node, x, d) % max(nd, 1) for d in (start, end))
+        if s <= a <= e and s != e:
+            shape = self.shape(x)
+            if any(shape[d] != 1 for d in range(s, e + 1) if d != a):
+                raise self.refuse(node, f"{what} merges the row axis of a {k.word()} value with other dims",
+                                  "Keep rows a dim of their own: flatten the feature dims only (x.flatten(1)).")
+            return self.at(node, k, s)
+        return self.at(node, k, a - (e - s) if a > e else a)
+
+    def unflattened(self, node, x, dim, count: int, k, what) -> _Val:
+        """Dim ``dim`` of ``x`` split into ``count`` dims: row-local unless it is the rows'."""
+        a, d = self.val(x).axis, self.axis(node, x, dim)
+        if d == a:
+            raise self.refuse(node, f"{what} over dim {dim} picks or splits by position along the {w_axis(k)}",
+                              "Split the feature dims only.")
+        return self.at(node, k, a + count - 1 if d < a else a)
 
     def along(self, node, name, x, k) -> _Val:
         pos, default = _ALONG[name]
         if name in ("max", "min") and isinstance(self.arg(node, 1, "other"), fx.Node):
             return self.pointwise(node, name, k)
         if name in ("normalize", "cosine_similarity") and node.op == "call_function":
-            pos, key = 2, "dim"
+            pos = 2
         key = {"flip": "dims", "roll": "dims"}.get(name, "dim")
         dims = self.arg(node, pos, key, default)
         if name == "squeeze" and dims == "all":
@@ -912,54 +1136,112 @@ class _Checker:
                 "Reduce over the feature dims only (x.sum(-1)); a total over all nodes needs a collective "
                 "(e.g. sc.nn.BatchNorm), which sarcompile provides for batch norm.",
             )
+        if name == "unflatten":
+            return self.unflattened(node, x, dims, len(self.arg(node, 2, "sizes")), k, name)
         dims = list(dims) if isinstance(dims, (tuple, list)) else [dims]
-        if any(self.axis(node, x, d) == 0 for d in dims):
+        a = self.val(x).axis
+        if any(self.axis(node, x, d) == a for d in dims):
             raise self.refuse(
                 node, f"{name} over dim {dims[0] if len(dims) == 1 else tuple(dims)} {_verb(name)} the "
                 f"{w_axis(k)}", "Work along the feature dims (dim=-1); to combine rows use the IR ops "
                 "(spmm over edges) or a collective (sc.nn.BatchNorm).",
             )
-        return replace(k, seq=name in _RETURNS_SEQ)
+        before = [d for d in (self.axis(node, x, d) for d in dims) if d < a]
+        return replace(self.at(node, k, a - self.dropped(node, name, x, before)), seq=name in _RETURNS_SEQ)
+
+    def dropped(self, node, name, x, dims: list[int]) -> int:
+        """How many of ``dims`` (before the rows) the result of reduction ``name`` lacks: all
+        of them, none with ``keepdim``, for squeeze those of size 1."""
+        if not dims or name not in _DROPS:
+            return 0
+        if name in ("select", "unbind"):
+            return len(dims)
+        shape = self.shape(x) or self.ndim(node, None, f"the dims {name} drops")
+        if name == "squeeze":
+            return sum(shape[d] == 1 for d in dims)
+        out = self.seen.get(node)
+        out = out[0] if isinstance(out, list) and out else out
+        if not isinstance(out, tuple):
+            self.ndim(node, None, f"whether {name} keeps its dims")
+        return len(dims) if len(out) < len(shape) else 0
 
     def join(self, node, name, k) -> _Val:
+        """cat / stack and their variants: rows stay rows when each part has them on the same
+        dim and the parts are joined along another; stacking puts a new dim before or after."""
         tensors = node.args[0] if node.args else node.kwargs.get("tensors")
         parts = [self.val(t) for t in tensors]
         if any(not p.per_row for p in parts):
             raise self.refuse(node, f"{name} joins a {k.word()} value with one that is not per-row",
                               "Expand the other value per row first (p.expand(x.size(0), -1)).")
-        if name in ("vstack",):
-            raise self.refuse(node, "vstack concatenates rows", "Concatenate along the features (dim=-1).")
-        if name in ("hstack", "column_stack", "dstack"):
-            return k
-        dim = self.arg(node, 1, "dim", 0)
-        first = tensors[0]
-        extra = 1 if name == "stack" else 0
-        if self.axis(node, first, dim, extra=extra) == 0:
-            raise self.refuse(node, f"{name} along dim {dim} {'concatenates' if not extra else 'stacks'} the rows "
-                              f"of {k.word()} values", "Join along the features: dim=-1 (or 1).")
-        return k
+        if len({p.axis for p in parts}) > 1:
+            raise self.refuse(node, f"{name} joins {k.word()} values whose rows are on different dims "
+                              f"({', '.join(str(p.axis) for p in parts)})", "Move the rows to the same dim first "
+                              "(.movedim(d, 0)).")
+        first, a = tensors[0], parts[0].axis
+        if name in ("hstack", "vstack", "dstack", "column_stack"):
+            nd = self.ndim(node, first, f"the dim {name} joins along")
+            # as torch: 1-D parts become columns (column_stack) or rows (vstack); dstack gives them 3 dims
+            if nd == 1 and name in ("vstack", "dstack"):
+                return self.at(node, k, 1)
+            if name == "dstack" or (nd > 1 and name != "vstack") or name == "column_stack":
+                return self.at(node, k, a)
+            dim, stacked = 0, False
+        else:
+            dim, stacked = self.arg(node, 1, "dim", 0), name == "stack"
+        d = self.axis(node, first, dim, extra=int(stacked))
+        if stacked:
+            return self.at(node, k, a + 1 if d <= a else a)
+        if d == a:
+            raise self.refuse(node, f"{name} along dim {dim} concatenates the rows of {k.word()} values",
+                              "Join along the features: dim=-1 (or 1).")
+        return self.at(node, k, a)
 
     def matmul(self, node, name, k) -> _Val:
-        a, b = node.args[0], node.args[1] if len(node.args) > 1 else node.kwargs.get("weight", node.kwargs.get("other"))
-        av, bv = self.val(a), self.val(b)
-        if name == "einsum" or name == "bilinear":
-            raise self.refuse(node, f"sarcompile cannot prove that {name} keeps rows apart",
-                              "Write it with matmul / nn.Linear over the features.")
-        na = self.ndim(node, a, "the contracted axis")
+        """Products, read as einsum equations (matmul's batch dims broadcast as ``...``)."""
+        if name == "einsum":
+            equation, *operands = node.args
+            if len(operands) == 1 and isinstance(operands[0], (tuple, list)):
+                operands = list(operands[0])
+            if not isinstance(equation, str):
+                raise self.refuse(node, "einsum in the sublist format", "Write the equation as a string.")
+            return self.contract(node, name, equation, operands, k)
         if name == "linear":
-            ok = av.per_row and not bv.per_row and na >= 2
-        else:
-            nb = self.ndim(node, b, "the contracted axis")
-            if av.per_row and bv.per_row:
-                ok = na >= 3 and nb >= 3 and name != "mm"
-            elif av.per_row:
-                ok = na >= 2 and nb <= 2 and name != "bmm"
-            else:
-                ok = nb >= 3 and na <= 2 and name == "matmul"
-        if not ok:
+            x, w = node.args[0], self.arg(node, 1, "weight")
+            return self.contract(node, name, "...k,jk->...j", [x, w], k)
+        if name == "bilinear":
+            x1, x2, w = node.args[0], node.args[1], self.arg(node, 2, "weight")
+            return self.contract(node, name, "...i,oij,...j->...o", [x1, w, x2], k)
+        a, b = node.args[0], node.args[1] if len(node.args) > 1 else node.kwargs.get("other", node.kwargs.get("mat2"))
+        na, nb = self.ndim(node, a, "the contracted axis"), self.ndim(node, b, "the contracted axis")
+        left = "...ik" if na >= 2 else "k"
+        right = "...kj" if nb >= 2 else "k"
+        out = ("..." if max(na, nb) > 2 else "") + ("i" if na >= 2 else "") + ("j" if nb >= 2 else "")
+        return self.contract(node, name, f"{left},{right}->{out}", [a, b], k)
+
+    def contract(self, node, name, equation: str, operands: list, k) -> _Val:
+        """An einsum ``equation`` over ``operands``: row-local when the per-row operands have
+        their rows under one subscript, which the result keeps, and the other operands have
+        size 1 under it (they apply to every row alike). The result has its rows there."""
+        ndims = [self.ndim(node, o, f"the subscripts of {name}'s operands") for o in operands]
+        inputs, output = _subscripts(equation, ndims)
+        rows = {labels[self.val(o).axis] for o, labels in zip(operands, inputs) if self.val(o).per_row}
+        if len(rows) > 1:
+            raise self.refuse(node, f"{name} pairs rows of {k.word()} values on different subscripts (every row of "
+                              "one with every row of the other)", "Give the per-row operands the same subscript for "
+                              "the rows (\"bi,bj->bij\").")
+        label = rows.pop()
+        if label not in output:
             raise self.refuse(node, f"{name} contracts or mixes the {w_axis(k)} of a {k.word()} value",
-                              "Multiply over the features: x @ W with x [rows, in], W [in, out] (or nn.Linear).")
-        return k
+                              "Multiply over the features: x @ W with x [rows, in], W [in, out] (or nn.Linear); "
+                              "keep the rows' subscript in the einsum's result.")
+        for o, labels in zip(operands, inputs):
+            v, shape = self.val(o), self.shape(o)
+            if labels.count(label) > (1 if v.per_row else 0) and (v.per_row or shape is None or any(
+                    shape[i] != 1 for i, s in enumerate(labels) if s == label)):
+                raise self.refuse(node, f"{name} combines a {k.word()} value with a {v.word()} tensor of shape "
+                                  f"{shape} along its rows", "Give the other operand size 1 (or no dim) under the "
+                                  "rows' subscript, so it applies to every row alike.")
+        return self.at(node, k, output.index(label))
 
     def addmm(self, node, k) -> _Val:
         """``addmm(input, x, W)`` = ``beta * input + alpha * x @ W``: row-local for per-row
@@ -967,15 +1249,19 @@ class _Checker:
         vector of output features."""
         inp, a, b = (list(node.args) + [node.kwargs.get(n) for n in ("input", "mat1", "mat2")][len(node.args):])[:3]
         iv, av, bv = self.val(inp), self.val(a), self.val(b)
-        rows_ok = (iv.per_row and iv.res is av.res and self.ndim(node, inp, "addmm's input") == 2) or (
+        rows_ok = (iv.per_row and iv.res is av.res and iv.axis == 0 and self.ndim(node, inp, "addmm's input") == 2) or (
             not iv.per_row and self.ndim(node, inp, "addmm's input") <= 1)
-        if not (av.per_row and not bv.per_row and self.ndim(node, a, "the contracted axis") == 2 and rows_ok):
+        if not (av.per_row and av.axis == 0 and not bv.per_row and self.ndim(node, a, "the contracted axis") == 2
+                and rows_ok):
             raise self.refuse(node, f"addmm contracts or mixes the {w_axis(k)} of a {k.word()} value",
                               "Multiply over the features: addmm(b, x, W) with x [rows, in], W [in, out], b [out] "
                               "or rows like x.")
         return k
 
     def pointwise(self, node, name, k) -> _Val:
+        """Elementwise ops broadcast their operands from the right: row-local when every
+        per-row operand has its rows the same number of dims from the right, and the others
+        size 1 (or no dim) there. The result has its rows that far from its right."""
         out = self.shape(node)
         tensors = [a for a in node.all_input_nodes if self.val(a).res is not CONST or self.shape(a)]
         known = [self.shape(a) for a in tensors]
@@ -990,24 +1276,29 @@ class _Checker:
                         self.val(a).res is PARAM for a in tensors):
                 return k  # one per-row tensor with scalars: nothing to broadcast
             self.ndim(node, None, f"how `{name}` broadcasts")
+        right = None  # how many dims from the right the rows are, counting their own
         for a in tensors:
             v, s = self.val(a), self.shape(a)
-            if s is None:
-                continue
-            if v.per_row and len(s) != len(out):
-                raise self.refuse(
-                    node, f"`{name}` broadcasts a {v.word()} tensor of shape {s} against shape {out}, which "
-                    "lines its rows up with another axis", "Give both operands the row axis first and the same "
-                    "number of dims (x.unsqueeze(-1)).",
-                )
-            if not v.per_row and len(s) == len(out) and s[0] != 1:
+            if v.per_row and s is not None:
+                if right is None:
+                    right = len(s) - v.axis
+                elif len(s) - v.axis != right:
+                    raise self.refuse(
+                        node, f"`{name}` broadcasts a {v.word()} tensor of shape {s} against shape {out}, which "
+                        "lines its rows up with another axis", "Give the operands their rows on the same dim and the "
+                        "same number of dims after it (x.unsqueeze(-1)).",
+                    )
+        if right is None:
+            return k
+        for a in tensors:
+            v, s = self.val(a), self.shape(a)
+            if not v.per_row and s is not None and len(s) >= right and s[len(s) - right] != 1:
                 raise self.refuse(
                     node, f"`{name}` combines a {k.word()} value with a {v.word()} tensor of shape {s} whose "
-                    "first axis lines up with the rows", "Give the other operand a first axis of size 1 (or "
+                    f"axis {len(s) - right} lines up with the rows", "Give the other operand size 1 there (or "
                     "fewer dims), so it applies to every row alike.",
                 )
-        return k
-
+        return self.at(node, k, len(out) - right)
 
 def w_axis(k: _Val) -> str:
     return {NODE: "node axis", EDGE: "edge axis"}.get(k.res, "row axis")
@@ -1022,6 +1313,43 @@ def _verb(name: str) -> str:
                 "unbind", "chunk", "split", "tensor_split", "unflatten", "squeeze"):
         return "picks or splits by position along"
     return "reduces over"
+
+
+def _nodes_in(value: Any) -> list[fx.Node]:
+    """The nodes in ``value`` (a node, or nested arguments)."""
+    found: list[fx.Node] = []
+    fx.node.map_arg(value, found.append)
+    return found
+
+
+def _flat(v: _Val) -> list[_Val]:
+    """``v`` and, for a tuple of differing items (an LSTM's output), each item."""
+    return [v] if v.parts is None else [v, *(p for part in v.parts for p in _flat(part))]
+
+
+def _subscripts(equation: str, ndims: list[int]) -> tuple[list[list[str]], list[str]]:
+    """The subscripts of each operand of an einsum ``equation`` (with ``ndims`` dims) and of
+    its result, one per dim, ``...`` spelled out as subscripts of its own, broadcast from
+    the right as torch does.
+
+    >>> _subscripts("bij,ijk->bik", [3, 3])
+    ([['b', 'i', 'j'], ['i', 'j', 'k']], ['b', 'i', 'k'])
+    >>> _subscripts("...ik,kj", [3, 2])
+    ([['...0', 'i', 'k'], ['k', 'j']], ['...0', 'i', 'j'])
+    """
+    lhs, arrow, rhs = equation.replace(" ", "").partition("->")
+    terms = lhs.split(",")
+    width = max((nd - len(t.replace("...", "")) for t, nd in zip(terms, ndims) if "..." in t), default=0)
+    dots = [f"...{i}" for i in range(width)]
+
+    def spelled(term: str, count: int) -> list[str]:
+        head, has, tail = term.partition("...")
+        return list(head) + (dots[width - count:] if has and count else []) + list(tail)
+
+    inputs = [spelled(t, nd - len(t.replace("...", ""))) for t, nd in zip(terms, ndims)]
+    if arrow:
+        return inputs, spelled(rhs, width)
+    return inputs, dots + sorted(s for s in set(lhs) if s.isalpha() and lhs.count(s) == 1)  # implicit: as torch
 
 
 def _fmt(idx: Any) -> str:
