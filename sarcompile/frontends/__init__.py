@@ -17,6 +17,7 @@ front-end                       library              layers
 ``frontends.pyg_hetero``        ``torch_geometric``  HeteroConv, to_hetero models
 ``frontends.pyg_hetero_convs``  ``torch_geometric``  HGTConv, HANConv, HeteroDictLinear
 ``frontends.pyg_typed_rows``    ``torch_geometric``  HeteroLinear (and HEATConv through it)
+``frontends.pyg_reversible``    ``torch_geometric``  GroupAddRev
 ``frontends.dgl``               ``dgl``              SAGEConv, GraphConv, GATConv, HGTConv,
                                                      EdgeWeightNorm, TypedLinear, and layers
                                                      written with update_all / apply_edges
@@ -36,7 +37,7 @@ __all__ = ["load_available"]
 _FRONTENDS = {
     "torch_geometric": ("sarcompile.frontends.pyg", "sarcompile.frontends.pyg_edge_types",
                         "sarcompile.frontends.pyg_hetero", "sarcompile.frontends.pyg_hetero_convs",
-                        "sarcompile.frontends.pyg_typed_rows"),
+                        "sarcompile.frontends.pyg_typed_rows", "sarcompile.frontends.pyg_reversible"),
     "dgl": ("sarcompile.frontends.dgl", "sarcompile.frontends.dgl_hetero"),
 }
 
