@@ -38,7 +38,7 @@ from .errors import CompileError, GraphError
 from .frontends import load_available
 from .ir.graph import Graph
 from .hetero import HeteroGraph, HeteroShard, parse_relation_key
-from .leaves import (TYPED_GRAPHS, ArgLayout, Constant, argument_name, call_arguments, is_plain, layout_of,
+from .leaves import (ATTRIBUTE, TYPED_GRAPHS, ArgLayout, Constant, argument_name, call_arguments, is_plain, layout_of,
                      leaves_of_call, needs_leaves, takes_varargs)
 from .ir.lowering import has_lowering
 from .data.partitioning import read_manifest
@@ -79,9 +79,11 @@ class Program:
     tables: tuple[str, ...] = ()
     seconds: dict[str, float] = field(default_factory=dict)  # wall time of tracing and of each pass
 
-    def inputs(self, model: nn.Module, call: "CallShape", args: tuple, kwargs: dict) -> tuple:
-        """What the program is called with for ``model(*args, **kwargs)``."""
-        leaves = call.arguments(model.forward, args, kwargs)
+    def inputs(self, model: nn.Module, call: "CallShape", args: tuple, kwargs: dict,
+               kept: dict[str, Any] | None = None) -> tuple:
+        """What the program is called with for ``model(*args, **kwargs)`` (``kept``: the
+        graphs the model keeps, by attribute path)."""
+        leaves = call.arguments(model.forward, args, kwargs, kept)
         return (*leaves, *(model.get_parameter(path) for path in self.tables))
 
 
@@ -111,12 +113,18 @@ class CallShape:
     layouts: tuple[ArgLayout, ...] = ()
 
     @classmethod
-    def of_call(cls, forward, args: tuple, kwargs: dict, graph_input: int | str) -> "CallShape":
+    def of_call(cls, forward, args: tuple, kwargs: dict, graph_input: int | str | None,
+                kept: dict[str, Any] | None = None) -> "CallShape":
+        """The shape of ``forward(*args, **kwargs)`` with the graph at ``graph_input`` (a
+        position or keyword; None where the model keeps its graphs), and ``kept``, the
+        graphs the model keeps by attribute path (``{"g": g}`` for ``self.g``): inputs of
+        the program after the call's."""
         params = inspect.signature(forward).parameters
         bound = call_arguments(forward, args, kwargs)
         given = {k: v for k, (v, _) in bound.items()}
-        if needs_leaves(given) or takes_varargs(bound):
-            return cls._of_leaves(forward, bound, argument_name(forward, graph_input), graph_input)
+        if needs_leaves(given) or takes_varargs(bound) or kept:
+            graph_name = None if graph_input is None else argument_name(forward, graph_input)
+            return cls._of_leaves(forward, bound, graph_name, graph_input, kept or {})
         graph_name = list(params)[graph_input] if isinstance(graph_input, int) else graph_input
         graph = given.get(graph_name)
         inputs, constants = [], []
@@ -124,7 +132,7 @@ class CallShape:
             if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) or (name not in given and p.default is p.empty):
                 continue
             value = given[name] if name in given else p.default
-            if name == graph_name:
+            if name == graph_name or _is_graph(value):
                 inputs.append((name, Input(Residency.GRAPH)))
             elif is_plain(value):
                 constants.append((name, Constant(value)))
@@ -134,20 +142,22 @@ class CallShape:
         return cls(graph_input, tuple(constants), tuple(inputs))
 
     @classmethod
-    def _of_leaves(cls, forward, bound: dict[str, tuple[Any, str]], graph_name: str,
-                   graph_input: int | str) -> "CallShape":
-        """A call with dicts, a typed graph or values for ``*args`` / ``**kwargs`` (``bound``,
-        see :func:`~sarcompile.leaves.call_arguments`): one input per leaf, each named by its
-        type or relation when the graph is typed."""
-        graph = bound.get(graph_name, (None, ''))[0]
+    def _of_leaves(cls, forward, bound: dict[str, tuple[Any, str]], graph_name: str | None,
+                   graph_input: int | str | None, kept: dict[str, Any]) -> "CallShape":
+        """A call with dicts, lists, a typed graph, values for ``*args`` / ``**kwargs`` or
+        graphs kept on the model (``bound``, see :func:`~sarcompile.leaves.call_arguments`;
+        ``kept``, see :meth:`of_call`): one input per leaf, each named by its type or
+        relation when the graph is typed."""
+        arguments = _with_plain_defaults(forward, bound) | {ATTRIBUTE + path: (v, "attr") for path, v in kept.items()}
+        graph = _first_graph(bound.get(graph_name, (None, ""))[0]) or next(map(_first_graph, kept.values()), None)
         layouts, inputs = [], []
-        for name, (value, passed) in _with_plain_defaults(forward, bound).items():
+        for name, (value, passed) in arguments.items():
             layout = layout_of(name, value, passed)
             layouts.append(layout)
             for leaf, key, value in zip(layout.leaf_names(), layout.keys or (None,), layout.leaves(value)):
                 if layout.kind == "typed":
                     inputs.append((leaf, Input(Residency.GRAPH, of=key)))
-                elif name == graph_name:
+                elif name == graph_name or _is_graph(value):
                     inputs.append((leaf, Input(Residency.GRAPH)))
                 elif isinstance(graph, TYPED_GRAPHS):
                     inputs.append((leaf, _typed_input(key, value, graph)))
@@ -159,19 +169,32 @@ class CallShape:
         """The plain Python arguments the program is traced with, by name."""
         return dict(self.constants) | {x.name: x.keys[0] for x in self.layouts if x.kind == "constant"}
 
-    def arguments(self, forward, args: tuple, kwargs: dict) -> tuple:
-        """The program's inputs for this call: ``args`` / ``kwargs`` themselves, or their leaves."""
+    def arguments(self, forward, args: tuple, kwargs: dict, kept: dict[str, Any] | None = None) -> tuple:
+        """The program's inputs for this call: ``args`` / ``kwargs`` themselves, or their
+        leaves (and those of ``kept``, the graphs the model keeps, see :meth:`of_call`)."""
         if not self.layouts:
             return args
-        return tuple(leaves_of_call(self.layouts, {k: v for k, (v, _) in call_arguments(forward, args, kwargs).items()}))
+        given = {k: v for k, (v, _) in call_arguments(forward, args, kwargs).items()}
+        given |= {ATTRIBUTE + path: v for path, v in (kept or {}).items()}
+        return tuple(leaves_of_call(self.layouts, given))
 
     @classmethod
-    def default(cls, forward, graph_input: int | str | None = None, x: torch.Tensor | None = None) -> "CallShape":
+    def default(cls, forward, graph_input: int | str | None = None, x: torch.Tensor | None = None,
+                kept: dict[str, Any] | None = None) -> "CallShape":
         """A call with the graph and the features only (``x``, the first other argument, when
         given): every optional input None. The graph is ``graph_input``, by default the first
-        argument named as graphs are (``g``, ``graph``, ``edge_index``, ...), else the first."""
+        argument named as graphs are (``g``, ``graph``, ``edge_index``, ...), else the graphs
+        the model keeps (``kept``, see :meth:`of_call`), else the first argument."""
         params = [n for n, p in inspect.signature(forward).parameters.items()
                   if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+        if graph_input is None and kept and not any(n in GRAPH_NAMES for n in params):
+            shape = cls.of_call(forward, (), {}, None, kept)
+            inputs = dict(shape.inputs)
+            if x is not None and params:  # the first argument: the features
+                inputs[params[0]] = Input(Residency.NODE, tuple(x.shape), x.dtype)
+                layouts = tuple(x for x in shape.layouts if x.name != params[0])
+                shape = cls(None, (), tuple(inputs.items()), (ArgLayout(params[0]), *layouts))
+            return shape
         if graph_input is None:
             graph_input = next((i for i, n in enumerate(params) if n in GRAPH_NAMES), 0)
         shape = cls.of_call(forward, (), {}, graph_input)
@@ -380,15 +403,95 @@ def _typed_call(forward, workers: list[TypedWorkerStats], x: Any) -> CallShape:
     return CallShape.of_call(forward, tuple(args), {}, where)
 
 
-def _find_graph(args: tuple, kwargs: dict) -> tuple[Graph | ShardGraph | HeteroGraph | HeteroShard, int | str]:
-    """The graph argument, and its position (or keyword)."""
-    for where, v in list(enumerate(args)) + list(kwargs.items()):
-        if isinstance(v, (Graph, ShardGraph, HeteroGraph, HeteroShard)):
-            return v, where
-    raise CompileError(
-        "no graph argument: call the model with a sarcompile Graph or HeteroGraph (one machine) or a worker's "
-        "part.graph, e.g. model(part.graph, part.node_data['x'])"
-    )
+GRAPHS = (Graph, ShardGraph, HeteroGraph, HeteroShard)
+
+
+def _is_graph(value: Any) -> bool:
+    """Whether ``value`` is a graph, or a non-empty list or tuple of graphs (DGL's
+    ``blocks``, a list of metapath graphs)."""
+    if isinstance(value, (list, tuple)):
+        return bool(value) and all(isinstance(v, GRAPHS) for v in value)
+    return isinstance(value, GRAPHS)
+
+
+def _first_graph(value: Any) -> Any:
+    """``value`` if it is a graph, its first if it is a list of them, else None."""
+    if not _is_graph(value):
+        return None
+    return value[0] if isinstance(value, (list, tuple)) else value
+
+
+def _dgl_graph(value: Any) -> bool:
+    return type(value).__module__.startswith("dgl.") and hasattr(value, "canonical_etypes")
+
+
+@dataclass
+class _Graphs:
+    """Where a call's graphs are: the argument holding one (a position or keyword; None if
+    none does) and those the model keeps (``kept``: by attribute path); ``partitioned``
+    whether they are a worker's shards."""
+
+    where: int | str | None
+    kept: dict[str, Any]
+    partitioned: bool
+    first: Any  # the first graph found (a typed shard's node tables are sharded by it)
+
+
+def _find_graphs(model: nn.Module, args: tuple, kwargs: dict, converted: dict[int, tuple[Any, Any]]) -> _Graphs:
+    """The graphs of ``model(*args, **kwargs)``: in an argument (a graph, or a list or tuple
+    of graphs), and kept on the model's modules as attributes (``self.g = g``, or a list of
+    graphs) -- a DGL graph kept there is converted (once, ``converted`` keeps it by id) to
+    the sarcompile graph of the same nodes and edges. All of them are whole graphs (one
+    machine) or all a worker's shards."""
+    where = next((w for w, v in [*enumerate(args), *kwargs.items()] if _is_graph(v)), None)
+    kept = _kept_graphs(model, converted)
+    found = {f"argument {where!r}": args[where] if isinstance(where, int) else kwargs[where]} if where is not None \
+        else {}
+    found |= {f"self.{path}": v for path, v in kept.items()}
+    if not found:
+        raise CompileError(
+            "no graph: sarcompile looked in forward's arguments (a graph, or a list or tuple of graphs) and in the "
+            "model's attributes (self.g = g, kept by any of its modules), and found none. Call the model with a graph "
+            "(model(g, x): a sarcompile Graph or HeteroGraph on one machine, a worker's part.graph), or keep it on "
+            "the model: self.g = g in __init__ (a DGL graph there is converted), and on a worker model.g = part.graph"
+        )
+    shards = {what: all(isinstance(g, (ShardGraph, HeteroShard)) for g in (v if isinstance(v, (list, tuple)) else [v]))
+              for what, v in found.items()}
+    if len(set(shards.values())) > 1:
+        whole = [what for what, shard in shards.items() if not shard]
+        raise CompileError(
+            f"the model's graphs are a worker's shards ({', '.join(w for w in shards if shards[w])}) and whole graphs "
+            f"({', '.join(whole)}) at once; on a worker give every graph as its shard: part.graph, e.g. "
+            f"model.{whole[0][5:] if whole[0].startswith('self.') else 'g'} = part.graph"
+        )
+    return _Graphs(where, kept, next(iter(shards.values())), _first_graph(next(iter(found.values()))))
+
+
+def _kept_graphs(model: nn.Module, converted: dict[int, tuple[Any, Any]]) -> dict[str, Any]:
+    """The graphs ``model``'s modules keep as public attributes (a graph or a list or tuple
+    of graphs), by path; a DGL graph as its sarcompile graph (see :func:`_find_graphs`)."""
+    kept: dict[str, Any] = {}
+    for prefix, module in model.named_modules():
+        for name, value in vars(module).items():
+            if name.startswith("_"):
+                continue
+            if _dgl_graph(value) or (isinstance(value, (list, tuple)) and value and all(map(_dgl_graph, value))):
+                value = _converted(value, converted)
+            if _is_graph(value):
+                kept[f"{prefix}.{name}" if prefix else name] = value
+    return kept
+
+
+def _converted(value: Any, converted: dict[int, tuple[Any, Any]]) -> Any:
+    """The sarcompile graph of DGL graph ``value`` (or of each in a list), converted once."""
+    if isinstance(value, (list, tuple)):
+        return type(value)(_converted(v, converted) for v in value)
+    kept = converted.get(id(value))
+    if kept is None or kept[0] is not value:
+        homogeneous = len(value.ntypes) == 1 and len(value.canonical_etypes) == 1
+        kept = (value, Graph.from_dgl(value) if homogeneous else HeteroGraph.from_dgl(value))
+        converted[id(value)] = kept
+    return kept[1]
 
 
 # Programs one model may compile for other values of its plain Python arguments before it is
@@ -443,6 +546,7 @@ class DistributedModule(nn.Module):
         module.training = mode
         object.__setattr__(self, "_options", options)
         object.__setattr__(self, "_programs", {})
+        object.__setattr__(self, "_converted", {})  # DGL graphs the model keeps, as sarcompile graphs (by id)
         object.__setattr__(self, "_stream", None)  # dropout masks' RandomStream, made when first needed
         self._parameters = module._parameters
         self._buffers = module._buffers
@@ -538,7 +642,10 @@ class DistributedModule(nn.Module):
         call = self.__dict__.get("_last_call")
         typed = bool(workers) and isinstance(workers[0], TypedWorkerStats)
         if call is None or typed != any(layout.kind == "typed" for layout in call.layouts):
-            call = _typed_call(self._orig.forward, workers, x) if typed else CallShape.default(self._orig.forward, x=x)
+            if typed:
+                call = _typed_call(self._orig.forward, workers, x)
+            else:
+                call = CallShape.default(self._orig.forward, x=x, kept=_kept_graphs(self._orig, self._converted))
         program = self.program(partitioned=True, call=call)
         # The probe run must not advance dropout counters or other buffers of the model.
         buffers = {id(v): (v, v.clone()) for v in [*self._orig.buffers(), *program.module.buffers()]}
@@ -553,16 +660,25 @@ class DistributedModule(nn.Module):
                     v.copy_(saved)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        graph, where = _find_graph(args, kwargs)
-        call = CallShape.of_call(self._orig.forward, args, kwargs, where)
+        graphs = _find_graphs(self._orig, args, kwargs, self._converted)
+        graph = graphs.first
+        call = CallShape.of_call(self._orig.forward, args, kwargs, graphs.where, graphs.kept)
         self.__dict__["_last_call"] = call
-        program = self.program(isinstance(graph, (ShardGraph, HeteroShard)), call, stages=False)
+        program = self.program(graphs.partitioned, call, stages=False)
         if not call.layouts:
             return program.module(*args, **kwargs)
         if program.tables and isinstance(graph, HeteroShard):  # a worker keeps its own rows of each
             tables = find_node_tables(self._orig, graph.num_global_nodes)
             shard_tables(self._orig, {p: tables[p] for p in program.tables}, graph.global_ids, graph.num_global_nodes)
-        return program.module(*program.inputs(self._orig, call, args, kwargs))
+        return program.module(*program.inputs(self._orig, call, args, kwargs, graphs.kept))
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # A plain attribute of the model (the graph it keeps: model.g = part.graph on a
+        # worker) is set on the model, whose forward reads it.
+        if not name.startswith("_") and name in vars(self._orig):
+            setattr(self._orig, name, value)
+        else:
+            super().__setattr__(name, value)
 
     def __getattr__(self, name: str) -> Any:
         try:

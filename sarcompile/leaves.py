@@ -35,6 +35,7 @@ __all__ = ["ArgLayout", "Constant", "call_arguments", "argument_name", "is_plain
            "takes_varargs"]
 
 TYPED_GRAPHS = (HeteroGraph, HeteroShard)
+ATTRIBUTE = "self."  # how a layout names a graph the model keeps (self.g), see ArgLayout
 _PLAIN = (bool, int, float, str, type(None))
 
 
@@ -90,7 +91,8 @@ class ArgLayout:
     its position; ``constant``: a plain Python value, the :class:`Constant` in ``keys``,
     which forward is traced with). ``passed`` says how ``forward`` receives it: as the named parameter
     ``name`` (``named``), as one of the values its ``*args`` collects (``varargs``, in
-    order) or by keyword into its ``**kwargs`` (``varkw``)."""
+    order), by keyword into its ``**kwargs`` (``varkw``), or not at all (``attr``: a graph
+    the model keeps, named ``self.<path>``, which the tracer sets on the module)."""
 
     name: str
     kind: str = "plain"
@@ -99,9 +101,14 @@ class ArgLayout:
     node_counts: tuple[int, ...] = ()
     passed: str = "named"
 
+    @property
+    def attribute(self) -> str | None:
+        """The path of the module attribute this layout stands for (``passed == "attr"``)."""
+        return self.name[len(ATTRIBUTE):] if self.passed == "attr" else None
+
     def leaf_names(self) -> list[str]:
         if self.kind == "plain":
-            return [self.name]
+            return [re.sub(r"\W", "_", self.name)]  # (self.g: self_g)
         if self.kind == "constant":
             return []
         return [_leaf_name(self.name, k) for k in self.keys]
@@ -210,12 +217,14 @@ def leaves_of_call(layouts: tuple[ArgLayout, ...], given: dict[str, Any]) -> lis
     return [leaf for layout in layouts for leaf in layout.leaves(given.get(layout.name))]
 
 
-def rebuilt_arguments(forward_params: list[Any], layouts: tuple[ArgLayout, ...],
-                      placeholder: Callable[[str], Any]) -> tuple[list[Any], dict[str, Any]]:
+def rebuilt_arguments(forward_params: list[Any], layouts: tuple[ArgLayout, ...], placeholder: Callable[[str], Any]
+                      ) -> tuple[list[Any], dict[str, Any], dict[str, Any]]:
     """``forward``'s arguments while tracing, positional and by keyword: each argument of
     the call rebuilt from placeholders (``placeholder(leaf_name)``, in the order of
-    ``layouts``), the others at their defaults (an optional argument given None is None)."""
+    ``layouts``), the others at their defaults (an optional argument given None is None);
+    and the graphs the model keeps (``attr`` layouts), rebuilt alike, by attribute path."""
     rebuilt = {layout.name: layout.rebuild([placeholder(n) for n in layout.leaf_names()]) for layout in layouts}
+    attributes = {x.attribute: rebuilt[x.name] for x in layouts if x.attribute is not None}
     by_name = {layout.name: layout for layout in layouts}
     args: list[Any] = []
     kwargs: dict[str, Any] = {}
@@ -231,4 +240,4 @@ def rebuilt_arguments(forward_params: list[Any], layouts: tuple[ArgLayout, ...],
             args.append(rebuilt[p.name])
         else:
             args.append(None if p.default is p.empty else p.default)
-    return args, kwargs
+    return args, kwargs, attributes

@@ -126,7 +126,7 @@ class ShardProbe:
         for node in self.gm.graph.nodes:
             if node.op != "placeholder":
                 continue
-            if node is graph:
+            if node is graph or _one_type_graph(node):  # (another graph of a list, a graph kept on the model)
                 inputs.append(self.shard)
             elif not x_given:
                 inputs.append(x)
@@ -137,10 +137,10 @@ class ShardProbe:
 
     def features(self, inputs: list[Any]) -> list[torch.Tensor]:
         """Of :meth:`inputs`, what :meth:`node_data_bytes` counts: ``x``'s rows, the first
-        input that is not the graph."""
+        input that is not a graph."""
         graph = next((g for n in self.gm.graph.nodes if (g := _halo_graph(n)) is not None), None)
         placeholders = [n for n in self.gm.graph.nodes if n.op == "placeholder"]
-        return next(([a] for a, n in zip(inputs, placeholders) if n is not graph), [])
+        return next(([a] for a, n in zip(inputs, placeholders) if n is not graph and not _one_type_graph(n)), [])
 
     def sizes(self, w: WorkerStats) -> dict[int, int]:
         return _graph_sizes(self.NODES, self.EDGES, _LOOPS, w)
@@ -167,6 +167,11 @@ class ShardProbe:
 def _halo_graph(node: fx.Node) -> fx.Node | None:
     op = node.meta.get("ir_op")
     return None if op is None or op.exchange is None else graph_input(node)
+
+
+def _one_type_graph(node: fx.Node) -> bool:
+    spec = _spec(node)
+    return spec is not None and spec.residency is Residency.GRAPH and spec.of is None
 
 
 def _default(node: fx.Node) -> Any:

@@ -34,6 +34,7 @@ from .model_state import refuse_state_updates, settled_trace
 from .source_lines import user_file, user_frame
 from .nn import NodeDropout, RandomStream
 from .ir.probe import PROBES, ROW_COUNTS, Input, example
+from .ir.vocab import Residency
 from .runtime.comm import offline
 
 __all__ = ["SarTracer", "ShapeTracer", "UNKNOWN", "generated_wraps_dropped", "trace"]
@@ -46,12 +47,17 @@ class SarTracer(fx.Tracer):
     ``g.update_all`` becomes IR ops. ``constants``: forward's arguments (by name) that it
     is traced with as values, not proxies (plain Python arguments, see
     :func:`~sarcompile.leaves.is_plain`); each keeps its placeholder, unused, so the
-    program takes the same arguments as forward."""
+    program takes the same arguments as forward. ``graph_leaves``: in a call traced leaf
+    by leaf (``layouts``), the leaves that are one-type graphs, traced as DGL graphs too;
+    a graph the model keeps (``self.g``, an ``attr`` layout) is set on its module while
+    tracing, so forward reads the program's input there."""
 
     def __init__(self, graph_input: int | str | None = None, layouts: tuple[ArgLayout, ...] = (),
-                 tables: Mapping[str, Input] | None = None, constants: Mapping[str, Any] | None = None):
+                 tables: Mapping[str, Input] | None = None, constants: Mapping[str, Any] | None = None,
+                 graph_leaves: frozenset[str] = frozenset()):
         super().__init__()
         self.graph_input = graph_input
+        self.graph_leaves = graph_leaves
         self.constants = dict(constants or {})
         self.layouts = layouts  # a call with dicts or a typed graph: one placeholder per leaf
         self.tables = dict(tables or {})  # node tables (parameter name -> its input): inputs, not get_attr
@@ -170,13 +176,15 @@ class SarTracer(fx.Tracer):
     def create_args_for_root(self, root_fn, is_module, concrete_args=None):
         if self.layouts:  # one placeholder per leaf; forward gets its dicts and typed graph back
             params = list(inspect.signature(root_fn).parameters.values())[1 if is_module else 0:]
-            args, kwargs = rebuilt_arguments(params, self.layouts,
-                                             lambda name: self.create_proxy("placeholder", name, (), {}))
-            if "dgl" in sys.modules:  # DGL code reads a typed graph as a DGL heterograph (frames, update_all)
-                from .frontends.dgl_hetero import HeteroGraphProxy
-
-                args = [HeteroGraphProxy(a, self) if isinstance(a, TracedHetero) else a for a in args]
-                kwargs = {k: HeteroGraphProxy(a, self) if isinstance(a, TracedHetero) else a for k, a in kwargs.items()}
+            args, kwargs, attributes = rebuilt_arguments(params, self.layouts,
+                                                         lambda name: self.create_proxy("placeholder", name, (), {}))
+            if "dgl" in sys.modules:  # DGL code reads a graph as a DGL graph (frames, update_all)
+                args, kwargs, attributes = self._as_dgl((args, kwargs, attributes))
+            for path, value in attributes.items():  # until the trace ends, as _swap_functions does
+                owner, _, name = path.rpartition(".")
+                frame = vars(self.root.get_submodule(owner))
+                self._swapped.append((frame, name, frame[name]))
+                frame[name] = value
             return _with_keywords(root_fn, kwargs), ([self.root] if is_module else []) + args
         fn, args = super().create_args_for_root(root_fn, is_module, concrete_args)
         dgl = self.graph_input is not None and "dgl" in sys.modules
@@ -193,6 +201,23 @@ class SarTracer(fx.Tracer):
 
                 args[i] = GraphProxy(a.node, self)
         return fn, args
+
+    def _as_dgl(self, value: Any) -> Any:
+        """``value`` (an argument rebuilt from its leaves, or a container of them) with each
+        graph in it as DGL code reads it: a typed graph as a DGL heterograph, a one-type
+        graph leaf as a DGL graph."""
+        from .frontends.dgl_graph import GraphProxy
+        from .frontends.dgl_hetero import HeteroGraphProxy
+
+        if isinstance(value, TracedHetero):
+            return HeteroGraphProxy(value, self)
+        if isinstance(value, fx.Proxy) and value.node.target in self.graph_leaves:
+            return GraphProxy(value.node, self)
+        if isinstance(value, (list, tuple)):
+            return type(value)(self._as_dgl(v) for v in value)
+        if isinstance(value, dict):
+            return {k: self._as_dgl(v) for k, v in value.items()}
+        return value
 
     def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
         if isinstance(m, nn.Embedding) and f"{qualname}.weight" in self.tables:
@@ -278,8 +303,8 @@ class ShapeTracer(SarTracer):
     def __init__(self, examples: Sequence[Sequence[Any]] | None, graph_input: int | str | None = None,
                  layouts: tuple[ArgLayout, ...] = (), tables: Mapping[str, Input] | None = None,
                  device: torch.device = torch.device("cpu"), every_value: bool = False,
-                 constants: Mapping[str, Any] | None = None):
-        super().__init__(graph_input, layouts, tables, constants)
+                 constants: Mapping[str, Any] | None = None, graph_leaves: frozenset[str] = frozenset()):
+        super().__init__(graph_input, layouts, tables, constants, graph_leaves)
         self.device = device  # where the examples live
         self.examples = None if examples is None else [list(e) for e in examples]
         self.values: dict[fx.Node, tuple] = {}
@@ -573,8 +598,9 @@ def trace(
             for helper in tracer.helpers:
                 delattr(tracer.root, helper)
 
+    graphs = frozenset(n for n, spec in (inputs or {}).items() if spec.residency is Residency.GRAPH and spec.of is None)
     gm = settled_trace(model, name, lambda: ShapeTracer(examples, graph_input, layouts, tables, device,
-                                                        constants=constants), once)
+                                                        constants=constants, graph_leaves=graphs), once)
     refuse_state_updates(gm.graph, name)
     return gm
 
