@@ -2,7 +2,7 @@
 on N workers?
 
 The DGL twin of ``benchmarks/models_sweep.py`` (whose harness it uses: read its docstring for
-what is compared and how a case ends). The models are in ``benchmarks/dgl_models.py``,
+what is compared and how a case ends). The models are in ``benchmarks/models_dgl.py``,
 written as DGL's examples and tutorials write them: ``nn.Dropout``, ``feat_drop`` /
 ``attn_drop``, APPNP's ``edge_drop``, the graph kept on the module (``self.g``), a ``blocks``
 list, a list of metapath graphs, features in the graph's frames (``g.ndata['feat']``,
@@ -136,7 +136,7 @@ def _entity_call(m, g, i, training):
 
 
 def _models() -> list[Model]:
-    import dgl_models as D
+    import models_dgl as D
     import torch.nn.functional as F
 
     f, h, c = CITATION["features"], 16, CITATION["classes"]

@@ -3,11 +3,12 @@ workers?
 
 The layer zoos (``pyg_zoo.py`` and its siblings) measure layers one at a time. This sweep
 takes whole node-level models written the way PyG's examples and tutorials write them
-(``benchmarks/pyg_models.py``; DGL's are in ``dgl_models_sweep.py``): dropout everywhere, the
-graph passed as ``edge_index``, inside a ``Data``, kept on the module, with a ``training``
-flag beside it, ready-made ``torch_geometric.nn.models`` with their dropout / jk / norm
-options, typed models (``to_hetero``, HGT, HAN, ``HeteroConv``, RGCN) with learnable tables
-of featureless types under any name, plain-torch message passing, Lightning-style wrappers.
+(``benchmarks/models_pyg.py``; DGL's are in ``models_dgl.py``, swept by
+``dgl_models_sweep.py``): dropout everywhere, the graph passed as ``edge_index``, inside a
+``Data``, kept on the module, with a ``training`` flag beside it, ready-made
+``torch_geometric.nn.models`` with their dropout / jk / norm options, typed models
+(``to_hetero``, HGT, HAN, ``HeteroConv``, RGCN) with learnable tables of featureless types
+under any name, plain-torch message passing, Lightning-style wrappers.
 Each runs on synthetic graphs of its dataset's shape, small: a Cora-shaped citation graph
 (300 nodes, 6 isolated), an ogbn-mag-shaped typed graph (paper / author / field /
 institution) and its homogeneous view; float64.
@@ -602,7 +603,7 @@ def _pyg_kinds() -> dict[str, Kind]:
 
 
 def _pyg_models() -> list[Model]:
-    import pyg_models as P
+    import models_pyg as P
     from torch_geometric.data import Data
     from torch_geometric.nn import models as M
 
