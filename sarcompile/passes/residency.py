@@ -736,9 +736,9 @@ class _Checker:
         if name is None:
             what = getattr(node.target, "__qualname__", str(node.target))
             raise self.refuse(
-                node, f"sarcompile cannot prove that {what} is row-local (it takes a {w} value)",
-                "Write it with torch operations, or make it a helper declared row-local "
-                "(sarcompile.ir.lowering.declare).",
+                node, f"sarcompile cannot prove that {what} is row-local (it takes a {w} value, and the program "
+                "calls it as one step it cannot look into)", "Write it with torch operations, and do not wrap it "
+                "(torch.fx.wrap), so that its body is traced and checked.",
             )
         x = node.args[0] if node.args else None
         xv = self.val(x)
@@ -928,12 +928,11 @@ class _Checker:
                 raise self.row_count(node, "getitem")
             if isinstance(i, fx.Node) and self.val(i).per_row:
                 raise self.refuse(node, "indexing a feature axis with a per-row tensor", "Use gather along dim 1.")
-            width = self.index_ndim(node, i)
-            if width is None:  # an int or a slice
+            if isinstance(i, (int, slice)) or (isinstance(i, fx.Node) and self.seen.get(i) in (int, bool)):
                 o, plain_before = o + isinstance(i, slice), plain_before + (isinstance(i, slice) and new is None)
-            else:  # positions along a feature dim: the indexed dims take their place, or go first
+            else:  # positions along a feature dim: the indexed dims take their place (or go first, below)
                 tensors.append(pos)
-                o += width
+                o += self.index_ndim(node, i) if new is None else 1  # (after the rows, only their count matters)
             d += 1
         if new is None:  # the rows come after the dims indexed
             new, plain_before = o + xv.axis - d, plain_before + xv.axis - d
@@ -952,13 +951,10 @@ class _Checker:
         fill = self.ndim(node, x, "`...`") - len(real)
         return items[:at] + [slice(None)] * fill + items[at + 1:]
 
-    def index_ndim(self, node, i: Any) -> int | None:
-        """The number of dims an index item gives: None for an int or a slice (one dim or
-        none), that of a tensor of positions."""
-        if isinstance(i, (int, slice)) or (isinstance(i, fx.Node) and self.seen.get(i) is int):
-            return None
+    def index_ndim(self, node, i: Any) -> int:
+        """The number of dims a tensor (or list) of positions in an index gives."""
         if isinstance(i, (list, tuple)):
-            return 1 + (self.index_ndim(node, i[0]) or 0) if i else 1
+            return 1 + (self.index_ndim(node, i[0]) if i and isinstance(i[0], (list, tuple)) else 0)
         return self.ndim(node, i, "the index")
 
     def lookup(self, node, x, xv, k) -> _Val:

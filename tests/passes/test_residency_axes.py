@@ -64,6 +64,8 @@ def refused(model: nn.Module, match: str) -> str:
     lambda m, g, x: torch.full((2, x.size(0)), 0.5, dtype=DT).T * x[:, :2],
     lambda m, g, x: torch.softmax(torch.stack([x, -x]), dim=0)[1] * torch.stack([x, x])[:, :, :1].sum(0),
     lambda m, g, x: (torch.ones(3, 4, dtype=DT) @ x.T).T,  # [3, 4] @ [4, n]: the rows stay the columns
+    lambda m, g, x: x.view(-1, 2, 2)[:, torch.tensor([1, 0])].flatten(1) + torch.stack([x, x])[:, :, [3, 2, 1, 0]][1],
+    lambda m, g, x: x.view(-1, 2, 2).unsqueeze(0)[[0], :, [1]].sum(0).repeat(1, 2),  # indices apart: theirs go first
     lambda m, g, x: (torch.ones(4, 1, dtype=DT) * x[:, 0] + x.T).T,  # [4, 1] * [n] broadcasts to [4, n]
 ])
 def test_rows_that_move_and_come_back_are_row_local(body):
@@ -164,3 +166,15 @@ def test_random_and_positional_ops_are_refused_naming_public_fixes(body, words):
     msg = refused(Fn(body), words[0])
     assert all(w in msg for w in words), msg
     assert not any(internal in msg for internal in ("RandomStream", "_Val", "Residency.")), msg
+
+
+def opaque(x):
+    return x
+
+
+torch.fx.wrap("opaque")
+
+
+def test_a_function_the_program_calls_unseen_is_refused_with_a_fix_the_user_can_apply():
+    msg = refused(Fn(lambda m, g, x: opaque(x)), "cannot prove that opaque is row-local")
+    assert "do not wrap it (torch.fx.wrap)" in msg and "sarcompile.ir" not in msg, msg
