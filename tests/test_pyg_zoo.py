@@ -17,16 +17,19 @@ def _zoo():
 
 def test_sweep_judges_exact_refused_and_not_applicable():
     zoo = _zoo()
-    records = {r.name: r for r in zoo.sweep(["SAGEConv", "GCNConv(cached=True)", "PointNetConv"], world_sizes=(2,),
+    records = {r.name: r for r in zoo.sweep(["SAGEConv", "MFConv", "PointNetConv", "GATConv(dropout)"], world_sizes=(2,),
                                             log=lambda s: None)}
 
     sage = records["SAGEConv"]
     assert sage.outcome == zoo.EXACT, sage
     assert set(sage.diffs) == {"local", "2w"} and all(d <= 1e-9 for d in sage.diffs.values()), sage.diffs
 
-    cached = records["GCNConv(cached=True)"]
-    assert cached.outcome == zoo.REFUSED, cached
-    assert cached.detail.startswith("CompileError:") and "cached" in cached.detail, cached.detail
+    picks = records["MFConv"]  # selects nodes by degree
+    assert picks.outcome == zoo.REFUSED, picks
+    assert picks.detail.startswith("CompileError:") and "nonzero" in picks.detail, picks.detail
+
+    dropped = records["GATConv(dropout)"]  # random in training: judged against the compiled model on one machine
+    assert dropped.outcome == zoo.EXACT and dropped.oracle == "compiled", dropped
 
     pointnet = records["PointNetConv"]
     assert pointnet.outcome == zoo.NA and "pos" in pointnet.detail, pointnet
