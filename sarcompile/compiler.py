@@ -61,7 +61,7 @@ from .passes.strategy import strategy
 from .plan import Plan, TypedWorkerStats, WorkerStats, build_plan, worker_stats
 from .ir.probe import Input
 from .data.shard import ShardGraph
-from .tables import compile_with_tables, shard_tables
+from .tables import find_node_tables, shard_tables, table_input
 from .trace import generated_wraps_dropped, trace
 from .ir.vocab import Residency
 from .nn import RandomStream
@@ -75,8 +75,8 @@ class Program:
 
     module: fx.GraphModule
     stages: list[tuple[str, str]] = field(default_factory=list)
-    # Node tables (sarcompile.tables) the program takes after the call's inputs, in order: their node types.
-    tables: dict[str, str] = field(default_factory=dict)
+    # Node tables (sarcompile.tables) the program takes after the call's inputs, in order.
+    tables: tuple[str, ...] = ()
     seconds: dict[str, float] = field(default_factory=dict)  # wall time of tracing and of each pass
 
     def inputs(self, model: nn.Module, call: "CallShape", args: tuple, kwargs: dict,
@@ -326,23 +326,12 @@ def _compile(model: nn.Module, options: CompileOptions, partitioned: bool, call:
             "(in_channels=-1), whose shapes only a first call decides; run the model once eagerly on example "
             "inputs before sc.distribute (PyG's documented dry run, under torch.no_grad()), or give in_channels"
         )
-    typed = next((layout for layout in call.layouts if layout.kind == "typed"), None)
-    if typed is None:
-        return _pipeline(model, options, partitioned, call, keep, stream, {}, [])
-    # over a typed graph, with the node tables found by name, else by use (sarcompile.tables)
-    return compile_with_tables(model, dict(zip(typed.node_types, typed.node_counts)),
-                               functools.partial(_pipeline, model, options, partitioned, call, keep, stream))
-
-
-def _pipeline(model: nn.Module, options: CompileOptions, partitioned: bool, call: CallShape, keep: bool,
-              stream: Callable[[], nn.Module] | None, tables: dict[str, Input], traced: list[fx.GraphModule]) -> Program:
-    """The pipeline with node tables ``tables`` (parameter name -> its input), putting the
-    module traced, which the passes then rewrite, into ``traced``."""
     inputs = dict(call.inputs)
+    typed = next((layout for layout in call.layouts if layout.kind == "typed"), None)
+    tables = {} if typed is None else find_node_tables(model, dict(zip(typed.node_types, typed.node_counts)))
     start = time.perf_counter()
     gm = trace(model, call.graph_input, {name: c.value for name, c in call.constants}, inputs, call.layouts,
-               tables, _PassModule)
-    traced.append(gm)
+               {path: table_input(model.get_parameter(path), t) for path, t in tables.items()}, _PassModule)
     constants = dict(call.constants)
     for node in gm.graph.nodes:  # what the residency pass starts from
         if node.op == "placeholder" and node.target in inputs:
@@ -371,7 +360,7 @@ def _pipeline(model: nn.Module, options: CompileOptions, partitioned: bool, call
     if "passes" in logs.ON:
         for name, code in stages:
             logs.log("passes", f"{type(model).__name__} after {name} ({seconds[name] * 1e3:.1f} ms):\n{code.strip()}")
-    order = {n.meta["table"]: n.meta["input"].of for n in gm.graph.nodes if n.op == "placeholder" and "table" in n.meta}
+    order = tuple(n.meta["table"] for n in gm.graph.nodes if n.op == "placeholder" and "table" in n.meta)
     return Program(gm, stages, order, seconds)
 
 
@@ -436,6 +425,21 @@ def _dgl_graph(value: Any) -> bool:
     return type(value).__module__.startswith("dgl.") and hasattr(value, "canonical_etypes")
 
 
+def _adjacency(value: Any) -> bool:
+    """Whether ``value`` is a square sparse adjacency (PyG's ``adj_t`` as ``ToSparseTensor``
+    makes it without torch_sparse: a ``torch.sparse_csr`` or ``sparse_coo`` tensor)."""
+    return (isinstance(value, torch.Tensor) and value.layout in (torch.sparse_csr, torch.sparse_coo)
+            and value.dim() == 2 and value.shape[0] == value.shape[1])
+
+
+def _convertible(value: Any) -> bool:
+    """A DGL graph or a sparse adjacency, or a non-empty list or tuple of them: what the
+    compiler converts to sarcompile graphs (see :func:`_converted`)."""
+    if isinstance(value, (list, tuple)):
+        return bool(value) and all(_dgl_graph(v) or _adjacency(v) for v in value)
+    return _dgl_graph(value) or _adjacency(value)
+
+
 @dataclass
 class _Graphs:
     """Where a call's graphs are: the argument holding one (a position or keyword; None if
@@ -446,14 +450,19 @@ class _Graphs:
     kept: dict[str, Any]
     partitioned: bool
     first: Any  # the first graph found (a typed shard's node tables are sharded by it)
+    args: tuple  # the call's arguments, each DGL graph or sparse adjacency converted
+    kwargs: dict
 
 
 def _find_graphs(model: nn.Module, args: tuple, kwargs: dict, converted: dict[int, tuple[Any, Any]]) -> _Graphs:
     """The graphs of ``model(*args, **kwargs)``: in an argument (a graph, or a list or tuple
     of graphs), and kept on the model's modules as attributes (``self.g = g``, or a list of
-    graphs) -- a DGL graph kept there is converted (once, ``converted`` keeps it by id) to
-    the sarcompile graph of the same nodes and edges. All of them are whole graphs (one
-    machine) or all a worker's shards."""
+    graphs) -- a DGL graph or a sparse adjacency in either place is converted (once,
+    ``converted`` keeps it, see :func:`_converted`) to the sarcompile graph of the same
+    nodes and edges, and the call's arguments are given with it in its place. All of them
+    are whole graphs (one machine) or all a worker's shards."""
+    args = tuple(_converted(v, converted) if _convertible(v) else v for v in args)
+    kwargs = {k: _converted(v, converted) if _convertible(v) else v for k, v in kwargs.items()}
     where = next((w for w, v in [*enumerate(args), *kwargs.items()] if _is_graph(v)), None)
     kept = _kept_graphs(model, converted)
     found = {f"argument {where!r}": args[where] if isinstance(where, int) else kwargs[where]} if where is not None \
@@ -463,8 +472,9 @@ def _find_graphs(model: nn.Module, args: tuple, kwargs: dict, converted: dict[in
         raise CompileError(
             "no graph: sarcompile looked in forward's arguments (a graph, or a list or tuple of graphs) and in the "
             "model's attributes (self.g = g, kept by any of its modules), and found none. Call the model with a graph "
-            "(model(g, x): a sarcompile Graph or HeteroGraph on one machine, a worker's part.graph), or keep it on "
-            "the model: self.g = g in __init__ (a DGL graph there is converted), and on a worker model.g = part.graph"
+            "(model(g, x): a sarcompile Graph or HeteroGraph, a DGL graph or a sparse adjacency on one machine, a "
+            "worker's part.graph), or keep it on the model: self.g = g in __init__, and on a worker model.g = "
+            "part.graph"
         )
     shards = {what: all(isinstance(g, (ShardGraph, HeteroShard)) for g in (v if isinstance(v, (list, tuple)) else [v]))
               for what, v in found.items()}
@@ -475,7 +485,7 @@ def _find_graphs(model: nn.Module, args: tuple, kwargs: dict, converted: dict[in
             f"({', '.join(whole)}) at once; on a worker give every graph as its shard: part.graph, e.g. "
             f"model.{whole[0][5:] if whole[0].startswith('self.') else 'g'} = part.graph"
         )
-    return _Graphs(where, kept, next(iter(shards.values())), _first_graph(next(iter(found.values()))))
+    return _Graphs(where, kept, next(iter(shards.values())), _first_graph(next(iter(found.values()))), args, kwargs)
 
 
 def _kept_graphs(model: nn.Module, converted: dict[int, tuple[Any, Any]]) -> dict[str, Any]:
@@ -486,23 +496,68 @@ def _kept_graphs(model: nn.Module, converted: dict[int, tuple[Any, Any]]) -> dic
         for name, value in vars(module).items():
             if name.startswith("_"):
                 continue
-            if _dgl_graph(value) or (isinstance(value, (list, tuple)) and value and all(map(_dgl_graph, value))):
+            if _convertible(value):
                 value = _converted(value, converted)
             if _is_graph(value):
                 kept[f"{prefix}.{name}" if prefix else name] = value
     return kept
 
 
+# DGL graphs and adjacencies a model was given, kept converted (the last few: a model called
+# with a new graph each time converts each once).
+_CONVERTED_KEPT = 8
+
+
 def _converted(value: Any, converted: dict[int, tuple[Any, Any]]) -> Any:
-    """The sarcompile graph of DGL graph ``value`` (or of each in a list), converted once."""
+    """The sarcompile graph of ``value`` (or of each in a list or tuple): a DGL graph's
+    (``Graph.from_dgl``, ``HeteroGraph.from_dgl`` for a heterograph) or a sparse
+    adjacency's (rows the destinations, as PyG's ``adj_t``). Converted once: ``converted``
+    keeps the last few by id, with the object, so an id reused by another is not mistaken."""
     if isinstance(value, (list, tuple)):
         return type(value)(_converted(v, converted) for v in value)
     kept = converted.get(id(value))
     if kept is None or kept[0] is not value:
-        homogeneous = len(value.ntypes) == 1 and len(value.canonical_etypes) == 1
-        kept = (value, Graph.from_dgl(value) if homogeneous else HeteroGraph.from_dgl(value))
+        kept = (value, _adjacency_graph(value) if isinstance(value, torch.Tensor) else _dgl_to_graph(value))
         converted[id(value)] = kept
+        while len(converted) > _CONVERTED_KEPT:
+            del converted[next(iter(converted))]
     return kept[1]
+
+
+def _dgl_to_graph(g: Any) -> Graph | HeteroGraph:
+    if g.is_block:
+        raise CompileError(
+            "a DGL block (a sampled minibatch's, dgl.to_block) was given: sarcompile trains on the whole graph, "
+            "split across workers. Give the graph itself (a list [g, g] where the model takes one block per layer)"
+        )
+    homogeneous = len(g.ntypes) == 1 and len(g.canonical_etypes) == 1
+    return Graph.from_dgl(g) if homogeneous else HeteroGraph.from_dgl(g)
+
+
+def _adjacency_graph(adj: torch.Tensor) -> Graph:
+    """The graph of sparse adjacency ``adj``: an edge ``u -> v`` per stored ``adj[v, u]``
+    (entries at one place summed, as torch coalesces them). Its values must be ones (a
+    normalised adjacency's weights would be lost), and it may have no self-loops (see the
+    refusal)."""
+    coo = adj.to_sparse_coo().coalesce()
+    dst, src = coo.indices()
+    values = coo.values()
+    if values.dim() != 1 or not bool((values == 1).all()):
+        raise CompileError(
+            f"a sparse adjacency with values other than 1 (shape {tuple(values.shape)}: a normalised adj_t, or "
+            "edge features) was given as the graph; sarcompile reads only its edges, so its values would be lost. "
+            "Give the adjacency of ones and let the layers normalise (GCNConv(normalize=True)), or give the graph "
+            "and its values as edge_weight (model(x, g, edge_weight=w), w in the graph's edge order)"
+        )
+    if bool((src == dst).any()):
+        raise CompileError(
+            "a sparse adjacency with self-loops was given as the graph: PyG's layers read such an adjacency "
+            "otherwise than the same graph as edge_index (GCNConv adds a second self-loop to those nodes on a "
+            "torch.sparse adjacency), so sarcompile cannot tell which is meant. Remove the self-loops before making "
+            "the adjacency (torch_geometric.utils.remove_self_loops; the layers add their own), or give the graph "
+            "as a sarcompile Graph"
+        )
+    return Graph.from_edges(src.cpu(), dst.cpu(), adj.shape[0])
 
 
 # Programs one model may compile for other values of its plain Python arguments before it is
@@ -557,7 +612,7 @@ class DistributedModule(nn.Module):
         module.training = mode
         object.__setattr__(self, "_options", options)
         object.__setattr__(self, "_programs", {})
-        object.__setattr__(self, "_converted", {})  # DGL graphs the model keeps, as sarcompile graphs (by id)
+        object.__setattr__(self, "_converted", {})  # DGL graphs and adjacencies given, as sarcompile graphs
         object.__setattr__(self, "_stream", None)  # dropout masks' RandomStream, made when first needed
         self._parameters = module._parameters
         self._buffers = module._buffers
@@ -672,14 +727,15 @@ class DistributedModule(nn.Module):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         graphs = _find_graphs(self._orig, args, kwargs, self._converted)
-        graph = graphs.first
+        graph, args, kwargs = graphs.first, graphs.args, graphs.kwargs
         call = CallShape.of_call(self._orig.forward, args, kwargs, graphs.where, graphs.kept)
         self.__dict__["_last_call"] = call
         program = self.program(graphs.partitioned, call, stages=False)
         if not call.layouts:
             return program.module(*args, **kwargs)
         if program.tables and isinstance(graph, HeteroShard):  # a worker keeps its own rows of each
-            shard_tables(self._orig, program.tables, graph.global_ids, graph.num_global_nodes)
+            tables = find_node_tables(self._orig, graph.num_global_nodes)
+            shard_tables(self._orig, {p: tables[p] for p in program.tables}, graph.global_ids, graph.num_global_nodes)
         return program.module(*program.inputs(self._orig, call, args, kwargs, graphs.kept))
 
     def __setattr__(self, name: str, value: Any) -> None:

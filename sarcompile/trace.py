@@ -655,8 +655,9 @@ def _failure(e: Exception) -> str:
                     "compiling; index it by a Python value (a str, int or bool argument of forward is traced as "
                     "its value, and each value compiles a program of its own)")
         return (f"KeyError {text}: forward asked for a key that what it indexes does not hold when traced (a dict "
-                "argument holds the keys of the call, a graph's frames the data of the graph given). Check the key "
-                "against what the model is called with")
+                "argument holds the keys of the call; a graph's frames hold what forward stored in them, not a DGL "
+                "graph's own ndata/edata, which sarcompile does not read). Check the key against what the model is "
+                "called with, and pass a graph's data as arguments of the call")
     if isinstance(e, AttributeError):
         return (f"AttributeError: {text}. While tracing, forward gets a symbolic tensor for each tensor argument and "
                 "sarcompile's graph (a sarcompile Graph, or a DGL-style view of it when DGL is imported) for the "

@@ -252,3 +252,77 @@ def test_a_kept_typed_graph_is_exact_on_one_machine_and_two_workers(pool, tmp_pa
     for r in results:
         for k, grad in grads.items():
             torch.testing.assert_close(r["grads"][k], grad, rtol=0, atol=TOL, msg=k)
+
+
+# -- a sparse adjacency (PyG's adj_t) -----------------------------------------------------------------
+class AdjNet(nn.Module):
+    """PyG's layers called with ``adj_t`` (as ``T.ToSparseTensor()`` makes it without
+    torch_sparse: a ``torch.sparse_csr`` tensor, rows the destinations)."""
+
+    def __init__(self):
+        super().__init__()
+        gnn = pytest.importorskip("torch_geometric.nn")
+        self.c1 = gnn.GCNConv(6, 8)
+        self.c2 = gnn.GATConv(8, 4, heads=2)
+        self.c3 = gnn.SAGEConv(8, 3)
+
+    def forward(self, x, adj_t):
+        return self.c3(torch.relu(self.c2(torch.relu(self.c1(x, adj_t)), adj_t)), adj_t)
+
+
+def _adjacency(seed: int = 0) -> tuple[torch.Tensor, sc.Graph, torch.Tensor, torch.Tensor]:
+    """PyG's adj_t of a graph without self-loops (repeated edges once, as adj_t holds them),
+    the same graph as a sarcompile Graph, features and loss weights."""
+    T = pytest.importorskip("torch_geometric.transforms")
+    from torch_geometric.data import Data
+
+    gen = torch.Generator().manual_seed(seed)
+    edges = torch.randint(0, N, (2, 70), generator=gen)
+    edges = torch.unique(edges[:, edges[0] != edges[1]], dim=1)
+    adj_t = T.ToSparseTensor()(Data(edge_index=edges, num_nodes=N)).adj_t.to(DT)
+    return (adj_t, sc.Graph.from_edges(edges[0], edges[1], N), torch.randn(N, 6, generator=gen, dtype=DT),
+            torch.randn(N, 3, generator=gen, dtype=DT))
+
+
+def _adj_worker(rank: int, world_size: int, payload: dict) -> dict:
+    part = payload["part"]
+    shard = ShardGraph.from_part(part, rank, world_size, N, payload["num_edges"])
+    torch.manual_seed(4)
+    model = AdjNet().double()
+    result = _step(model, sc.distribute(model), lambda m, x: m(x, shard), part.node_data["x"], part.node_data["w"],
+                   True)
+    return {**result, "ids": part.global_ids}
+
+
+def test_a_sparse_adjacency_is_exact_against_pyg_on_one_machine_and_two_workers(pool):
+    adj_t, g, x, w = _adjacency()
+    torch.manual_seed(4)
+    model = AdjNet().double()
+    want = _step(model, model, lambda m, x: m(x, adj_t), x, w, False)
+    model.zero_grad()
+    got = _step(model, sc.distribute(model), lambda m, x: m(x, adj_t), x, w, False)
+    for key in ("out", "x_grad"):
+        torch.testing.assert_close(got[key], want[key], rtol=0, atol=TOL)
+    parts = split_graph(g, torch.arange(N) % 2, 2, {"x": x, "w": w})
+    results = pool(2).run(_adj_worker, [{"part": p, "num_edges": g.num_edges} for p in parts])
+    for key in ("out", "x_grad"):
+        full = torch.zeros_like(want[key])
+        for r in results:
+            full[r["ids"]] = r[key]
+        torch.testing.assert_close(full, want[key], rtol=0, atol=TOL, msg=key)
+    for r in results:
+        for k, grad in want["grads"].items():
+            torch.testing.assert_close(r["grads"][k], grad, rtol=0, atol=TOL, msg=k)
+
+
+@pytest.mark.parametrize("change, says", [
+    (lambda adj: adj * 0.5, r"a sparse adjacency with values other than 1 .* give the graph and its values as "
+                            r"edge_weight"),
+    (lambda adj: (adj + torch.eye(N, dtype=DT).to_sparse_csr()).to_sparse_csr(),
+     r"a sparse adjacency with self-loops .* Remove the self-loops before making the adjacency"),
+])
+def test_a_sparse_adjacency_sarcompile_would_misread_is_refused(change, says):
+    adj_t, _, x, _ = _adjacency()
+    torch.manual_seed(4)
+    with pytest.raises(CompileError, match=says):
+        sc.distribute(AdjNet().double())(x, change(adj_t))

@@ -150,3 +150,21 @@ def test_a_kept_dgl_graph_or_a_list_of_blocks_is_exact_on_two_workers(pool):
             for r in results:
                 for k, grad in want["grads"].items():
                     torch.testing.assert_close(r["results"][name]["grads"][k], grad, rtol=0, atol=TOL, msg=k)
+
+
+def test_dgl_graphs_given_as_arguments_are_converted():
+    g, x, w = _data(2)
+    model = _model("blocks", g)
+    want = _step(model, model, "blocks", g, x, w, False)
+    model.zero_grad()
+    got = _step(model, sc.distribute(model), "blocks", g, x, w, False)  # the DGL graphs themselves
+    for key in ("out", "x_grad"):
+        torch.testing.assert_close(got[key], want[key], rtol=0, atol=TOL)
+
+
+def test_a_sampled_block_is_refused_saying_to_give_the_graph():
+    g, x, _ = _data()
+    block = dgl.to_block(g, torch.arange(N))
+    with pytest.raises(sc.CompileError, match=r"a DGL block \(a sampled minibatch's, dgl.to_block\) .* Give the graph "
+                                              r"itself \(a list \[g, g\]"):
+        sc.distribute(_model("blocks", g))([block, block], x)
