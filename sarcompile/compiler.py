@@ -61,7 +61,7 @@ from .passes.strategy import strategy
 from .plan import Plan, TypedWorkerStats, WorkerStats, build_plan, worker_stats
 from .ir.probe import Input
 from .data.shard import ShardGraph
-from .tables import find_node_tables, shard_tables, table_input
+from .tables import compile_with_tables, shard_tables
 from .trace import generated_wraps_dropped, trace
 from .ir.vocab import Residency
 from .nn import RandomStream
@@ -75,8 +75,8 @@ class Program:
 
     module: fx.GraphModule
     stages: list[tuple[str, str]] = field(default_factory=list)
-    # Node tables (sarcompile.tables) the program takes after the call's inputs, in order.
-    tables: tuple[str, ...] = ()
+    # Node tables (sarcompile.tables) the program takes after the call's inputs, in order: their node types.
+    tables: dict[str, str] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)  # wall time of tracing and of each pass
 
     def inputs(self, model: nn.Module, call: "CallShape", args: tuple, kwargs: dict,
@@ -326,12 +326,23 @@ def _compile(model: nn.Module, options: CompileOptions, partitioned: bool, call:
             "(in_channels=-1), whose shapes only a first call decides; run the model once eagerly on example "
             "inputs before sc.distribute (PyG's documented dry run, under torch.no_grad()), or give in_channels"
         )
-    inputs = dict(call.inputs)
     typed = next((layout for layout in call.layouts if layout.kind == "typed"), None)
-    tables = {} if typed is None else find_node_tables(model, dict(zip(typed.node_types, typed.node_counts)))
+    if typed is None:
+        return _pipeline(model, options, partitioned, call, keep, stream, {}, [])
+    # over a typed graph, with the node tables found by name, else by use (sarcompile.tables)
+    return compile_with_tables(model, dict(zip(typed.node_types, typed.node_counts)),
+                               functools.partial(_pipeline, model, options, partitioned, call, keep, stream))
+
+
+def _pipeline(model: nn.Module, options: CompileOptions, partitioned: bool, call: CallShape, keep: bool,
+              stream: Callable[[], nn.Module] | None, tables: dict[str, Input], traced: list[fx.GraphModule]) -> Program:
+    """The pipeline with node tables ``tables`` (parameter name -> its input), putting the
+    module traced, which the passes then rewrite, into ``traced``."""
+    inputs = dict(call.inputs)
     start = time.perf_counter()
     gm = trace(model, call.graph_input, {name: c.value for name, c in call.constants}, inputs, call.layouts,
-               {path: table_input(model.get_parameter(path), t) for path, t in tables.items()}, _PassModule)
+               tables, _PassModule)
+    traced.append(gm)
     constants = dict(call.constants)
     for node in gm.graph.nodes:  # what the residency pass starts from
         if node.op == "placeholder" and node.target in inputs:
@@ -360,7 +371,7 @@ def _compile(model: nn.Module, options: CompileOptions, partitioned: bool, call:
     if "passes" in logs.ON:
         for name, code in stages:
             logs.log("passes", f"{type(model).__name__} after {name} ({seconds[name] * 1e3:.1f} ms):\n{code.strip()}")
-    order = tuple(n.meta["table"] for n in gm.graph.nodes if n.op == "placeholder" and "table" in n.meta)
+    order = {n.meta["table"]: n.meta["input"].of for n in gm.graph.nodes if n.op == "placeholder" and "table" in n.meta}
     return Program(gm, stages, order, seconds)
 
 
@@ -734,8 +745,7 @@ class DistributedModule(nn.Module):
         if not call.layouts:
             return program.module(*args, **kwargs)
         if program.tables and isinstance(graph, HeteroShard):  # a worker keeps its own rows of each
-            tables = find_node_tables(self._orig, graph.num_global_nodes)
-            shard_tables(self._orig, {p: tables[p] for p in program.tables}, graph.global_ids, graph.num_global_nodes)
+            shard_tables(self._orig, program.tables, graph.global_ids, graph.num_global_nodes)
         return program.module(*program.inputs(self._orig, call, args, kwargs, graphs.kept))
 
     def __setattr__(self, name: str, value: Any) -> None:
