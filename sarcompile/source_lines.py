@@ -51,32 +51,39 @@ def _libraries() -> tuple[str, ...]:
     return _known[1]
 
 
-def _is_library(file: str, libraries: tuple[str, ...]) -> bool:
-    if file.startswith(libraries) or file.startswith("<frozen "):
-        return True
-    return file.startswith(_STDLIB) and not _INSTALLED.search(file)
+def _standard(file: str) -> bool:
+    """Whether ``file`` is the standard library's."""
+    return file.startswith("<frozen ") or file.startswith(_STDLIB) and not _INSTALLED.search(file)
 
 
 def user_file(file: str) -> bool:
     """Whether the code file ``file`` is the user's (see the module docstring)."""
-    return not file.startswith(_OURS) and not _is_library(file, _libraries())
+    return not (file.startswith(_OURS) or file.startswith(_libraries()) or _standard(file))
 
 
 def user_frame(frame: Any) -> tuple[str, int] | None:
     """``(file, line)`` of the innermost frame from ``frame`` outward that is the user's
-    code (see the module docstring), else of the innermost of sarcompile's outside the
-    tracer (a model of sarcompile's own, such as the trainer's), or None."""
-    libraries = _libraries()
-    ours = None
+    code (see the module docstring) and, while tracing, inside the traced code (the frames
+    outside the tracer's ``trace`` -- sarcompile's compiler, the caller of the model --
+    trace nothing); else of the innermost in the libraries other than torch (a PyG layer's
+    code, traced on its own) or in sarcompile outside the tracer (a model of sarcompile's
+    own, such as the trainer's); or None."""
+    libraries, torch_dirs = _libraries(), _library_dirs(("torch",))
+    ours = library = None
     while frame is not None:
         file = frame.f_code.co_filename
-        if file.startswith(_OURS):
-            if file != _TRACER:
-                ours = ours or (file, frame.f_lineno)
-        elif not _is_library(file, libraries):
+        if file == _TRACER:
+            if frame.f_code.co_name == "trace":  # where the traced code begins
+                break
+        elif file.startswith(_OURS):
+            ours = ours or (file, frame.f_lineno)
+        elif file.startswith(libraries):
+            if not file.startswith(torch_dirs):
+                library = library or (file, frame.f_lineno)
+        elif not _standard(file):
             return file, frame.f_lineno
         frame = frame.f_back
-    return ours
+    return library or ours
 
 
 def _line(where: tuple[str, int] | None) -> str:

@@ -48,6 +48,22 @@ def test_a_refusal_inside_a_pyg_function_names_the_users_call():
     assert f"at {_line_of(Readout.forward, 'h = pool(x, None)')}." in str(e.value)
 
 
+def test_a_refusal_inside_a_pyg_layer_names_the_users_call():
+    gnn = pytest.importorskip("torch_geometric.nn")
+
+    class Selective(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = gnn.MFConv(2, 2)  # traced on its own, where it picks nodes by degree
+
+        def forward(self, x, edge_index):
+            return self.conv(x, edge_index)
+
+    with pytest.raises(sc.CompileError, match=r"`nonzero` .* in layer 'conv' \(MFConv\)") as e:
+        sc.distribute(Selective())(torch.randn(3, 2), G)
+    assert f"at {_line_of(Selective.forward, 'return self.conv(x, edge_index)')}." in str(e.value)
+
+
 def test_a_trace_failure_inside_a_pyg_layer_names_the_users_call():
     aggr = pytest.importorskip("torch_geometric.nn.aggr")
 

@@ -25,6 +25,7 @@ from ..leaves import ArgLayout, layout_of, leaves_of_call
 from ..ir.lowering import lowering_for
 from ..model_state import refuse_state_updates, settled_trace
 from ..trace import UNKNOWN, ShapeTracer, user_line
+from ..source_lines import user_file
 
 __all__ = ["lower"]
 
@@ -102,6 +103,9 @@ def _inline(gm: fx.GraphModule, node: fx.Node, module: nn.Module, lowered: nn.Mo
                 name=f"{node.name}_{sub.name}",
             )
             new.meta.update(sub.meta)
+            frame = sub.meta.get("user_frame")
+            if frame is None or not user_file(frame[0]):  # inside the layer's code: the user's line calling it
+                new.meta["user_frame"] = node.meta.get("user_frame") or frame
             new.meta["layer"] = node.target
             new.meta["layer_type"] = type(module).__name__
             env[sub] = new
