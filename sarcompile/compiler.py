@@ -192,7 +192,7 @@ class CallShape:
             inputs = dict(shape.inputs)
             if x is not None and params:  # the first argument: the features
                 inputs[params[0]] = Input(Residency.NODE, tuple(x.shape), x.dtype)
-                layouts = tuple(x for x in shape.layouts if x.name != params[0])
+                layouts = tuple(layout for layout in shape.layouts if layout.name != params[0])
                 shape = cls(None, (), tuple(inputs.items()), (ArgLayout(params[0]), *layouts))
             return shape
         if graph_input is None:
