@@ -7,6 +7,7 @@ The pipeline, in order (each pass is a plain ``(GraphModule, options) -> GraphMo
     fuse       attention chains -> one fused attention op           (passes/fuse.py)
     residency  node / edge / graph / param per value; refuses what
                would mix rows (not exact on N workers)              (passes/residency.py)
+    row_reductions  a mean over every node -> node_mean (a collective) (passes/row_reductions.py)
     dropout    dropout of rows -> masks keyed by node / edge id     (passes/dropout.py)
     partition  ops that read remote rows -> sequential aggregation  (passes/partition.py)
     strategy   direct / remat / stash / oneshot per op              (passes/strategy.py)
@@ -56,6 +57,7 @@ from .passes.lower import lower
 from .passes.node_tables import node_tables
 from .passes.partition import partition
 from .passes.residency import GRAPH_NAMES, listing, residency
+from .passes.row_reductions import row_reductions
 from .passes.reuse import reuse
 from .passes.strategy import strategy
 from .plan import Plan, TypedWorkerStats, WorkerStats, build_plan, worker_stats
@@ -355,7 +357,7 @@ def _pipeline(model: nn.Module, options: CompileOptions, partitioned: bool, call
     # node_tables runs only where a typed model holds node tables, so one-type plans read as before
     passes = [("node_tables", node_tables)] if tables else []
     passes += [("lower", lower), ("fuse", fuse), ("linear_first", linear_first), ("residency", check),
-               ("dropout", functools.partial(dropout, stream=stream))]
+               ("row_reductions", row_reductions), ("dropout", functools.partial(dropout, stream=stream))]
     if partitioned:
         passes += [("partition", partition), ("strategy", strategy), ("communication", communication)]
     passes += [("kernels", kernels), ("reuse", reuse), ("inplace", inplace), ("linear_groups", linear_groups),

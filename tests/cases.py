@@ -92,6 +92,20 @@ class TorchDropModel(nn.Module):
         return self.c2(g, h) * F.dropout(self.scale, 0.2, self.training)
 
 
+class MeanOverNodes(nn.Module):
+    """HAN's semantic attention: per-node scores averaged over every node weigh the paths."""
+
+    def __init__(self, f_in: int = 6, hidden: int = 4):
+        super().__init__()
+        self.c1, self.c2 = sc.nn.SAGEConv(f_in, hidden, "mean"), sc.nn.GCNConv(f_in, hidden)
+        self.project = nn.Sequential(nn.Linear(hidden, 8), nn.Tanh(), nn.Linear(8, 1, bias=False))
+
+    def forward(self, g, x):
+        z = torch.stack([self.c1(g, x), self.c2(g, x)], dim=1)  # [n, paths, hidden]
+        beta = torch.softmax(self.project(z).mean(0), dim=0)  # [paths, 1]: over every node
+        return (beta * z).sum(1) + torch.mean(x, dim=0, keepdim=True)[:, :1]
+
+
 class GAT2(nn.Module):
     """Two GAT layers with ELU: heads concatenated, then averaged."""
 
@@ -223,6 +237,7 @@ MODELS = {
     "edge": EdgeModel,
     "drop": DropModel,
     "torchdrop": TorchDropModel,
+    "nodemean": MeanOverNodes,
     "gat2": GAT2,
     "gat3": GAT3,
     "norm": NormModel,

@@ -1136,6 +1136,8 @@ class _Checker:
             return self.unflattened(node, x, dims, len(self.arg(node, 2, "sizes")), k, name)
         dims = list(dims) if isinstance(dims, (tuple, list)) else [dims]
         a = self.val(x).axis
+        if self.mean_of_rows(node, name, x, k, dims):
+            return _CONST
         if any(self.axis(node, x, d) == a for d in dims):
             raise self.refuse(
                 node, f"{name} over dim {dims[0] if len(dims) == 1 else tuple(dims)} {_verb(name)} the "
@@ -1144,6 +1146,17 @@ class _Checker:
             )
         before = [d for d in (self.axis(node, x, d) for d in dims) if d < a]
         return replace(self.at(node, k, a - self.dropped(node, name, x, before)), seq=name in _RETURNS_SEQ)
+
+    def mean_of_rows(self, node, name, x, k, dims: list[int]) -> bool:
+        """Whether ``node`` is the mean of per-node rows over their (only) row axis, dim 0: not
+        row-local, but a collective computes it exactly (the ``row_reductions`` pass makes
+        it ``node_mean``), so it is marked for that pass instead of refused."""
+        if name != "mean" or k.res is not NODE or self.inside or self.val(x).axis != 0 or len(dims) != 1:
+            return False
+        if self.axis(node, x, dims[0]) != 0 or self.arg(node, 3, "dtype") is not None:
+            return False
+        node.meta["reduces_rows"] = (x, bool(self.arg(node, 2, "keepdim", False)))
+        return True
 
     def dropped(self, node, name, x, dims: list[int]) -> int:
         """How many of ``dims`` (before the rows) the result of reduction ``name`` lacks: all
