@@ -44,7 +44,10 @@ How residency flows:
   hidden states too); reductions, softmax, ``cat``, indexing along other axes; ``x[:n]``
   with ``n`` the row count of ``x``'s kind (all its rows); ``sc.nn.NodeDropout`` (masks
   keyed by node id), dropout in eval mode.
-* Refused: anything over the row axis (reductions, softmax, sort, topk, cumsum, ``cat``
+* A mean of per-node rows over their row axis (``x.mean(0)``) is let through as a value
+  without rows, marked ``meta["reduces_rows"]``: the ``row_reductions`` pass makes it a
+  collective.
+* Refused: anything else over the row axis (reductions, softmax, sort, topk, cumsum, ``cat``
   of rows, full reductions such as ``x.sum()``), attention over rows
   (``nn.MultiheadAttention``), a matmul or einsum contracting rows or pairing the rows of
   two values (an outer product), a reshape or flatten merging rows with another dim,
