@@ -273,11 +273,12 @@ class _ShapeProxy(fx.Proxy):
         return super().__getattr__(k)
 
     def __len__(self) -> int:
-        """``len(x)``: the size of its first axis where it is a constant (not a row count)."""
-        if isinstance(self.tracer, ShapeTracer) and self.tracer.is_tensor(self.node):
-            size = self.tracer.create_proxy("call_method", "size", (self, 0), {})
-            if isinstance(size, int):
-                return size
+        """``len(x)``: the size of its first axis (or the number of items of a tuple, as
+        ``torch.split`` gives) where it is known when compiling (not a row count)."""
+        if isinstance(self.tracer, ShapeTracer):
+            length = self.tracer.known_length(self.node)
+            if length is not None:
+                return length
         raise _LengthUnknown(f"len({self})")
 
 
@@ -336,6 +337,36 @@ class ShapeTracer(SarTracer):
 
     def is_tensor(self, node: fx.Node) -> bool:
         return all(isinstance(v, torch.Tensor) for v in self.value(node) or (None,))
+
+    def known_length(self, node: fx.Node) -> int | None:
+        """How many items iterating ``node`` gives (its first axis, or a tuple's items),
+        where that is known when compiling; else None. A value computed from parameters
+        and buffers only has its real shape; one computed from the inputs has a known
+        length only where it is the same on every probe and is not a row count (a loop
+        over a per-node value's rows is not row-local)."""
+        values = self.value(node)
+        if not values:
+            return None
+        lengths = set()
+        for v in values:
+            if isinstance(v, torch.Tensor) and v.dim() > 0:
+                lengths.add(v.size(0))
+            elif isinstance(v, (tuple, list)):
+                lengths.add(len(v))
+            else:
+                return None
+        if len(lengths) != 1:
+            return None
+        (length,) = lengths
+        return length if node not in self.derived or length not in ROW_COUNTS else None
+
+    def iter(self, obj: fx.Proxy):
+        """``for w in weight``, ``enumerate(torch.split(weight, 1))``: one item per index
+        where the length is known (:meth:`known_length`), as fx unpacks ``a, b = x``."""
+        length = self.known_length(obj.node) if self.examples is not None else None
+        if length is None:
+            return super().iter(obj)
+        return iter([obj[i] for i in range(length)])
 
     def create_proxy(self, kind, target, args, kwargs, *rest, **more):
         if kind == "call_method" and target in ("view", "reshape"):
@@ -623,8 +654,10 @@ def _failure(e: Exception) -> str:
     failure: only Python control flow on a traced value gets the control-flow advice."""
     text = str(e)
     if isinstance(e, fx.proxy.TraceError) and "cannot be iterated" in text:
-        return ("a traced tensor was iterated (a Python loop over its rows, or `*x`), whose row count is not known "
-                f"when compiling. {_CONTROL_FLOW}")
+        return ("a per-node tensor was iterated along its rows (a Python loop over `x`, over torch.split(x, k) or "
+                "x.unbind(0), or `*x`), whose row count is not known when compiling and differs between workers; "
+                "compute it for all rows at once with tensor operations. A loop over a parameter's rows, or over a "
+                "feature dim (x.unbind(1), torch.split(x, k, dim=1), x.t()), compiles")
     if isinstance(e, fx.proxy.TraceError):  # bool() of a traced value: control flow
         return f"{text}. {_CONTROL_FLOW}"
     if isinstance(e, TypeError) and "does not support item assignment" in text:

@@ -446,6 +446,28 @@ class ReusedInputs(nn.Module):
 MODELS["reused"] = ReusedInputs
 
 
+class ParamLoop(nn.Module):
+    """DGL's rgcn-hetero example's per-relation weights: Python loops over a parameter's rows
+    (``enumerate(torch.split(weight, 1))`` of a weight computed from parameters, ``for w in
+    param``, ``len(param)``) and over a per-node value's feature dim (``h.t()``, ``h.unbind(1)``)."""
+
+    def __init__(self, f_in: int = 6, hidden: int = 4):
+        super().__init__()
+        self.basis = nn.Parameter(torch.randn(3, f_in, hidden))
+        self.comp = nn.Parameter(torch.randn(2, 3))
+
+    def forward(self, g, x):
+        weight = torch.einsum("rb,bio->rio", self.comp, self.basis)
+        outs = {i: sc.ops.spmm(g, x @ w.squeeze(0), "sum") for i, w in enumerate(torch.split(weight, 1, dim=0))}
+        h = sum(outs.values()) + sum(x @ w for w in self.basis) / len(self.basis)
+        cols = [c for c in h.t()]
+        h = torch.stack(cols[::-1], dim=1) + torch.stack([c * (i + 1) for i, c in enumerate(h.unbind(1))], 1)
+        return h * len(torch.chunk(self.comp, 2)) + len(weight)
+
+
+MODELS["paramloop"] = ParamLoop
+
+
 def run_reused_steps(rank: int, world_size: int, payload: dict[str, Any]) -> list[dict[str, Any]]:
     """Training steps on one input tensor that needs no grad, changed between steps as
     ``payload["changes"]`` says: "same" (left alone), "double" (the rows of

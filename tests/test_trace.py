@@ -195,3 +195,55 @@ def test_a_factory_given_a_traced_row_count_is_one_node_of_node_rows():
     line = listing.split("torch.zeros(")[1].splitlines()[0]
     assert line.startswith("size") and "# node" in line, line
     assert torch.zeros is torch._C._VariableFunctions.zeros  # torch's own again after the trace
+
+
+def _exact_as_eager(model_name: str, world_size: int, pool) -> None:
+    """``model_name`` (tests/cases.py) compiled, on one machine and on ``world_size`` workers
+    with different row counts, against eager: outputs, input and parameter gradients."""
+    n = 17
+    gen = torch.Generator().manual_seed(world_size)
+    src, dst = torch.randint(0, n, (60,), generator=gen), torch.randint(0, n, (60,), generator=gen)
+    case = case_on_edges(src, dst, n, model_name, 3, gen, assignment=torch.arange(n) * world_size // n)
+    model = make_model(model_name, 3)
+    x = case.x.clone().requires_grad_(True)
+    eager = model(case.graph, x)
+    (eager * case.loss_weight).sum().backward()
+    want = single_machine(case)
+    torch.testing.assert_close(want.out, eager.detach(), rtol=0, atol=TOL)
+    torch.testing.assert_close(want.x_grad, x.grad, rtol=0, atol=TOL)
+    for k, p in model.named_parameters():
+        torch.testing.assert_close(want.param_grads[k], p.grad, rtol=0, atol=TOL, msg=k)
+    results = pool(world_size).run(run_worker, payloads(case, world_size))
+    torch.testing.assert_close(gather_rows(case, world_size, results, "out"), want.out, rtol=0, atol=TOL)
+    torch.testing.assert_close(gather_rows(case, world_size, results, "x_grad"), want.x_grad, rtol=0, atol=TOL)
+    for r in results:
+        for k, g in want.param_grads.items():
+            torch.testing.assert_close(r.param_grads[k], g, rtol=0, atol=TOL, msg=k)
+
+
+def test_a_loop_over_a_parameters_rows_or_a_feature_dim_is_exact_on_workers(pool):
+    _exact_as_eager("paramloop", 2, pool)
+
+
+class _RowLoop(nn.Module):
+    def __init__(self, how: str):
+        super().__init__()
+        self.how = how
+
+    def forward(self, g, x):
+        rows = {"iter": lambda: x, "split": lambda: torch.split(x, 1), "unbind": lambda: x.unbind(0),
+                "len": lambda: [x] * len(x)}[self.how]()
+        return torch.stack([r * 2 for r in rows])
+
+
+@pytest.mark.parametrize("how", ["iter", "split", "unbind"])
+def test_a_loop_over_a_per_node_values_rows_is_refused_saying_how_to_write_it(how):
+    g = _graph()
+    with pytest.raises(CompileError, match=r"per-node tensor was iterated along its rows .*for all rows at once"):
+        sc.distribute(_RowLoop(how))(g, torch.randn(12, 3, dtype=DT))
+
+
+def test_len_of_a_per_node_value_is_refused():
+    g = _graph()
+    with pytest.raises(CompileError, match=r"len\(\) of a traced tensor, whose first axis is its row count"):
+        sc.distribute(_RowLoop("len"))(g, torch.randn(12, 3, dtype=DT))
