@@ -295,10 +295,11 @@ def run_node_model(model: nn.Module, forward: Callable[[torch.Tensor, torch.Tens
     out = forward(x, e)
     if not isinstance(out, torch.Tensor):
         raise TypeError(f"the model returned {type(out).__name__}, not a tensor")
+    kept = out.detach().clone()  # reversible layers (GroupAddRev) free their output's storage in backward
     if out.requires_grad:
         (out * loss_weight(out, w)).sum().backward()
     return {
-        "out": out.detach(),
+        "out": kept,
         "x_grad": x.grad,
         "edge_grad": None if e is None or not e.is_floating_point() else e.grad,
         "grads": param_grads(model),
