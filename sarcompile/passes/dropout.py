@@ -50,7 +50,7 @@ __all__ = ["dropout", "STREAM"]
 
 STREAM = "dropout_stream"  # the submodule the salt is read from
 
-_KEPT_META = ("layer", "layer_type", "nn_module_stack", "user_frame", "residency", "rows_of")
+_KEPT_META = ("layer", "layer_type", "nn_module_stack", "user_frame", "residency", "rows_of", "row_axis")
 
 
 def _drops(gm: fx.GraphModule, node: fx.Node) -> tuple[fx.Node, float, bool] | None:
@@ -156,12 +156,20 @@ def dropout(gm: fx.GraphModule, ctx: CompileOptions | None = None,
             rows = f"{'per-edge' if res is Residency.EDGE else 'per-node'} rows{f' of {of!r}' if of else ''}"
             raise _refuse(node, f"dropout of {rows} whose graph the compiler cannot find",
                           "Pass the graph (or the relation whose nodes they are) to the model as an argument.")
+        axis = x.meta.get("row_axis", 0)  # rows on another dim (torch.stack(hs)): moved to dim 0 and back
         with graph.inserting_before(node):
             s = graph.call_function(site_salt, (salt, k))
-            new = graph.call_function(op, (g, x, p, s, *extra))
+            rows = graph.call_method("movedim", (x, axis, 0)) if axis else x
+            new = out = graph.call_function(op, (g, rows, p, s, *extra))
+            if axis:
+                out = graph.call_method("movedim", (new, 0, axis))
         s.meta["residency"] = Residency.CONST
-        new.meta.update({key: v for key, v in node.meta.items() if key in _KEPT_META})
-        node.replace_all_uses_with(new)
+        for n in {rows, new, out} - {x}:
+            n.meta.update({key: v for key, v in node.meta.items() if key in _KEPT_META})
+        if axis:
+            rows.meta.pop("row_axis", None)
+            new.meta.pop("row_axis", None)
+        node.replace_all_uses_with(out)
         graph.erase_node(node)
     graph.lint()
     gm.recompile()

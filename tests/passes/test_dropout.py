@@ -182,3 +182,22 @@ def test_torch_dropout_follows_its_train_flag():
 
     gm = _passed(M(), _graph())
     assert len(_calls(gm, ops.node_dropout)) == 1 and len(_calls(gm, torch.dropout)) == 1
+
+
+class StackedDrop(nn.Module):
+    """Dropout of a stack of node values, rows on dim 1, as models stack their layers' outputs."""
+
+    def forward(self, g, x):
+        hs = torch.stack([x, sc.spmm(g, x, "sum")])  # [2, n, F]
+        return F.dropout(hs, 0.5, self.training).sum(0)
+
+
+def test_dropout_of_rows_on_another_dim_keys_each_node_and_matches_the_rows_first_form():
+    g, x = _graph(), torch.randn(30, 4, dtype=torch.float64)
+
+    class RowsFirst(nn.Module):
+        def forward(self, g, x):
+            hs = torch.stack([x, sc.spmm(g, x, "sum")], dim=1)  # [n, 2, F]: the same entries, rows first
+            return F.dropout(hs, 0.5, self.training).sum(1)
+
+    torch.testing.assert_close(sc.distribute(StackedDrop(), seed=4)(g, x), sc.distribute(RowsFirst(), seed=4)(g, x))
