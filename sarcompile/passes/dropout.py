@@ -153,8 +153,8 @@ def dropout(gm: fx.GraphModule, ctx: CompileOptions | None = None,
             found = _node_graph(gm, of)
             g, extra, op = (found[0], (found[1],), ops.node_dropout) if found else (None, (), None)
         if g is None:
-            rows = f"{'per-edge' if res is Residency.EDGE else 'per-node'} rows{f' of {of!r}' if of else ''}"
-            raise _refuse(node, f"dropout of {rows} whose graph the compiler cannot find",
+            what = f"{'per-edge' if res is Residency.EDGE else 'per-node'} rows{f' of {of!r}' if of else ''}"
+            raise _refuse(node, f"dropout of {what} whose graph the compiler cannot find",
                           "Pass the graph (or the relation whose nodes they are) to the model as an argument.")
         axis = x.meta.get("row_axis", 0)  # rows on another dim (torch.stack(hs)): moved to dim 0 and back
         with graph.inserting_before(node):
