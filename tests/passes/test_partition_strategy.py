@@ -173,5 +173,5 @@ def test_control_flow_error_names_the_layer_and_the_line():
 
 
 def test_model_call_without_graph_argument():
-    with pytest.raises(sc.CompileError, match="no graph argument"):
+    with pytest.raises(sc.CompileError, match="no graph: sarcompile looked in forward.s arguments"):
         sc.distribute(Mixed())(torch.randn(3, 4))
