@@ -468,6 +468,33 @@ class ParamLoop(nn.Module):
 MODELS["paramloop"] = ParamLoop
 
 
+class MaskedAssignment(nn.Module):
+    """Assignments into part of a per-node tensor, as models write them eagerly: by a mask of
+    its rows or of its shape (a number, a parameter row, ``other[mask]``) and by position
+    along the feature dim (``h[:, k]``, ``h[..., a:b]``), after a view of it that is not read
+    again."""
+
+    def __init__(self, f_in: int = 6, hidden: int = 4):
+        super().__init__()
+        self.lin = nn.Linear(f_in, hidden)
+        self.fill = nn.Parameter(torch.randn(hidden))
+
+    def forward(self, g, x):
+        h = self.lin(x)
+        h[h < 0] = 0
+        mask = h[:, 0] > 0.1  # (a view of h, not read after the assignment)
+        h[mask] = 0.5
+        out = sc.ops.spmm(g, h, "sum")
+        out[x[:, 1] > 0] = self.fill
+        out[mask] = torch.tanh(h)[mask]
+        out[:, 1] = x[:, 2]
+        out[..., 2:4] = out[:, :2] * 2
+        return out
+
+
+MODELS["maskset"] = MaskedAssignment
+
+
 def run_reused_steps(rank: int, world_size: int, payload: dict[str, Any]) -> list[dict[str, Any]]:
     """Training steps on one input tensor that needs no grad, changed between steps as
     ``payload["changes"]`` says: "same" (left alone), "double" (the rows of
