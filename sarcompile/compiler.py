@@ -35,6 +35,7 @@ import torch.fx as fx
 from torch import nn
 
 from . import logs
+from .data_argument import data_graph, is_data, with_graph
 from .errors import CompileError, GraphError
 from .frontends import load_available
 from .ir.graph import Graph
@@ -159,7 +160,7 @@ class CallShape:
             for leaf, key, value in zip(layout.leaf_names(), layout.keys or (None,), layout.leaves(value)):
                 if layout.kind == "typed":
                     inputs.append((leaf, Input(Residency.GRAPH, of=key)))
-                elif name == graph_name or _is_graph(value):
+                elif _is_graph(value) or (name == graph_name and layout.kind != "data"):
                     inputs.append((leaf, Input(Residency.GRAPH)))
                 elif isinstance(graph, TYPED_GRAPHS):
                     inputs.append((leaf, _typed_input(key, value, graph)))
@@ -428,7 +429,10 @@ def _is_graph(value: Any) -> bool:
 
 
 def _first_graph(value: Any) -> Any:
-    """``value`` if it is a graph, its first if it is a list of them, else None."""
+    """``value`` if it is a graph, its first if it is a list of them, the graph of a PyG
+    ``Data`` (its ``edge_index``), else None."""
+    if is_data(value):
+        return data_graph(value)
     if not _is_graph(value):
         return None
     return value[0] if isinstance(value, (list, tuple)) else value
@@ -473,13 +477,17 @@ def _find_graphs(model: nn.Module, args: tuple, kwargs: dict, converted: dict[in
     graphs) -- a DGL graph or a sparse adjacency in either place is converted (once,
     ``converted`` keeps it, see :func:`_converted`) to the sarcompile graph of the same
     nodes and edges, and the call's arguments are given with it in its place. All of them
-    are whole graphs (one machine) or all a worker's shards."""
-    args = tuple(_converted(v, converted) if _convertible(v) else v for v in args)
-    kwargs = {k: _converted(v, converted) if _convertible(v) else v for k, v in kwargs.items()}
-    where = next((w for w, v in [*enumerate(args), *kwargs.items()] if _is_graph(v)), None)
+    are whole graphs (one machine) or all a worker's shards. A PyG ``Data`` argument holds its
+    graph as ``edge_index`` (a tensor there is converted, see :mod:`sarcompile.data_argument`)."""
+    args = tuple(_converted(v, converted) if _convertible(v) else with_graph(v, converted, _CONVERTED_KEPT)
+                 for v in args)
+    kwargs = {k: _converted(v, converted) if _convertible(v) else with_graph(v, converted, _CONVERTED_KEPT)
+              for k, v in kwargs.items()}
+    where = next((w for w, v in [*enumerate(args), *kwargs.items()] if _is_graph(v) or data_graph(v) is not None),
+                 None)
     kept = _kept_graphs(model, converted)
-    found = {f"argument {where!r}": args[where] if isinstance(where, int) else kwargs[where]} if where is not None \
-        else {}
+    held = None if where is None else args[where] if isinstance(where, int) else kwargs[where]
+    found = {} if held is None else {f"argument {where!r}": data_graph(held) if is_data(held) else held}
     found |= {f"self.{path}": v for path, v in kept.items()}
     if not found:
         raise CompileError(

@@ -30,6 +30,7 @@ from typing import Any, Callable
 
 from .errors import CompileError
 from .hetero import HeteroGraph, HeteroShard, TracedHetero, relation_key
+from .data_argument import data_keys, is_data, rebuilt_data
 
 __all__ = ["ArgLayout", "Constant", "call_arguments", "argument_name", "is_plain", "layout_of", "needs_leaves",
            "takes_varargs"]
@@ -87,7 +88,8 @@ class ArgLayout:
     per key (``dict``) or item (``tuple``: a bipartite layer's ``(x_src, x_dst)``; ``list``:
     a list of tensors or graphs), one graph leaf per relation (``typed``, a typed graph whose
     node types are ``node_types``, with ``node_counts`` nodes each in the whole graph, and
-    relations ``keys``), or none (``none``: a None that ``*args`` collected, which keeps
+    relations ``keys``), a PyG ``Data`` (``data``: a leaf per tensor and one for its graph,
+    by attribute name in ``keys``, see :mod:`sarcompile.data_argument`), or none (``none``: a None that ``*args`` collected, which keeps
     its position; ``constant``: a plain Python value, the :class:`Constant` in ``keys``,
     which forward is traced with). ``passed`` says how ``forward`` receives it: as the named parameter
     ``name`` (``named``), as one of the values its ``*args`` collects (``varargs``, in
@@ -137,6 +139,8 @@ class ArgLayout:
             return tuple(leaves)
         if self.kind == "list":
             return list(leaves)
+        if self.kind == "data":
+            return rebuilt_data(self.keys, leaves)
         return dict(zip(self.keys, leaves))
 
 
@@ -151,6 +155,8 @@ def layout_of(name: str, value: Any, passed: str = "named") -> ArgLayout:
                                                                                for t in value.node_types}
         return ArgLayout(name, "typed", tuple(value.edge_types), tuple(value.node_types),
                          tuple(counts[t] for t in value.node_types), passed)
+    if is_data(value):
+        return ArgLayout(name, "data", data_keys(value), passed=passed)
     if isinstance(value, dict):
         for k, v in value.items():
             if isinstance(v, (dict, list, tuple)):
@@ -209,7 +215,7 @@ def needs_leaves(values: dict[str, Any]) -> bool:
     graph, or a list or tuple that is not plain, such as a list of tensors, whose length
     forward may ask); a call with none of them is traced as it always was."""
     return any(isinstance(v, TYPED_GRAPHS + (dict,)) or (isinstance(v, (list, tuple)) and not is_plain(v))
-               for v in values.values())
+               or is_data(v) for v in values.values())
 
 
 def leaves_of_call(layouts: tuple[ArgLayout, ...], given: dict[str, Any]) -> list[Any]:
