@@ -37,11 +37,12 @@ from torch import nn
 from . import logs
 from .data_argument import data_graph, is_data, with_graph
 from .errors import CompileError, GraphError
+from .frames import copy_dgl_frames
 from .frontends import load_available
 from .ir.graph import Graph
 from .hetero import HeteroGraph, HeteroShard, parse_relation_key
-from .leaves import (ATTRIBUTE, TYPED_GRAPHS, ArgLayout, Constant, argument_name, call_arguments, is_plain, layout_of,
-                     leaves_of_call, needs_leaves, takes_varargs)
+from .leaves import (ATTRIBUTE, TYPED_GRAPHS, ArgLayout, Constant, argument_name, call_arguments, has_frames, is_plain,
+                     layout_of, leaves_of_call, needs_leaves, takes_varargs, with_frames)
 from .ir.lowering import has_lowering
 from .data.partitioning import read_manifest
 from .passes.context import CompileOptions
@@ -125,7 +126,7 @@ class CallShape:
         params = inspect.signature(forward).parameters
         bound = call_arguments(forward, args, kwargs)
         given = {k: v for k, (v, _) in bound.items()}
-        if needs_leaves(given) or takes_varargs(bound) or kept:
+        if needs_leaves(given) or takes_varargs(bound) or kept or any(map(has_frames, given.values())):
             graph_name = None if graph_input is None else argument_name(forward, graph_input)
             return cls._of_leaves(forward, bound, graph_name, graph_input, kept or {})
         graph_name = list(params)[graph_input] if isinstance(graph_input, int) else graph_input
@@ -150,14 +151,20 @@ class CallShape:
         """A call with dicts, lists, a typed graph, values for ``*args`` / ``**kwargs`` or
         graphs kept on the model (``bound``, see :func:`~sarcompile.leaves.call_arguments`;
         ``kept``, see :meth:`of_call`): one input per leaf, each named by its type or
-        relation when the graph is typed."""
+        relation when the graph is typed; a graph's frame fields an input each, per node or
+        per edge (of the type or relation of the frame)."""
         arguments = _with_plain_defaults(forward, bound) | {ATTRIBUTE + path: (v, "attr") for path, v in kept.items()}
         graph = _first_graph(bound.get(graph_name, (None, ""))[0]) or next(map(_first_graph, kept.values()), None)
         layouts, inputs = [], []
         for name, (value, passed) in arguments.items():
-            layout = layout_of(name, value, passed)
+            layout = with_frames(layout_of(name, value, passed), value)
             layouts.append(layout)
-            for leaf, key, value in zip(layout.leaf_names(), layout.keys or (None,), layout.leaves(value)):
+            names, leaves = layout.leaf_names(), layout.leaves(value)
+            framed = len(names) - len(layout.frames)
+            for leaf, (_, end, of, _), tensor in zip(names[framed:], layout.frames, leaves[framed:]):
+                rows = Residency.NODE if end == "ndata" else Residency.EDGE
+                inputs.append((leaf, Input(rows, tuple(tensor.shape), tensor.dtype, of=of)))
+            for leaf, key, value in zip(names[:framed], layout.keys or (None,), leaves[:framed]):
                 if layout.kind == "typed":
                     inputs.append((leaf, Input(Residency.GRAPH, of=key)))
                 elif _is_graph(value) or (name == graph_name and layout.kind != "data"):
@@ -533,7 +540,8 @@ def _converted(value: Any, converted: dict[int, tuple[Any, Any]]) -> Any:
     """The sarcompile graph of ``value`` (or of each in a list or tuple): a DGL graph's
     (``Graph.from_dgl``, ``HeteroGraph.from_dgl`` for a heterograph) or a sparse
     adjacency's (rows the destinations, as PyG's ``adj_t``). Converted once: ``converted``
-    keeps the last few by id, with the object, so an id reused by another is not mistaken."""
+    keeps the last few by id, with the object, so an id reused by another is not mistaken;
+    a DGL graph's frames are copied again each time (a script sets its fields between calls)."""
     if isinstance(value, (list, tuple)):
         return type(value)(_converted(v, converted) for v in value)
     kept = converted.get(id(value))
@@ -542,6 +550,8 @@ def _converted(value: Any, converted: dict[int, tuple[Any, Any]]) -> Any:
         converted[id(value)] = kept
         while len(converted) > _CONVERTED_KEPT:
             del converted[next(iter(converted))]
+    elif not isinstance(value, torch.Tensor):
+        copy_dgl_frames(value, kept[1])
     return kept[1]
 
 

@@ -35,6 +35,7 @@ from typing import Any, Generic, Iterable, TypeVar
 import torch
 
 from .errors import CompileError, GraphError
+from .frames import TypedFramesMixin, copy_dgl_frames
 from .ir.graph import Graph
 
 __all__ = ["Relation", "HeteroGraph", "HeteroShard", "TracedHetero", "relation_key", "parse_relation_key"]
@@ -114,7 +115,7 @@ class _Typed(Generic[G]):
         return list(self.node_types), list(self.edge_types)
 
 
-class HeteroGraph(_Typed[Graph]):
+class HeteroGraph(TypedFramesMixin, _Typed[Graph]):
     """A graph with node types and relations on one machine (see the module docstring).
 
     Build it with :meth:`from_edges`, :meth:`from_pyg` or :meth:`from_dgl`. Node types
@@ -175,7 +176,8 @@ class HeteroGraph(_Typed[Graph]):
     @classmethod
     def from_dgl(cls, g: Any) -> "HeteroGraph":
         """From a DGL heterograph (``dgl.heterograph``): its node types, canonical edge
-        types and each relation's edges in edge-id order."""
+        types and each relation's edges in edge-id order, and its frames (``G.nodes[t].data``,
+        ``G.edges[rel].data``, see :mod:`sarcompile.frames`)."""
         dgl = sys.modules.get("dgl")
         if dgl is None or not isinstance(g, dgl.DGLGraph):
             raise GraphError(f"HeteroGraph.from_dgl takes a dgl.DGLGraph, got {type(g).__name__}")
@@ -185,7 +187,7 @@ class HeteroGraph(_Typed[Graph]):
         for rel in g.canonical_etypes:
             src, dst = g.edges(order="eid", etype=rel)
             edges[tuple(rel)] = (src.long().cpu(), dst.long().cpu())
-        return cls.from_edges(edges, {t: g.num_nodes(t) for t in g.ntypes})
+        return copy_dgl_frames(g, cls.from_edges(edges, {t: g.num_nodes(t) for t in g.ntypes}))
 
     def num_nodes(self, ntype: str | None = None) -> int:
         """Nodes of ``ntype``, or of all types."""
@@ -235,7 +237,7 @@ class HeteroGraph(_Typed[Graph]):
         return f"HeteroGraph(nodes: {nodes}; edges: {rels})"
 
 
-class HeteroShard(_Typed[Any]):
+class HeteroShard(TypedFramesMixin, _Typed[Any]):
     """A worker's share of a :class:`HeteroGraph` (``part.graph`` of a typed partition):
     per type its own rows, per relation a :class:`~sarcompile.data.shard.ShardGraph` with the
     in-edges of its destination rows. ``global_ids[t]`` names each local row of type ``t``

@@ -9,6 +9,11 @@ per-node input, whose :attr:`~sarcompile.ir.probe.Input.of` names its type or re
 tracer rebuilds the dicts and the typed graph from the leaves before calling ``forward``,
 so the model's Python (``g[rel]``, ``for rel in g.edge_types``, ``x[src]``) runs unchanged.
 
+A graph's frames (:mod:`sarcompile.frames`: ``g.ndata["feat"]``, ``G.nodes[t].data["inp"]``,
+``g.edata[dgl.ETYPE]``) are leaves too, where DGL code reads them (DGL is imported): one
+per-node or per-edge input per field (:attr:`ArgLayout.frames`), after the graph's own
+leaves, which the tracer puts back into the traced graph's frames.
+
 A model whose ``forward`` takes ``*args`` or ``**kwargs`` (PyG's ``HeteroConv.forward(self,
 *args_dict, **kwargs_dict)``) is traced the same way: each value such a parameter collects
 is an argument of its own, named ``args_dict_0``, ``args_dict_1``, ... or by its keyword.
@@ -23,21 +28,26 @@ them) is no input of the program: forward is traced with its value (``if trainin
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import re
+import sys
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from .errors import CompileError
+from .frames import FramesMixin, TypedFramesMixin, frame_keys, frame_of
 from .hetero import HeteroGraph, HeteroShard, TracedHetero, relation_key
 from .data_argument import data_keys, is_data, rebuilt_data
 
-__all__ = ["ArgLayout", "Constant", "call_arguments", "argument_name", "is_plain", "layout_of", "needs_leaves",
-           "takes_varargs"]
+__all__ = ["ArgLayout", "Constant", "call_arguments", "argument_name", "frame_inputs", "frames_read", "has_frames", "is_plain",
+           "layout_of", "needs_leaves", "takes_varargs", "with_frames"]
 
 TYPED_GRAPHS = (HeteroGraph, HeteroShard)
 ATTRIBUTE = "self."  # how a layout names a graph the model keeps (self.g), see ArgLayout
 _PLAIN = (bool, int, float, str, type(None))
+_FRAMED = (FramesMixin, TypedFramesMixin)
+_FRAME_INPUTS = "_sc_frame_inputs"  # a rebuilt graph's frame fields while tracing, see ArgLayout.rebuild
 
 
 def is_plain(value: Any) -> bool:
@@ -94,7 +104,11 @@ class ArgLayout:
     which forward is traced with). ``passed`` says how ``forward`` receives it: as the named parameter
     ``name`` (``named``), as one of the values its ``*args`` collects (``varargs``, in
     order), by keyword into its ``**kwargs`` (``varkw``), or not at all (``attr``: a graph
-    the model keeps, named ``self.<path>``, which the tracer sets on the module)."""
+    the model keeps, named ``self.<path>``, which the tracer sets on the module). ``frames``:
+    the fields on the frames of the graphs it holds, each ``(item, end, of, field)`` -- the
+    list position of its graph (None for a graph as it is), ``ndata`` or ``edata``, the node
+    type or relation of a typed graph (else None) and the field's name: a leaf each, after
+    the others (see :func:`with_frames`)."""
 
     name: str
     kind: str = "plain"
@@ -102,6 +116,7 @@ class ArgLayout:
     node_types: tuple[str, ...] = ()
     node_counts: tuple[int, ...] = ()
     passed: str = "named"
+    frames: tuple[tuple[Any, str, Any, str], ...] = ()
 
     @property
     def attribute(self) -> str | None:
@@ -109,6 +124,9 @@ class ArgLayout:
         return self.name[len(ATTRIBUTE):] if self.passed == "attr" else None
 
     def leaf_names(self) -> list[str]:
+        return self._own_names() + [_frame_leaf_name(self.name, *key) for key in self.frames]
+
+    def _own_names(self) -> list[str]:
         if self.kind == "plain":
             return [re.sub(r"\W", "_", self.name)]  # (self.g: self_g)
         if self.kind == "constant":
@@ -117,6 +135,11 @@ class ArgLayout:
 
     def leaves(self, value: Any) -> list[Any]:
         """``value``'s leaves, in :meth:`leaf_names` order."""
+        fields = [frame_of(value if item is None else value[item], end, of)[field]
+                  for item, end, of, field in self.frames]
+        return self._own_leaves(value) + fields
+
+    def _own_leaves(self, value: Any) -> list[Any]:
         if self.kind == "plain":
             return [value]
         if self.kind in ("none", "constant"):
@@ -126,7 +149,16 @@ class ArgLayout:
         return [value[k] for k in self.keys]  # a dict's keys, a tuple's positions
 
     def rebuild(self, leaves: list[Any]) -> Any:
-        """The argument ``forward`` sees, from its leaves (proxies while tracing)."""
+        """The argument ``forward`` sees, from its leaves (proxies while tracing); each graph
+        in it holds its frame fields' leaves, for :func:`frame_inputs`."""
+        own = len(leaves) - len(self.frames)
+        value = self._rebuild(leaves[:own])
+        for (item, end, of, field), leaf in zip(self.frames, leaves[own:]):
+            graph = value if item is None else value[item]
+            vars(graph).setdefault(_FRAME_INPUTS, {})[(end, of, field)] = leaf
+        return value
+
+    def _rebuild(self, leaves: list[Any]) -> Any:
         if self.kind == "plain":
             return leaves[0]
         if self.kind == "none":
@@ -142,6 +174,48 @@ class ArgLayout:
         if self.kind == "data":
             return rebuilt_data(self.keys, leaves)
         return dict(zip(self.keys, leaves))
+
+
+def _frame_leaf_name(arg: str, item: Any, end: str, of: Any, field: str) -> str:
+    parts = [arg, *([] if item is None else [str(item)]), end]
+    parts += [] if of is None else [relation_key(of) if isinstance(of, tuple) else str(of)]
+    return re.sub(r"\W", "_", "__".join([*parts, field]))
+
+
+def frames_read() -> bool:
+    """Whether graphs' frames are inputs of a program: where DGL is imported, whose code
+    reads them (a model traced without DGL sees a graph without frames)."""
+    return "dgl" in sys.modules
+
+
+def _graphs_in(value: Any) -> list[tuple[Any, Any]]:
+    """The framed graphs ``value`` holds, with their list positions (None: ``value`` itself)."""
+    if isinstance(value, _FRAMED):
+        return [(None, value)]
+    if isinstance(value, (list, tuple)) and any(isinstance(v, _FRAMED) for v in value):
+        return [(i, v) for i, v in enumerate(value) if isinstance(v, _FRAMED)]
+    return []
+
+
+def has_frames(value: Any) -> bool:
+    """Whether ``value`` (a graph, or a list or tuple of them) has a field on its frames
+    that the program reads (see :func:`frames_read`)."""
+    return frames_read() and any(frame_keys(g) for _, g in _graphs_in(value))
+
+
+def with_frames(layout: ArgLayout, value: Any) -> ArgLayout:
+    """``layout`` of ``value`` with the fields on the frames of the graphs it holds (see
+    :attr:`ArgLayout.frames`), where the program reads them (:func:`frames_read`)."""
+    if not frames_read() or layout.kind not in ("plain", "typed", "list", "tuple"):
+        return layout
+    frames = tuple((item, *key) for item, graph in _graphs_in(value) for key in frame_keys(graph))
+    return dataclasses.replace(layout, frames=frames) if frames else layout
+
+
+def frame_inputs(graph: Any) -> dict[tuple[str, Any, str], Any]:
+    """The frame fields of ``graph`` rebuilt while tracing (:meth:`ArgLayout.rebuild`), by
+    ``(end, of, field)``; empty for any other value."""
+    return getattr(graph, "__dict__", {}).get(_FRAME_INPUTS, {})
 
 
 def layout_of(name: str, value: Any, passed: str = "named") -> ArgLayout:

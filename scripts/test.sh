@@ -28,7 +28,7 @@ deactivate
 # DGL's wheels need torch 2.2, so its tests run in a second environment kept outside the
 # clone (created once per machine). Failing to create it is reported loudly, not fatal:
 # the main suite above is the gate; the DGL part only runs when that environment exists.
-DGL_TESTS=(tests/frontends/test_dgl.py tests/frontends/test_dgl_update_all.py tests/frontends/test_dgl_partition.py tests/frontends/test_dgl_example.py tests/frontends/test_dgl_zoo.py tests/frontends/test_dgl_hetero.py tests/frontends/test_dgl_hetero_zoo.py tests/frontends/test_dgl_models_sweep.py tests/test_rgcn_vs_dgl.py tests/test_nn.py tests/test_ops.py tests/codegen/test_torch_tiles.py tests/codegen/test_cpu_spmm.py tests/runtime/test_cpu_cache.py tests/runtime/test_reuse_on_workers.py tests/runtime/test_distributed.py tests/runtime/test_link.py tests/runtime/test_failures.py tests/test_hetero.py tests/passes)
+DGL_TESTS=(tests/frontends/test_dgl.py tests/frontends/test_dgl_update_all.py tests/frontends/test_dgl_partition.py tests/frontends/test_dgl_example.py tests/frontends/test_dgl_zoo.py tests/frontends/test_dgl_hetero.py tests/frontends/test_dgl_hetero_zoo.py tests/frontends/test_dgl_models_sweep.py tests/frontends/test_dgl_frames.py tests/test_rgcn_vs_dgl.py tests/test_nn.py tests/test_ops.py tests/codegen/test_torch_tiles.py tests/codegen/test_cpu_spmm.py tests/runtime/test_cpu_cache.py tests/runtime/test_reuse_on_workers.py tests/runtime/test_distributed.py tests/runtime/test_link.py tests/runtime/test_failures.py tests/test_hetero.py tests/passes)
 skip() { echo; echo "!!!!!!!! DGL tests SKIPPED: $1 !!!!!!!!"; }
 if [ $# -gt 0 ]; then
     skip "arguments were given; run them with: \"\$(bash scripts/dgl_env.sh)/bin/python\" -m pytest ${DGL_TESTS[*]}"

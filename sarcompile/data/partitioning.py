@@ -267,6 +267,9 @@ class Partition:
     """One worker's share of a partitioned graph, as :func:`load_partition` returns it.
     Of a typed partition: ``graph`` is a :class:`~sarcompile.hetero.HeteroShard`, and
     ``node_data`` and ``global_ids`` are dicts by node type (``node_data["paper"]["x"]``).
+    The graph's frames hold the node data, as a DGL script's graph does (``graph.ndata["x"]``;
+    typed, ``graph.nodes["paper"].data["x"]``; see :mod:`sarcompile.frames`): a model
+    reading them runs as ``model(part.graph)``.
 
     Example:
 
@@ -284,6 +287,13 @@ class Partition:
     global_ids: torch.Tensor | dict[str, torch.Tensor] = field(repr=False)  # original id of every local row
     rank: int
     manifest: Manifest = field(repr=False)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.graph, HeteroShard):
+            for t, data in self.node_data.items():
+                self.graph.nodes[t].data.update(data)
+        else:
+            self.graph.ndata.update(self.node_data)
 
 
 # -- writing ---------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from ..errors import PartitionError
+from ..frames import FramesMixin
 from ..ir.graph import Block, Graph, _no_loops_on_bipartite, cached_subset
 
 __all__ = ["DERIVED_GRAPHS", "PartData", "ShardGraph", "local_rows", "split_graph"]
@@ -130,7 +131,7 @@ def split_graph(
     return parts
 
 
-class ShardGraph:
+class ShardGraph(FramesMixin):
     """The graph argument a model gets inside a worker (``part.graph``).
 
     Same surface as :class:`~sarcompile.ir.graph.Graph` for what models use

@@ -166,16 +166,49 @@ class _Reads(dict):
         return super().__getitem__(key)
 
 
+class _Fields(dict):
+    """One frame of a traced graph: a field it lacks is refused, naming the fields it has."""
+
+    def __init__(self, values: dict, what: str):
+        super().__init__(values)
+        self.what = what
+
+    def copy(self) -> "_Fields":
+        return _Fields(self, self.what)
+
+    def __missing__(self, key: Any):
+        raise refusal(
+            f"{self.what}[{key!r}]: the graph has no such field (its fields: {sorted(map(str, self))}). Set it "
+            f"before calling the model, as on a DGL graph: {self.what}[{key!r}] = tensor on the graph the model is "
+            "called with (on a worker on part.graph, whose ndata sc.partition(..., node_data=...) fills), or store "
+            "it in forward before reading it"
+        )
+
+
+def _what(end: str, of: Any) -> str:
+    """How DGL code names a frame: ``g.ndata``, ``G.nodes['paper'].data``, ``G.edges[rel].data``."""
+    if of is None:
+        return f"g.{end}"
+    return f"G.{'nodes' if end == 'ndata' else 'edges'}[{of!r}].data"
+
+
 class Frames:
     """The fields DGL code stores on a traced graph: a dict per node type and per relation
-    (DGL's frames), with DGL's scopes.
+    (DGL's frames), with DGL's scopes. ``initial``: the fields the graph has when the model
+    is called (its frames' inputs of the program, by ``(end, type or relation, field)``,
+    see :func:`~sarcompile.leaves.frame_inputs`).
 
     A heterograph and its relations share one ``Frames``, as a DGL relation graph shares
     the heterograph's storage: what ``g["writes"].srcdata`` gets, ``g.nodes["author"].data``
     shows. A one-type graph has one node type and one relation, both ``None``."""
 
-    def __init__(self, node_types: Iterable[Any] = (None,), relations: Iterable[Any] = (None,)):
-        self._stack: list[tuple[dict, dict]] = [({t: {} for t in node_types}, {r: {} for r in relations})]
+    def __init__(self, node_types: Iterable[Any] = (None,), relations: Iterable[Any] = (None,),
+                 initial: dict[tuple[str, Any, str], Any] | None = None):
+        nodes = {t: _Fields({}, _what("ndata", t)) for t in node_types}
+        edges = {r: _Fields({}, _what("edata", r)) for r in relations}
+        for (end, of, field), value in (initial or {}).items():
+            (nodes if end == "ndata" else edges)[of][field] = value
+        self._stack: list[tuple[dict, dict]] = [(nodes, edges)]
 
     def nodes(self, ntype: Any) -> dict:
         return self._stack[-1][0][ntype]
@@ -185,7 +218,7 @@ class Frames:
 
     def _current(self) -> tuple[dict, dict]:
         nodes, edges = self._stack[-1]
-        return {t: dict(f) for t, f in nodes.items()}, {r: dict(f) for r, f in edges.items()}
+        return {t: f.copy() for t, f in nodes.items()}, {r: f.copy() for r, f in edges.items()}
 
     @contextlib.contextmanager
     def scope(self):

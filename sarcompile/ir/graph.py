@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from ..errors import GraphError
+from ..frames import FramesMixin, copy_dgl_frames
 
 __all__ = ["Graph", "Block", "Tiles", "csr_tensor", "tile_count", "probe_graph", "probe_relation", "cached_subset"]
 
@@ -281,7 +282,7 @@ def _as_index(t: Any, name: str) -> torch.Tensor:
     return t.long().cpu().contiguous()
 
 
-class Graph:
+class Graph(FramesMixin):
     """A directed graph on one machine. Build it with :meth:`from_edges`, :meth:`from_pyg`
     or :meth:`from_networkx`.
 
@@ -359,7 +360,8 @@ class Graph:
     def from_dgl(cls, g: Any) -> "Graph":
         """From a homogeneous ``dgl.DGLGraph``: its edges in edge-id order (so DGL edge
         tensors keep their meaning), ``g.num_nodes()`` nodes. Multi-edges and self-loops
-        are kept, as DGL keeps them; heterographs and sampled blocks are refused."""
+        are kept, as DGL keeps them, and so are its frames (``ndata``, ``edata``, see
+        :mod:`sarcompile.frames`); heterographs and sampled blocks are refused."""
         dgl = sys.modules.get("dgl")  # a DGLGraph exists only once its program imported dgl
         if dgl is None or not isinstance(g, dgl.DGLGraph):
             raise GraphError(f"Graph.from_dgl takes a dgl.DGLGraph, got {type(g).__name__}")
@@ -374,7 +376,7 @@ class Graph:
                 f"edge types {g.etypes}; convert it with dgl.to_homogeneous(g) first"
             )
         src, dst = g.edges(order="eid")
-        return cls(src.long().cpu(), dst.long().cpu(), g.num_nodes())
+        return copy_dgl_frames(g, cls(src.long().cpu(), dst.long().cpu(), g.num_nodes()))
 
     # -- queries ------------------------------------------------------------------------
     @property
