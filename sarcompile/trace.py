@@ -30,7 +30,7 @@ from torch import nn
 from .errors import CompileError, SarcompileError
 from .ir.lowering import function_homes, function_lowerings, lowering_for
 from .hetero import TracedHetero
-from .leaves import ArgLayout, frame_inputs, rebuilt_arguments
+from .leaves import ArgLayout, rebuilt_arguments
 from .model_state import refuse_state_updates, settled_trace
 from .source_lines import source_line, user_file, user_frame
 from .nn import NodeDropout, RandomStream
@@ -206,14 +206,14 @@ class SarTracer(fx.Tracer):
     def _as_dgl(self, value: Any) -> Any:
         """``value`` (an argument rebuilt from its leaves, or a container of them) with each
         graph in it as DGL code reads it: a typed graph as a DGL heterograph, a one-type
-        graph leaf as a DGL graph, each with the fields of its frames the call gave."""
-        from .frontends.dgl_graph import Frames, GraphProxy
+        graph leaf as a DGL graph."""
+        from .frontends.dgl_graph import GraphProxy
         from .frontends.dgl_hetero import HeteroGraphProxy
 
         if isinstance(value, TracedHetero):
-            return HeteroGraphProxy(value, self, Frames(value.node_types, value.edge_types, frame_inputs(value)))
+            return HeteroGraphProxy(value, self)
         if isinstance(value, fx.Proxy) and value.node.target in self.graph_leaves:
-            return GraphProxy(value.node, self, Frames(initial=frame_inputs(value)))
+            return GraphProxy(value.node, self)
         if isinstance(value, (list, tuple)):
             return type(value)(self._as_dgl(v) for v in value)
         if isinstance(value, dict):
@@ -855,7 +855,7 @@ def _failure(e: Exception) -> str:
         return ("a per-node tensor was iterated along its rows (a Python loop over `x`, over torch.split(x, k) or "
                 "x.unbind(0), or `*x`), whose row count is not known when compiling and differs between workers; "
                 "compute it for all rows at once with tensor operations. A loop over a parameter's rows, or over a "
-                "feature dim (x.unbind(1), torch.split(x, k, dim=1), x.t()), compiles")
+                f"feature dim (x.unbind(1), torch.split(x, k, dim=1), x.t()), compiles. {_CONTROL_FLOW}")
     if isinstance(e, fx.proxy.TraceError):  # bool() of a traced value: control flow
         return f"{text}. {_CONTROL_FLOW}"
     if isinstance(e, _Assignment):
@@ -888,8 +888,9 @@ def _failure(e: Exception) -> str:
                     "compiling; index it by a Python value (a str, int or bool argument of forward is traced as "
                     "its value, and each value compiles a program of its own)")
         return (f"KeyError {text}: forward asked for a key that what it indexes does not hold when traced (a dict "
-                "argument holds the keys of the call, a graph's frames the fields set on the graph it is called "
-                "with and those forward stored). Check the key against what the model is called with")
+                "argument holds the keys of the call; a graph's frames hold what forward stored in them, not a DGL "
+                "graph's own ndata/edata, which sarcompile does not read). Check the key against what the model is "
+                "called with, and pass a graph's data as arguments of the call")
     if isinstance(e, AttributeError):
         return (f"AttributeError: {text}. While tracing, forward gets a symbolic tensor for each tensor argument and "
                 "sarcompile's graph (a sarcompile Graph, or a DGL-style view of it when DGL is imported) for the "
