@@ -30,7 +30,7 @@ from torch import nn
 from .errors import CompileError, SarcompileError
 from .ir.lowering import function_homes, function_lowerings, lowering_for
 from .hetero import TracedHetero
-from .leaves import ArgLayout, rebuilt_arguments
+from .leaves import ArgLayout, frame_inputs, rebuilt_arguments
 from .model_state import refuse_state_updates, settled_trace
 from .source_lines import source_line, user_file, user_frame
 from .nn import NodeDropout, RandomStream
@@ -206,14 +206,14 @@ class SarTracer(fx.Tracer):
     def _as_dgl(self, value: Any) -> Any:
         """``value`` (an argument rebuilt from its leaves, or a container of them) with each
         graph in it as DGL code reads it: a typed graph as a DGL heterograph, a one-type
-        graph leaf as a DGL graph."""
-        from .frontends.dgl_graph import GraphProxy
+        graph leaf as a DGL graph, each with the fields of its frames the call gave."""
+        from .frontends.dgl_graph import Frames, GraphProxy
         from .frontends.dgl_hetero import HeteroGraphProxy
 
         if isinstance(value, TracedHetero):
-            return HeteroGraphProxy(value, self)
+            return HeteroGraphProxy(value, self, Frames(value.node_types, value.edge_types, frame_inputs(value)))
         if isinstance(value, fx.Proxy) and value.node.target in self.graph_leaves:
-            return GraphProxy(value.node, self)
+            return GraphProxy(value.node, self, Frames(initial=frame_inputs(value)))
         if isinstance(value, (list, tuple)):
             return type(value)(self._as_dgl(v) for v in value)
         if isinstance(value, dict):
@@ -888,9 +888,8 @@ def _failure(e: Exception) -> str:
                     "compiling; index it by a Python value (a str, int or bool argument of forward is traced as "
                     "its value, and each value compiles a program of its own)")
         return (f"KeyError {text}: forward asked for a key that what it indexes does not hold when traced (a dict "
-                "argument holds the keys of the call; a graph's frames hold what forward stored in them, not a DGL "
-                "graph's own ndata/edata, which sarcompile does not read). Check the key against what the model is "
-                "called with, and pass a graph's data as arguments of the call")
+                "argument holds the keys of the call, a graph's frames the fields set on the graph it is called "
+                "with and those forward stored). Check the key against what the model is called with")
     if isinstance(e, AttributeError):
         return (f"AttributeError: {text}. While tracing, forward gets a symbolic tensor for each tensor argument and "
                 "sarcompile's graph (a sarcompile Graph, or a DGL-style view of it when DGL is imported) for the "
