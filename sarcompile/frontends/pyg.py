@@ -82,6 +82,7 @@ from ..nn import RandomStream
 from ..ir.ops import batch_norm, edge_dropout, edge_softmax, gather_dst, gather_src, gather_table, message_passing, sddmm, spmm
 from ..ir.lowering import declare, register_lowering
 from ..ir.vocab import Residency
+from .pyg_assign import assignments_settled
 from .pyg_utils import EdgeEnd, EdgeIndex, add_remaining_self_loops, as_edge_index, intercepting, replace_self_loops
 
 __all__ = ["SUPPORTED"]
@@ -642,7 +643,7 @@ def _tracing_type(cls: type) -> type:
         _GRAD_AT_ENTRY.append(torch.is_grad_enabled())
         try:
             with intercepting():
-                return original(*bound.args, **bound.kwargs)
+                return assignments_settled(lambda: original(*bound.args, **bound.kwargs))
         except CompileError:
             raise
         except Exception as e:  # whatever the layer's own code raised: say which layer and where

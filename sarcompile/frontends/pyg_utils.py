@@ -38,6 +38,7 @@ from ..ir.lowering import declare, register_function_lowering
 from ..ir.ops import edge_max, edge_reduce, edge_reduce_src, edge_softmax, edge_subset, gather_dst, gather_src
 from ..runtime import comm
 from ..ir.vocab import Residency
+from .pyg_assign import assign_where, where_line
 
 __all__ = ["EdgeEnd", "EdgeIndex", "handles", "intercepting", "as_edge_index", "add_remaining_self_loops"]
 
@@ -208,17 +209,23 @@ _active = False
 @contextlib.contextmanager
 def intercepting() -> Iterator[None]:
     """For the duration (a PyG layer's trace), aggregations take an :class:`EdgeEnd` index
-    and fx proxies (node tensors) can be indexed by an :class:`EdgeEnd` and updated on a
-    :class:`LoopMask`. Restored afterwards; nesting is a no-op. (The PyG functions with a
-    rule are swapped by the tracer itself, see :func:`handles`.)"""
+    and fx proxies (node tensors) can be indexed by an :class:`EdgeEnd`, updated on a
+    :class:`LoopMask`, and assigned into by a bool mask (:mod:`.pyg_assign`). Restored
+    afterwards; nesting is a no-op. (The PyG functions with a rule are swapped by the tracer
+    itself, see :func:`handles`.)"""
     global _active
     if _active:
         yield
         return
     Aggregation.__call__ = _aggregation_call
     torch.fx.Proxy.__getitem__ = _proxy_getitem
-    torch.fx.Proxy.__setitem__ = _proxy_setitem
     torch.fx.Proxy.index_select = _proxy_index_select
+    # Assignments go to _proxy_setitem on every proxy, also where a tracer's proxy class has
+    # its own __setitem__ (kept for the indices this module does not handle).
+    _SETITEM_OF.update({cls: vars(cls).get("__setitem__") for cls in _proxy_classes()
+                        if cls is torch.fx.Proxy or "__setitem__" in vars(cls)})
+    for cls in _SETITEM_OF:
+        cls.__setitem__ = _proxy_setitem
     _active = True
     try:
         yield
@@ -226,7 +233,27 @@ def intercepting() -> Iterator[None]:
         _active = False
         Aggregation.__call__ = _aggregation_call_of_pyg
         torch.fx.Proxy.__getitem__ = _proxy_getitem_of_fx
-        del torch.fx.Proxy.__setitem__, torch.fx.Proxy.index_select
+        del torch.fx.Proxy.index_select
+        for cls, setitem in _SETITEM_OF.items():
+            if setitem is None:
+                del cls.__setitem__
+            else:
+                cls.__setitem__ = setitem
+        _SETITEM_OF.clear()
+
+
+# While intercepting: the __setitem__ each proxy class had (None: none of its own).
+_SETITEM_OF: dict[type, Any] = {}
+
+
+def _proxy_classes() -> list[type]:
+    """``torch.fx.Proxy`` and its subclasses (a tracer's own proxies among them)."""
+    found, todo = [], [torch.fx.Proxy]
+    while todo:
+        cls = todo.pop()
+        found.append(cls)
+        todo.extend(cls.__subclasses__())
+    return found
 
 
 _aggregation_call_of_pyg = Aggregation.__call__
@@ -269,8 +296,24 @@ def _proxy_index_select(self: torch.fx.Proxy, dim: Any, index: Any) -> torch.fx.
 
 
 def _proxy_setitem(self: torch.fx.Proxy, i: Any, value: Any) -> None:
-    if not isinstance(i, LoopMask):
-        raise TypeError("'Proxy' object does not support item assignment")
+    if isinstance(i, LoopMask):
+        _update_on_loops(self, i, value)
+    elif isinstance(i, torch.fx.Proxy) and not isinstance(i, EdgeIndex):
+        assign_where(self, i, value)
+    elif isinstance(i, EdgeEnd):
+        raise i.refusal()
+    elif any(_SETITEM_OF.get(cls) for cls in type(self).__mro__):  # the proxy class's own (h[:, 0] = v)
+        next(_SETITEM_OF[cls] for cls in type(self).__mro__ if _SETITEM_OF.get(cls))(self, i, value)
+    else:
+        raise CompileError(
+            f"assigning into a tensor at {i!r} (`t[...] = value`) is not supported inside a PyG layer{where_line()}: "
+            "sarcompile rewrites only t[mask] = value with a bool mask of t's rows; build the tensor without "
+            "assigning into it (torch.where(mask, value, t), torch.cat, scatter)"
+        )
+
+
+def _update_on_loops(self: torch.fx.Proxy, i: LoopMask, value: Any) -> None:
+    """``e[mask] = value`` / ``e[mask] op= value`` for a :class:`LoopMask`."""
     op, v = "set", value
     if isinstance(value, _LoopRows):
         if value.e is not self or value.mask is not i:

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 import torch_geometric.nn as gnn
 from torch import nn
-from torch_geometric.utils import dropout_edge
+from torch_geometric.utils import add_self_loops, degree, dropout_edge
 
 import sarcompile as sc
 from sarcompile.data.shard import PartData, ShardGraph
@@ -147,9 +147,75 @@ class EdgeAttention(nn.Module):
         return self.gatv2_float(h, edge_index, edge_attr)
 
 
+class TutorialGCNConv(gnn.MessagePassing):
+    """PyG's "Creating message passing networks" tutorial layer, in our words: ``deg^-1/2`` with
+    the infinite entries (nodes without in-edges, ``loops=False``) zeroed by a masked assignment,
+    ``deg_inv_sqrt[deg_inv_sqrt == float('inf')] = 0``."""
+
+    def __init__(self, f_in: int, f_out: int, loops: bool = True):
+        super().__init__(aggr="add")
+        self.lin = nn.Linear(f_in, f_out, bias=False)
+        self.bias = nn.Parameter(torch.randn(f_out) / 10)
+        self.loops = loops
+
+    def forward(self, x, edge_index):
+        if self.loops:
+            edge_index, _ = add_self_loops(edge_index, num_nodes=x.size(0))
+        x = self.lin(x)
+        row, col = edge_index
+        deg = degree(col, x.size(0), dtype=x.dtype)
+        deg_inv_sqrt = deg.pow(-0.5)
+        deg_inv_sqrt[deg_inv_sqrt == float("inf")] = 0
+        norm = deg_inv_sqrt[row] * deg_inv_sqrt[col]
+        return self.propagate(edge_index, x=x, norm=norm) + self.bias
+
+    def message(self, x_j, norm):
+        return norm.view(-1, 1) * x_j
+
+
+class MaskedUpdates(gnn.MessagePassing):
+    """``t[mask] = value`` in the forms sarcompile rewrites: a parameter vector on the masked
+    rows, ``t[mask] += 1``, ``t[mask] = y[mask] * 2`` (the mask computed twice), a number on
+    per-edge values by a per-edge mask."""
+
+    def __init__(self, f_in: int, f_out: int):
+        super().__init__(aggr="add")
+        self.lin = nn.Linear(f_in, f_out)
+        self.fill = nn.Parameter(torch.randn(f_out))
+
+    def forward(self, x, edge_index):
+        row, col = edge_index
+        h = self.lin(x)
+        h[h[:, 0] > 0] = self.fill
+        h[h < -0.5] += 1.0
+        y = torch.tanh(x[:, : self.lin.out_features])
+        h[h[:, 1] > 0.2] = y[h[:, 1] > 0.2] * 2
+        w = (h[row] * h[col]).sum(-1)
+        w[w < 0] = 0.25
+        return self.propagate(edge_index, x=h, w=w)
+
+    def message(self, x_j, w):
+        return x_j * w.unsqueeze(-1)
+
+
+class MaskedAssignments(nn.Module):
+    """The tutorial's layer with and without self-loops, then :class:`MaskedUpdates`."""
+
+    def __init__(self, f_in: int = 6, f_out: int = 3):
+        super().__init__()
+        self.conv1 = TutorialGCNConv(f_in, 8)
+        self.conv2 = TutorialGCNConv(8, 8, loops=False)
+        self.conv3 = MaskedUpdates(8, f_out)
+
+    def forward(self, x, edge_index):
+        h = torch.tanh(self.conv1(x, edge_index))
+        return self.conv3(torch.tanh(self.conv2(h, edge_index)), edge_index)
+
+
 MODELS = {"sage_bn_gcn": sage_bn_gcn, "attention_mix": AttentionMix, "drop_attention": DropAttention,
           "drop_everywhere": DropEverywhere,
-          "weighted": Weighted, "edge_features": EdgeFeatures, "edge_attention": EdgeAttention}
+          "weighted": Weighted, "edge_features": EdgeFeatures, "edge_attention": EdgeAttention,
+          "masked_assignments": MaskedAssignments}
 WEIGHTED = {"weighted", "edge_features", "edge_attention"}  # models that take a per-edge tensor
 EDGE_DIMS = {"edge_features": 3, "edge_attention": 3}  # its width, for those that take features rather than weights
 EVAL = {"edge_attention"}  # compared in eval mode (attention dropout is then off, in PyG too)

@@ -328,6 +328,18 @@ def test_dropout_everywhere_trains_on_workers_as_the_compiled_model_on_one_machi
     check_distributed(pool, (world_size, "drop_everywhere", "sar", src, dst, n, 11, assignment), oracle="compiled")
 
 
+@pytest.mark.parametrize("world_size,mode", [(2, "sar"), (3, "stash")])
+def test_masked_assignments_match_eager_pyg_on_workers(pool, world_size, mode):
+    """PyG's tutorial GCNConv (``deg_inv_sqrt[deg_inv_sqrt == float('inf')] = 0``), with and
+    without self-loops, and the other masked assignments sarcompile rewrites, on a graph
+    whose last nodes have no edges."""
+    gen = torch.Generator().manual_seed(world_size)
+    n = 19
+    src, dst = torch.randint(0, n - 3, (60,), generator=gen), torch.randint(0, n - 3, (60,), generator=gen)
+    assignment = torch.randint(0, world_size, (n,), generator=gen)
+    check_distributed(pool, (world_size, "masked_assignments", mode, src, dst, n, 3, assignment))
+
+
 # --- what is refused, and how ---------------------------------------------------------
 class Two(nn.Module):
     def __init__(self, second: nn.Module):

@@ -30,6 +30,7 @@ from torch_geometric.utils import (  # noqa: E402
 )
 
 import sarcompile as sc  # noqa: E402
+from pyg_models import MaskedUpdates, TutorialGCNConv  # noqa: E402
 
 DT = torch.float64
 
@@ -324,3 +325,58 @@ def test_edge_dropout_runs_the_layer_on_the_kept_edges_and_refuses_what_pairs_or
 
     with pytest.raises(sc.CompileError, match="call dropout_edge"):
         sc.distribute(WithFeatures())(x, g)
+
+
+# -- t[mask] = value inside a layer (sarcompile/frontends/pyg_assign.py) ----------------------------
+MASKED = {
+    "tutorial GCNConv": lambda: TutorialGCNConv(4, 3),
+    "tutorial GCNConv without self-loops (degree 0: inf zeroed)": lambda: TutorialGCNConv(4, 3, loops=False),
+    "parameter, +=, y[mask], per-edge mask": lambda: MaskedUpdates(4, 3),
+    "a view taken before, not read after": lambda: Aliased("view not read after"),
+}
+
+
+@pytest.mark.parametrize("name", list(MASKED))
+def test_masked_assignments_match_pyg(name):
+    """Rewritten to torch.where: outputs and every gradient as eager PyG's in-place updates
+    (on 1, 2 and 3 workers in tests/frontends/test_pyg.py)."""
+    for seed in (7, 8):
+        _check(Wrap(MASKED[name]()), graph=_random_graph(seed))
+
+
+class Aliased(MessagePassing):
+    """A masked assignment whose in-place update eager would show elsewhere (``how``)."""
+
+    def __init__(self, how: str):
+        super().__init__(aggr="add")
+        self.how = how
+
+    def forward(self, x, edge_index):
+        h = x * 2
+        if self.how == "view read after":
+            first = h[:, :2]
+            h[h > 1] = 0.0
+            h = h[:, 2:] + first
+        elif self.how == "input":
+            x[x > 1] = 0.0
+        elif self.how == "index":
+            h[degree(edge_index[1], x.size(0)).long()] = 0.0
+        elif self.how == "a value per masked row":
+            h[h[:, 0] > 0] = x[:3]
+        elif self.how == "view not read after":  # (compiles: nothing reads the view later)
+            first = h[:, :2]
+            h[first[:, 0] > 1] = 0.0
+        return self.propagate(edge_index, x=h)
+
+
+@pytest.mark.parametrize("how,words", [
+    ("view read after", r"a view of t taken before the assignment .* is read after it"),
+    ("input", "t is the layer's input"),
+    ("index", "with an index of dtype torch.int64"),
+    ("a value per masked row", r"a value of shape \(3, 4\), one row per masked entry"),
+])
+def test_masked_assignments_that_are_not_eager_s_are_refused_naming_the_line_and_the_fix(how, words):
+    src, dst, n = _graph()
+    with pytest.raises(sc.CompileError, match=words) as refused:
+        sc.distribute(Wrap(Aliased(how)))(torch.randn(n, 4), sc.Graph.from_edges(src, dst, n))
+    assert "test_pyg_utils.py:" in str(refused.value) and "t = torch.where(mask, value, t)" in str(refused.value)
