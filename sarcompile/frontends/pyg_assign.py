@@ -30,17 +30,11 @@ import torch.fx
 
 from ..errors import CompileError
 from ..ir.lowering import declare
-from ..model_state import _VIEWS
 from ..source_lines import calling_line
+from ..trace import _is_view
 
 __all__ = ["assign_where", "assignments_settled", "where_line"]
 
-# What an in-place update of a tensor shows through in eager: views of it (model_state's list
-# of view methods, and the same as functions and attributes), and what returns the tensor
-# itself where nothing changes (``contiguous``, ``to`` its own dtype).
-_VIEW_NAMES = _VIEWS | {"getitem", "split", "chunk", "unbind", "movedim", "moveaxis", "swapaxes", "swapdims",
-                        "diagonal", "as_strided", "unfold", "view_as_real", "view_as_complex", "alias", "T", "mT",
-                        "H", "mH", "contiguous", "to", "type", "type_as", "float", "double", "cpu", "cuda"}
 _ARITHMETIC = (operator.add, operator.sub, operator.mul, operator.truediv)  # (t[mask] op= v is t[mask] = t[mask] op v)
 _WHERE = "t = torch.where(mask, value, t) (mask.unsqueeze(-1) for each axis of t after the mask's)"
 
@@ -111,23 +105,10 @@ def _aliased(line: str, why: str) -> CompileError:
     )
 
 
-def _is_view(node: torch.fx.Node) -> bool:
-    """Whether ``node``'s value may share storage with its first argument (indexing by
-    tensors copies; by ints and slices it views)."""
-    if node.op == "call_function" and node.target is getattr:
-        return node.args[1] in _VIEW_NAMES
-    if node.op not in ("call_method", "call_function") or not node.args or not isinstance(node.args[0], torch.fx.Node):
-        return False
-    if node.target in (operator.getitem, "__getitem__"):
-        index = node.args[1] if isinstance(node.args[1], tuple) else (node.args[1],)
-        return not any(isinstance(k, torch.fx.Node) for k in index)
-    return getattr(node.target, "__name__", str(node.target)) in _VIEW_NAMES
-
-
 def _check_aliases(a: _Assignment, returned: set[torch.fx.Node]) -> None:
     """Refuse ``a`` where a node sharing storage with t before it is read after it."""
     root = a.old
-    while _is_view(root):
+    while _is_view(root) and isinstance(root.args[0], torch.fx.Node):
         root = root.args[0]
     shared, todo = {root}, [root]
     while todo:  # root and every view of it, of a view of it, ...

@@ -38,6 +38,7 @@ from ..ir.lowering import declare, register_function_lowering
 from ..ir.ops import edge_max, edge_reduce, edge_reduce_src, edge_softmax, edge_subset, gather_dst, gather_src
 from ..runtime import comm
 from ..ir.vocab import Residency
+from ..trace import assign
 from .pyg_assign import assign_where, where_line
 
 __all__ = ["EdgeEnd", "EdgeIndex", "handles", "intercepting", "as_edge_index", "add_remaining_self_loops"]
@@ -219,13 +220,8 @@ def intercepting() -> Iterator[None]:
         return
     Aggregation.__call__ = _aggregation_call
     torch.fx.Proxy.__getitem__ = _proxy_getitem
+    torch.fx.Proxy.__setitem__ = _proxy_setitem  # (the tracer's own proxies defer to it)
     torch.fx.Proxy.index_select = _proxy_index_select
-    # Assignments go to _proxy_setitem on every proxy, also where a tracer's proxy class has
-    # its own __setitem__ (kept for the indices this module does not handle).
-    _SETITEM_OF.update({cls: vars(cls).get("__setitem__") for cls in _proxy_classes()
-                        if cls is torch.fx.Proxy or "__setitem__" in vars(cls)})
-    for cls in _SETITEM_OF:
-        cls.__setitem__ = _proxy_setitem
     _active = True
     try:
         yield
@@ -233,27 +229,7 @@ def intercepting() -> Iterator[None]:
         _active = False
         Aggregation.__call__ = _aggregation_call_of_pyg
         torch.fx.Proxy.__getitem__ = _proxy_getitem_of_fx
-        del torch.fx.Proxy.index_select
-        for cls, setitem in _SETITEM_OF.items():
-            if setitem is None:
-                del cls.__setitem__
-            else:
-                cls.__setitem__ = setitem
-        _SETITEM_OF.clear()
-
-
-# While intercepting: the __setitem__ each proxy class had (None: none of its own).
-_SETITEM_OF: dict[type, Any] = {}
-
-
-def _proxy_classes() -> list[type]:
-    """``torch.fx.Proxy`` and its subclasses (a tracer's own proxies among them)."""
-    found, todo = [], [torch.fx.Proxy]
-    while todo:
-        cls = todo.pop()
-        found.append(cls)
-        todo.extend(cls.__subclasses__())
-    return found
+        del torch.fx.Proxy.__setitem__, torch.fx.Proxy.index_select
 
 
 _aggregation_call_of_pyg = Aggregation.__call__
@@ -302,8 +278,8 @@ def _proxy_setitem(self: torch.fx.Proxy, i: Any, value: Any) -> None:
         assign_where(self, i, value)
     elif isinstance(i, EdgeEnd):
         raise i.refusal()
-    elif any(_SETITEM_OF.get(cls) for cls in type(self).__mro__):  # the proxy class's own (h[:, 0] = v)
-        next(_SETITEM_OF[cls] for cls in type(self).__mro__ if _SETITEM_OF.get(cls))(self, i, value)
+    elif getattr(self.tracer, "examples", None) is not None:  # the tracer's own (h[:, 0] = v) where it has examples
+        assign(self, i, value)
     else:
         raise CompileError(
             f"assigning into a tensor at {i!r} (`t[...] = value`) is not supported inside a PyG layer{where_line()}: "

@@ -332,7 +332,8 @@ MASKED = {
     "tutorial GCNConv": lambda: TutorialGCNConv(4, 3),
     "tutorial GCNConv without self-loops (degree 0: inf zeroed)": lambda: TutorialGCNConv(4, 3, loops=False),
     "parameter, +=, y[mask], per-edge mask": lambda: MaskedUpdates(4, 3),
-    "a view taken before, not read after": lambda: Aliased("view not read after"),
+    "a view taken before, not read after": lambda: Assigning("view not read after"),
+    "h[:, 0] = v (the tracer's rule)": lambda: Assigning("column"),
 }
 
 
@@ -344,8 +345,8 @@ def test_masked_assignments_match_pyg(name):
         _check(Wrap(MASKED[name]()), graph=_random_graph(seed))
 
 
-class Aliased(MessagePassing):
-    """A masked assignment whose in-place update eager would show elsewhere (``how``)."""
+class Assigning(MessagePassing):
+    """An assignment into a tensor, ``how``: most of them refused."""
 
     def __init__(self, how: str):
         super().__init__(aggr="add")
@@ -366,6 +367,8 @@ class Aliased(MessagePassing):
         elif self.how == "view not read after":  # (compiles: nothing reads the view later)
             first = h[:, :2]
             h[first[:, 0] > 1] = 0.0
+        elif self.how == "column":  # (compiles: every row, one feature column)
+            h[:, 1] = 0.5
         return self.propagate(edge_index, x=h)
 
 
@@ -378,5 +381,5 @@ class Aliased(MessagePassing):
 def test_masked_assignments_that_are_not_eager_s_are_refused_naming_the_line_and_the_fix(how, words):
     src, dst, n = _graph()
     with pytest.raises(sc.CompileError, match=words) as refused:
-        sc.distribute(Wrap(Aliased(how)))(torch.randn(n, 4), sc.Graph.from_edges(src, dst, n))
+        sc.distribute(Wrap(Assigning(how)))(torch.randn(n, 4), sc.Graph.from_edges(src, dst, n))
     assert "test_pyg_utils.py:" in str(refused.value) and "t = torch.where(mask, value, t)" in str(refused.value)
