@@ -16,7 +16,9 @@ MessagePassing lowering (:func:`~sarcompile.frontends.pyg._lower_message_passing
   per relation, a value of the data; the loop computes the same (up to rounding);
 * ``torch.is_floating_point(features) == True``: the layers branch on it (node indices
   as features, ``in_channels = num_nodes``, take another path); the compiled program
-  checks at its first call that the features are floating point, and refuses otherwise;
+  checks at its first call that the features are floating point, and refuses otherwise
+  (``RGCNConv`` / ``FastRGCNConv`` called with ``x=None``, every node's own index, are
+  lowered on their own: :func:`_featureless`);
 * ``torch.index_select`` is torch's own on traced tensors: PyG replaces it by a function
   that first compares ``dim`` with ``input.dim()``, a Python branch on a traced value.
 
@@ -39,8 +41,10 @@ from torch_geometric.nn.conv import rgcn_conv
 
 from ..errors import CompileError
 from ..ir.lowering import declare, register_lowering
+from ..ir.ops import edge_reduce, gather_table
+from ..ir.vocab import Residency
 from .pyg import _lower_message_passing, _name
-from .pyg_utils import EdgeIndex, handles
+from .pyg_utils import EdgeIndex, _reduce_name, as_edge_index, handles
 
 __all__: list[str] = []
 
@@ -111,9 +115,9 @@ def _floating_features(x: Any, layer: str) -> Any:
     if not isinstance(x, torch.Tensor) or not x.is_floating_point():
         what = "no features" if x is None else f"features of dtype {getattr(x, 'dtype', type(x).__name__)}"
         raise CompileError(
-            f"{layer} got {what}; sarcompile lowers it for floating-point node features only (node indices "
-            "as features, in_channels = num_nodes, are not supported yet): pass features, e.g. an "
-            "nn.Embedding's output"
+            f"{layer} got {what}; sarcompile lowers it for floating-point node features, and RGCNConv / "
+            "FastRGCNConv also for none (x=None: every node's own index, in_channels = the number of nodes); a "
+            "tensor of node indices is not supported: pass x=None, or features (e.g. an nn.Embedding's output)"
         )
     return x
 
@@ -123,15 +127,71 @@ declare(_floating_features, "x")
 
 def _traced_relationally(cls: type, layer: str) -> type:
     """A subclass of ``cls`` (a layer traced by the general lowering) whose forward is traced
-    under :func:`_relational_trace`, its features checked by :func:`_floating_features`."""
+    under :func:`_relational_trace`, its features checked by :func:`_floating_features`;
+    an ``RGCNConv`` / ``FastRGCNConv`` called without features is :func:`_featureless`."""
     traced = cls.forward
 
     @functools.wraps(traced)
     def forward(self, x, *args, **kwargs):
+        if x is None and isinstance(self, gnn.RGCNConv):
+            return _featureless(self, layer, *args, **kwargs)
         with _relational_trace():
             return traced(self, _floating_features(x, layer), *args, **kwargs)
 
     return type(cls.__name__, (cls,), {"forward": forward, "__module__": cls.__module__})
+
+
+def _featureless(m: gnn.RGCNConv, layer: str, edge_index: Any, edge_type: Any = None) -> Any:
+    """``RGCNConv(num_nodes, ...)`` called with ``x=None`` (PyG's node-index mode; also
+    ``FastRGCNConv``, which computes the same): node ``u``'s features are the one-hot
+    ``e_u``, so ``u``'s message under relation ``r`` is row ``u`` of ``weight[r]`` (composed
+    from the bases, as PyG composes it) and the root term is ``root[v]``. Both tables have a
+    row per node of the whole graph and live on every worker, as every parameter does; a
+    relation's rows are read per edge (``gather_table``), aggregated over each node's
+    in-edges of that relation, and summed over the relations in order, as PyG sums them."""
+    if m.num_blocks is not None:
+        raise CompileError(f"{layer} with num_blocks has no node-index mode (PyG raises: block-diagonal "
+                           "decomposition needs features); pass features, or use num_bases")
+    reduce = _reduce_name(m.aggr, f"{layer} called without features", ("sum", "mean", "max", "min"))
+    if edge_type is None:
+        raise CompileError(f"{layer} was called without edge_type; give the relation of every edge")
+    graph = as_edge_index(edge_index)
+    out = None
+    for r in range(m.num_relations):
+        edges = graph[:, edge_type == r]
+        part = edge_reduce(edges, gather_table(edges, _relation_table(m, r), "src"), reduce)
+        out = part if out is None else out + part
+    if m.root is not None:
+        out = out + _node_rows(graph, m.root)
+    if m.bias is not None:
+        out = out + m.bias
+    return out
+
+
+def _relation_table(m: gnn.RGCNConv, r: int) -> Any:
+    """Relation ``r``'s ``[num_nodes, out]`` weight: ``weight[r]``, or with bases row ``r``
+    of PyG's ``comp @ weight`` (one relation at a time: the ``[relations, num_nodes, out]``
+    composition is never held whole)."""
+    if m.num_bases is None:
+        return m.weight[r]
+    return (m.comp[r] @ m.weight.view(m.num_bases, -1)).view(m.in_channels_l, m.out_channels)
+
+
+@torch.fx.wrap
+def _node_rows(graph: Any, table: torch.Tensor) -> torch.Tensor:
+    """``table[v]`` for every node ``v`` of ``graph`` (a worker's own nodes, by global id),
+    ``table`` having a row per node of the whole graph on every worker (a parameter): PyG's
+    ``root[x]`` with ``x`` every node id. Local; each worker's gradient holds its nodes'
+    rows, and the all-reduce of the parameter gradients sums them (see ``gather_table``)."""
+    ids = graph.global_ids
+    total = graph.num_global_nodes if hasattr(graph, "num_global_nodes") else graph.num_nodes
+    if table.shape[0] != total and not getattr(graph, "is_probe", False):
+        raise CompileError(f"a node table of {table.shape[0]} rows on a graph of {total} nodes: RGCNConv without "
+                           "features takes in_channels = the number of nodes of the whole graph")
+    return table.index_select(0, (ids % table.shape[0]).to(table.device))
+
+
+declare(_node_rows, Residency.NODE)
 
 
 # -- the rule -----------------------------------------------------------------------------------

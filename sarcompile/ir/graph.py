@@ -455,6 +455,8 @@ class Graph(FramesMixin):
         g = Graph(src, dst, self.num_nodes, self.num_src_nodes if self.bipartite else None)
         g.edge_ids = edge_ids
         g.edge_id_space = self.edge_id_space if edge_id_space is None else edge_id_space
+        if getattr(self, "is_probe", False):  # a graph derived from a probe stands for any size too
+            g.is_probe = True
         return g
 
     # -- what the kernels use -------------------------------------------------------------

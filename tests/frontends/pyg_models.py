@@ -212,6 +212,35 @@ class MaskedAssignments(nn.Module):
         return self.conv3(torch.tanh(self.conv2(h, edge_index)), edge_index)
 
 
+class FeaturelessRGCN(nn.Module):
+    """PyG's examples/rgcn.py model: ``RGCNConv(num_nodes, ...)`` called with ``x=None`` (each
+    node's own row of the weight), a ``FastRGCNConv`` the same way, then an ``RGCNConv`` on
+    features; ``forward(edge_index, edge_type)``."""
+
+    def __init__(self, num_nodes: int, relations: int, num_bases: int | None = None, f_out: int = 3):
+        super().__init__()
+        self.conv1 = gnn.RGCNConv(num_nodes, 6, relations, num_bases=num_bases)
+        self.conv2 = gnn.FastRGCNConv(num_nodes, 6, relations, num_bases=num_bases, aggr="add")
+        self.conv3 = gnn.RGCNConv(6, f_out, relations, num_bases=2)
+
+    def forward(self, edge_index, edge_type):
+        h = F.relu(self.conv1(None, edge_index, edge_type) + self.conv2(None, edge_index, edge_type))
+        return self.conv3(h, edge_index, edge_type)
+
+
+def run_relational_worker(rank: int, world_size: int, payload: dict[str, Any]) -> dict[str, Any]:
+    """:class:`FeaturelessRGCN` on this shard, ``edge_type`` in shard order: output rows and
+    all-reduced parameter gradients of ``sum(out * w)``."""
+    part: PartData = payload["part"]
+    shard = ShardGraph.from_part(part, rank, world_size, payload["num_nodes"], payload["num_edges"])
+    model = FeaturelessRGCN(payload["num_nodes"], payload["relations"], payload["num_bases"]).double()
+    model.load_state_dict(payload["state"])
+    out = sc.distribute(model)(shard, payload["edge_type"][shard.edge_ids])
+    (out * part.node_data["w"]).sum().backward()
+    sc.sync_gradients(model)
+    return {"out": out.detach(), "grads": {k: p.grad.clone() for k, p in model.named_parameters()}}
+
+
 MODELS = {"sage_bn_gcn": sage_bn_gcn, "attention_mix": AttentionMix, "drop_attention": DropAttention,
           "drop_everywhere": DropEverywhere,
           "weighted": Weighted, "edge_features": EdgeFeatures, "edge_attention": EdgeAttention,

@@ -5,6 +5,8 @@ cases on 1, 2 and 3 gloo workers."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from torch import nn
@@ -17,6 +19,7 @@ from sarcompile import ops  # noqa: E402
 from sarcompile.errors import CompileError, GraphError  # noqa: E402
 from sarcompile.ir.graph import SUBSET_CACHE  # noqa: E402
 from sarcompile.data.shard import ShardGraph, split_graph  # noqa: E402
+from pyg_models import FeaturelessRGCN, run_relational_worker  # noqa: E402
 
 DT = torch.float64
 RELATIONS = 3
@@ -148,12 +151,82 @@ def test_rgcn_without_floating_features_is_refused():
         model(torch.arange(g.num_nodes), g, edge_type)  # node indices as features
 
 
+class WithoutFeatures(nn.Module):
+    def __init__(self, layer: nn.Module):
+        super().__init__()
+        self.layer = layer
+
+    def forward(self, edge_index, edge_type):
+        return self.layer(None, edge_index, edge_type).relu()
+
+
+FEATURELESS = {
+    "RGCNConv": lambda n: gnn.RGCNConv(n, 4, RELATIONS),
+    "RGCNConv(num_bases)": lambda n: gnn.RGCNConv(n, 4, RELATIONS, num_bases=2),
+    "RGCNConv(aggr=add, no root, no bias)": lambda n: gnn.RGCNConv(n, 4, RELATIONS, aggr="add", root_weight=False,
+                                                                    bias=False),
+    "RGCNConv(aggr=max)": lambda n: gnn.RGCNConv(n, 4, RELATIONS, aggr="max"),
+    "FastRGCNConv": lambda n: gnn.FastRGCNConv(n, 4, RELATIONS),
+    "FastRGCNConv(aggr=add, num_bases)": lambda n: gnn.FastRGCNConv(n, 4, RELATIONS, aggr="add", num_bases=2),
+}
+
+
+@pytest.mark.parametrize("name", list(FEATURELESS))
+def test_layer_without_features_is_exact_on_one_machine(name):
+    """PyG's node-index mode (x=None): each node's one-hot features, i.e. its own row of the
+    weight per relation and of the root; outputs and every parameter gradient as eager PyG."""
+    g, edge_type = _graph()
+    torch.manual_seed(0)
+    model = WithoutFeatures(FEATURELESS[name](g.num_nodes)).to(DT)
+    w = torch.randn(g.num_nodes, 4, dtype=DT)
+
+    def run(m, graph):
+        m.zero_grad()
+        out = m(graph, edge_type)
+        (out * w).sum().backward()
+        return out.detach(), {k: p.grad.clone() for k, p in m.named_parameters()}
+
+    want = run(model, torch.stack([g.src, g.dst]))
+    got = run(sc.distribute(model), g)
+    torch.testing.assert_close(got[0], want[0], rtol=1e-9, atol=1e-9)
+    assert got[1].keys() == want[1].keys()
+    for k in want[1]:
+        torch.testing.assert_close(got[1][k], want[1][k], rtol=1e-9, atol=1e-9, msg=k)
+
+
+@pytest.mark.parametrize("world_size,num_bases", [(2, None), (3, 2)])
+def test_layers_without_features_on_workers_match_eager_pyg(pool, world_size, num_bases):
+    """examples/rgcn.py's way (RGCNConv and FastRGCNConv with x=None, then RGCNConv on
+    features) on 2 and 3 workers: every output row and parameter gradient as eager PyG's."""
+    g, edge_type = _graph(seed=world_size)
+    torch.manual_seed(world_size)
+    model = FeaturelessRGCN(g.num_nodes, RELATIONS, num_bases).to(DT)
+    state = copy.deepcopy(model.state_dict())
+    w = torch.randn(g.num_nodes, 3, dtype=DT)
+    out = model(torch.stack([g.src, g.dst]), edge_type)
+    (out * w).sum().backward()
+    assignment = torch.randint(0, world_size, (g.num_nodes,), generator=torch.Generator().manual_seed(world_size))
+    parts = split_graph(g, assignment, world_size, {"w": w})
+    payloads = [{"part": p, "state": state, "num_nodes": g.num_nodes, "num_edges": g.num_edges,
+                 "relations": RELATIONS, "num_bases": num_bases, "edge_type": edge_type} for p in parts]
+    results = pool(world_size).run(run_relational_worker, payloads)
+    got = torch.full_like(out, float("nan"))
+    for p, r in zip(parts, results):
+        got[p.global_ids] = r["out"]
+    torch.testing.assert_close(got, out.detach(), rtol=1e-9, atol=1e-9)
+    for r in results:
+        for k, p in model.named_parameters():
+            torch.testing.assert_close(r["grads"][k], p.grad, rtol=1e-9, atol=1e-9, msg=k)
+
+
 def test_what_the_lowering_does_not_cover_is_refused():
     g, edge_type = _graph()
     x = torch.randn(g.num_nodes, 4)
     with pytest.raises(CompileError, match="RGATConv"):
         layer = gnn.RGATConv(4, 4, RELATIONS, attention_mechanism="within-relation")
         sc.distribute(WithType(layer))(x, g, edge_type)
+    with pytest.raises(CompileError, match="num_blocks has no node-index mode"):  # (PyG raises too)
+        sc.distribute(WithoutFeatures(gnn.RGCNConv(g.num_nodes, 4, RELATIONS, num_blocks=2)))(g, edge_type)
 
 
 def test_block_diagonal_rgcn_is_exact_on_one_machine():
