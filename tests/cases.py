@@ -376,6 +376,16 @@ def _step(dm, shard: ShardGraph, x: torch.Tensor, w: torch.Tensor, params: set[i
     }
 
 
+def assert_workers_match(case: Case, world_size: int, results: list[Result], want: Result, **tol: Any) -> None:
+    """The workers' output and input-gradient rows, put back in place, and every rank's
+    parameter gradients, against ``want`` (the one-machine result)."""
+    torch.testing.assert_close(gather_rows(case, world_size, results, "out"), want.out, **tol)
+    torch.testing.assert_close(gather_rows(case, world_size, results, "x_grad"), want.x_grad, **tol)
+    for r in results:
+        for k, g in want.param_grads.items():
+            torch.testing.assert_close(r.param_grads[k], g, **tol, msg=k)
+
+
 def gather_rows(case: Case, world_size: int, results: list[Result], attr: str) -> torch.Tensor:
     """Put each worker's local rows back at their global positions."""
     parts = split_graph(case.graph, case.assignment, world_size)

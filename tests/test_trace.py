@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.fx as fx
-from cases import case_on_edges, gather_rows, make_model, payloads, run_worker, single_machine
+from cases import assert_workers_match, case_on_edges, make_model, payloads, run_worker, single_machine
 from torch import nn
 
 import sarcompile as sc
@@ -169,11 +169,7 @@ def test_a_branch_on_the_feature_width_is_exact_on_workers_with_different_row_co
     torch.testing.assert_close(want.x_grad, x.grad, rtol=0, atol=TOL)
     results = pool(world_size).run(run_worker, payloads(case, world_size))
     assert len({r.out.shape[0] for r in results}) == min(world_size, 2)  # the workers' row counts differ
-    torch.testing.assert_close(gather_rows(case, world_size, results, "out"), want.out, rtol=0, atol=TOL)
-    torch.testing.assert_close(gather_rows(case, world_size, results, "x_grad"), want.x_grad, rtol=0, atol=TOL)
-    for r in results:
-        for k, g in want.param_grads.items():
-            torch.testing.assert_close(r.param_grads[k], g, rtol=0, atol=TOL, msg=k)
+    assert_workers_match(case, world_size, results, want, rtol=0, atol=TOL)
 
 
 class FromZeros(nn.Module):
@@ -212,11 +208,7 @@ def _exact_as_eager(model_name: str, world_size: int, pool) -> None:
     for k, p in model.named_parameters():
         torch.testing.assert_close(want.param_grads[k], p.grad, rtol=0, atol=TOL, msg=k)
     results = pool(world_size).run(run_worker, payloads(case, world_size))
-    torch.testing.assert_close(gather_rows(case, world_size, results, "out"), want.out, rtol=0, atol=TOL)
-    torch.testing.assert_close(gather_rows(case, world_size, results, "x_grad"), want.x_grad, rtol=0, atol=TOL)
-    for r in results:
-        for k, g in want.param_grads.items():
-            torch.testing.assert_close(r.param_grads[k], g, rtol=0, atol=TOL, msg=k)
+    assert_workers_match(case, world_size, results, want, rtol=0, atol=TOL)
 
 
 def test_a_loop_over_a_parameters_rows_or_a_feature_dim_is_exact_on_workers(pool):

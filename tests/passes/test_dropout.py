@@ -15,7 +15,7 @@ from sarcompile.passes.lower import lower
 from sarcompile.passes.residency import residency
 from sarcompile.trace import trace
 
-from cases import case_on_edges, gather_rows, make_model, payloads, run_worker, single_machine
+from cases import assert_workers_match, case_on_edges, payloads, run_worker, single_machine
 
 TOL = dict(rtol=1e-7, atol=1e-10)
 
@@ -136,11 +136,7 @@ def test_torch_dropouts_train_on_workers_as_the_compiled_model_on_one_machine(po
     case_eval.x, case_eval.loss_weight = case.x, case.loss_weight
     assert not torch.allclose(single_machine(case_eval).out, want.out)
     results = pool(world_size).run(run_worker, payloads(case, world_size))
-    torch.testing.assert_close(gather_rows(case, world_size, results, "out"), want.out, **TOL)
-    torch.testing.assert_close(gather_rows(case, world_size, results, "x_grad"), want.x_grad, **TOL)
-    for r in results:
-        for k, g in want.param_grads.items():
-            torch.testing.assert_close(r.param_grads[k], g, **TOL, msg=k)
+    assert_workers_match(case, world_size, results, want, **TOL)
 
 
 def test_a_model_with_dropout_learns_as_well_as_eager(graph_file):

@@ -8,7 +8,7 @@ import sarcompile as sc
 from sarcompile.errors import CompileError
 from sarcompile.ir import ops
 
-from cases import case_on_edges, gather_rows, make_model, payloads, run_worker, single_machine
+from cases import assert_workers_match, case_on_edges, make_model, payloads, run_worker, single_machine
 
 TOL = dict(rtol=1e-7, atol=1e-10)
 
@@ -56,8 +56,4 @@ def test_a_mean_over_the_nodes_is_exact_on_workers(pool, world_size):
     case = case_on_edges(src, dst, n, "nodemean", 2, gen, assignment=torch.randint(0, world_size, (n,), generator=gen))
     want = single_machine(case)
     results = pool(world_size).run(run_worker, payloads(case, world_size))
-    torch.testing.assert_close(gather_rows(case, world_size, results, "out"), want.out, **TOL)
-    torch.testing.assert_close(gather_rows(case, world_size, results, "x_grad"), want.x_grad, **TOL)
-    for r in results:
-        for k, g in want.param_grads.items():
-            torch.testing.assert_close(r.param_grads[k], g, **TOL, msg=k)
+    assert_workers_match(case, world_size, results, want, **TOL)
