@@ -401,11 +401,11 @@ class Sweep:
             model.load_state_dict(payload["state"])
             r = self.run(zoo_sweep.distribute(model), case, graph, inputs, w, training=case.mode == "train")
             sc.sync_gradients(model)
-            tables = {k: sc.tables.table_type(p) for k, p in model.named_parameters() if sc.tables.table_type(p)}
+            tables = {k: t for k, p in model.named_parameters() if (t := sc.tables.table_type(p)) is not None}
             r["grads"] = zoo_sweep.param_grads(model, skip=tables)
             # (rows nothing reached have no gradient: zeros, as the zoos count them)
             r["table_grads"] = {k: (t, torch.zeros_like(p) if p.grad is None else p.grad)
-                                for k, p in model.named_parameters() if (t := tables.get(k))}
+                                for k, p in model.named_parameters() if (t := tables.get(k)) is not None}
         except Exception as e:
             return {"error": describe_error(e)}
         r["ids"], r["edge_ids"] = ids, edge_ids

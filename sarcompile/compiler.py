@@ -27,7 +27,7 @@ import inspect
 import os
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 import torch
@@ -65,7 +65,7 @@ from .passes.strategy import strategy
 from .plan import Plan, TypedWorkerStats, WorkerStats, build_plan, worker_stats
 from .ir.probe import Input
 from .data.shard import ShardGraph
-from .tables import compile_with_tables, shard_tables
+from .tables import NODES, compile_with_tables, input_type, shard_rows, shard_tables, table_type
 from .trace import generated_wraps_dropped, trace
 from .ir.vocab import Residency
 from .nn import RandomStream
@@ -115,17 +115,24 @@ class CallShape:
     # program's leaves (see sarcompile.leaves); ``inputs`` are then per leaf, and the
     # constants are layouts of their own.
     layouts: tuple[ArgLayout, ...] = ()
+    # Over a one-type graph, its node count in the whole graph where the model has a parameter
+    # with as many rows: a table of the nodes it may hold (see _table_count).
+    node_count: int | None = None
 
     @classmethod
     def of_call(cls, forward, args: tuple, kwargs: dict, graph_input: int | str | None,
-                kept: dict[str, Any] | None = None) -> "CallShape":
+                kept: dict[str, Any] | None = None, node_count: int | None = None) -> "CallShape":
         """The shape of ``forward(*args, **kwargs)`` with the graph at ``graph_input`` (a
         position or keyword; None where the model keeps its graphs), and ``kept``, the
         graphs the model keeps by attribute path (``{"g": g}`` for ``self.g``): inputs of
-        the program after the call's."""
+        the program after the call's. ``node_count``: see the field; such a call is made of
+        leaves, as a typed one, so that node tables are inputs after them."""
         params = inspect.signature(forward).parameters
         bound = call_arguments(forward, args, kwargs)
         given = {k: v for k, (v, _) in bound.items()}
+        if node_count is not None:
+            graph_name = None if graph_input is None else argument_name(forward, graph_input)
+            return replace(cls._of_leaves(forward, bound, graph_name, graph_input, kept or {}), node_count=node_count)
         if needs_leaves(given) or takes_varargs(bound) or kept or any(map(has_frames, given.values())):
             graph_name = None if graph_input is None else argument_name(forward, graph_input)
             return cls._of_leaves(forward, bound, graph_name, graph_input, kept or {})
@@ -214,6 +221,21 @@ class CallShape:
         if x is not None and features is not None:
             inputs[features] = Input(Residency.NODE, tuple(x.shape), x.dtype)
         return cls(graph_input, tuple((n, c) for n, c in shape.constants if n != features), tuple(inputs.items()))
+
+
+def _table_count(model: nn.Module, graph: Any) -> int | None:
+    """The node count of ``graph``, a one-type graph (of the whole graph, for a worker's
+    shard), where ``model`` has a parameter of as many rows (more than one) or a sharded
+    table: the program is then compiled with the tables of the nodes it finds by use
+    (sarcompile.tables), and keyed by the count. None otherwise, so that graphs of other
+    sizes share a model's program."""
+    if not isinstance(graph, (Graph, ShardGraph)) or graph.bipartite:
+        return None
+    count = graph.num_global_nodes if isinstance(graph, ShardGraph) else graph.num_nodes
+    if any(table_type(p) is not None or count > 1 and not nn.parameter.is_lazy(p) and p.dim() >= 2
+           and p.shape[0] == count for p in model.parameters()):
+        return count
+    return None
 
 
 def _with_plain_defaults(forward, bound: dict[str, tuple[Any, str]]) -> dict[str, tuple[Any, str]]:
@@ -337,10 +359,12 @@ def _compile(model: nn.Module, options: CompileOptions, partitioned: bool, call:
             "inputs before sc.distribute (PyG's documented dry run, under torch.no_grad()), or give in_channels"
         )
     typed = next((layout for layout in call.layouts if layout.kind == "typed"), None)
-    if typed is None:
+    if typed is None and call.node_count is None:
         return _pipeline(model, options, partitioned, call, keep, stream, {}, [])
-    # over a typed graph, with the node tables found by name, else by use (sarcompile.tables)
-    return compile_with_tables(model, dict(zip(typed.node_types, typed.node_counts)),
+    # with the node tables found by name, else by use (sarcompile.tables); a one-type graph's
+    # nodes are a single type
+    counts = {NODES: call.node_count} if typed is None else dict(zip(typed.node_types, typed.node_counts))
+    return compile_with_tables(model, counts,
                                functools.partial(_pipeline, model, options, partitioned, call, keep, stream))
 
 
@@ -381,7 +405,8 @@ def _pipeline(model: nn.Module, options: CompileOptions, partitioned: bool, call
     if "passes" in logs.ON:
         for name, code in stages:
             logs.log("passes", f"{type(model).__name__} after {name} ({seconds[name] * 1e3:.1f} ms):\n{code.strip()}")
-    order = {n.meta["table"]: n.meta["input"].of for n in gm.graph.nodes if n.op == "placeholder" and "table" in n.meta}
+    order = {n.meta["table"]: input_type(n.meta["input"]) for n in gm.graph.nodes
+             if n.op == "placeholder" and "table" in n.meta}
     return Program(gm, stages, order, seconds)
 
 
@@ -759,13 +784,14 @@ class DistributedModule(nn.Module):
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         graphs = _find_graphs(self._orig, args, kwargs, self._converted)
         graph, args, kwargs = graphs.first, graphs.args, graphs.kwargs
-        call = CallShape.of_call(self._orig.forward, args, kwargs, graphs.where, graphs.kept)
+        call = CallShape.of_call(self._orig.forward, args, kwargs, graphs.where, graphs.kept,
+                                 _table_count(self._orig, graph))
         self.__dict__["_last_call"] = call
         program = self.program(graphs.partitioned, call, stages=False)
         if not call.layouts:
             return program.module(*args, **kwargs)
-        if program.tables and isinstance(graph, HeteroShard):  # a worker keeps its own rows of each
-            shard_tables(self._orig, program.tables, graph.global_ids, graph.num_global_nodes)
+        if program.tables and isinstance(graph, (HeteroShard, ShardGraph)):  # a worker keeps its own rows of each
+            shard_tables(self._orig, program.tables, *shard_rows(graph))
         return program.module(*program.inputs(self._orig, call, args, kwargs, graphs.kept))
 
     def __setattr__(self, name: str, value: Any) -> None:

@@ -26,6 +26,12 @@ node of ``t`` in the whole graph, and either
   is kept. ``SARCOMPILE_LOGS=plan`` says which parameters were found so, and the plan
   lists every table.
 
+On a one-type graph the same is done with the graph as the single node type :data:`NODES`
+(whose per-node inputs, as every per-node value there, have no type: ``Input.of`` None):
+a parameter with one row per node of the whole graph whose rows are used as the nodes'
+rows (DGL's RGCN entity example's ``x = self.emb.weight``) is the graph's node table, found
+by use only (there is no type to name it).
+
 The name rule asks for all of it so that a per-type ``Linear`` (``loop.t.weight``) whose
 width happens to equal a type's count, or a per-type scalar (PyG HGTConv's ``skip.t``, shape
 ``[1]``) of a type with one node, is never mistaken for one.
@@ -49,7 +55,12 @@ from .errors import CompileError
 from .ir.probe import Input
 from .ir.vocab import Residency
 
-__all__ = ["compile_with_tables", "find_node_tables", "table_type", "shard_tables", "table_input"]
+__all__ = ["NODES", "compile_with_tables", "find_node_tables", "input_type", "shard_rows", "shard_tables",
+           "table_input", "table_type"]
+
+# The node type of a one-type graph, as the tables of its nodes name it (no name: the types
+# of typed graphs have one).
+NODES = ""
 
 P = TypeVar("P")
 # run(tables, traced): a program compiled with node tables ``tables`` (parameter name -> its
@@ -94,14 +105,30 @@ def _table_name(model: nn.Module, path: str) -> str:
 
 def table_input(p: torch.Tensor, ntype: str, count: int) -> Input:
     """The program input a table of ``ntype`` becomes: per-node rows of its type, which has
-    ``count`` nodes in the whole graph (a worker's table holds only its own)."""
-    return Input(Residency.NODE, (count, *p.shape[1:]), p.dtype, of=ntype)
+    ``count`` nodes in the whole graph (a worker's table holds only its own); of no type on
+    a one-type graph (:data:`NODES`), as its other per-node inputs."""
+    return Input(Residency.NODE, (count, *p.shape[1:]), p.dtype, of=None if ntype == NODES else ntype)
+
+
+def input_type(spec: Input) -> str:
+    """The node type of a table's program input ``spec`` (see :func:`table_input`)."""
+    return NODES if spec.of is None else spec.of
+
+
+def shard_rows(graph: Any) -> tuple[dict[str, torch.Tensor], dict[str, int]]:
+    """``(global ids of its rows, node count of the whole graph)`` per node type of a
+    worker's shard (``part.graph``: typed, or one-type as the single type :data:`NODES`),
+    as :func:`shard_tables` takes them."""
+    if isinstance(graph.global_ids, dict):
+        return graph.global_ids, graph.num_global_nodes
+    return {NODES: graph.global_ids}, {NODES: graph.num_global_nodes}
 
 
 def compile_with_tables(model: nn.Module, counts: dict[str, int], run: Run[P]) -> P:
-    """The program of ``model`` over a typed graph whose types have ``counts`` nodes, with
-    its node tables (``run``: see :data:`Run`): those found by name; where that program is
-    refused, those found by use (see the module docstring)."""
+    """The program of ``model`` over a graph whose types have ``counts`` nodes (a one-type
+    graph: ``{NODES: its node count}``), with its node tables (``run``: see :data:`Run`):
+    those found by name; where that program is refused, those found by use (see the module
+    docstring)."""
     compiles = _Compiles(model, counts, find_node_tables(model, counts), run)
     try:
         return compiles.attempt({})[0]
@@ -153,11 +180,15 @@ def _by_use(compiles: "_Compiles", guesses: dict[str, list[str]], refused: Compi
             raise refused
         if not constants:
             logs.log("plan", f"{type(compiles.model).__name__}: node tables found by use: "
-                             f"{', '.join(f'{p!r} (rows of {choice[p]!r})' for p in sorted(rows))}")
+                             f"{', '.join(f'{p!r} (rows of {_words(choice[p])})' for p in sorted(rows))}")
             return program
         open_types = {path: types[1:] if path in constants | dropped else types
                       for path, types in open_types.items() if path not in constants | dropped or len(types) > 1}
     raise refused
+
+
+def _words(ntype: str) -> str:
+    return "the nodes" if ntype == NODES else repr(ntype)
 
 
 @dataclass

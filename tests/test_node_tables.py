@@ -243,3 +243,79 @@ def test_parameters_only_shaped_like_a_table_stay_parameters():
         for k, full in want[key].items():
             _close(got[key][k], full, f"{key} of {k}")
     assert compiled.program(False, stages=False).tables == {"author_emb.weight": "author"}
+
+
+# -- one-type graphs: the graph's nodes as the single type ---------------------------------------
+N = 10  # nodes of the one-type graph; EntityNet's look-alikes have as many rows
+ONE_TYPE_EDGES = ([0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 3, 5, 2, 8, 0], [1, 2, 3, 4, 5, 6, 7, 8, 9, 0, 0, 0, 2, 7, 3, 5])
+
+
+class EntityNet(nn.Module):
+    """Featureless nodes fed by a table, as DGL's RGCN entity example writes it (``x =
+    self.emb.weight``; ``form``: ``weight``, ``arange`` -- ``self.emb(torch.arange(n))`` --
+    or ``global_ids`` -- ``self.emb(g.global_ids)``), and two look-alikes with as many rows
+    as the graph has nodes, used as constants: a [N, N] mixing matrix and a [N, 3] bias
+    summed over its rows."""
+
+    def __init__(self, form: str):
+        super().__init__()
+        self.form = form
+        self.emb = nn.Embedding(N, 4)
+        self.conv1 = sc.nn.SAGEConv(4, N, "mean")
+        self.conv2 = sc.nn.GCNConv(N, 3)
+        self.mix = nn.Parameter(torch.randn(N, N))
+        self.bias = nn.Parameter(torch.randn(N, 3))
+
+    def forward(self, g):
+        if self.form == "weight":
+            x = self.emb.weight
+        elif self.form == "arange":
+            x = self.emb(torch.arange(N))
+        else:
+            x = self.emb(g.global_ids)
+        h = torch.relu(self.conv1(g, x)) @ self.mix
+        return self.conv2(g, h) + self.bias.sum(0)
+
+
+def one_type_step(model: nn.Module, g, loss: torch.Tensor) -> dict:
+    """``model(g)``, a loss weighted per row (``loss``: this worker's rows), backward: the
+    output, the table's gradient (its rows here) and every other parameter's gradient."""
+    out = model(g)
+    model.zero_grad()
+    (out * loss).sum().backward()
+    grads = {k: p.grad.clone() for k, p in model.named_parameters()}
+    return {"out": out.detach(), "table": grads.pop("emb.weight"), "params": grads,
+            "rows": model.get_parameter("emb.weight").shape[0]}
+
+
+def run_one_type_worker(rank: int, world_size: int, payload: dict) -> dict:
+    part = sc.load_partition(payload["dir"], rank=rank, world_size=world_size)
+    result = one_type_step(sc.distribute(payload["model"]), part.graph, payload["loss"][part.global_ids])
+    return {**result, "params": {k: sc.global_sum(v) for k, v in result["params"].items()}, "ids": part.global_ids}
+
+
+@pytest.mark.parametrize("world, form", [(1, "global_ids"), (2, "weight"), (3, "arange")])
+def test_a_one_type_graphs_table_trains_exactly_on_its_rows_workers(pool, tmp_path, world, form):
+    g = sc.Graph.from_edges(*map(torch.tensor, ONE_TYPE_EDGES), N)
+    torch.manual_seed(world)
+    model = EntityNet(form).double()
+    loss = torch.randn(N, 3, dtype=torch.float64)
+    want = one_type_step(model, g, loss)
+    compiled = sc.distribute(model)
+    one = one_type_step(compiled, g, loss)
+    assert compiled.program(False, stages=False).tables == {"emb.weight": ""}  # mix and bias stay parameters
+    for key in ("out", "table"):
+        _close(one[key], want[key], f"one machine: {key}")
+    for k, full in want["params"].items():
+        _close(one["params"][k], full, f"one machine: gradient of {k}")
+    sc.partition(g, world, tmp_path, method="random", seed=world)
+    results = pool(world).run(run_one_type_worker, [{"dir": str(tmp_path), "model": model, "loss": loss}] * world)
+    for key in ("out", "table"):
+        got = torch.full_like(want[key], float("nan"))
+        for r in results:
+            got[r["ids"]] = r[key]
+        _close(got, want[key], f"{world} workers: {key}")
+    for r in results:
+        assert r["rows"] == r["ids"].numel()  # its own rows only
+        for k, full in want["params"].items():
+            _close(r["params"][k], full, f"{world} workers: gradient of {k}")

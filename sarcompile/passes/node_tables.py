@@ -9,8 +9,10 @@ and its node count in the whole graph) and whose typed graph inputs name their r
 ``torch.arange`` of its ``num_nodes`` / ``num_src_nodes`` (all ids of the type:
 ``torch.arange(g.num_nodes(ntype))`` in DGL code), or the constant ``0, 1, ..., n - 1`` with
 ``n`` the type's node count (``emb(torch.arange(num_authors))``), and the table is that
-type's, with no ``max_norm``: every node's own row, in row order -- which on a worker
-holding only its rows of the table is the table, and on one machine equals the lookup. Any
+type's, with no ``max_norm`` (on a one-type graph: its ``global_ids`` or ``torch.arange`` of
+its ``num_nodes``, and a table of its nodes, ``meta["input"].of`` None for both): every
+node's own row, in row order -- which on a worker holding only its rows of the table is
+the table, and on one machine equals the lookup. Any
 other lookup of a table's rows is left for the ``residency`` pass to refuse (it reads rows
 by position). Values are unchanged.
 
@@ -54,25 +56,31 @@ def _all_ids(gm: fx.GraphModule, ids: object, count: int) -> bool:
     return isinstance(value, torch.Tensor) and torch.equal(value, torch.arange(count, device=value.device))
 
 
-def _own_ids_type(ids: object) -> str | None:
-    """The node type whose every node ``ids`` names in row order, if it is a relation's
-    ``global_ids`` / ``src_global_ids``, or ``torch.arange`` of the relation's ``num_nodes`` /
-    ``num_src_nodes`` (all ids of the type, as one machine numbers them)."""
+def _own_ids_types(ids: object) -> list[str | None]:
+    """The node type whose every node ``ids`` names in row order, as ``[type]`` (``[None]``:
+    a one-type graph's nodes), if it is a graph's ``global_ids`` / ``src_global_ids``, or
+    ``torch.arange`` of its ``num_nodes`` / ``num_src_nodes`` (all ids of the type, as one
+    machine numbers them); else ``[]``."""
     if isinstance(ids, fx.Node) and ids.op == "call_function" and ids.target is torch.arange and len(ids.args) == 1 \
             and not ids.kwargs:
-        return _relation_end(ids.args[0], {"num_nodes": 2, "num_src_nodes": 0})
-    return _relation_end(ids, {"global_ids": 2, "src_global_ids": 0})
+        return _graph_end(ids.args[0], {"num_nodes": 2, "num_src_nodes": 0})
+    return _graph_end(ids, {"global_ids": 2, "src_global_ids": 0})
 
 
-def _relation_end(node: object, attrs: dict[str, int]) -> str | None:
-    """The node type at end ``attrs[attr]`` of the relation ``node`` reads ``attr`` of."""
+def _graph_end(node: object, attrs: dict[str, int]) -> list[str | None]:
+    """``[the node type at end attrs[attr]]`` of the relation ``node`` reads ``attr`` of
+    (``[None]`` for a one-type graph's destinations: its nodes, whose count its tables'
+    rows have, as every per-node value's there); ``[]`` if ``node`` reads no such attribute
+    of a graph input."""
     if not (isinstance(node, fx.Node) and node.op == "call_function" and node.target is getattr):
-        return None
+        return []
     graph, attr = node.args
     spec = graph.meta.get("input") if isinstance(graph, fx.Node) and graph.op == "placeholder" else None
-    if spec is None or spec.of is None or attr not in attrs:
-        return None
-    return spec.of[attrs[attr]]
+    if spec is None or spec.residency is not Residency.GRAPH or attr not in attrs:
+        return []
+    if spec.of is None:
+        return [None] if attrs[attr] == 2 else []
+    return [spec.of[attrs[attr]]]
 
 
 def node_tables(gm: fx.GraphModule, ctx: CompileOptions | None = None) -> fx.GraphModule:
@@ -87,7 +95,7 @@ def node_tables(gm: fx.GraphModule, ctx: CompileOptions | None = None) -> fx.Gra
         if rest.get("max_norm") is not None:
             continue  # renormalises rows in place: left for the residency pass
         spec = table.meta["input"]
-        if _own_ids_type(ids) == spec.of or _all_ids(gm, ids, spec.shape[0]):
+        if spec.of in _own_ids_types(ids) or _all_ids(gm, ids, spec.shape[0]):
             node.replace_all_uses_with(table)
             gm.graph.erase_node(node)
             if not ids.users:
