@@ -36,11 +36,11 @@ def test_the_users_files_are_those_outside_the_libraries_and_sarcompile():
 
 
 def test_a_refusal_inside_a_pyg_function_names_the_users_call():
-    pool = pytest.importorskip("torch_geometric.nn").global_mean_pool
+    pool = pytest.importorskip("torch_geometric.nn").global_max_pool
 
     class Readout(torch.nn.Module):
         def forward(self, g, x):
-            h = pool(x, None)  # PyG's own x.mean(dim=-2) is what is refused
+            h = pool(x, None)  # PyG's own x.max(dim=-2) is what is refused
             return x + h
 
     with pytest.raises(sc.CompileError, match="reduces over the node axis") as e:
