@@ -57,3 +57,17 @@ def test_a_mean_over_the_nodes_is_exact_on_workers(pool, world_size):
     want = single_machine(case)
     results = pool(world_size).run(run_worker, payloads(case, world_size))
     assert_workers_match(case, world_size, results, want, **TOL)
+
+
+def test_pygs_readout_over_the_whole_graph_is_the_collective():
+    """PyG's global_mean_pool(x, None) (one graph: x.mean(dim=-2, keepdim=True))."""
+    pool = pytest.importorskip("torch_geometric.nn").global_mean_pool
+
+    class Readout(nn.Module):
+        def forward(self, g, x):
+            h = sc.spmm(g, x, "sum")
+            return h - pool(h, None)
+
+    g = sc.Graph.from_edges(torch.tensor([0, 1, 2, 2]), torch.tensor([1, 2, 0, 1]), 4)
+    x = torch.randn(4, 3, dtype=torch.float64)
+    torch.testing.assert_close(sc.distribute(Readout())(g, x), Readout()(g, x), **TOL)
