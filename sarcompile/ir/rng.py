@@ -8,6 +8,7 @@ draw the same mask again instead of storing it.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 
 import torch
 
@@ -52,30 +53,35 @@ def keep(keys: torch.Tensor, salt: torch.Tensor, p: float) -> torch.Tensor:
     return _hash(keys, salt) >= math.ceil(p * 2.0**32)
 
 
+def _kept_chunks(ids: torch.Tensor, width: int, p: float, salt: torch.Tensor) -> Iterator[tuple[slice, torch.Tensor]]:
+    """``(rows, kept)`` for bounded slices of ``ids``: whether each of the ``width`` entries
+    of those rows is kept by dropout of probability ``p``, keyed by (id, position, salt).
+    :data:`~sarcompile.ir.opdef.EDGE_CHUNK_ELEMENTS` entries at a time: the int64 keys and
+    hash temporaries of every entry at once would be several times the mask itself."""
+    step = max(1, EDGE_CHUNK_ELEMENTS // max(width, 1))
+    for lo in range(0, ids.numel(), step):
+        rows = slice(lo, lo + step)
+        keys = ids[rows].long().unsqueeze(1) * width + torch.arange(width)  # (a shard's ids may be int32)
+        yield rows, keep(keys, salt, p)
+
+
 def edge_keep(edge_ids: torch.Tensor, heads: int, p: float, salt: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Dropout multiplier ``[E, heads]`` (0 or 1/(1-p)) keyed by global edge id and head, so
-    every worker draws the same mask for an edge and backward draws it again. Hashed
-    :data:`~sarcompile.ir.opdef.EDGE_CHUNK_ELEMENTS` entries at a time: the int64 keys and
-    hash temporaries of every edge at once would be several times the mask itself."""
+    every worker draws the same mask for an edge and backward draws it again."""
     out = torch.empty((edge_ids.numel(), heads), dtype=dtype, device=salt.device)
-    step = max(1, EDGE_CHUNK_ELEMENTS // max(heads, 1))
-    for lo in range(0, edge_ids.numel(), step):
-        keys = edge_ids[lo : lo + step].long().unsqueeze(1) * heads + torch.arange(heads)  # (a shard's may be int32)
-        out[lo : lo + step] = keep(keys, salt, p).to(dtype) / (1.0 - p)
+    for rows, kept in _kept_chunks(edge_ids, heads, p, salt):
+        out[rows] = kept.to(dtype) / (1.0 - p)
     return out
 
 
 def node_keep(ids: torch.Tensor, x: torch.Tensor, p: float, salt: torch.Tensor) -> torch.Tensor:
     """Whether each entry of ``x`` (a row per node, ``ids`` their global ids) is kept by
     dropout of probability ``p``, as a bool tensor of ``x``'s shape keyed by (node id,
-    position in the row, salt). Hashed a bounded slice of rows at a time: the int64 keys
-    and hash temporaries of all entries at once were several times ``x`` itself."""
+    position in the row, salt)."""
     width = x[0].numel() if x.shape[0] else 1
     kept = torch.empty((x.shape[0], width), dtype=torch.bool, device=x.device)
-    rows = max(1, EDGE_CHUNK_ELEMENTS // width)
-    for lo in range(0, x.shape[0], rows):
-        keys = ids[lo : lo + rows].long().unsqueeze(1) * width + torch.arange(width)
-        kept[lo : lo + rows] = keep(keys, salt, p)
+    for rows, chunk in _kept_chunks(ids, width, p, salt):
+        kept[rows] = chunk
     return kept.reshape(x.shape)
 
 
