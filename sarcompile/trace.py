@@ -197,11 +197,21 @@ class SarTracer(fx.Tracer):
                 continue
             if a.node.target in self.constants:
                 args[i] = self.constants[a.node.target]
-            elif dgl and self.graph_input in (i - first, a.node.target):
+            elif dgl and self.is_graph(a.node):
                 from .frontends.dgl_graph import GraphProxy
 
                 args[i] = GraphProxy(a.node, self)
         return fn, args
+
+    def is_graph(self, node: fx.Node) -> bool:
+        """Whether ``node`` is a placeholder of a graph the call gave: a graph leaf of a call
+        traced leaf by leaf, else the graph argument (``graph_input``, by name or position)."""
+        if node.op != "placeholder":
+            return False
+        if self.layouts:
+            return node.target in self.graph_leaves
+        placeholders = [n for n in self.graph.nodes if n.op == "placeholder"]
+        return self.graph_input in (node.target, placeholders.index(node))
 
     def _as_dgl(self, value: Any) -> Any:
         """``value`` (an argument rebuilt from its leaves, or a container of them) with each

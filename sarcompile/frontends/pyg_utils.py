@@ -510,15 +510,12 @@ def replace_self_loops(graph: Any, looped: Any, edge_attr: Any, fill_value: Any)
 
 def _graph_argument(value: Any) -> EdgeIndex | None:
     """``value`` as an :class:`EdgeIndex` where it is the traced graph: inside a PyG layer
-    (already one), or the model's own graph argument (a placeholder of the tracer's
-    ``graph_input``, by name or position) in the model's forward; else None."""
+    (already one), or in the model's forward a graph the call gave (the tracer's
+    ``is_graph``); else None."""
     if isinstance(value, EdgeIndex):
         return value
-    if not (isinstance(value, torch.fx.Proxy) and value.node.op == "placeholder"):
-        return None
-    where = getattr(value.tracer, "graph_input", None)
-    placeholders = [n for n in value.tracer.graph.nodes if n.op == "placeholder"]
-    if where == value.node.target or where == placeholders.index(value.node):
+    is_graph = getattr(getattr(value, "tracer", None), "is_graph", None)
+    if isinstance(value, torch.fx.Proxy) and is_graph is not None and is_graph(value.node):
         return as_edge_index(value)
     return None
 
