@@ -44,6 +44,26 @@ CASE = dict(nodes=NODES, edges=st.integers(0, 24), seed=st.integers(0, 2**16), w
             method=st.sampled_from(["random", "metis"]))
 
 
+def _assert_workers_match(results: list[dict], want: dict, what: str) -> None:
+    """The workers' rows of every output, input gradient and edge gradient, put back in
+    place, and every rank's parameter gradients, against ``want`` (one machine)."""
+    for key in ("out", "x_grad"):
+        for t, full in want[key].items():
+            got = torch.full_like(full, float("nan"))
+            for r in results:
+                got[r["ids"][t]] = r[key][t]
+            _close(got, full, f"{what}: {key} of {t}")
+    for (k, rel), full in want["edge_grad"].items():
+        got = torch.full_like(full, float("nan"))
+        for r in results:
+            got[r["edge_ids"][rel]] = r["edge_grad"][(k, rel)]
+        _close(got, full, f"{what}: gradient of {k}[{rel}]")
+    for r in results:
+        assert r["param_grads"].keys() == want["param_grads"].keys()
+        for k, grad in want["param_grads"].items():
+            _close(r["param_grads"][k], grad, f"{what}: gradient of {k}")
+
+
 @pytest.mark.parametrize("name", MODELS)
 @given(**CASE)
 @SETTINGS
@@ -64,21 +84,7 @@ def test_pyg_hetero_model_equals_pyg_on_one_to_four_workers(pool, tmp_path_facto
     sc.partition(g, world, out_dir, method=method, seed=seed)
     payload = {"dir": str(out_dir), "model": model, "x": data.x_dict, "weights": weights, "edge": edge}
     results = pool(world).run(run_worker, [payload] * world)
-    for key in ("out", "x_grad"):
-        for t, full in want[key].items():
-            got = torch.full_like(full, float("nan"))
-            for r in results:
-                got[r["ids"][t]] = r[key][t]
-            _close(got, full, f"{name}, {world} workers: {key} of {t}")
-    for (k, rel), full in want["edge_grad"].items():
-        got = torch.full_like(full, float("nan"))
-        for r in results:
-            got[r["edge_ids"][rel]] = r["edge_grad"][(k, rel)]
-        _close(got, full, f"{name}, {world} workers: gradient of {k}[{rel}]")
-    for r in results:
-        assert r["param_grads"].keys() == want["param_grads"].keys()
-        for k, grad in want["param_grads"].items():
-            _close(r["param_grads"][k], grad, f"{name}, {world} workers: gradient of {k}")
+    _assert_workers_match(results, want, f"{name}, {world} workers")
 
 
 @pytest.mark.parametrize("world", [1, 2, 3])
@@ -98,15 +104,7 @@ def test_typed_dropout_trains_on_workers_as_the_compiled_model_on_one_machine(po
     sc.partition(g, world, out_dir, method="random", seed=world)
     payload = {"dir": str(out_dir), "model": model, "x": data.x_dict, "weights": weights, "seed": 5}
     results = pool(world).run(run_worker, [payload] * world)
-    for key in ("out", "x_grad"):
-        for t, full in want[key].items():
-            got = torch.full_like(full, float("nan"))
-            for r in results:
-                got[r["ids"][t]] = r[key][t]
-            _close(got, full, f"{world} workers: {key} of {t}")
-    for r in results:
-        for k, grad in want["param_grads"].items():
-            _close(r["param_grads"][k], grad, f"{world} workers: gradient of {k}")
+    _assert_workers_match(results, want, f"{world} workers")
 
 
 @pytest.mark.parametrize("name", list(TYPED_MODELS))
