@@ -28,7 +28,7 @@ from torch.fx import _symbolic_trace
 from torch import nn
 
 from .errors import CompileError, SarcompileError
-from .ir.lowering import function_homes, function_lowerings, lowering_for
+from .ir.lowering import function_homes, function_lowerings, lowering_for, trace_contexts
 from .hetero import TracedHetero
 from .leaves import ArgLayout, frame_inputs, rebuilt_arguments
 from .model_state import refuse_state_updates, settled_trace
@@ -86,7 +86,10 @@ class SarTracer(fx.Tracer):
             for cls in type(root).__mro__ if isinstance(root, nn.Module) else ():  # a layer's message() etc.
                 if cls.__module__ in sys.modules:
                     self._swap_in(vars(sys.modules[cls.__module__]))
-            return super().trace(root, concrete_args)
+            with contextlib.ExitStack() as contexts:  # the front-ends' (see register_trace_context)
+                for context in trace_contexts():
+                    contexts.enter_context(context())
+                return super().trace(root, concrete_args)
         finally:
             for frame, name, original in reversed(self._swapped):
                 frame[name] = original

@@ -18,6 +18,9 @@ front-end                       library              layers
 ``frontends.pyg_hetero_convs``  ``torch_geometric``  HGTConv, HANConv, HeteroDictLinear
 ``frontends.pyg_typed_rows``    ``torch_geometric``  HeteroLinear (and HEATConv through it)
 ``frontends.pyg_reversible``    ``torch_geometric``  GroupAddRev
+``frontends.pyg_plain``         ``torch_geometric``  message passing in plain torch over
+                                                     ``edge_index`` (``x[src]``, ``index_add_``,
+                                                     ``scatter_reduce``), in layers and models
 ``frontends.dgl``               ``dgl``              SAGEConv, GraphConv, GATConv, HGTConv,
                                                      EdgeWeightNorm, TypedLinear, and layers
                                                      written with update_all / apply_edges
@@ -37,7 +40,8 @@ __all__ = ["load_available"]
 _FRONTENDS = {
     "torch_geometric": ("sarcompile.frontends.pyg", "sarcompile.frontends.pyg_edge_types",
                         "sarcompile.frontends.pyg_hetero", "sarcompile.frontends.pyg_hetero_convs",
-                        "sarcompile.frontends.pyg_typed_rows", "sarcompile.frontends.pyg_reversible"),
+                        "sarcompile.frontends.pyg_typed_rows", "sarcompile.frontends.pyg_reversible",
+                        "sarcompile.frontends.pyg_plain"),
     "dgl": ("sarcompile.frontends.dgl", "sarcompile.frontends.dgl_hetero"),
 }
 

@@ -11,8 +11,11 @@ other call to PyG. The rules are registered with :func:`handles`, one per PyG fu
 The graph a layer gets is an :class:`EdgeIndex` proxy: ``edge_index[0]`` and
 ``edge_index[1]`` (also ``row, col = edge_index``) are :class:`EdgeEnd` markers, the
 source or destination node of every edge. A marker only means something where this
-module gives it a meaning; any other use of it (arithmetic, ``index.max()``) is refused
-at compile time, since on a worker the edges index rows that live elsewhere.
+module, or :mod:`.pyg_plain` (``x[src]``, ``index_add_``, ``scatter_reduce`` written in
+plain torch, see :func:`tensor_rule`), gives it a meaning; any other use of it
+(arithmetic, ``index.max()``) is refused at compile time, since on a worker the edges
+index rows that live elsewhere. The same holds in a model's own forward
+(:func:`in_forward`): the graph argument indexed or unpacked gives the markers too.
 
 =================================================  =================================="""
 
@@ -22,7 +25,7 @@ import contextlib
 import functools
 import operator
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterator
 
 import torch
@@ -34,14 +37,15 @@ from torch_geometric.nn.conv.gcn_conv import gcn_norm
 
 from ..errors import CompileError
 from ..ir.graph import Graph
-from ..ir.lowering import declare, register_function_lowering
+from ..ir.lowering import declare, register_function_lowering, register_trace_context
 from ..ir.ops import edge_max, edge_reduce, edge_reduce_src, edge_softmax, edge_subset, gather_dst, gather_src
 from ..runtime import comm
 from ..ir.vocab import Residency
 from ..trace import assign
 from .pyg_assign import assign_where, where_line
 
-__all__ = ["EdgeEnd", "EdgeIndex", "handles", "intercepting", "as_edge_index", "add_remaining_self_loops"]
+__all__ = ["EdgeEnd", "EdgeIndex", "handles", "tensor_rule", "intercepting", "in_forward", "as_edge_index",
+           "add_remaining_self_loops"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -49,22 +53,31 @@ class EdgeEnd:
     """``edge_index[0]`` (``end="src"``) or ``edge_index[1]`` (``end="dst"``) of the
     traced graph ``graph``: the source or destination of every edge, in the graph's edge
     order. ``graph`` is the traced graph, or a real one while the layer runs on example
-    inputs (the rules then run the IR ops eagerly)."""
+    inputs (the rules then run the IR ops eagerly). ``column``: viewed as one column
+    (``index.unsqueeze(-1)``, ``index.view(-1, 1)``); ``like``: a column expanded as the
+    tensor ``like`` (``expand_as``) or to the sizes ``like`` (``expand``), as
+    ``scatter_add_`` takes its index."""
 
     graph: Any
     end: str
+    column: bool = False
+    like: Any = None
 
     def refusal(self) -> CompileError:
         name = "edge_index[0] (the source of every edge)" if self.end == "src" else "edge_index[1] (the destination)"
         return CompileError(
-            f"{name} is used as a tensor; on N workers a worker holds only its own nodes' rows, so indexing or "
-            "computing with edge_index directly would not match one machine. sarcompile lowers x[edge_index[i]], "
+            f"{name} is used as a tensor{where_line()}; on N workers a worker holds only its own nodes' rows, so "
+            "indexing or computing with edge_index directly would not match one machine. sarcompile lowers "
+            "x[edge_index[i]] and x.index_select(0, edge_index[i]), aggregation into a tensor with one row per node "
+            "(index_add_, scatter_add_, scatter_reduce, index_reduce over dim 0), torch.ones_like(edge_index[i]), "
             "PyG's scatter/softmax/degree over it, edge_index[0] == edge_index[1], gcn_norm, get_laplacian and "
-            "the self-loop utilities; write the rest with message arguments (x_j, x_i, index) or sarcompile's ops"
+            "the self-loop utilities; write the rest with those, message arguments (x_j, x_i, index) or "
+            "sarcompile's ops"
         )
 
     def _loops(self, other: Any, loops: bool) -> "LoopMask":
-        if not (isinstance(other, EdgeEnd) and other.graph is self.graph and other.end != self.end):
+        if not (isinstance(other, EdgeEnd) and _same_graph(other.graph, self.graph) and other.end != self.end
+                and not (self.column or other.column)):
             raise self.refusal()
         return LoopMask.of(self.graph, loops)
 
@@ -79,10 +92,66 @@ class EdgeEnd:
     def __fx_create_arg__(self, tracer: torch.fx.Tracer) -> Any:
         raise self.refusal()  # fx asks this when the marker reaches a traced op
 
-    def __getattr__(self, name: str) -> Any:  # index.unsqueeze(...), index.max(), ...
+    def __getattr__(self, name: str) -> Any:  # index.max(), index.tolist(), ...
         if name.startswith("__"):
             raise AttributeError(name)
         raise self.refusal()
+
+    def _refused(self, *_args: Any, **_kwargs: Any) -> Any:
+        raise self.refusal()
+
+    # index + 1, index * 2, index < n, ...: an edge's node id is not the same on every worker
+    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = __truediv__ = __rtruediv__ = _refused
+    __floordiv__ = __mod__ = __lt__ = __le__ = __gt__ = __ge__ = __neg__ = __and__ = __or__ = _refused
+
+    # -- views of the marker that the rules take (the index of scatter_add_) -----------------
+    def unsqueeze(self, dim: int) -> "EdgeEnd":
+        if self.column or dim not in (1, -1):
+            raise self.refusal()
+        return replace(self, column=True)
+
+    def view(self, *shape: Any) -> "EdgeEnd":
+        shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
+        if shape == (-1,) and not self.column:
+            return self
+        if shape == (-1, 1) and not self.column:
+            return replace(self, column=True)
+        raise self.refusal()
+
+    reshape = view
+
+    def expand_as(self, other: Any) -> "EdgeEnd":
+        if not self.column or self.like is not None:
+            raise self.refusal()
+        return replace(self, like=other)
+
+    def expand(self, *sizes: Any) -> "EdgeEnd":
+        sizes = tuple(sizes[0]) if len(sizes) == 1 and isinstance(sizes[0], (tuple, list)) else sizes
+        if not self.column or self.like is not None:
+            raise self.refusal()
+        return replace(self, like=sizes)
+
+    def to(self, *args: Any, **kwargs: Any) -> "EdgeEnd":
+        """The same ids (another integer dtype, or a device); a float dtype is refused."""
+        dtype = kwargs.get("dtype", next((a for a in args if isinstance(a, torch.dtype)), None))
+        if dtype is not None and (dtype.is_floating_point or dtype.is_complex or dtype == torch.bool):
+            raise self.refusal()
+        return self
+
+    def long(self) -> "EdgeEnd":
+        return self
+
+    @classmethod
+    def __torch_function__(cls, fn: Callable, types: tuple, args: tuple = (), kwargs: dict | None = None) -> Any:
+        """``torch.ones_like(index)``, ``torch.index_add(x, 0, index, m)``, ...: the rule of
+        :func:`tensor_rule`, else refused."""
+        return _tensor_call(fn, args, kwargs or {})
+
+
+def _same_graph(a: Any, b: Any) -> bool:
+    """Whether ``a`` and ``b`` stand for the same traced graph (the same fx node: a model's
+    forward wraps its graph argument anew each time it is indexed)."""
+    return a is b or (isinstance(a, torch.fx.Proxy) and isinstance(b, torch.fx.Proxy) and a.node is b.node)
 
 
 class EdgeIndex(torch.fx.Proxy):
@@ -204,36 +273,107 @@ def handles(original: Callable) -> Callable[[Callable], Callable]:
     return register
 
 
-_active = False
+_TENSOR_RULES: dict[str, Callable[..., Any]] = {}  # torch function / Tensor method name -> rule (tensor_rule)
+
+
+def tensor_rule(*names: str) -> Callable[[Callable], Callable]:
+    """Register ``rule(name, *args, **kwargs)`` for the torch functions and Tensor methods
+    ``names`` (``index_add_``, ``torch.ones_like``, ...) called with an :class:`EdgeEnd`
+    among their arguments (the tensor itself first, for a method): while a model or layer
+    is traced, the call gives what the rule returns. A call with no marker is torch's."""
+
+    def register(rule: Callable) -> Callable:
+        for name in names:
+            _TENSOR_RULES[name] = rule
+        return rule
+
+    return register
+
+
+def _has_end(args: Any) -> bool:
+    """Whether an :class:`EdgeEnd` is among ``args`` (a tuple or dict, one level into lists)."""
+    values = args.values() if isinstance(args, dict) else args
+    return any(isinstance(a, EdgeEnd) or (isinstance(a, (tuple, list)) and _has_end(a)) for a in values)
+
+
+def _tensor_call(fn: Callable, args: tuple, kwargs: dict) -> Any:
+    """``fn(*args, **kwargs)`` with an :class:`EdgeEnd` among the arguments: its rule's answer."""
+    name = getattr(fn, "__name__", None)
+    rule = _TENSOR_RULES.get(name)
+    if rule is None:
+        end = next((a for a in (*args, *kwargs.values()) if isinstance(a, EdgeEnd)), None)
+        raise (end or EdgeEnd(None, "src")).refusal()
+    return rule(name, *args, **kwargs)
+
+
+@classmethod
+def _proxy_torch_function(cls, fn, types, args=(), kwargs=None):
+    """fx's ``Proxy.__torch_function__``, except that a call given an :class:`EdgeEnd`
+    (``torch.index_select(x, 0, src)``) goes to its rule (fx asks the proxy first)."""
+    kwargs = kwargs or {}
+    if _has_end(args) or _has_end(kwargs):
+        return _tensor_call(fn, args, kwargs)
+    return _proxy_torch_function_of_fx.__func__(cls, fn, types, args, kwargs)
+
+
+def _proxy_method(name: str) -> Callable:
+    """The Tensor method ``name`` of a proxy: its rule where an :class:`EdgeEnd` is given."""
+
+    def method(self: torch.fx.Proxy, *args: Any, **kwargs: Any) -> Any:
+        if _has_end(args) or _has_end(kwargs):
+            return _TENSOR_RULES[name](name, self, *args, **kwargs)
+        return self.tracer.create_proxy("call_method", name, (self, *args), kwargs)
+
+    method.__name__ = name
+    return method
+
+
+_MISSING = object()
+
+
+@contextlib.contextmanager
+def _patched(owner: type, attributes: dict[str, Any]) -> Iterator[None]:
+    """``owner``'s ``attributes`` set for the duration, each restored afterwards (so nesting works)."""
+    saved = {name: vars(owner).get(name, _MISSING) for name in attributes}
+    for name, value in attributes.items():
+        setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is _MISSING:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, value)
+
+
+@contextlib.contextmanager
+def in_forward() -> Iterator[None]:
+    """For the duration (any trace, see :func:`sarcompile.ir.lowering.register_trace_context`):
+    the graph argument of a model's forward indexed or unpacked (``src, dst = edge_index``)
+    gives :class:`EdgeEnd` markers; fx proxies (node tensors) can be indexed by one
+    (``x[src]``), given one where a :func:`tensor_rule` takes it (``index_add_``,
+    ``torch.index_select``), and aggregated by PyG's aggregation modules over one."""
+    methods = {name: _proxy_method(name) for name in _TENSOR_RULES if hasattr(torch.Tensor, name)}
+    with _patched(Aggregation, {"__call__": _aggregation_call}), _patched(torch.fx.Proxy, {
+            "__getitem__": _proxy_getitem, "__torch_function__": _proxy_torch_function, **methods}):
+        yield
 
 
 @contextlib.contextmanager
 def intercepting() -> Iterator[None]:
-    """For the duration (a PyG layer's trace), aggregations take an :class:`EdgeEnd` index
-    and fx proxies (node tensors) can be indexed by an :class:`EdgeEnd`, updated on a
-    :class:`LoopMask`, and assigned into by a bool mask (:mod:`.pyg_assign`). Restored
-    afterwards; nesting is a no-op. (The PyG functions with a rule are swapped by the tracer
-    itself, see :func:`handles`.)"""
-    global _active
-    if _active:
+    """For the duration (a PyG layer's trace): :func:`in_forward`, and fx proxies can be
+    updated on a :class:`LoopMask` and assigned into by a bool mask (:mod:`.pyg_assign`).
+    Restored afterwards. (The PyG functions with a rule are swapped by the tracer itself,
+    see :func:`handles`.)"""
+    # (the tracer's own proxies defer to Proxy.__setitem__ where there is one)
+    with in_forward(), _patched(torch.fx.Proxy, {"__setitem__": _proxy_setitem}):
         yield
-        return
-    Aggregation.__call__ = _aggregation_call
-    torch.fx.Proxy.__getitem__ = _proxy_getitem
-    torch.fx.Proxy.__setitem__ = _proxy_setitem  # (the tracer's own proxies defer to it)
-    torch.fx.Proxy.index_select = _proxy_index_select
-    _active = True
-    try:
-        yield
-    finally:
-        _active = False
-        Aggregation.__call__ = _aggregation_call_of_pyg
-        torch.fx.Proxy.__getitem__ = _proxy_getitem_of_fx
-        del torch.fx.Proxy.__setitem__, torch.fx.Proxy.index_select
 
 
 _aggregation_call_of_pyg = Aggregation.__call__
 _proxy_getitem_of_fx = torch.fx.Proxy.__getitem__
+_proxy_torch_function_of_fx = vars(torch.fx.Proxy)["__torch_function__"]
 
 
 def _aggregation_call(self: Aggregation, x: Any, index: Any = None, ptr: Any = None, dim_size: Any = None,
@@ -247,28 +387,22 @@ def _aggregation_call(self: Aggregation, x: Any, index: Any = None, ptr: Any = N
     return nn.Module.__call__(self, x, index, ptr=None, dim_size=dim_size, dim=dim, **kwargs)
 
 
-def _gather(x: torch.fx.Proxy, end: EdgeEnd) -> torch.fx.Proxy:
+def gather(x: torch.fx.Proxy, end: EdgeEnd) -> torch.fx.Proxy:
     """``x[edge_index[0]]`` / ``x[edge_index[1]]``: the rows of a node tensor onto the edges."""
+    if end.column:
+        raise end.refusal()
     return (gather_src if end.end == "src" else gather_dst)(end.graph, x)
 
 
 def _proxy_getitem(self: torch.fx.Proxy, i: Any) -> Any:
     if isinstance(i, EdgeEnd):
-        return _gather(self, i)
+        return gather(self, i)
     if isinstance(i, LoopMask):
         return _LoopRows(self, i)
+    graph = _graph_argument(self)  # a model's forward indexing (or unpacking) its graph argument
+    if graph is not None:
+        return graph[i]
     return _proxy_getitem_of_fx(self, i)
-
-
-def _proxy_index_select(self: torch.fx.Proxy, dim: Any, index: Any) -> torch.fx.Proxy:
-    if isinstance(index, EdgeEnd):
-        if dim != 0:
-            raise CompileError(
-                f"index_select(dim={dim!r}, edge_index[i]) is not supported: sarcompile gathers node rows onto "
-                "edges along axis 0 (x.index_select(0, edge_index[i]) or x[edge_index[i]])"
-            )
-        return _gather(self, index)
-    return self.tracer.create_proxy("call_method", "index_select", (self, dim, index), {})
 
 
 def _proxy_setitem(self: torch.fx.Proxy, i: Any, value: Any) -> None:
@@ -345,9 +479,9 @@ def _seen_nodes(graph: Any) -> int:
 
 
 @torch.fx.wrap
-def _ones_per_edge(graph: Any, dtype: torch.dtype | None) -> torch.Tensor:
-    """``torch.ones(edge_index.size(1), dtype=dtype)``: a weight of 1 for every edge."""
-    return torch.ones(graph.num_edges, dtype=dtype or torch.get_default_dtype())
+def _ones_per_edge(graph: Any, dtype: torch.dtype | None, fill: Any = 1) -> torch.Tensor:
+    """``torch.full((edge_index.size(1),), fill, dtype=dtype)``: a weight of 1 (or ``fill``) for every edge."""
+    return torch.full((graph.num_edges,), fill, dtype=dtype or torch.get_default_dtype())
 
 
 @torch.fx.wrap
@@ -418,6 +552,9 @@ for _helper, _residency in ((_edge_axis, "e"), (_in_degree, Residency.NODE), (_o
                             (_loop_mask, Residency.EDGE), (_seen_nodes, Residency.CONST), (_update_loops_, "e"), (_fill_loops, Residency.NODE),
                             (_remaining_loops, Residency.NODE), (_carry, Residency.EDGE)):
     declare(_helper, _residency)
+
+
+register_trace_context(in_forward)
 
 
 def _end(index: Any) -> EdgeEnd | None:
@@ -599,6 +736,13 @@ def add_remaining_self_loops(edge_index: EdgeIndex, edge_attr: Any = None, fill_
         return derived, None
     loops = _remaining_loops(edge_index, edge_attr, _loop_values(edge_index, edge_attr, fill_value))
     return _with_edges(edge_index, derived, edge_attr, loops)
+
+
+def add_self_loops(edge_index: EdgeIndex, edge_attr: Any, fill_value: Any) -> tuple:
+    """PyG's ``add_self_loops`` given ``num_nodes`` on the traced graph: every edge kept and
+    one more self-loop per node, ``edge_attr`` carried over, the loops' from ``fill_value``
+    (GCNConv's normalisation of a sparse adjacency uses it)."""
+    return _add_self_loops(None, edge_index, edge_attr, fill_value, num_nodes=-1)  # (any count: every node)
 
 
 def _symmetric(graph: EdgeIndex, weight: Any, deg: Any) -> Any:

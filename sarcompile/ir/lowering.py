@@ -16,17 +16,19 @@ from __future__ import annotations
 
 from types import ModuleType
 import sys
-from typing import Any, Callable
+from typing import Any, Callable, ContextManager
 
 from torch import nn
 
-__all__ = ["register_lowering", "lowering_for", "has_lowering", "declare", "declared_helpers", "register_function_lowering", "function_lowerings", "function_homes"]
+__all__ = ["register_lowering", "lowering_for", "has_lowering", "declare", "declared_helpers", "register_function_lowering", "function_lowerings", "function_homes",
+           "register_trace_context", "trace_contexts"]
 
 _RULES: dict[type, Callable[[nn.Module], nn.Module]] = {}
 _FUNCTIONS: dict[int, tuple[Callable, Callable]] = {}  # id(original) -> (original, replacement)
 _HOMES: list[ModuleType | str] = []  # modules whose attributes are swapped too
 _HOMES_FOUND: dict[str, Any] = {}  # function_homes' last answer, and the sizes it was found for
 _DECLARED: dict[Callable, Any] = {}  # row-local helpers -> their output residency (see declare)
+_CONTEXTS: list[Callable[[], ContextManager]] = []  # entered around every trace (see register_trace_context)
 
 
 def register_lowering(layer_type: type, rule: Callable[[nn.Module], nn.Module]) -> None:
@@ -92,3 +94,16 @@ def function_homes() -> list[ModuleType]:
                 out.append(home)
         _HOMES_FOUND.update(key=key, modules=out)
     return _HOMES_FOUND["modules"]
+
+
+def register_trace_context(context: Callable[[], ContextManager]) -> None:
+    """Enter ``context()`` around every trace of a model or layer: a front-end's rules for
+    what its library's code does with traced values outside any layer (PyG's, indexing
+    and scattering over ``edge_index`` in a model's own forward)."""
+    if context not in _CONTEXTS:
+        _CONTEXTS.append(context)
+
+
+def trace_contexts() -> tuple[Callable[[], ContextManager], ...]:
+    """The contexts registered with :func:`register_trace_context`, in order."""
+    return tuple(_CONTEXTS)
