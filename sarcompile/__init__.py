@@ -16,6 +16,7 @@ from .errors import (
     DatasetError,
     GraphError,
     PartitionError,
+    PredictionError,
     RunDirError,
     SarcompileError,
     TrainingError,
@@ -28,6 +29,7 @@ from .data.partitioning import Manifest, Partition, load_partition, load_whole_g
 from .outofcore import partition_files
 from . import hetero_partition as _typed_partitions  # noqa: F401  registers typed partitioning (partitioning.typed)
 from .plan import MemoryEstimate, OpPlan, Plan
+from .predict.files import read_predictions
 from .runtime import ops as _shard_implementations  # noqa: F401  registers each IR op's shard implementation
 from .runtime.comm import empty_cache, global_max, global_sum, init, shutdown, sync_gradients
 
@@ -53,6 +55,7 @@ __all__ = [
     "partition_files",
     "load_partition",
     "load_whole_graph",
+    "read_predictions",
     "Partition",
     "Manifest",
     "load_ogb",
@@ -74,4 +77,5 @@ __all__ = [
     "CheckpointError",
     "RunDirError",
     "TrainingError",
+    "PredictionError",
 ]

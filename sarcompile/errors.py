@@ -125,3 +125,20 @@ class TrainingError(SarcompileError, RuntimeError):
 
 
 __all__ += ["RunDirError", "TrainingError"]
+
+
+class PredictionError(SarcompileError):
+    """Predictions cannot be written or read: a predictions directory that is missing a
+    file, holds a damaged one, or holds another model's predictions; a ``--layer`` the
+    model does not have or whose output is not one row per node.
+
+    Example:
+
+    >>> sc.read_predictions("no/such/dir")   # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+      ...
+    sarcompile.errors.PredictionError: ...
+    """
+
+
+__all__.append("PredictionError")

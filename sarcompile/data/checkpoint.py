@@ -52,8 +52,8 @@ from ..errors import CheckpointError
 from .partitioning import _atomic_write
 from ..tables import find_node_tables, shard_tables, table_type
 
-__all__ = ["CHECKPOINT_NAME", "MAGIC", "global_state", "load_checkpoint", "read_header", "save_checkpoint",
-           "shard_state"]
+__all__ = ["CHECKPOINT_NAME", "MAGIC", "global_state", "load_checkpoint", "read_header", "recorded_header",
+           "save_checkpoint", "shard_state"]
 
 CHECKPOINT_NAME = "checkpoint.pt"
 MAGIC = b"SARCOMPILE-CHECKPOINT 1\n"
@@ -131,6 +131,22 @@ def read_header(path: str | os.PathLike) -> tuple[dict[str, Any], bytes]:
             "written; restore a good copy or start the run again without --resume"
         )
     return header, payload
+
+
+def recorded_header(path: str | os.PathLike) -> dict[str, Any]:
+    """The header of a checkpoint (its payload's ``bytes`` and ``sha256``, and ``epoch``),
+    read without the payload; ``{}`` where there is none. It identifies the checkpoint's
+    contents; :func:`read_header` is what checks them against it."""
+    with open(path, "rb") as f:
+        head = f.read(len(MAGIC) + _MAX_HEADER)
+    end = head.find(b"\n", len(MAGIC))
+    if not head.startswith(MAGIC) or end < 0:
+        return {}
+    try:
+        header = json.loads(head[len(MAGIC) : end])
+    except ValueError:
+        return {}
+    return header if isinstance(header, dict) else {}
 
 
 def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
