@@ -4,7 +4,8 @@ other workers and exits with a one-line message.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch.distributed as dist
 
@@ -24,10 +25,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     silent names it and exits 4; Ctrl-C exits 130. None waits for the timeout.
     """
     cfg = parse_args(argv)
-    ok = False
-    try:
+
+    def run() -> None:
         cfg.validate()
         train(cfg)
+
+    return run_agreed(run)
+
+
+def run_agreed(body: Callable[[], Any]) -> int:
+    """Run a worker's command ``body``, returning its exit status as :func:`main` documents
+    it: a failure is agreed with the other workers and ends this one with a one-line
+    message; the process group is torn down either way."""
+    ok = False
+    try:
+        body()
         ok = True
     except BaseException as e:  # noqa: BLE001 - every way out is agreed with the other workers
         if isinstance(e, SystemExit):
