@@ -47,10 +47,13 @@ from ..errors import CompileError
 from ..ir.lowering import declare
 from ..ir.ops import edge_reduce, edge_reduce_src
 from ..trace import _is_view
-from .pyg_assign import where_line
+from .pyg_assign import _examples, where_line
 from .pyg_utils import EdgeEnd, _edge_axis, _in_degree, _ones_per_edge, gather, tensor_rule
 
 __all__: list[str] = []
+
+for _helper in (_edge_axis, _in_degree, _ones_per_edge):  # pyg_utils' run-time helpers, one node each here too
+    torch.fx.wrap(_helper.__name__)
 
 # torch's reduction names -> edge_reduce's ("sum" for mean: the mean with t's entry divides by one more)
 _REDUCES = {"sum": "sum", "mean": "mean", "prod": "mul", "amax": "max", "amin": "min"}
@@ -109,14 +112,14 @@ def _index_reduce(name: str, t: Any, dim: Any, index: Any, source: Any, reduce: 
 def _scatter_add(name: str, t: Any, dim: Any, index: Any, src: Any) -> Any:
     """``t.scatter_add_(0, dst.unsqueeze(-1).expand_as(e), e)``: :func:`_index_add`'s."""
     end = _end_given(name, index)
-    return _into(name, t, dim, end, _scattered(src, end.like, end.column), "sum", True)
+    return _into(name, t, dim, end, _source(src, end), "sum", True)
 
 
 @tensor_rule("scatter_reduce", "scatter_reduce_")
 def _scatter_reduce(name: str, t: Any, dim: Any, index: Any, src: Any, reduce: str, *,
                     include_self: bool = True) -> Any:
     end = _end_given(name, index)
-    return _into(name, t, dim, end, _scattered(src, end.like, end.column), reduce, include_self)
+    return _into(name, t, dim, end, _source(src, end), reduce, include_self)
 
 
 @tensor_rule("scatter", "scatter_")
@@ -133,7 +136,7 @@ def _scatter(name: str, t: Any, dim: Any, index: Any, src: Any = None, *, value:
             "edge_index[i], e)"
         )
     reduce = "sum" if reduce == "add" else "prod"
-    return _into(name, t, dim, end, _scattered(src, end.like, end.column), reduce, True)
+    return _into(name, t, dim, end, _source(src, end), reduce, True)
 
 
 def _into(name: str, t: Any, dim: Any, end: EdgeEnd, e: Any, reduce: str, include_self: bool) -> Any:
@@ -191,11 +194,22 @@ def _check_in_place(name: str, t: torch.fx.Proxy) -> None:
         )
 
 
-@torch.fx.wrap
-def _scattered(src: torch.Tensor, like: Any, column: bool) -> torch.Tensor:
-    """``src``, after checking that a scatter's index over the edges covers it: the 1-d
-    marker for a 1-d ``src``, or the marker viewed as a column and expanded to ``src``'s
-    shape (``expand_as(src)``, ``expand(-1, d)``) -- then the scatter is ``index_add``."""
+def _source(src: Any, end: EdgeEnd) -> Any:
+    """``src`` of a scatter over ``end`` (:func:`_scattered`), checked now where the
+    examples are known, so a refusal names the user's line."""
+    like = end.like
+    likes = _examples(like) if isinstance(like, torch.fx.Proxy) else None
+    for i, value in enumerate(_examples(src) or ()):
+        shape = likes[i].shape if likes else like
+        if not isinstance(like, torch.fx.Proxy) or likes:
+            _check_covers(value, shape, end.column, where_line())
+    return _scattered(src, like, end.column)
+
+
+def _check_covers(src: torch.Tensor, like: Any, column: bool, line: str) -> None:
+    """Refuse a scatter's index over the edges that does not cover ``src``: the 1-d marker
+    for a 1-d ``src``, or the marker viewed as a column and expanded to ``src``'s shape
+    (``expand_as(src)``, ``expand(-1, d)``) -- then the scatter is ``index_add``."""
     if like is None:
         covers = src.dim() == 1 and not column
     else:
@@ -203,10 +217,16 @@ def _scattered(src: torch.Tensor, like: Any, column: bool) -> torch.Tensor:
         covers = len(shape) == src.dim() and all(s in (-1, n) for s, n in zip(shape[1:], src.shape[1:]))
     if not covers:
         raise CompileError(
-            f"a scatter over edge_index[i] with an index not shaped as its source ({tuple(src.shape)}): sarcompile "
-            "lowers an index of the source's shape, edge_index[i] for a 1-d source or "
+            f"a scatter over edge_index[i] with an index not shaped as its source {tuple(src.shape)}{line}: "
+            "sarcompile lowers an index of the source's shape, edge_index[i] for a 1-d source or "
             "edge_index[i].unsqueeze(-1).expand_as(src) for a 2-d one"
         )
+
+
+@torch.fx.wrap
+def _scattered(src: torch.Tensor, like: Any, column: bool) -> torch.Tensor:
+    """``src``, after :func:`_check_covers` (at run time, where the trace did not know it)."""
+    _check_covers(src, like, column, "")
     return src
 
 

@@ -216,6 +216,13 @@ _ATTENTION = (nn.MultiheadAttention, nn.Transformer, nn.TransformerEncoder, nn.T
 _ATTENTION_FIX = ("Attention over all nodes cannot be split by rows: use attention over the edges (GATConv, "
                   "sc.ops.attention), or leave the global attention out.")
 _DROPOUTS = (nn.Dropout, nn.AlphaDropout, nn.FeatureAlphaDropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d)
+# Ops reading or writing rows by an index tensor: only the graph's own ends index rows exactly.
+_BY_INDEX = frozenset({"index_select", "index_add", "index_reduce", "index_copy", "index_fill", "index_put", "gather",
+                       "scatter", "scatter_add", "scatter_reduce", "take", "take_along_dim"})
+_INDEX_FIX = ("Rows picked or aggregated by an index tensor (a batch vector, a permutation, node ids) live on other "
+              "workers; index and aggregate by the graph's own ends instead: x[edge_index[0]], "
+              "t.index_add_(0, edge_index[1], msg), t.scatter_reduce(0, edge_index[1].unsqueeze(-1).expand_as(msg), "
+              "msg, 'amax', include_self=False), or PyG's scatter(msg, edge_index[1]).")
 _DROPOUT_FIX = ("Use F.dropout or nn.Dropout on node or edge rows outside message functions (the compiler gives them "
                 "a mask keyed by node or edge id, the same on any number of workers), e.g. on the messages' inputs or "
                 "on the aggregated output.")
@@ -818,7 +825,7 @@ class _Checker:
             return self.pointwise(node, name, k)
         raise self.refuse(
             node, f"sarcompile cannot prove that `{name}` is row-local (it takes a {w} value)",
-            "Write it with row-wise torch operations, or as an IR op.",
+            _INDEX_FIX if name.rstrip("_") in _BY_INDEX else "Write it with row-wise torch operations, or as an IR op.",
         )
 
     def meta_of(self, node, name, x, xv) -> _Val:

@@ -1,18 +1,26 @@
-"""Plain PyG models and the worker side of the PyG distributed cases (imported by the
+"""Plain PyG models and the PyG distributed cases: the parent's side (:func:`check_distributed`,
+against eager PyG on the whole graph) and the workers' (:func:`run_worker`; imported by the
 workers too, so it lives at a module path they can import)."""
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 import torch_geometric.nn as gnn
+from hypothesis import assume
+from hypothesis import strategies as st
 from torch import nn
-from torch_geometric.utils import add_self_loops, degree, dropout_edge
+from torch_geometric.utils import add_self_loops, degree, dropout_edge, scatter
 
 import sarcompile as sc
-from sarcompile.data.shard import PartData, ShardGraph
+from sarcompile.data.shard import PartData, ShardGraph, split_graph
+from strategies import graphs
+
+DT = torch.float64
+TOL = 1e-9  # float64: the only differences are summation order
 
 
 def sage_bn_gcn(f_in: int = 6, hidden: int = 8, f_out: int = 3) -> nn.Module:
@@ -241,10 +249,76 @@ def run_relational_worker(rank: int, world_size: int, payload: dict[str, Any]) -
     return {"out": out.detach(), "grads": {k: p.grad.clone() for k, p in model.named_parameters()}}
 
 
+class PlainMean(nn.Module):
+    """Message passing in plain torch, in a helper method: the neighbours' mean by
+    ``index_add_`` into ``zeros_like`` and ``torch.zeros(n)``, counted with
+    ``torch.ones_like(dst)``."""
+
+    def __init__(self, f_in: int = 6, f_out: int = 3):
+        super().__init__()
+        self.lin = nn.Linear(2 * f_in, f_out)
+
+    def mean(self, x, edge_index):
+        src, dst = edge_index
+        total = torch.zeros_like(x).index_add_(0, dst, x[src])
+        count = torch.zeros(x.size(0), dtype=x.dtype).index_add_(0, dst, torch.ones_like(dst, dtype=x.dtype))
+        return total / count.clamp(min=1).unsqueeze(-1)
+
+    def forward(self, x, edge_index):
+        return self.lin(torch.cat([x, self.mean(x, edge_index)], dim=-1))
+
+
+class PlainScatter(nn.Module):
+    """Gated messages gathered with ``index_select`` / ``torch.index_select``, summed with
+    ``scatter_add_`` (an expanded index) in place into ``new_zeros``, and a difference
+    pushed onto the sources with ``torch.index_add``."""
+
+    def __init__(self, f_in: int = 6, hidden: int = 5, f_out: int = 3):
+        super().__init__()
+        self.lin, self.gate, self.out = nn.Linear(f_in, hidden), nn.Linear(2 * hidden, 1), nn.Linear(3 * hidden, f_out)
+
+    def forward(self, x, edge_index):
+        row, col = edge_index[0], edge_index[1]
+        h = self.lin(x)
+        h_j, h_i = h.index_select(0, row), torch.index_select(h, 0, col)
+        msg = h_j * torch.sigmoid(self.gate(torch.cat([h_i, h_j], dim=-1)))
+        agg = h.new_zeros(h.size(0), h.size(1))
+        agg.scatter_add_(0, col.unsqueeze(-1).expand_as(msg), msg)
+        pushed = torch.index_add(torch.zeros_like(h), 0, row, h_i - h_j, alpha=0.5)
+        return self.out(torch.cat([agg, pushed, h], dim=-1))
+
+
+class PlainReductions(nn.Module):
+    """Every reduction of ``scatter_reduce`` (without and with the tensor's own entries),
+    ``index_reduce``, PyG's ``scatter`` (max) and a GCN normalisation from ``degree``, in
+    a model's own forward."""
+
+    REDUCES = ("sum", "mean", "amax", "amin", "prod")
+
+    def __init__(self, f_in: int = 6, hidden: int = 4, f_out: int = 3):
+        super().__init__()
+        self.lin, self.out = nn.Linear(f_in, hidden), nn.Linear((len(self.REDUCES) + 4) * hidden, f_out)
+
+    def forward(self, x, edge_index):
+        src, dst = edge_index
+        h = torch.tanh(self.lin(x))
+        msg = h[src] * h[dst] + h[src]
+        index = dst.view(-1, 1).expand(-1, h.size(1))
+        parts = [h.scatter_reduce(0, index, msg, r, include_self=False) for r in self.REDUCES]
+        parts += [h.scatter_reduce(0, index, msg, "mean"), h.scatter_reduce(0, index, msg, "sum"),
+                  h.index_reduce(0, dst, msg, "amin", include_self=False)]
+        deg = degree(dst, x.size(0), dtype=x.dtype)
+        inv = deg.pow(-0.5).masked_fill(deg == 0, 0.0)
+        parts.append(scatter(msg * (inv[src] * inv[dst]).unsqueeze(-1), dst, dim=0, dim_size=x.size(0), reduce="max"))
+        return self.out(torch.cat(parts, dim=-1))
+
+
 MODELS = {"sage_bn_gcn": sage_bn_gcn, "attention_mix": AttentionMix, "drop_attention": DropAttention,
           "drop_everywhere": DropEverywhere,
           "weighted": Weighted, "edge_features": EdgeFeatures, "edge_attention": EdgeAttention,
-          "masked_assignments": MaskedAssignments}
+          "masked_assignments": MaskedAssignments, "plain_mean": PlainMean, "plain_scatter": PlainScatter,
+          "plain_reductions": PlainReductions}
+PLAIN = ("plain_mean", "plain_scatter", "plain_reductions")  # message passing in plain torch
 WEIGHTED = {"weighted", "edge_features", "edge_attention"}  # models that take a per-edge tensor
 EDGE_DIMS = {"edge_features": 3, "edge_attention": 3}  # its width, for those that take features rather than weights
 EVAL = {"edge_attention"}  # compared in eval mode (attention dropout is then off, in PyG too)
@@ -281,3 +355,76 @@ def run_worker(rank: int, world_size: int, payload: dict[str, Any]) -> dict[str,
         "grads": {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None},
         "buffers": {k: b.clone() for k, b in model.named_buffers()},
     }
+
+
+# --- the parent's side ------------------------------------------------------------------------
+def assert_close(got, want, what):
+    scale = max(1.0, float(want.detach().abs().max())) if want.numel() else 1.0
+    torch.testing.assert_close(got, want, atol=TOL * scale, rtol=0, equal_nan=True, msg=lambda m: f"{what}: {m}")
+
+
+@st.composite
+def dist_cases(draw, models):
+    """(world size, model name, mode, src, dst, n, seed, assignment): a random graph split
+    at random or in ranges (some workers may get no node) over 1-3 workers."""
+    world_size = draw(st.sampled_from([1, 2, 3]))
+    src, dst, n, seed = draw(graphs(max_nodes=20, max_edges=60))
+    assume(n > 1)  # batch norm in training needs two rows
+    if draw(st.booleans()):
+        assignment = torch.tensor(draw(st.lists(st.integers(0, world_size - 1), min_size=n, max_size=n)))
+    else:
+        assignment = torch.arange(n) * world_size // n
+    mode = draw(st.sampled_from(["sar", "stash", "oneshot"]))
+    return world_size, draw(st.sampled_from(models)), mode, src, dst, n, seed % 2**16, assignment
+
+
+def check_distributed(pool, case, oracle: str = "eager"):
+    """The model ``case`` names on its graph split over its workers (see :func:`dist_cases`):
+    outputs, input, edge-weight and parameter gradients and buffers against eager PyG on the
+    whole graph (``oracle="eager"``) or the compiled model on one machine."""
+    world_size, name, mode, src, dst, n, seed, assignment = case
+    g = sc.Graph.from_edges(src, dst, n)
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 6, generator=gen, dtype=DT)
+    w = torch.randn(n, 1, generator=gen, dtype=DT)
+    model = make_model(name, seed)
+    state = copy.deepcopy(model.state_dict())
+    xr = x.clone().requires_grad_(True)
+    extra, edge_weight = [], None
+    if name in EDGE_DIMS:  # edge features
+        edge_weight = torch.randn(g.num_edges, EDGE_DIMS[name], generator=gen, dtype=DT)
+    elif name in WEIGHTED:  # positive, some zero
+        edge_weight = torch.rand(g.num_edges, generator=gen, dtype=DT) * torch.randint(0, 3, (g.num_edges,), generator=gen)
+    if edge_weight is not None:
+        extra = [edge_weight.clone().requires_grad_(True)]
+    if oracle == "eager":  # plain PyG on edge_index
+        out = model(xr, torch.stack([src, dst]), *extra)
+    else:  # the compiled model on one machine (attention dropout: sarcompile's masks)
+        torch.manual_seed(seed)
+        out = sc.distribute(model)(xr, g, *extra)
+    (out * w).sum().backward()
+    parts = split_graph(g, assignment, world_size, {"x": x, "w": w})
+    payloads = [{"part": p, "model": name, "seed": seed, "state": state, "mode": mode, "num_nodes": n,
+                 "num_edges": g.num_edges, "edge_weight": edge_weight} for p in parts]
+    results = pool(world_size).run(run_worker, payloads)
+    got_out = torch.zeros_like(out)
+    got_grad = torch.zeros_like(x)
+    for p, r in zip(parts, results):
+        got_out[p.global_ids] = r["out"]
+        got_grad[p.global_ids] = r["x_grad"]
+    assert_close(got_out, out.detach(), "output")
+    assert_close(got_grad, xr.grad, "x grad")
+    if extra:  # every edge lives on exactly one worker: its weight's gradient too
+        got_ew_grad = torch.full_like(edge_weight, float("nan"))
+        for r in results:
+            got_ew_grad[r["edge_ids"]] = r["edge_weight_grad"]
+        assert_close(got_ew_grad, extra[0].grad, "edge weight grad")
+    for r in results:
+        # (a parameter that met no edge -- a graph without any -- has no gradient in eager PyG
+        # and an all-zero one here)
+        for k, p in model.named_parameters():
+            got = r["grads"].get(k)
+            want = torch.zeros_like(p) if p.grad is None else p.grad
+            assert_close(torch.zeros_like(p) if got is None else got, want, f"grad of {k}")
+        for k, b in model.named_buffers():
+            assert_close(r["buffers"][k], b, f"buffer {k}")

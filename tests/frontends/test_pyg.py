@@ -17,12 +17,9 @@ from hypothesis import strategies as st
 from torch import nn
 
 import sarcompile as sc
-from pyg_models import EDGE_DIMS, WEIGHTED, EdgeMLPConv, make_model, run_worker
-from sarcompile.data.shard import split_graph
+from pyg_models import DT, EdgeMLPConv, assert_close, check_distributed, dist_cases, make_model
 from strategies import graphs
 
-DT = torch.float64
-TOL = 1e-9  # float64: the only differences are summation order
 SETTINGS = settings(max_examples=5, deadline=None, suppress_health_check=list(HealthCheck))
 
 
@@ -133,11 +130,6 @@ LAYERS = [
 ]
 
 
-def assert_close(got, want, what):
-    scale = max(1.0, float(want.detach().abs().max())) if want.numel() else 1.0
-    torch.testing.assert_close(got, want, atol=TOL * scale, rtol=0, equal_nan=True, msg=lambda m: f"{what}: {m}")
-
-
 def run(model, x, graph_arg, edge_weight, weight):
     """Output and the gradients of sum(out * weight) w.r.t. x, the edge weights and
     every parameter."""
@@ -221,69 +213,7 @@ def test_sarcompile_does_not_import_torch_geometric():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
-# --- N workers ------------------------------------------------------------------------
-@st.composite
-def dist_cases(draw, models):
-    world_size = draw(st.sampled_from([1, 2, 3]))
-    src, dst, n, seed = draw(graphs(max_nodes=20, max_edges=60))
-    assume(n > 1)  # batch norm in training needs two rows
-    if draw(st.booleans()):
-        assignment = torch.tensor(draw(st.lists(st.integers(0, world_size - 1), min_size=n, max_size=n)))
-    else:
-        assignment = torch.arange(n) * world_size // n
-    mode = draw(st.sampled_from(["sar", "stash", "oneshot"]))
-    return world_size, draw(st.sampled_from(models)), mode, src, dst, n, seed % 2**16, assignment
-
-
-def check_distributed(pool, case, oracle: str = "eager"):
-    world_size, name, mode, src, dst, n, seed, assignment = case
-    g = sc.Graph.from_edges(src, dst, n)
-    gen = torch.Generator().manual_seed(seed)
-    x = torch.randn(n, 6, generator=gen, dtype=DT)
-    w = torch.randn(n, 1, generator=gen, dtype=DT)
-    model = make_model(name, seed)
-    state = copy.deepcopy(model.state_dict())
-    xr = x.clone().requires_grad_(True)
-    extra, edge_weight = [], None
-    if name in EDGE_DIMS:  # edge features
-        edge_weight = torch.randn(g.num_edges, EDGE_DIMS[name], generator=gen, dtype=DT)
-    elif name in WEIGHTED:  # positive, some zero
-        edge_weight = torch.rand(g.num_edges, generator=gen, dtype=DT) * torch.randint(0, 3, (g.num_edges,), generator=gen)
-    if edge_weight is not None:
-        extra = [edge_weight.clone().requires_grad_(True)]
-    if oracle == "eager":  # plain PyG on edge_index
-        out = model(xr, torch.stack([src, dst]), *extra)
-    else:  # the compiled model on one machine (attention dropout: sarcompile's masks)
-        torch.manual_seed(seed)
-        out = sc.distribute(model)(xr, g, *extra)
-    (out * w).sum().backward()
-    parts = split_graph(g, assignment, world_size, {"x": x, "w": w})
-    payloads = [{"part": p, "model": name, "seed": seed, "state": state, "mode": mode, "num_nodes": n,
-                 "num_edges": g.num_edges, "edge_weight": edge_weight} for p in parts]
-    results = pool(world_size).run(run_worker, payloads)
-    got_out = torch.zeros_like(out)
-    got_grad = torch.zeros_like(x)
-    for p, r in zip(parts, results):
-        got_out[p.global_ids] = r["out"]
-        got_grad[p.global_ids] = r["x_grad"]
-    assert_close(got_out, out.detach(), "output")
-    assert_close(got_grad, xr.grad, "x grad")
-    if extra:  # every edge lives on exactly one worker: its weight's gradient too
-        got_ew_grad = torch.full_like(edge_weight, float("nan"))
-        for r in results:
-            got_ew_grad[r["edge_ids"]] = r["edge_weight_grad"]
-        assert_close(got_ew_grad, extra[0].grad, "edge weight grad")
-    for r in results:
-        # (a parameter that met no edge -- a graph without any -- has no gradient in eager PyG
-        # and an all-zero one here)
-        for k, p in model.named_parameters():
-            got = r["grads"].get(k)
-            want = torch.zeros_like(p) if p.grad is None else p.grad
-            assert_close(torch.zeros_like(p) if got is None else got, want, f"grad of {k}")
-        for k, b in model.named_buffers():
-            assert_close(r["buffers"][k], b, f"buffer {k}")
-
-
+# --- N workers ---------------------------------------------------------------------------
 DIST_SETTINGS = settings(max_examples=6, deadline=None, suppress_health_check=list(HealthCheck))
 
 
