@@ -144,7 +144,7 @@ class CallShape:
                 continue
             value = given[name] if name in given else p.default
             if name == graph_name or _is_graph(value):
-                inputs.append((name, Input(Residency.GRAPH)))
+                inputs.append((name, _graph_spec(value)))
             elif is_plain(value):
                 constants.append((name, Constant(value)))
                 inputs.append((name, Input(Residency.CONST, value=value)))
@@ -175,7 +175,7 @@ class CallShape:
                 if layout.kind == "typed":
                     inputs.append((leaf, Input(Residency.GRAPH, of=key)))
                 elif _is_graph(value) or (name == graph_name and layout.kind != "data"):
-                    inputs.append((leaf, Input(Residency.GRAPH)))
+                    inputs.append((leaf, _graph_spec(value)))
                 elif isinstance(graph, TYPED_GRAPHS):
                     inputs.append((leaf, _typed_input(key, value, graph)))
                 else:
@@ -221,6 +221,14 @@ class CallShape:
         if x is not None and features is not None:
             inputs[features] = Input(Residency.NODE, tuple(x.shape), x.dtype)
         return cls(graph_input, tuple((n, c) for n, c in shape.constants if n != features), tuple(inputs.items()))
+
+
+def _graph_spec(graph: Any) -> Input:
+    """The input of a one-type graph: with the dtype of its adjacency values where it has
+    them (``adj_values``, see :meth:`Graph.from_adjacency`), so that the program reading them
+    is one of its own and the probes carry values too (:func:`~sarcompile.ir.probe.example`)."""
+    values = getattr(graph, "adj_values", None)
+    return Input(Residency.GRAPH, dtype=None if values is None else values.dtype)
 
 
 def _table_count(model: nn.Module, graph: Any) -> int | None:
@@ -591,29 +599,16 @@ def _dgl_to_graph(g: Any) -> Graph | HeteroGraph:
 
 
 def _adjacency_graph(adj: torch.Tensor) -> Graph:
-    """The graph of sparse adjacency ``adj``: an edge ``u -> v`` per stored ``adj[v, u]``
-    (entries at one place summed, as torch coalesces them). Its values must be ones (a
-    normalised adjacency's weights would be lost), and it may have no self-loops (see the
-    refusal)."""
-    coo = adj.to_sparse_coo().coalesce()
-    dst, src = coo.indices()
-    values = coo.values()
-    if values.dim() != 1 or not bool((values == 1).all()):
+    """The graph of sparse adjacency ``adj`` (:meth:`Graph.from_adjacency`: its edges, and its
+    values where they are not all ones or it has self-loops, which PyG's layers read as they
+    read the matrix). Values that require grad are refused: the program takes them as data."""
+    if adj.requires_grad:
         raise CompileError(
-            f"a sparse adjacency with values other than 1 (shape {tuple(values.shape)}: a normalised adj_t, or "
-            "edge features) was given as the graph; sarcompile reads only its edges, so its values would be lost. "
-            "Give the adjacency of ones and let the layers normalise (GCNConv(normalize=True)), or give the graph "
-            "and its values as edge_weight (model(x, g, edge_weight=w), w in the graph's edge order)"
+            "a sparse adjacency whose values require grad was given as the graph; sarcompile takes the adjacency's "
+            "values as data and gives them no gradient. Give adj_t.detach(), or the graph and a weight per edge "
+            "(model(x, g, edge_weight=w), w in the graph's edge order) where the weights are learned"
         )
-    if bool((src == dst).any()):
-        raise CompileError(
-            "a sparse adjacency with self-loops was given as the graph: PyG's layers read such an adjacency "
-            "otherwise than the same graph as edge_index (GCNConv adds a second self-loop to those nodes on a "
-            "torch.sparse adjacency), so sarcompile cannot tell which is meant. Remove the self-loops before making "
-            "the adjacency (torch_geometric.utils.remove_self_loops; the layers add their own), or give the graph "
-            "as a sarcompile Graph"
-        )
-    return Graph.from_edges(src.cpu(), dst.cpu(), adj.shape[0])
+    return Graph.from_adjacency(adj)
 
 
 # Programs one model may compile for other values of its plain Python arguments before it is

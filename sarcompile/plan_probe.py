@@ -127,13 +127,22 @@ class ShardProbe:
             if node.op != "placeholder":
                 continue
             if node is graph or _one_type_graph(node):  # (another graph of a list, a graph kept on the model)
-                inputs.append(self.shard)
+                inputs.append(self._shard(_spec(node)))
             elif not x_given:
                 inputs.append(x)
                 x_given = True
             else:
                 inputs.append(_default(node))
         return inputs
+
+    def _shard(self, spec: Any) -> ShardGraph:
+        """The example shard; with adjacency values where the program's graph has them (its
+        input's ``dtype``, see :func:`~sarcompile.ir.probe.example`)."""
+        if spec is None or spec.dtype is None:
+            return self.shard
+        g = probe_graph(self.NODES, self.EDGES, _LOOPS)
+        g.adj_values = torch.ones(g.num_edges, dtype=spec.dtype)
+        return ShardGraph.single(g)
 
     def features(self, inputs: list[Any]) -> list[torch.Tensor]:
         """Of :meth:`inputs`, what :meth:`node_data_bytes` counts: ``x``'s rows, the first

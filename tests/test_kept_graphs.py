@@ -315,14 +315,4 @@ def test_a_sparse_adjacency_is_exact_against_pyg_on_one_machine_and_two_workers(
             torch.testing.assert_close(r["grads"][k], grad, rtol=0, atol=TOL, msg=k)
 
 
-@pytest.mark.parametrize("change, says", [
-    (lambda adj: adj * 0.5, r"a sparse adjacency with values other than 1 .* give the graph and its values as "
-                            r"edge_weight"),
-    (lambda adj: (adj + torch.eye(N, dtype=DT).to_sparse_csr()).to_sparse_csr(),
-     r"a sparse adjacency with self-loops .* Remove the self-loops before making the adjacency"),
-])
-def test_a_sparse_adjacency_sarcompile_would_misread_is_refused(change, says):
-    adj_t, _, x, _ = _adjacency()
-    torch.manual_seed(4)
-    with pytest.raises(CompileError, match=says):
-        sc.distribute(AdjNet().double())(x, change(adj_t))
+# An adjacency with values or self-loops (a normalised adj_t): tests/frontends/test_pyg_adjacency.py.

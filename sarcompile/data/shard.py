@@ -44,6 +44,7 @@ class PartData:
     edge_ids: torch.Tensor  # [E_r]
     send_index: list[torch.Tensor]  # per peer p: local rows of ours that p's edges read
     node_data: dict[str, torch.Tensor] = field(default_factory=dict)
+    edge_values: torch.Tensor | None = None  # [E_r] the graph's adj_values of these edges, if it has them
 
     def to_dict(self) -> dict:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -126,6 +127,7 @@ def split_graph(
                 edge_ids=eids,
                 send_index=send,
                 node_data={k: v[ids].clone() for k, v in node_data.items()},
+                edge_values=None if g.adj_values is None else g.adj_values[eids],
             )
         )
     return parts
@@ -167,14 +169,18 @@ class ShardGraph(FramesMixin):
         self.edge_ptr = torch.cumsum(torch.tensor([0] + [b.num_edges for b in blocks]), 0).tolist()
         self._derived: dict[Any, ShardGraph] = {}  # by name, or ("subset", mask)
         self.links: dict[int, Any] = {}  # per site: the runtime's stale caches and residuals (runtime/link.py)
+        # The whole graph's Graph.adj_values of the shard's edges, in shard order (None if it has none).
+        self.adj_values: torch.Tensor | None = None
 
     @classmethod
     def single(cls, g: Graph) -> "ShardGraph":
         """A whole graph as the only shard of a one-worker world."""
-        return cls(
+        shard = cls(
             0, 1, g.global_ids, [g.block], [torch.empty(0, dtype=torch.long)], g.edge_ids[g.csr_perm], g.num_nodes,
             g.edge_id_space, g.src_global_ids if g.bipartite else None,
         )
+        shard.adj_values = None if g.adj_values is None else g.adj_values[g.csr_perm]
+        return shard
 
     @classmethod
     def from_part(
@@ -207,10 +213,12 @@ class ShardGraph(FramesMixin):
             counts = torch.bincount(d, minlength=n)
             indptr = torch.cat([torch.zeros(1, dtype=torch.long), torch.cumsum(counts, 0)])
             blocks.append(Block(indptr, col.reshape(-1), num_src, src_gids))
-        return cls(
+        shard = cls(
             rank, world_size, global_ids, blocks, [rows.clone() for rows in part.send_index], part.edge_ids[order],
             num_global_nodes, num_global_edges, src_global_ids,
         )
+        shard.adj_values = None if part.edge_values is None else part.edge_values[order].clone()
+        return shard
 
     # -- the Graph-like surface models use ---------------------------------------------------
     @property

@@ -77,13 +77,14 @@ from torch_geometric import nn as gnn
 from torch_geometric.nn.conv import MessagePassing
 
 from ..errors import CompileError
-from ..trace import user_line
+from ..trace import ShapeTracer, user_line
 from ..nn import RandomStream
-from ..ir.ops import batch_norm, edge_dropout, edge_softmax, gather_dst, gather_src, gather_table, message_passing, sddmm, spmm
+from ..ir.ops import batch_norm, edge_dropout, edge_reduce, edge_softmax, gather_dst, gather_src, gather_table, message_passing, sddmm, spmm
 from ..ir.lowering import declare, register_lowering
 from ..ir.vocab import Residency
 from .pyg_assign import assignments_settled
-from .pyg_utils import EdgeEnd, EdgeIndex, add_remaining_self_loops, as_edge_index, intercepting, replace_self_loops
+from .pyg_utils import (EdgeEnd, EdgeIndex, add_remaining_self_loops, add_self_loops, as_edge_index, intercepting,
+                        replace_self_loops)
 
 __all__ = ["SUPPORTED"]
 
@@ -186,6 +187,63 @@ def _one_node_set(value, graph, size, layer: str):
     return value
 
 
+# -- a sparse adjacency's values (PyG's normalised adj_t) -------------------------------------
+# The layers whose rule reads a sparse adjacency's values as PyG reads a torch.sparse adj_t.
+ADJACENCY_LAYERS = ("GCNConv", "SAGEConv", "GINConv", "GraphConv", "GATConv", "GATv2Conv")
+
+
+@torch.fx.wrap
+def adjacency_values(graph, like: torch.Tensor) -> torch.Tensor:
+    """The values of the sparse adjacency ``graph`` was made from (``adj_values``), one per
+    edge in its edge order (a worker's shard: in shard order), on ``like``'s device."""
+    values = graph.adj_values
+    if values is None:
+        raise CompileError(
+            "the model was compiled for a sparse adjacency with values (adj_t) and called with a graph without "
+            "them; on a worker give the shard of that adjacency's graph (sc.Graph.from_adjacency(adj_t), "
+            "partitioned: part.graph carries the values)"
+        )
+    return values.to(like.device)
+
+
+def _has_values(graph) -> bool:
+    """Whether ``graph`` is a sparse adjacency's with values (``adj_values``): asked of the
+    graph itself when a stand-in runs on an example, else of its example values (a graph
+    input with values has probes with values, see :func:`~sarcompile.ir.probe.example`)."""
+    if not isinstance(graph, torch.fx.Proxy):
+        return getattr(graph, "adj_values", None) is not None
+    tracer = graph.tracer
+    examples = tracer.value(graph.node) if isinstance(tracer, ShapeTracer) else None
+    return bool(examples) and getattr(examples[0], "adj_values", None) is not None
+
+
+def _values(graph, like):
+    """The adjacency values of ``graph`` (see :func:`adjacency_values`) where it has them, else None."""
+    return adjacency_values(graph, like) if _has_values(graph) else None
+
+
+def _aggregate_weighted(graph, x, reduce: str, weight):
+    """``torch.sparse.mm(adj_t, x, reduce)`` (PyG's ``spmm``) on an adjacency of values
+    ``weight`` (None: ones): ``reduce`` over the in-edges of ``weight * x[src]``; max and
+    min as per-edge rows reduced (spmm takes weights with sum and mean only)."""
+    if weight is None or reduce in ("sum", "mean"):
+        return spmm(graph, x, reduce, edge_weight=weight)
+    return edge_reduce(graph, gather_src(graph, x) * weight.unsqueeze(-1), reduce)
+
+
+def _no_adjacency_values(layer: str, graph) -> None:
+    """Refuse a sparse adjacency with values or self-loops where ``layer``'s rule does not
+    read them as PyG does (the general lowering traces the layer's edge_index path)."""
+    if _has_values(graph):
+        raise CompileError(
+            f"{layer} was given a sparse adjacency with values other than 1 or with self-loops (a normalised "
+            f"adj_t); PyG reads such a matrix otherwise than the same edges as edge_index, and sarcompile reads it "
+            f"as PyG does in {', '.join(ADJACENCY_LAYERS)} only. Give {layer} the graph of edges "
+            "(sc.Graph.from_edges(src, dst, n), or the adjacency of ones without self-loops) and the values as "
+            "its edge_weight where it takes one"
+        )
+
+
 class _StandIn(nn.Module):
     """A PyG layer written with IR ops. ``self.layer`` is the PyG layer itself: every
     parameter is read from it, never copied."""
@@ -205,7 +263,7 @@ class _SAGEConv(_StandIn):
         x_src, x_dst = _ends(x, "SAGEConv")
         x_src = _plain_call(x_src, "SAGEConv", size=size)
         src = m.lin(x_src).relu() if m.project else x_src
-        out = m.lin_l(spmm(edge_index, src, _reduce(m.aggr)))
+        out = m.lin_l(_aggregate_weighted(edge_index, src, _reduce(m.aggr), _values(edge_index, src)))
         if m.root_weight:
             out = out + m.lin_r(x_dst)
         if m.normalize:
@@ -236,10 +294,16 @@ class _GCNConv(_StandIn):
     def forward(self, x, edge_index, edge_weight=None):
         m = self.layer
         h = m.lin(_plain_call(x, "GCNConv"))
+        values = _values(edge_index, h)
+        if values is not None:  # a sparse adjacency: PyG reads its values and ignores edge_weight
+            edge_weight = values
         if m.normalize:
             g, w = edge_index, edge_weight
-            if m.add_self_loops:  # PyG's add_remaining_self_loops, edge weights carried
-                g, w = add_remaining_self_loops(as_edge_index(edge_index), edge_weight, 2.0 if m.improved else 1.0)
+            fill = 2.0 if m.improved else 1.0
+            if m.add_self_loops and values is not None:  # PyG's add_self_loops: a second loop where one is
+                g, w = add_self_loops(as_edge_index(edge_index), w, fill)
+            elif m.add_self_loops:  # PyG's add_remaining_self_loops, edge weights carried
+                g, w = add_remaining_self_loops(as_edge_index(edge_index), edge_weight, fill)
             # Scale at the source before the aggregation and at the destination after:
             # each node's own degree is all a worker needs.
             norm = _gcn_inv_sqrt_degree(g, w, h)
@@ -265,7 +329,8 @@ class _GINConv(_StandIn):
         m = self.layer
         x_src, x_dst = _ends(x, "GINConv")
         x_src = _plain_call(x_src, "GINConv", size=size)
-        return m.nn(spmm(edge_index, x_src, "sum") + (1 + m.eps) * x_dst)
+        agg = spmm(edge_index, x_src, "sum", edge_weight=_values(edge_index, x_src))
+        return m.nn(agg + (1 + m.eps) * x_dst)
 
 
 def _lower_gin(m: gnn.GINConv) -> nn.Module:
@@ -290,7 +355,10 @@ class _GraphConv(_StandIn):
         x_src, x_dst = _ends(x, "GraphConv")
         x_src = _plain_call(x_src, "GraphConv", size=size)
         reduce = _reduce(m.aggr)
-        if reduce in ("max", "min"):
+        values = _values(edge_index, x_src)
+        if values is not None:  # a sparse adjacency: PyG reads its values and ignores edge_weight
+            agg = _aggregate_weighted(edge_index, x_src, reduce, values)
+        elif reduce in ("max", "min"):
             agg = spmm(edge_index, _no_weight_for(reduce, x_src, edge_weight), reduce)
         else:
             agg = spmm(edge_index, x_src, reduce, edge_weight=edge_weight)
@@ -638,6 +706,7 @@ def _tracing_type(cls: type) -> type:
     def forward(self, *args, **kwargs):
         bound = signature.bind(self, *args, **kwargs)
         if "edge_index" in bound.arguments:  # the traced graph, answering what PyG asks of edge_index
+            _no_adjacency_values(layer_name, bound.arguments["edge_index"])
             bound.arguments["edge_index"] = as_edge_index(bound.arguments["edge_index"])
         builtins.isinstance = _isinstance_seeing_proxies_as_tensors
         _GRAD_AT_ENTRY.append(torch.is_grad_enabled())
@@ -702,6 +771,7 @@ declare(_one_node_set, "value")
 declare(_no_weight_for, "x")
 declare(_edge_features, "edge_attr")
 declare(_gcn_inv_sqrt_degree, Residency.NODE)
+declare(adjacency_values, Residency.EDGE)
 for _name_ in ("InstanceNorm", "GraphNorm", "PairNorm", "MeanSubtractionNorm", "DiffGroupNorm", "GraphSizeNorm",
                "HeteroBatchNorm", "LayerNorm"):
     if hasattr(gnn, _name_):

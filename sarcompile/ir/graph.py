@@ -326,6 +326,10 @@ class Graph(FramesMixin):
         # node v get id ``edge_id_space + v``, beyond every original edge's id.
         self.edge_ids = torch.arange(src.numel())
         self.edge_id_space = src.numel()
+        # The values of the sparse adjacency the graph was made from (from_adjacency), one
+        # per edge in edge order; None for a graph of edges. A graph derived from it (with
+        # self-loops, an edge subset) has none: the layers that read them carry them over.
+        self.adj_values: torch.Tensor | None = None
         self._derived: dict[Any, Graph] = {}  # by name, or ("subset", mask)
 
     # -- constructors -------------------------------------------------------------------
@@ -341,6 +345,37 @@ class Graph(FramesMixin):
         if edge_index is None:
             raise GraphError("the PyG data object has no edge_index")
         return cls(edge_index[0], edge_index[1], int(data.num_nodes))
+
+    @classmethod
+    def from_adjacency(cls, adj: torch.Tensor) -> "Graph":
+        """From a square sparse adjacency (a ``torch.sparse_csr`` or ``sparse_coo`` tensor; PyG's
+        ``adj_t``, rows the destinations): an edge ``u -> v`` per stored ``adj[v, u]`` (entries
+        at one place summed, as torch coalesces them), in row-major order. An adjacency with
+        values other than 1 or with self-loops keeps its values as :attr:`adj_values`, which
+        PyG's layers read as they read such a matrix (a normalised ``adj_t``: GCNConv's weights,
+        and a second self-loop where GCNConv adds its own); one of ones without self-loops is
+        just its edges, the graph of ``edge_index``.
+
+        >>> adj = torch.tensor([[0., 0.5], [2., 0.]]).to_sparse_csr()
+        >>> g = Graph.from_adjacency(adj)
+        >>> g.src.tolist(), g.dst.tolist(), g.adj_values.tolist()
+        ([1, 0], [0, 1], [0.5, 2.0])
+        """
+        if not (isinstance(adj, torch.Tensor) and adj.layout in (torch.sparse_csr, torch.sparse_coo)
+                and adj.dim() == 2 and adj.shape[0] == adj.shape[1]):
+            raise GraphError("Graph.from_adjacency takes a square torch.sparse_csr or sparse_coo matrix "
+                             f"(adj_t[dst, src]), got {type(adj).__name__}"
+                             f"{tuple(adj.shape) if isinstance(adj, torch.Tensor) else ''}")
+        coo = adj.detach().to_sparse_coo().coalesce()
+        dst, src = coo.indices().cpu()
+        values = coo.values().cpu()
+        if values.dim() != 1:
+            raise GraphError(f"Graph.from_adjacency takes one value per entry, got values of shape "
+                             f"{tuple(values.shape)} (edge features): give them as an edge tensor instead")
+        g = cls(src, dst, adj.shape[0])
+        if bool((src == dst).any()) or not bool((values == 1).all()):
+            g.adj_values = values
+        return g
 
     @classmethod
     def from_networkx(cls, G: Any) -> "Graph":

@@ -32,7 +32,8 @@ __all__ = ["Input", "Probe", "PROBES", "ROW_COUNTS", "example"]
 class Input:
     """What the compiler knows of one input of the call: its residency and, for a tensor,
     its shape and dtype (for the probe; a per-row input gets the probe's row count); for
-    another value, the value. ``alternatives``: other residencies its shape fits (a
+    another value, the value; for a graph, ``dtype`` is that of its adjacency values where it
+    has them (``Graph.adj_values``: its probe has values too). ``alternatives``: other residencies its shape fits (a
     ``[4, 3]`` weight given with a 4-node graph could be per-node rows); the first choice
     under which the probe runs is taken. ``of``: in a call over a typed graph, the node
     type (per-node rows) or the relation ``(src, name, dst)`` (per-edge rows, a
@@ -101,6 +102,16 @@ def _relation(num_src: int, num_dst: int, edges: int, loops: int, seed: int, sam
     return probe_relation(num_src, num_dst, edges, loops, seed, same)
 
 
+@functools.lru_cache(maxsize=None)
+def _valued(nodes: int, edges: int, loops: int, dtype: torch.dtype) -> Graph:
+    """The probe graph with adjacency values (``Graph.adj_values``) of ``dtype``: made-up
+    weights in [0.5, 1.5), none of them 1."""
+    g = _graph(nodes, edges, loops)
+    valued = g._derive(g.src, g.dst, g.edge_ids)
+    valued.adj_values = 0.5 + torch.rand(edges, generator=torch.Generator().manual_seed(edges), dtype=dtype)
+    return valued
+
+
 # Sizes unlikely to equal a feature width (23, 61, 58, 81 and 37, 83, 78, 115), so a row
 # axis is recognisable; two probes, so a size that follows the row count is seen to change.
 PROBES = (Probe(23, 61, 3, seed=1), Probe(37, 83, 5, seed=2))
@@ -110,7 +121,9 @@ ROW_COUNTS = frozenset().union(*(p.row_counts for p in PROBES))
 def example(spec: Input, probe: Probe, device: torch.device) -> Any:
     """An example value of an input described by ``spec``, on ``probe``'s graph."""
     if spec.residency is Residency.GRAPH:
-        return probe.graph if spec.of is None else probe.relation(spec.of)
+        if spec.of is not None:
+            return probe.relation(spec.of)
+        return probe.graph if spec.dtype is None else _valued(probe.nodes, probe.edges, probe.loops, spec.dtype)
     if spec.shape is None:
         return spec.value
     if spec.of is None:

@@ -25,7 +25,7 @@ from ..leaves import ArgLayout, layout_of, leaves_of_call
 from ..ir.lowering import lowering_for
 from ..model_state import refuse_state_updates, settled_trace
 from ..trace import UNKNOWN, ShapeTracer, user_line
-from ..source_lines import user_file
+from ..source_lines import source_line, user_file
 
 __all__ = ["lower"]
 
@@ -74,7 +74,10 @@ def _inline(gm: fx.GraphModule, node: fx.Node, module: nn.Module, lowered: nn.Mo
         body = settled_trace(lowered, what, lambda: ShapeTracer(_examples(params), layouts=layouts),
                              lambda tracer: tracer.trace(lowered, concrete_args=constants or None))
         refuse_state_updates(body, what)
-    except SarcompileError:
+    except SarcompileError as e:
+        line = source_line(node)
+        if line and e.args and ".py:" not in str(e.args[0]):  # a rule's refusal: the user's line calling the layer
+            e.args = (f"{e.args[0]} (at {line})", *e.args[1:])
         raise
     except Exception as e:  # e.g. a TraceError: Python control flow on a row count or a value
         raise CompileError(
