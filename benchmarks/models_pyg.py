@@ -23,7 +23,7 @@ from torch_geometric.nn import (
     HANConv, HeteroConv, HGTConv, JumpingKnowledge, MessagePassing, RGCNConv, SAGEConv, Sequential, SGConv, TAGConv,
     to_hetero,
 )
-from torch_geometric.utils import add_self_loops, degree, dropout_edge
+from torch_geometric.utils import add_self_loops, degree, dropout_edge, scatter
 
 
 # --- citation-network examples (Cora-shaped) -----------------------------------------------
@@ -440,6 +440,64 @@ class IndexAddGCN(nn.Module):
         h = torch.cat([x, self.aggregate(x, edge_index)], dim=-1)
         h = F.dropout(F.relu(self.lin1(h)), p=0.5, training=self.training)
         return self.lin2(h)
+
+
+class ScatterMeanGNN(nn.Module):
+    """Neighbour mean with ``scatter_add_`` over an index expanded to the messages' shape,
+    the in-degree counted with ``index_add_`` of ones, and a root weight."""
+
+    def __init__(self, in_channels, hidden_channels, out_channels):
+        super().__init__()
+        self.lin_rel, self.lin_root = Linear(in_channels, hidden_channels), Linear(in_channels, hidden_channels)
+        self.lin2 = Linear(hidden_channels, out_channels)
+
+    def forward(self, x, edge_index):
+        row, col = edge_index
+        msg = x[row]
+        total = x.new_zeros(x.size(0), x.size(1))
+        total.scatter_add_(0, col.unsqueeze(-1).expand_as(msg), msg)
+        deg = torch.zeros(x.size(0), dtype=x.dtype).index_add_(0, col, torch.ones_like(col, dtype=x.dtype))
+        h = self.lin_rel(total / deg.clamp(min=1).view(-1, 1)) + self.lin_root(x)
+        h = F.dropout(F.relu(h), p=0.5, training=self.training)
+        return self.lin2(h)
+
+
+class EdgeMaxNet(nn.Module):
+    """Edge MLP messages ``[x_i, x_j - x_i]`` gathered with ``index_select``, the largest per
+    node with PyG's ``scatter(..., reduce="max")`` in the model's own forward (EdgeConv
+    written by hand)."""
+
+    def __init__(self, in_channels, hidden_channels, out_channels):
+        super().__init__()
+        self.mlp = nn.Sequential(Linear(2 * in_channels, hidden_channels), ReLU(), Linear(hidden_channels, hidden_channels))
+        self.lin = Linear(hidden_channels, out_channels)
+
+    def forward(self, x, edge_index):
+        x_j, x_i = x.index_select(0, edge_index[0]), x.index_select(0, edge_index[1])
+        msg = self.mlp(torch.cat([x_i, x_j - x_i], dim=-1))
+        h = scatter(msg, edge_index[1], dim=0, dim_size=x.size(0), reduce="max")
+        return self.lin(F.dropout(h, p=0.5, training=self.training))
+
+
+class DegreeNormGCN(nn.Module):
+    """GCN by hand: ``D^-1/2 A D^-1/2`` weights from ``degree``, a weighted sum with
+    ``index_add_``, the nodes' own rows added (a self-loop's share), two layers."""
+
+    def __init__(self, in_channels, hidden_channels, out_channels):
+        super().__init__()
+        self.lin1, self.lin2 = Linear(in_channels, hidden_channels), Linear(hidden_channels, out_channels)
+
+    def propagate(self, h, edge_index):
+        src, dst = edge_index
+        deg = degree(dst, h.size(0), dtype=h.dtype) + 1
+        norm = deg.pow(-0.5)
+        w = (norm[src] * norm[dst]).unsqueeze(-1)
+        return torch.zeros_like(h).index_add_(0, dst, w * h[src]) + h / deg.unsqueeze(-1)
+
+    def forward(self, x, edge_index):
+        h = F.relu(self.propagate(self.lin1(x), edge_index))
+        h = F.dropout(h, p=0.5, training=self.training)
+        return self.propagate(self.lin2(h), edge_index)
 
 
 class MLP(nn.Module):
