@@ -279,6 +279,40 @@ class SAGE(nn.Module):
         return x.log_softmax(dim=-1)
 
 
+class ArxivGCN(nn.Module):
+    """ogb's arxiv gnn.py GCN: ``GCNConv(cached=True)`` on the adjacency the script normalises
+    itself beforehand (``D^-1/2 (A+I) D^-1/2``, so the layers normalise it once more, as
+    there), BatchNorm1d, ReLU, dropout; ``forward(x, adj_t)``."""
+
+    def __init__(self, in_channels, hidden_channels, out_channels, num_layers=3, dropout=0.5):
+        super().__init__()
+        sizes = [in_channels] + [hidden_channels] * (num_layers - 1) + [out_channels]
+        self.convs = ModuleList([GCNConv(a, b, cached=True) for a, b in zip(sizes, sizes[1:])])
+        self.bns = ModuleList([BatchNorm1d(hidden_channels) for _ in range(num_layers - 1)])
+        self.dropout = dropout
+
+    def forward(self, x, adj_t):
+        for conv, bn in zip(self.convs[:-1], self.bns):
+            x = F.dropout(F.relu(bn(conv(x, adj_t))), p=self.dropout, training=self.training)
+        return self.convs[-1](x, adj_t).log_softmax(dim=-1)
+
+
+class ProductsGCN(nn.Module):
+    """ogb's products full-batch GCN: ``GCNConv(normalize=False)`` on the normalised ``adj_t``
+    (the normalisation done once, outside the model), dropout between layers."""
+
+    def __init__(self, in_channels, hidden_channels, out_channels, num_layers=3, dropout=0.5):
+        super().__init__()
+        sizes = [in_channels] + [hidden_channels] * (num_layers - 1) + [out_channels]
+        self.convs = ModuleList([GCNConv(a, b, normalize=False) for a, b in zip(sizes, sizes[1:])])
+        self.dropout = dropout
+
+    def forward(self, x, adj_t):
+        for conv in self.convs[:-1]:
+            x = F.dropout(conv(x, adj_t).relu(), p=self.dropout, training=self.training)
+        return self.convs[-1](x, adj_t).log_softmax(dim=-1)
+
+
 class GIN(nn.Module):
     """Node-level GIN: GINConv over an MLP with BatchNorm, every layer's output concatenated,
     dropout, a Linear."""

@@ -570,7 +570,9 @@ def refusals_by_cause(records: list[Record]) -> dict[str, list[Record]]:
 # --- the PyG and plain-torch models ----------------------------------------------------------
 def _pyg_kinds() -> dict[str, Kind]:
     """The citation graph (``edge_index``; with per-edge weights, GDC-style), the same as a
-    ``sc.Graph`` for models written with sarcompile's layers, the mag graph (``HeteroData``'s
+    ``sc.Graph`` for models written with sarcompile's layers, as the normalised sparse
+    ``adj_t`` the OGB examples build (``D^-1/2 (A+I) D^-1/2`` of ``T.ToSparseTensor()``'s
+    ``torch.sparse_csr`` matrix; compiled, ``sc.Graph.from_adjacency`` of it), the mag graph (``HeteroData``'s
     dicts) and its homogeneous view (``edge_type`` per edge, no features: AIFB-style)."""
     import sarcompile as sc
     from torch_geometric.data import HeteroData
@@ -581,6 +583,7 @@ def _pyg_kinds() -> dict[str, Kind]:
     edge_index = torch.stack([src, dst])
     weight = torch.rand(src.numel(), generator=torch.Generator().manual_seed(9), dtype=DT) + 0.5
     whole = sc.Graph.from_edges(src, dst, n)
+    adj_t = _normalised_adjacency(src, dst, n)
     cit = dict(graphs=(whole,), inputs={"x": x, "edge_weight": weight}, w={"": w}, num_nodes=n,
                edge_inputs=frozenset({"edge_weight"}))
     data = HeteroData()
@@ -594,12 +597,25 @@ def _pyg_kinds() -> dict[str, Kind]:
     return {
         "citation": Kind(eager=lambda: edge_index.clone(), **cit),
         "citation (sc.Graph)": Kind(eager=lambda: whole, **cit),
+        "citation (normalised adj_t)": Kind(eager=lambda: adj_t.clone(), graphs=(sc.Graph.from_adjacency(adj_t),),
+                                            inputs={"x": x}, w={"": w}, num_nodes=n),
         "mag": Kind(eager=lambda: dict(data.edge_index_dict), graphs=(sc.HeteroGraph.from_pyg(data),),
                     inputs={"x": mx}, w=mw, num_nodes=dict(MAG_NODES)),
         "mag (homogeneous)": Kind(eager=lambda: typed.edge_index.clone(), graphs=(sc.Graph.from_pyg(typed),),
                                   inputs={"edge_type": typed.edge_type}, w={"": tw}, num_nodes=typed.num_nodes,
                                   edge_inputs=frozenset({"edge_type"})),
     }
+
+
+def _normalised_adjacency(src: torch.Tensor, dst: torch.Tensor, n: int) -> torch.Tensor:
+    """``D^-1/2 (A+I) D^-1/2`` of the edges ``src -> dst`` as a ``torch.sparse_csr`` ``adj_t``
+    (rows the destinations), as the OGB examples normalise ``T.ToSparseTensor()``'s."""
+    loops = torch.arange(n)
+    rows, cols = torch.cat([dst, loops]), torch.cat([src, loops])
+    a = torch.sparse_coo_tensor(torch.stack([rows, cols]), torch.ones(rows.numel(), dtype=DT), (n, n)).coalesce()
+    (rows, cols), values = a.indices(), a.values()
+    inv = torch.zeros(n, dtype=DT).index_add(0, rows, values).pow(-0.5)
+    return torch.sparse_coo_tensor(a.indices(), inv[rows] * values * inv[cols], (n, n)).to_sparse_csr()
 
 
 def _pyg_models() -> list[Model]:
@@ -636,6 +652,10 @@ def _pyg_models() -> list[Model]:
         example("DeeperGCN (res+)", lambda g: P.DeeperGCN(f, h, c), "DeepGCNLayer(dropout=0.1), GENConv softmax"),
         example("Sequential + JK (docs)", lambda g: P.sequential_jk(f, h, c), "nn.Dropout in PyG's Sequential"),
         example("GraphSAGE (ogbn-arxiv)", lambda g: P.SAGE(f, h, c), "BatchNorm1d, F.dropout, forward(x, adj_t)"),
+        Model("GCN on a normalised adj_t (ogbn-arxiv)", "example", "citation (normalised adj_t)",
+              lambda g: P.ArxivGCN(f, h, c), std, "GCNConv(cached=True), BatchNorm1d, F.dropout, forward(x, adj_t)"),
+        Model("GCN(normalize=False) on adj_t (ogbn-products)", "example", "citation (normalised adj_t)",
+              lambda g: P.ProductsGCN(f, h, c), std, "GCNConv(normalize=False), F.dropout, forward(x, adj_t)"),
         example("GIN (node-level, cat)", lambda g: P.GIN(f, h, c), "BatchNorm1d in the MLP, F.dropout"),
         example("tutorial GCNConv (MessagePassing)", lambda g: P.TutorialNet(f, h, c),
                 "hand-written MessagePassing, F.dropout"),

@@ -61,3 +61,11 @@ def test_the_table_has_a_row_per_model_with_both_modes(records):
     row = next(line for line in table.splitlines() if line.startswith("| `GCN (edge_weight)`"))
     assert "| exact | exact (vs compiled) |" in row, row
     assert "5 models, 7 cases" in table
+
+
+def test_the_ogb_gcn_models_on_a_normalised_adjacency_are_exact():
+    ms = import_script(SWEEP_PATH)
+    names = [f"{m} [{mode}]" for m in ("GCN on a normalised adj_t (ogbn-arxiv)",
+                                       "GCN(normalize=False) on adj_t (ogbn-products)") for mode in ms.MODES]
+    for r in ms.SWEEP.sweep(names, world_sizes=(2,), log=lambda s: None):
+        assert r.outcome == ms.EXACT and set(r.diffs) == {"local", "2w"}, r
