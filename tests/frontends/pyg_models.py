@@ -250,19 +250,20 @@ def run_relational_worker(rank: int, world_size: int, payload: dict[str, Any]) -
 
 
 class PlainMean(nn.Module):
-    """Message passing in plain torch, in a helper method: the neighbours' mean by
-    ``index_add_`` into ``zeros_like`` and ``torch.zeros(n)``, counted with
-    ``torch.ones_like(dst)``."""
+    """Message passing in plain torch, in a helper method: the neighbours' mean by an
+    out-of-place ``index_add`` (``alpha``) into ``new_zeros``, counted in place into
+    ``torch.zeros(n)`` with ``torch.full_like(dst, ...)``; the ends as ``.long()`` / ``.to``."""
 
     def __init__(self, f_in: int = 6, f_out: int = 3):
         super().__init__()
         self.lin = nn.Linear(2 * f_in, f_out)
 
     def mean(self, x, edge_index):
-        src, dst = edge_index
-        total = torch.zeros_like(x).index_add_(0, dst, x[src])
-        count = torch.zeros(x.size(0), dtype=x.dtype).index_add_(0, dst, torch.ones_like(dst, dtype=x.dtype))
-        return total / count.clamp(min=1).unsqueeze(-1)
+        src, dst = edge_index[0].long(), edge_index[1].to(torch.long)
+        total = x.new_zeros(x.shape).index_add(0, dst, x.index_select(0, src) * 2.0, alpha=0.5)
+        count = torch.zeros(x.size(0), dtype=x.dtype)
+        count.index_add_(0, dst, torch.full_like(dst, 3.0, dtype=x.dtype))
+        return total / (count / 3).clamp(min=1).unsqueeze(-1)
 
     def forward(self, x, edge_index):
         return self.lin(torch.cat([x, self.mean(x, edge_index)], dim=-1))
