@@ -17,10 +17,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib
-import importlib.util
-import inspect
-import json
 import sys
 import time
 import warnings
@@ -264,58 +260,11 @@ example:
 """
 
 
-def _load_factory(spec: str) -> Callable[..., Any]:
-    module_name, sep, attr = spec.partition(":")
-    if not sep or not module_name or not attr:
-        raise GraphError(f"model {spec!r} is not MODULE:FACTORY (e.g. my_models:make_gat)")
-    try:
-        if module_name.endswith(".py"):
-            location = importlib.util.spec_from_file_location(Path(module_name).stem, module_name)
-            if location is None or not Path(module_name).is_file():
-                raise ImportError(f"no file {module_name}")
-            module = importlib.util.module_from_spec(location)
-            # As `python file.py` does: the file's folder is importable, for its sibling modules.
-            folder = str(Path(module_name).resolve().parent)
-            if folder not in sys.path:
-                sys.path.insert(0, folder)
-            location.loader.exec_module(module)
-        else:
-            module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise GraphError(f"cannot import {module_name!r} ({e})") from None
-    if not hasattr(module, attr):
-        raise GraphError(f"{module_name!r} has no {attr!r}")
-    return getattr(module, attr)
-
-
-def _factory_kwargs(text: str) -> dict[str, Any]:
-    """``--args``: the keyword arguments for a model's FACTORY, a JSON object."""
-    try:
-        kwargs = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise GraphError(f"--args is not JSON ({e})") from None
-    if not isinstance(kwargs, dict):
-        raise GraphError(f"--args must be a JSON object of keyword arguments, not {text!r}")
-    return kwargs
-
-
-def _build_model(spec: str, kwargs: dict[str, Any]) -> Any:
-    """The model ``MODULE:FACTORY`` builds with the keyword arguments of ``--args``."""
-    factory = _load_factory(spec)
-    try:
-        inspect.signature(factory).bind(**kwargs)
-    except TypeError as e:  # the arguments do not fit the factory's signature
-        raise GraphError(f"{spec} --args {json.dumps(kwargs)}: {e}; give its arguments as "
-                         "--args '{\"name\": value, ...}'") from None
-    except ValueError:  # no signature to check (a builtin): the call says
-        pass
-    return factory(**kwargs)
-
-
 def _plan(args: argparse.Namespace) -> int:
     from .compiler import distribute
+    from .train.factory import build_from_factory, factory_kwargs
 
-    model = distribute(_build_model(args.model, _factory_kwargs(args.args)), mode=args.mode)
+    model = distribute(build_from_factory(args.model, factory_kwargs(args.args)), mode=args.mode)
     plan = model.plan(args.parts, optimizer=args.optimizer)
     stages = [name for name, _ in plan.stages]
     if args.stage and args.stage not in stages:
@@ -333,8 +282,9 @@ def _plan(args: argparse.Namespace) -> int:
 
 def _explain(args: argparse.Namespace) -> int:
     from .compiler import distribute
+    from .train.factory import build_from_factory, factory_kwargs
 
-    net = _build_model(args.model, _factory_kwargs(args.args))
+    net = build_from_factory(args.model, factory_kwargs(args.args))
     # A small graph with every shape a layer meets: self-loops, an isolated node, edges across the two parts.
     n = 16
     src = torch.cat([torch.arange(n - 1), torch.arange(n - 1), torch.tensor([0, 5])])
@@ -360,10 +310,11 @@ def _explain(args: argparse.Namespace) -> int:
 
 def _estimate(args: argparse.Namespace) -> int:
     from .estimate import estimate
+    from .train.factory import build_from_factory, factory_kwargs
     from .outofcore import edge_stats, open_edges
     from .data.partitioning import read_manifest
 
-    kwargs = _factory_kwargs(args.args)
+    kwargs = factory_kwargs(args.args)
     paths = args.edges.split(",")
     if len(paths) != 2 or not all(paths):
         raise GraphError(f"--edges {args.edges}: give two .npy files, SRC.npy,DST.npy")
@@ -384,7 +335,7 @@ def _estimate(args: argparse.Namespace) -> int:
     workers = sorted(set(args.workers) | set(partitions))
     print(f"graph: {stats.num_nodes} nodes, {stats.num_edges} edges ({stats.self_loops} self-loops), "
           f"x of {args.features} float32 features")
-    table = estimate(_build_model(args.model, kwargs), stats, num_parts=workers, modes=args.modes,
+    table = estimate(build_from_factory(args.model, kwargs), stats, num_parts=workers, modes=args.modes,
                      x=torch.zeros(1, args.features), partitions=partitions, optimizer=args.optimizer)
     if args.plot:
         table.plot(args.plot)

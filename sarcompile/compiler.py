@@ -68,7 +68,7 @@ from .data.shard import ShardGraph
 from .tables import NODES, compile_with_tables, input_type, shard_rows, shard_tables, table_type
 from .trace import generated_wraps_dropped, trace
 from .ir.vocab import Residency
-from .nn import RandomStream
+from .nn import LAYER_STREAMS, RandomStream
 
 __all__ = ["Program", "compile_program", "distribute", "DistributedModule"]
 
@@ -699,6 +699,22 @@ class DistributedModule(nn.Module):
             seed = self._options.seed if self._options.seed is not None else torch.initial_seed()
             object.__setattr__(self, "_stream", RandomStream(seed))
         return self._stream
+
+    def mask_state(self) -> dict[str, Any]:
+        """Where every dropout mask of this model is in its sequence: the model's
+        :meth:`dropout_stream` and the attention-dropout stream of each PyG or DGL attention
+        layer compiled so far (by module path). Not part of ``state_dict()``, which keeps the
+        user's keys: a checkpoint saves it beside, and :meth:`load_mask_state` resumes the
+        same masks."""
+        layers = {path: LAYER_STREAMS[m].state_dict() for path, m in self._orig.named_modules() if m in LAYER_STREAMS}
+        return {"model": self.dropout_stream().state_dict(), "layers": layers}
+
+    def load_mask_state(self, state: dict[str, Any]) -> None:
+        """Resume the masks :meth:`mask_state` saved (before the first call compiles)."""
+        self.dropout_stream().load_state_dict(state["model"])
+        for path, saved in state["layers"].items():
+            stream = LAYER_STREAMS.setdefault(self._orig.get_submodule(path), RandomStream(0))
+            stream.load_state_dict(saved)
 
     def program(self, partitioned: bool, call: CallShape | None = None, stages: bool = True) -> Program:
         """The compiled program for the current training flag (compiled on first use), with

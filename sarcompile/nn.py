@@ -7,6 +7,8 @@ machine or ``part.graph`` inside a worker.
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -113,6 +115,21 @@ class RandomStream(nn.Module):
         if self.training:
             self.step += 1
         return self.seed ^ mix32(self.step)
+
+
+# The dropout streams of PyG and DGL attention layers (GATConv's attention dropout), one per
+# layer: a layer's stand-in is rebuilt at every compile, and the stream must outlive it so
+# the masks go on across recompiles, without adding state to the user's module.
+# DistributedModule.mask_state() saves them with the model's own stream.
+LAYER_STREAMS: "weakref.WeakKeyDictionary[nn.Module, RandomStream]" = weakref.WeakKeyDictionary()
+
+
+def layer_stream(layer: nn.Module) -> RandomStream:
+    """The dropout stream of attention layer ``layer`` (made at its first compile, seeded
+    from torch's RNG: seed torch alike on every worker)."""
+    if layer not in LAYER_STREAMS:
+        LAYER_STREAMS[layer] = RandomStream()
+    return LAYER_STREAMS[layer]
 
 
 class NodeDropout(nn.Module):

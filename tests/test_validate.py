@@ -41,13 +41,10 @@ def with_nan() -> dict[str, torch.Tensor]:
 BAD = {
     "nan features": (with_nan, r"node_data\['x'\] holds a non-finite value: nan at node 17, column 2 "
                      r"\(2 non-finite values in all\).*allow_nonfinite=True \(--allow-nonfinite\)"),
-    "float labels": (lambda: {**graph_and_data()[1], "y": torch.arange(N) * 0.5},
-                     r"node_data\['y'\] has dtype float32: labels must be integer class ids .*node 1 has 0.5, "
-                     r"which .long\(\) would truncate"),
-    "whole float labels": (lambda: {**graph_and_data()[1], "y": (torch.arange(N) % 3).double()},
-                           r"labels must be integer .*whole numbers: convert them with y.long\(\)"),
     "nan labels": (lambda: {**graph_and_data()[1], "y": torch.full((N,), float("nan"))},
-                   r"node 0 has nan \(use -1 for a missing label\)"),
+                   r"node_data\['y'\] holds a non-finite value: nan at node 0"),
+    "boolean labels": (lambda: {**graph_and_data()[1], "y": torch.arange(N) % 2 == 0},
+                       r"node_data\['y'\] has dtype bool: labels must be integer class ids"),
     "float mask": (lambda: {**graph_and_data()[1], "train_mask": torch.rand(N)},
                    r"node_data\['train_mask'\] has dtype float32: a mask must be boolean \(e.g. torch.rand\(n\) < 0.6"),
     "index mask": (lambda: {**graph_and_data()[1], "val_mask": torch.arange(N) % 5},
@@ -112,8 +109,9 @@ def test_load_refuses_bad_node_data_naming_the_original_node(tmp_path):
     assert load_partition(tmp_path, 1, 2, allow_nonfinite=True).node_data["x"].isnan().sum() == 1
 
     _rewrite_part(tmp_path, 1, x=lambda p: torch.ones(len(p.global_ids), 4),
-                  y=lambda p: p.global_ids * 0.25, train_mask=lambda p: torch.rand(len(p.global_ids)))
-    with pytest.raises(PartitionError, match=r"node_data\['y'\] has dtype float32.*node 15 has 3.75"):
+                  train_mask=lambda p: (p.global_ids == 22).long() * 2)
+    with pytest.raises(PartitionError, match=r"node_data\['train_mask'\] has dtype int64 with values other than 0 "
+                       r"and 1 \(node 22 has 2\)"):
         load_partition(tmp_path, 1, 2)
 
 

@@ -28,5 +28,11 @@ def run_train(pool, n: int, argv: list[str]):
 
 
 def curve(records: list[dict]) -> list[tuple]:
-    """The epochs' numbers of a run's records: epoch, loss and accuracies."""
-    return [(r["epoch"], *(r[k] for k in ACC_KEYS)) for r in records]
+    """The epochs' numbers of a run's records: epoch, loss and the metric on each mask
+    (accuracies, or the task's metric: train_rocauc, train_rmse, ...)."""
+    return [(r["epoch"], *(r[k] for k in metric_keys(r))) for r in records]
+
+
+def metric_keys(record: dict) -> list[str]:
+    """``loss`` and the record's metric per mask (ACC_KEYS for classification)."""
+    return ["loss", *(k for k in record if k.split("_")[0] in ("train", "val", "test") and k != "train_s")]

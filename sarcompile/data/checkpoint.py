@@ -50,7 +50,7 @@ from torch import nn
 
 from ..errors import CheckpointError
 from .partitioning import _atomic_write
-from ..tables import find_node_tables, shard_tables, table_type
+from ..tables import find_node_tables, shard_rows, shard_tables, table_type
 
 __all__ = ["CHECKPOINT_NAME", "MAGIC", "global_state", "load_checkpoint", "read_header", "recorded_header",
            "save_checkpoint", "shard_state"]
@@ -169,15 +169,23 @@ def shard_state(model: nn.Module, optimizer: torch.optim.Optimizer, graph: Any) 
     shard (``part.graph``): its ``global_ids`` name the rows. Parameter objects stay the
     same; a table already sharded is left as it is."""
     tables = find_node_tables(model, graph.num_global_nodes)
-    for path, ntype in tables.items():
-        p = model.get_parameter(path)
-        if table_type(p) is not None:
-            continue
+    whole = [p for path, p in model.named_parameters() if path in tables and table_type(p) is None]
+    shard_tables(model, tables, graph.global_ids, graph.num_global_nodes)
+    shard_optimizer_rows(whole, optimizer, graph)
+
+
+def shard_optimizer_rows(tables: list[nn.Parameter], optimizer: torch.optim.Optimizer, graph: Any) -> None:
+    """Keep only this worker's rows of the optimizer's per-row state (Adam's moments) of
+    each node table in ``tables``, sharded since that state was loaded whole (from a
+    checkpoint, in global row order). ``graph`` is the worker's shard (``part.graph``, typed
+    or one-type)."""
+    global_ids, totals = shard_rows(graph)
+    for p in tables:
+        ntype = table_type(p)
         state = optimizer.state.get(p, {})
         for key, value in state.items():
-            if _per_row(value, p.shape):
-                state[key] = value[graph.global_ids[ntype].to(value.device)].clone()
-    shard_tables(model, tables, graph.global_ids, graph.num_global_nodes)
+            if _per_row(value, (totals[ntype], *p.shape[1:])):
+                state[key] = value[global_ids[ntype].to(value.device)].clone()
 
 
 def global_state(model: nn.Module, optimizer: torch.optim.Optimizer,
@@ -195,8 +203,8 @@ def global_state(model: nn.Module, optimizer: torch.optim.Optimizer,
             continue
         packed = opt_state["state"].get(index.get(id(p)), {})
         keys = sorted(k for k, v in packed.items() if _per_row(v, p.shape))
-        rows = _gather_rows([p.detach(), *(packed[k] for k in keys)], graph.global_ids[ntype],
-                            graph.num_global_nodes[ntype])
+        global_ids, totals = shard_rows(graph)
+        rows = _gather_rows([p.detach(), *(packed[k] for k in keys)], global_ids[ntype], totals[ntype])
         if rows is not None:
             weights[path] = rows[0]
             # a new dict: state_dict() hands out the optimizer's own per-parameter dicts
@@ -206,7 +214,7 @@ def global_state(model: nn.Module, optimizer: torch.optim.Optimizer,
     return weights, opt_state
 
 
-def _per_row(value: Any, shape: torch.Size) -> bool:
+def _per_row(value: Any, shape: tuple[int, ...]) -> bool:
     return isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape == shape
 
 

@@ -6,7 +6,10 @@ label is truncated by ``.long()``, a float ``train_mask`` used as a mask marks e
 So wherever node data is written or read:
 
 * ``x`` (features): a floating-point tensor ``[nodes, features]``;
-* ``y`` (labels): an integer tensor of class ids, negative for unlabelled nodes;
+* ``y`` (labels): numbers, not booleans -- class ids (integers, negative for unlabelled
+  nodes), 0/1 per label, or values to regress on; a floating-point ``y`` is checked as
+  class ids by the task that reads it as such (:func:`class_ids_problem`: the trainer's
+  ``--task classification``), since only the task knows;
 * ``train_mask``, ``val_mask``, ``test_mask``: one boolean per node (a ``uint8``/integer
   tensor of 0 and 1, as DGL stores masks, is accepted);
 * every floating-point tensor: finite (no NaN or infinity), unless ``allow_nonfinite``.
@@ -25,7 +28,7 @@ import torch
 
 from ..errors import GraphError
 
-__all__ = ["FEATURES", "LABELS", "MASKS", "check_node_data"]
+__all__ = ["FEATURES", "LABELS", "MASKS", "check_node_data", "class_ids_problem"]
 
 FEATURES = "x"
 LABELS = "y"
@@ -65,7 +68,7 @@ def _problem(key: str, t: torch.Tensor, ids: torch.Tensor | None, allow_nonfinit
             hint = " (one feature per node: x.unsqueeze(1))" if t.dim() == 1 else " (flatten: x.reshape(len(x), -1))"
             return f"has shape {tuple(t.shape)}: features need two dimensions, [nodes, features]{hint}"
     elif key == LABELS:
-        if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
+        if t.is_complex() or t.dtype == torch.bool:
             return _float_labels(t, ids)
     elif key in MASKS:
         if t.dim() != 1:
@@ -87,6 +90,12 @@ def _problem(key: str, t: torch.Tensor, ids: torch.Tensor | None, allow_nonfinit
     if (t.is_floating_point() or t.is_complex()) and not allow_nonfinite:
         return _nonfinite(t, ids)
     return None
+
+
+def class_ids_problem(t: torch.Tensor, ids: torch.Tensor | None = None) -> str | None:
+    """What is wrong with labels ``t`` read as class ids (a message as :func:`check_node_data`
+    gives), or None: they must be integers."""
+    return _float_labels(t, ids) if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool else None
 
 
 def _float_labels(t: torch.Tensor, ids: torch.Tensor | None) -> str:

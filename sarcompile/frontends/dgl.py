@@ -41,7 +41,7 @@ from torch import nn
 
 from ..errors import CompileError, GraphError
 from ..ir.graph import Graph
-from ..nn import RandomStream
+from ..nn import layer_stream
 from ..ir.ops import edge_dropout, edge_reduce, edge_reduce_src, edge_softmax, gather_dst, gather_src, sddmm, spmm
 from ..ir.lowering import declare, register_lowering
 from ..ir.vocab import Residency
@@ -298,13 +298,6 @@ class DGLTypedLinear(nn.Module):
         return torch.matmul(x.unsqueeze(1), w).squeeze(1)
 
 
-# GAT's attention dropout: one counter stream per DGL layer, kept across recompiles (train and
-# eval programs, replaced parameters) so the sequence of masks goes on. DGL's state_dict has no
-# room for it, so a checkpoint does not carry the step; the seed is drawn from torch's RNG when
-# the training program is first compiled: seed torch the same on every worker.
-_STREAMS: weakref.WeakKeyDictionary[nn.Module, RandomStream] = weakref.WeakKeyDictionary()
-
-
 class DGLGATConv(_Shared):
     """``dgl.nn.GATConv``: output ``[n, heads, out]`` as DGL's. Attention scores
     ``leaky_relu(attn_l . h[u] + attn_r . h[v])`` are soft-maxed over the in-edges as given
@@ -320,9 +313,8 @@ class DGLGATConv(_Shared):
         self.attn_p = float(m.attn_drop.p)
         self.allow_zero_in_degree = m._allow_zero_in_degree
         if m.training and self.attn_p > 0:
-            if m not in _STREAMS:
-                _STREAMS[m] = RandomStream()
-            self.attn_stream = _STREAMS[m]
+            # (kept across recompiles; DGL's state_dict has no room for it: see sarcompile.nn.LAYER_STREAMS)
+            self.attn_stream = layer_stream(m)
             self.attn_stream.training = True
 
     def forward(self, graph, feat, edge_weight=None, get_attention=False):

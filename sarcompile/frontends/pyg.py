@@ -67,7 +67,6 @@ import copy
 import functools
 import inspect
 import sys
-import weakref
 
 import torch
 import torch.fx
@@ -78,7 +77,7 @@ from torch_geometric.nn.conv import MessagePassing
 
 from ..errors import CompileError
 from ..trace import ShapeTracer, user_line
-from ..nn import RandomStream
+from ..nn import RandomStream, layer_stream
 from ..ir.ops import batch_norm, edge_dropout, edge_reduce, edge_softmax, gather_dst, gather_src, gather_table, message_passing, sddmm, spmm
 from ..ir.lowering import declare, register_lowering
 from ..ir.vocab import Residency
@@ -371,17 +370,9 @@ def _lower_graph_conv(m: gnn.GraphConv) -> nn.Module:
 
 
 # ----------------------------------------------------------------------------- attention
-# One counter-based dropout stream per PyG attention layer, kept across recompiles (a
-# stand-in is rebuilt at every compile) without adding state to the user's module.
-_STREAMS: "weakref.WeakKeyDictionary[nn.Module, RandomStream]" = weakref.WeakKeyDictionary()
-
-
 def _stream(m: nn.Module) -> RandomStream | None:
-    if m.dropout <= 0:
-        return None
-    if m not in _STREAMS:
-        _STREAMS[m] = RandomStream()
-    return _STREAMS[m]
+    """The layer's attention dropout stream (see :data:`sarcompile.nn.LAYER_STREAMS`)."""
+    return layer_stream(m) if m.dropout > 0 else None
 
 
 @torch.fx.wrap

@@ -11,6 +11,11 @@ Adam. Dropout masks are keyed by global node / edge id and batch norm statistics
 all workers, so the per-epoch loss and accuracies are the same on any number of workers
 (to float rounding) as on one machine.
 
+A model of one's own trains the same way: ``--model my_model.py:build --model-args
+'{"hidden": 64}'`` calls ``build(in_features=..., num_classes=..., hidden=64)`` (see
+:mod:`.factory`, :func:`.model.build_model` and :func:`.model.call_model`), and ``--task
+multilabel|regression`` trains other targets than one class per node (:mod:`.tasks`).
+
 A typed partition (a heterogeneous graph, e.g. ``sarcompile partition --dataset ogbn-mag``)
 trains ``--model rgcn`` or ``--model hgt`` (:mod:`sarcompile.hetero_models`). The *target*
 type is the one node type holding ``y`` and the masks (ogbn-mag's papers; ``--target``
@@ -74,7 +79,9 @@ and :func:`load_trained` does both steps::
 
 
 The package, by responsibility: :mod:`.config` (the options and their flags), :mod:`.model`
-(the models), :mod:`.evaluation` (accuracies, reloading a trained model), :mod:`.checkpoints`
+(the models, and calling them), :mod:`.factory` (a model of one's own by reference),
+:mod:`.tasks` (labels, loss and metric per task), :mod:`.evaluation` (the metrics per mask,
+reloading a trained model), :mod:`.checkpoints`
 (writing and resuming, agreed across workers), :mod:`.log` (the JSONL log and the printed
 lines), :mod:`.loop` (:func:`train`), :mod:`.cli` (``python -m sarcompile.train``).
 """

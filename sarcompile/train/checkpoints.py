@@ -23,6 +23,7 @@ from .config import (
     CHECKPOINT_TIMEOUT_FACTOR,
     COMM_KEYS,
     DERIVED_KEYS,
+    OWN_MODEL_KEYS,
     FORMAT,
     NEGATED,
     RESUME_KEYS,
@@ -130,8 +131,8 @@ def _read_checkpoint(path: Path, group: Any = None, limit_s: float | None = None
 
 def _check_resumable(state: dict[str, Any], run: dict[str, Any], graph: dict[str, int], path: Path) -> None:
     """Refuse a checkpoint made with other numbers-changing options or of another graph."""
-    defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig) if f.name in COMM_KEYS}
-    saved = {**defaults, **state["config"]}  # a checkpoint older than COMM_KEYS: exact
+    defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig) if f.name in COMM_KEYS + OWN_MODEL_KEYS}
+    saved = {**defaults, **state["config"]}  # a checkpoint older than these keys: exact, a built-in model
     diff = [k for k in RESUME_KEYS if saved.get(k) != run[k]]
     if diff:
         flags = " ".join(_flag(k, saved.get(k)) for k in diff if k not in DERIVED_KEYS)

@@ -15,6 +15,7 @@ from typing import Any
 
 from ..hetero_models import TYPED_MODELS
 from ..ir.vocab import Compression, Mode
+from .factory import factory_kwargs, is_factory_spec, recorded_spec
 
 ONE_TYPE_MODELS = ("sage", "gcn", "gin", "gat")
 
@@ -23,6 +24,17 @@ MODELS = ONE_TYPE_MODELS + TYPED_MODELS
 
 
 MODES = Mode.values()
+
+
+# What the trainer predicts: one class per node (cross-entropy, accuracy), several binary
+# labels per node (binary cross-entropy, ROC-AUC as ogbn-proteins), or values (mean squared
+# error, RMSE). Each task's metric names its log fields: train_acc, train_rocauc, train_rmse.
+TASKS = {"classification": "acc", "multilabel": "rocauc", "regression": "rmse"}
+
+
+# The built-in models' options: a model of one's own (--model MODULE:FACTORY) takes its
+# options in --model-args instead.
+BUILT_IN_OPTIONS = ("layers", "hidden", "heads", "dropout", "batch_norm", "residual", "embed_dim")
 
 
 NODE_KEYS = ("x", "y", "train_mask", "val_mask", "test_mask")
@@ -35,6 +47,11 @@ MASKS = ("train_mask", "val_mask", "test_mask")
 MODEL_KEYS = ("model", "in_dim", "num_classes", "layers", "hidden", "heads", "dropout", "batch_norm", "residual")
 
 
+# ... and what a model of one's own needs besides (its factory is "model"), with the task it
+# was trained for (which the output is read as).
+OWN_MODEL_KEYS = ("model_args", "task")
+
+
 # ... and what a typed model (rgcn, hgt) needs besides: the target type, the embedding width
 # and the graph's types, relations and feature widths (None for a one-type model).
 TYPED_KEYS = ("target", "embed_dim", "node_counts", "edge_types", "in_dims")
@@ -45,12 +62,12 @@ DERIVED_KEYS = ("in_dim", "num_classes", "node_counts", "edge_types", "in_dims")
 
 # Options that change the numbers: a checkpoint resumes only with the same values.
 # (--mode, --epochs, --parts, --out, --log, --checkpoint-every may change between runs.)
-# The communication reduction options are among them; checkpoints older than these
-# options lack them and count as written with the defaults (exact).
+# The communication reduction options and OWN_MODEL_KEYS are among them; checkpoints older
+# than these options lack them and count as written with the defaults (exact, a built-in model).
 COMM_KEYS = ("staleness", "bounded_staleness", "compress", "error_feedback", "compress_layers")
 
 
-RESUME_KEYS = MODEL_KEYS + TYPED_KEYS + ("lr", "weight_decay", "seed") + COMM_KEYS
+RESUME_KEYS = MODEL_KEYS + OWN_MODEL_KEYS + TYPED_KEYS + ("lr", "weight_decay", "seed") + COMM_KEYS
 
 
 COMPRESS = Compression.values()
@@ -82,6 +99,8 @@ class TrainConfig:
 
     parts: str
     model: str = "sage"
+    model_args: dict[str, Any] | None = None
+    task: str = "classification"
     layers: int = 2
     hidden: int = 128
     heads: int = 4
@@ -114,11 +133,24 @@ class TrainConfig:
         # checkpoint's list. (A str is left alone for validate to refuse.)
         if isinstance(self.compress_layers, tuple):
             self.compress_layers = list(self.compress_layers)
+        if isinstance(self.model_args, str):  # the flag's JSON
+            self.model_args = factory_kwargs(self.model_args, "--model-args")
+        if isinstance(self.model, str) and is_factory_spec(self.model):
+            self.model = recorded_spec(self.model)
+
+    @property
+    def own_model(self) -> bool:
+        """Whether the model is the user's own (``--model MODULE:FACTORY``)."""
+        return is_factory_spec(self.model)
 
     def validate(self) -> None:
         """Raise a :class:`ValueError` naming the first option out of range."""
-        if self.model not in MODELS:
-            raise ValueError(f"--model must be one of {', '.join(MODELS)}, got {self.model!r}")
+        if self.model not in MODELS and not self.own_model:
+            raise ValueError(f"--model must be one of {', '.join(MODELS)} or MODULE:FACTORY (a model of your own: "
+                             f"my_model.py:build), got {self.model!r}")
+        if self.task not in TASKS:
+            raise ValueError(f"--task must be one of {', '.join(TASKS)}, got {self.task!r}")
+        self._validate_own_model()
         if self.mode not in MODES:
             raise ValueError(f"--mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         for name in ("layers", "hidden", "heads"):
@@ -143,8 +175,30 @@ class TrainConfig:
         self._validate_typed()
         self._validate_comm()
 
+    def _validate_own_model(self) -> None:
+        """A model of one's own takes its options in --model-args; the built-in models take
+        flags, and train single-label classification only."""
+        defaults = TrainConfig(parts="")
+        if self.own_model:
+            given = [k for k in BUILT_IN_OPTIONS if getattr(self, k) != getattr(defaults, k)]
+            if given:
+                flags = ", ".join("--" + k.replace("_", "-") for k in given)
+                raise ValueError(f"{flags}: options of the built-in models; a model of your own ({self.model}) takes "
+                                 f"its options in --model-args '{{\"name\": value, ...}}', passed to its factory")
+            if self.model_args is not None and not isinstance(self.model_args, dict):
+                raise ValueError(f"--model-args must be a JSON object of keyword arguments, got {self.model_args!r}")
+            return
+        if self.model_args is not None:
+            raise ValueError(f"--model-args is for a model of your own (--model MODULE:FACTORY); --model {self.model} "
+                             "takes flags (--layers, --hidden, ...)")
+        if self.task != "classification":
+            raise ValueError(f"--task {self.task}: the built-in models ({', '.join(MODELS)}) predict one class per "
+                             "node; bring a model of your own (--model MODULE:FACTORY) for other tasks")
+
     def _validate_typed(self) -> None:
         """The options that belong to one kind of model only."""
+        if self.own_model:
+            return
         if self.model in TYPED_MODELS:
             if self.batch_norm or self.residual:
                 raise ValueError(f"--batch-norm and --residual are options of {', '.join(ONE_TYPE_MODELS)}; "
@@ -191,7 +245,16 @@ def _parser() -> argparse.ArgumentParser:
         "log and checkpoint formats.",
     )
     ap.add_argument("--parts", required=True, help="partition directory (sarcompile partition --out)")
-    ap.add_argument("--model", choices=MODELS, default=d.model)
+    ap.add_argument("--model", default=d.model, metavar="NAME|MODULE:FACTORY",
+                    help=f"a built-in model ({', '.join(MODELS)}; default {d.model}) or one of your own: FACTORY in "
+                    "MODULE (a dotted module or a .py file) returns it, called with in_features, num_classes (and on "
+                    "a typed partition metadata and num_nodes) and the items of --model-args")
+    ap.add_argument("--model-args", metavar="JSON",
+                    help="keyword arguments for the factory of --model MODULE:FACTORY, as a JSON object")
+    ap.add_argument("--task", choices=list(TASKS), default=d.task,
+                    help="classification (cross-entropy, accuracy; default), multilabel (binary cross-entropy per "
+                    "label, ROC-AUC) or regression (mean squared error, RMSE); multilabel and regression need a "
+                    "model of your own")
     ap.add_argument("--layers", type=int, default=d.layers, help=f"graph layers (default {d.layers})")
     ap.add_argument("--hidden", type=int, default=d.hidden, help=f"hidden width (default {d.hidden})")
     ap.add_argument("--heads", type=int, default=d.heads, help=f"GAT attention heads (default {d.heads})")

@@ -17,55 +17,47 @@ from ..errors import CheckpointError, PartitionError
 from ..hetero import HeteroGraph
 from ..hetero_models import TYPED_MODELS
 from ..data.validate import check_node_data
+from . import tasks
 from .config import MASKS, NODE_KEYS, ONE_TYPE_MODELS, TrainConfig
-from .model import build_model
+from .model import build_model, call_model
 
 
-def _counts(model: nn.Module, graph, x: torch.Tensor, y: torch.Tensor, masks: dict[str, torch.Tensor]) -> torch.Tensor:
-    """(correct, total) per mask on this worker's nodes, in eval mode: 6 float64 values."""
+def _metrics(model: nn.Module, graph, x, y: torch.Tensor, masks: dict[str, torch.Tensor],
+             task: str = "classification", target: str | None = None) -> dict[str, float | None]:
+    """The task's metric on each mask over every worker's nodes, in eval mode (no gradients)."""
     was_training = model.training
     model.eval()
     try:
         with torch.no_grad():
-            pred = model(graph, x).argmax(-1)
+            out = call_model(model, graph, x, target)
     finally:
         model.train(was_training)
-    values = []
-    for key in MASKS:
-        m = masks[key]
-        values += [(pred[m] == y[m]).sum(), m.sum()]
-    return torch.stack(values).to(torch.float64)
+    return tasks.metrics(out, y, masks, task)
 
 
-def _accuracies(counts: torch.Tensor) -> dict[str, float | None]:
-    """Accuracy per mask from summed (correct, total) pairs; None where a mask is empty."""
-    out = {}
-    for i, key in enumerate(MASKS):
-        correct, total = float(counts[2 * i]), float(counts[2 * i + 1])
-        out[key.replace("_mask", "_acc")] = correct / total if total else None
-    return out
-
-
-def evaluate(model: nn.Module, graph, node_data: Mapping[str, Any]) -> dict[str, float | None]:
-    """Accuracy on the train / val / test nodes of one machine's graph (no communication).
+def evaluate(model: nn.Module, graph, node_data: Mapping[str, Any], task: str = "classification",
+             target: str | None = None) -> dict[str, float | None]:
+    """The metric of ``task`` (accuracy for classification) on the train / val / test nodes
+    of one machine's graph (no communication).
 
     For serving a checkpoint: ``evaluate(model, *sc.load_whole_graph(parts))`` gives the
-    accuracies the trainer logged for the checkpoint's epoch (labels < 0 do not count).
-    On a :class:`~sarcompile.HeteroGraph` (``node_data`` a dict per type), of the model's
-    ``target`` type's nodes.
+    accuracies the trainer logged for the checkpoint's epoch (labels < 0 do not count); for
+    a model of your own pass the run's ``task`` and ``target`` (both in its config). On a
+    :class:`~sarcompile.HeteroGraph` (``node_data`` a dict per type), of the ``target``
+    type's nodes (by default the model's ``target`` attribute, as the typed built-in models
+    have).
     """
-    target = None
     if isinstance(graph, HeteroGraph):
-        target = getattr(model, "target", None)
+        target = target or getattr(model, "target", None)
         if target is None:
-            raise ValueError(f"evaluate on a typed graph needs a typed model (rgcn, hgt) with a target type, "
-                             f"got {type(model).__name__}")
+            raise ValueError(f"evaluate on a typed graph needs the target type: pass target=, or a typed model "
+                             f"(rgcn, hgt) that has one; got {type(model).__name__}")
         for ntype, data in node_data.items():
             check_node_data(data, allow_nonfinite=True, where=f"node_data[{ntype!r}]")
     else:
         check_node_data(node_data, allow_nonfinite=True, where="node_data")  # the dtypes; NaN just scores wrong
-    x, y, masks = _node_tensors(node_data, where="node_data", target=target)
-    return _accuracies(_counts(model, graph, x, y, masks))
+    x, y, masks = _node_tensors(node_data, where="node_data", target=target, task=task)
+    return _metrics(model, graph, x, y, masks, task, target)
 
 
 def load_trained(path: str | os.PathLike) -> tuple[nn.Module, dict[str, Any]]:
@@ -79,21 +71,17 @@ def load_trained(path: str | os.PathLike) -> tuple[nn.Module, dict[str, Any]]:
     return model.eval(), state["config"]
 
 
-def _node_tensors(data: Mapping[str, Any], where: str, target: str | None = None):
-    """x, y and the masks (restricted to labelled nodes); the dtypes were checked where the
-    data was loaded (sarcompile.data.validate). Of a typed graph's node data (a dict per type):
-    x the features of every type that has them, y and the masks the ``target`` type's."""
+def _node_tensors(data: Mapping[str, Any], where: str, target: str | None = None, task: str = "classification"):
+    """x, y and the masks (restricted to labelled nodes, see :func:`.tasks.labels`); the
+    dtypes were checked where the data was loaded (sarcompile.data.validate). Of a typed
+    graph's node data (a dict per type): x the features of every type that has them, y and
+    the masks the ``target`` type's."""
     rows = data if target is None else data.get(target, {})
     missing = [k for k in (NODE_KEYS if target is None else NODE_KEYS[1:]) if k not in rows]
     if missing:
         raise PartitionError(_missing_keys_message(missing, where, target))
-    if rows["y"].dim() != 1:
-        raise PartitionError(
-            f"{where}: node data 'y' has shape {tuple(rows['y'].shape)}; the trainer needs one class id per node "
-            "(shape [nodes]; re-partition with y.reshape(-1) for a [nodes, 1] tensor)"
-        )
-    y = rows["y"].long()
-    masks = {k: rows[k].bool() & (y >= 0) for k in MASKS}  # labels < 0: unlabelled
+    y, labelled = tasks.labels(rows["y"], task, where)
+    masks = {k: rows[k].bool() & labelled for k in MASKS}
     x = rows["x"] if target is None else {t: d["x"] for t, d in data.items() if "x" in d}
     return x, y, masks
 
@@ -129,7 +117,7 @@ def _check_model_kind(cfg: TrainConfig, manifest) -> str | None:
             raise PartitionError(_missing_keys_message(missing, where))
         return None
     types = list(manifest.node_types)
-    if cfg.model not in TYPED_MODELS:
+    if cfg.model not in TYPED_MODELS and not cfg.own_model:
         raise PartitionError(f"{where} is of a heterogeneous graph (node types {types}); --model {cfg.model} trains "
                              f"one-type graphs: use --model {' or --model '.join(TYPED_MODELS)}")
     labelled = [t for t in types if "y" in manifest.node_types[t]["node_data"]]
@@ -148,7 +136,7 @@ def _check_model_kind(cfg: TrainConfig, manifest) -> str | None:
     missing = [k for k in NODE_KEYS[1:] if k not in described]
     if missing:
         raise PartitionError(_missing_keys_message(missing, where, target))
-    if "x" not in described and cfg.embed_dim is None:
+    if "x" not in described and cfg.embed_dim is None and not cfg.own_model:
         raise PartitionError(f"{where}: the target type {target!r} has no features 'x' to take the embedding width "
                              "from; give --embed-dim")
     return target

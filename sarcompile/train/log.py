@@ -23,7 +23,7 @@ from ..runtime.memory import (
     find_allocator,
     huge_pages_requested,
 )
-from .config import ALWAYS_LOGGED, PHASES, TrainConfig
+from .config import ALWAYS_LOGGED, PHASES, TASKS, TrainConfig
 
 
 RUN_NAME = "run.json"  # the run's id, in its run directory; every log record carries it
@@ -141,10 +141,16 @@ def _fmt(acc: float | None) -> str:
     return "   -  " if acc is None else f"{acc:.4f}"
 
 
+def _metric(rec: dict[str, Any]) -> str:
+    """The metric an epoch's record holds (acc, rocauc or rmse: see sarcompile.train.tasks)."""
+    return next(name for name in TASKS.values() if f"val_{name}" in rec)
+
+
 def _epoch_line(rec: dict[str, Any]) -> str:
+    m = _metric(rec)
     return (
-        f"epoch {rec['epoch']:>4}  loss {rec['loss']:.6f}  train {_fmt(rec['train_acc'])}  "
-        f"val {_fmt(rec['val_acc'])}  test {_fmt(rec['test_acc'])}  {rec['epoch_s']:.2f}s"
+        f"epoch {rec['epoch']:>4}  loss {rec['loss']:.6f}  {'' if m == 'acc' else m + ' '}train "
+        f"{_fmt(rec[f'train_{m}'])}  val {_fmt(rec[f'val_{m}'])}  test {_fmt(rec[f'test_{m}'])}  {rec['epoch_s']:.2f}s"
     )
 
 
@@ -158,12 +164,9 @@ def _report(records: list[dict[str, Any]], probe: MemoryProbe, rank: int, world_
     if rank != 0:
         return
     if records:
-        r = records[-1]
-        print(
-            f"final (epoch {r['epoch']}): train_acc {_fmt(r['train_acc'])}  val_acc {_fmt(r['val_acc'])}  "
-            f"test_acc {_fmt(r['test_acc'])}",
-            flush=True,
-        )
+        r, m = records[-1], _metric(records[-1])
+        print(f"final (epoch {r['epoch']}): " + "  ".join(f"{k}_{m} {_fmt(r[f'{k}_{m}'])}" for k in ("train", "val", "test")),
+              flush=True)
     else:
         print(f"nothing to train: the checkpoint is at epoch {start}, --epochs asks for no more" if start else
               "nothing to train: --epochs 0", flush=True)

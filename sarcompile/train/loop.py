@@ -17,12 +17,11 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 from tqdm import tqdm
 
 from .. import errors
-from ..data.checkpoint import CHECKPOINT_NAME, global_state, shard_state
+from ..data.checkpoint import CHECKPOINT_NAME, global_state, shard_optimizer_rows, shard_state
 from ..compiler import distribute
 from ..errors import (
     CheckpointError,
@@ -52,8 +51,9 @@ from .checkpoints import (
     _write_checkpoint,
     checkpoint_timeout,
 )
-from .config import FORMAT, RESUME_KEYS, TYPED_KEYS, TrainConfig, _as_config, _out_dir
-from .evaluation import _accuracies, _check_model_kind, _counts, _node_tensors
+from . import tasks
+from .config import FORMAT, RESUME_KEYS, TASKS, TYPED_KEYS, TrainConfig, _as_config, _out_dir
+from .evaluation import _check_model_kind, _metrics, _node_tensors
 from .log import (
     RUN_NAME,
     _comm_record,
@@ -67,7 +67,7 @@ from .log import (
     _run_id,
     _time_row,
 )
-from .model import GNN, build_model
+from .model import GNN, build_model, call_model
 
 
 def train(config: TrainConfig | Mapping[str, Any] | argparse.Namespace | Sequence[str]) -> list[dict[str, Any]]:
@@ -154,14 +154,14 @@ def _train(cfg: TrainConfig, rank: int, world_size: int, manifest, target: str |
     ckpt_path = out / CHECKPOINT_NAME
     floor = floor_bytes()
     part = load_partition(cfg.parts, allow_nonfinite=cfg.allow_nonfinite)
-    x, y, masks = _node_tensors(part.node_data, where=f"partition '{cfg.parts}'", target=target)
-    num_classes = int(global_max(y.max().reshape(1) if y.numel() else y.new_full((1,), -1))) + 1
+    x, y, masks = _node_tensors(part.node_data, where=f"partition '{cfg.parts}'", target=target, task=cfg.task)
+    num_classes = tasks.num_outputs(y, cfg.task)
     num_train = int(global_sum(masks["train_mask"].sum()))
     if num_classes < 1 or num_train == 0:
         raise PartitionError(f"partition '{cfg.parts}' has no labelled training nodes (train_mask & y >= 0)"
                              + (f" of the target type {target!r}" if target else ""))
     labelled = int(global_sum((y >= 0).sum()))
-    if num_classes > labelled:  # a class id, not a count or a value: the output layer would be that wide
+    if cfg.task == "classification" and num_classes > labelled:  # a class id, not a count or a value: the output layer would be that wide
         ids = part.global_ids if target is None else part.global_ids[target]
         holders = torch.where(y == num_classes - 1, ids, -1)
         node = int(global_max((holders.max() if holders.numel() else ids.new_tensor(-1)).reshape(1)))
@@ -187,7 +187,7 @@ def _train(cfg: TrainConfig, rank: int, world_size: int, manifest, target: str |
         opt.load_state_dict(state["optimizer"])
         torch.set_rng_state(state["rng"]["torch"])
         start = int(state["epoch"])
-    if target is not None:  # each worker keeps its own rows of the node tables, and of their Adam state
+    if target is not None and not cfg.own_model:  # each worker keeps its own rows of the node tables, and of their Adam state
         shard_state(net, opt, part.graph)
     _check_layer_paths(net, cfg.compress_layers)
     model = distribute(
@@ -195,13 +195,14 @@ def _train(cfg: TrainConfig, rank: int, world_size: int, manifest, target: str |
         compress=cfg.compress, error_feedback=cfg.error_feedback, compress_layers=cfg.compress_layers,
         blocks_in_flight=cfg.blocks_in_flight,
     )
+    if state is not None:
+        model.load_mask_state(state["rng"].get("masks", {"model": model.dropout_stream().state_dict(), "layers": {}}))
+        if cfg.own_model:
+            _shard_own_tables(model, opt, part.graph, x, target)
 
     def make_state(epoch: int) -> dict[str, Any] | None:
         """Every rank calls it (the node tables' rows are gathered); rank 0 gets the state."""
-        if target is not None:
-            weights, optimizer = global_state(net, opt, part.graph)
-        else:
-            weights, optimizer = net.state_dict(), opt.state_dict()
+        weights, optimizer = global_state(net, opt, part.graph)
         if rank != 0:
             return None
         return {
@@ -211,7 +212,7 @@ def _train(cfg: TrainConfig, rank: int, world_size: int, manifest, target: str |
             "optimizer": optimizer,
             "config": {k: run[k] for k in RESUME_KEYS},  # what build_model and --resume need
             "args": dataclasses.asdict(cfg),  # the whole command line of the run that wrote it
-            "rng": {"torch": torch.get_rng_state()},
+            "rng": {"torch": torch.get_rng_state(), "masks": model.mask_state()},
             "graph": graph,
             "world_size": world_size,
             "mode": cfg.mode,
@@ -227,7 +228,7 @@ def _train(cfg: TrainConfig, rank: int, world_size: int, manifest, target: str |
         print(
             f"{world_size} worker{'s' if world_size > 1 else ''}, {num_train} training nodes"
             f"{f' of {target!r}' if target else ''}, "
-            f"{cfg.model} x {cfg.layers} layers, mode={cfg.mode}{_comm_summary(cfg)}; {where}; writing {out}",
+            f"{_model_summary(cfg, net)}, mode={cfg.mode}{_comm_summary(cfg)}; {where}; writing {out}",
             flush=True,
         )
     records: list[dict[str, Any]] = []
@@ -246,16 +247,16 @@ def _train(cfg: TrainConfig, rank: int, world_size: int, manifest, target: str |
         for epoch in range(start + 1, cfg.epochs + 1):
             t0 = time.perf_counter()
             stats.reset()
-            loss, optimizer_s = _train_step(model, opt, part.graph, x, y, masks["train_mask"], num_train)
+            loss, optimizer_s = _train_step(model, opt, part.graph, x, y, masks["train_mask"], num_train, cfg.task,
+                                            target)
             train_s = time.perf_counter() - t0
             # read before evaluating: its traffic and waits are not training's
             traffic, times = _comm_row(rank, world_size), _time_row(rank, world_size, train_s, optimizer_s)
-            counts = _counts(model, part.graph, x, y, masks)
-            # One all-reduce per epoch: the loss, the accuracy counts, every rank's traffic and time ledger.
-            summed = global_sum(torch.cat([loss.to(torch.float64).reshape(1), counts, traffic.reshape(-1),
-                                           times.reshape(-1)]))
-            n, m = 1 + counts.numel(), 1 + counts.numel() + traffic.numel()
-            rec = {"epoch": epoch, "loss": float(summed[0]), **_accuracies(summed[1:n])}
+            metrics = _metrics(model, part.graph, x, y, masks, cfg.task, target)
+            # One all-reduce: the loss, every rank's traffic and time ledger.
+            summed = global_sum(torch.cat([loss.to(torch.float64).reshape(1), traffic.reshape(-1), times.reshape(-1)]))
+            n, m = 1, 1 + traffic.numel()
+            rec = {"epoch": epoch, "loss": float(summed[0]), **metrics}
             if run_id is not None:
                 rec["run"] = run_id
             if not (cfg.allow_nonfinite or math.isfinite(rec["loss"])):  # the same sum on every rank
@@ -279,7 +280,7 @@ def _train(cfg: TrainConfig, rank: int, world_size: int, manifest, target: str |
                     ) from None
                 bar.write(_epoch_line(rec), file=sys.stdout)
                 sys.stdout.flush()
-                bar.set_postfix(loss=f"{rec['loss']:.4f}", val=_fmt(rec["val_acc"]), refresh=False)
+                bar.set_postfix(loss=f"{rec['loss']:.4f}", val=_fmt(rec[f"val_{TASKS[cfg.task]}"]), refresh=False)
                 bar.update(1)
             stopped = cfg.stop_after is not None and epoch == cfg.stop_after
             every = cfg.checkpoint_every and epoch % cfg.checkpoint_every == 0
@@ -319,19 +320,20 @@ def _model_fields(cfg: TrainConfig, manifest, target: str | None, x) -> dict[str
     return {
         "in_dim": in_dims.get(target),
         "target": target,
-        "embed_dim": cfg.embed_dim or in_dims[target],
+        "embed_dim": None if cfg.own_model else cfg.embed_dim or in_dims[target],
         "node_counts": {t: info["num_nodes"] for t, info in manifest.node_types.items()},
         "edge_types": [list(parse_relation_key(k)) for k in manifest.edge_types],
         "in_dims": in_dims,
     }
 
 
-def _train_step(model, opt, graph, x, y, mask, num_train: int) -> tuple[torch.Tensor, float]:
+def _train_step(model, opt, graph, x, y, mask, num_train: int, task: str,
+                target: str | None) -> tuple[torch.Tensor, float]:
     """One full-batch step; returns this worker's share of the global mean loss, and the
     seconds the optimizer's step took."""
     opt.zero_grad()
-    out = model(graph, x)
-    loss = F.cross_entropy(out[mask], y[mask], reduction="sum") / num_train
+    out = call_model(model, graph, x, target)
+    loss = tasks.loss(out[mask], y[mask], task, num_train)
     loss.backward()
     for p in model.parameters():
         # On one machine every row of a node table has a gradient (0 where nothing reached
@@ -353,7 +355,32 @@ def _check_layer_paths(net: nn.Module, paths: list[str] | None) -> None:
     known = {name for name, _ in net.named_modules() if name}
     unknown = [p for p in paths if p not in known]
     if unknown:
-        stack = net.convs if isinstance(net, GNN) else net.layers
-        prefix = "convs" if isinstance(net, GNN) else "layers"
-        layers = " ".join(f"{prefix}.{i}" for i in range(len(stack)))  # the ones that communicate
+        if isinstance(net, GNN) or hasattr(net, "layers"):  # the built-in models: the layers that communicate
+            prefix = "convs" if isinstance(net, GNN) else "layers"
+            layers = " ".join(f"{prefix}.{i}" for i in range(len(getattr(net, prefix))))
+        else:
+            layers = " ".join(name for name, m in net.named_children())
         raise ValueError(f"--compress-layers {' '.join(unknown)}: no such layer in this model (its layers: {layers})")
+
+
+def _shard_own_tables(model, opt, graph, x, target: str | None) -> None:
+    """On resume, a model of one's own: its node tables are found where it is compiled (by
+    use, see sarcompile.tables), and each worker then keeps its own rows; the optimizer's
+    per-row state, loaded whole, must follow. One forward in eval mode compiles it first."""
+    net = model.original
+    before = {id(p) for p in net.parameters() if table_type(p) is not None}
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            call_model(model, graph, x, target)
+    finally:
+        model.train(was_training)
+    shard_optimizer_rows([p for p in net.parameters() if table_type(p) is not None and id(p) not in before], opt, graph)
+
+
+def _model_summary(cfg: TrainConfig, net: nn.Module) -> str:
+    """The model as the start line names it."""
+    if cfg.own_model:
+        return f"{type(net).__name__} from {cfg.model}"
+    return f"{cfg.model} x {cfg.layers} layers"
