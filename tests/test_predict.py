@@ -25,6 +25,7 @@ from sarcompile.synthetic import mag_like
 from sarcompile.train import load_trained
 
 ROOT = Path(__file__).resolve().parents[1]
+OWN = str(ROOT / "examples" / "own_model.py")
 
 
 def predict_job(rank: int, world_size: int, argv: list[str]):
@@ -164,6 +165,48 @@ def test_a_typed_models_predictions_and_layer_on_3_workers_equal_the_eager_model
     for t in want:
         _close(got[t], want[t])
         _assert_rows_are_the_workers(emb, mag[3], 3, t)
+
+
+# -- a model of one's own (--model MODULE:FACTORY), called in PyG's convention --------------------
+@pytest.fixture(scope="module")
+def own_run(pool, graph, tmp_path_factory) -> Path:
+    """examples/own_model.py's SAGE-then-GAT PyG model, trained on the one-type graph."""
+    run = tmp_path_factory.mktemp("own") / "run"
+    run_train(pool, 1, ["--parts", graph[1], "--out", str(run), "--model", f"{OWN}:build", "--model-args",
+                        json.dumps({"hidden": 10}), "--epochs", "2", "--no-progress"])
+    return run
+
+
+@pytest.mark.parametrize("layer", [None, "encoder"], ids=["predictions", "layer"])
+def test_an_own_pyg_models_predictions_on_3_workers_equal_eager_pyg(pool, graph, own_run, tmp_path, layer):
+    pred = tmp_path / "pred"
+    manifest = run_predict(pool, 3, ["--run-dir", str(own_run), "--parts", graph[3], "--out", str(pred),
+                                     *(["--layer", layer] if layer else [])])
+    assert isinstance(manifest, dict), manifest
+    model, _ = load_trained(own_run / "checkpoint.pt")
+    whole, data = sc.load_whole_graph(graph[1])
+    seen = []
+    if layer is not None:
+        model.get_submodule(layer).register_forward_hook(lambda m, a, o: seen.append(o))
+    with torch.no_grad():  # PyG itself, on the whole graph's edge_index
+        out = model(data["x"], torch.stack([whole.src, whole.dst]))
+    _close(sc.read_predictions(pred), seen[0] if layer else out)
+    _assert_rows_are_the_workers(pred, graph[3], 3)
+
+
+def test_an_own_typed_models_predictions_on_3_workers_equal_one_workers(pool, mag, tmp_path):
+    """to_hetero with a node table of each featureless type (found by use): each worker
+    keeps its rows of the tables, and the predictions are one machine's."""
+    run = tmp_path / "run"
+    run_train(pool, 1, ["--parts", mag[1], "--out", str(run), "--model", f"{OWN}:typed", "--model-args",
+                        json.dumps({"hidden": 8}), "--epochs", "2", "--no-progress"])
+    preds = {}
+    for n in (1, 3):
+        manifest = run_predict(pool, n, ["--run-dir", str(run), "--parts", mag[n], "--out", str(tmp_path / f"p{n}")])
+        assert isinstance(manifest, dict), manifest
+        preds[n] = sc.read_predictions(tmp_path / f"p{n}")["paper"]
+    _close(preds[3], preds[1])
+    _assert_rows_are_the_workers(tmp_path / "p3", mag[3], 3, "paper")
 
 
 # -- bad input, refused before anything is written -------------------------------------------------

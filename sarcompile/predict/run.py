@@ -24,11 +24,12 @@ from ..errors import CheckpointError, PartitionError, PredictionError, Sarcompil
 from ..runtime.comm import init
 from ..train.checkpoints import _broadcast, _checkpoint_group, _read_checkpoint, checkpoint_timeout
 from ..train.log import RUN_NAME
-from ..train.model import build_model
+from ..train.model import build_model, call_model, graph_first
 from .files import FORMAT, MANIFEST_NAME, is_ours, read_predictions_manifest, write_rows
 from .layer import LayerOutput
 
-__all__ = ["PredictConfig", "call_model", "parse_args", "predict", "read_run"]
+__all__ = ["PredictConfig", "parse_args", "predict", "read_run"]
+
 
 @dataclass
 class PredictConfig:
@@ -88,7 +89,8 @@ def predict(config: PredictConfig | Mapping[str, Any] | Sequence[str]) -> dict[s
             model_id["layer"] = cfg.layer
             net = build_model(state["config"])
             net.load_state_dict(state["model"])
-            module = LayerOutput(net.eval(), cfg.layer) if cfg.layer else net.eval()  # an unknown layer: refused
+            # an unknown layer: refused here
+            module = LayerOutput(net.eval(), cfg.layer, _in_convention) if cfg.layer else net.eval()
             part = load_partition(cfg.parts)  # a partition of another number of parts: refused
             failure = None
             if rank == 0:
@@ -194,8 +196,8 @@ def _predict(cfg: PredictConfig, part: Any, state: dict[str, Any], model_id: dic
     # The node tables (typed models' embeddings) are loaded whole; the compiled call keeps
     # this worker's rows.
     model = distribute(module, mode=model_id["mode"] or "sar")
-    with torch.no_grad():
-        output = call_model(model, part.graph, x)
+    with torch.no_grad():  # (a LayerOutput is called as sarcompile's models are: module(graph, x))
+        output = model(part.graph, x) if cfg.layer else call_model(model, part.graph, x, target)
     rows, error = _rows(output, part, target, cfg.layer)
     _agree(error)
     bar.update(1)
@@ -249,9 +251,10 @@ def _finish(cfg: PredictConfig, rank: int, world_size: int, manifest: Manifest, 
     return result
 
 
-def call_model(model: torch.nn.Module, graph: Any, x: Any) -> Any:
-    """Call a run's model as the trainer does."""
-    return model(graph, x)
+def _in_convention(model: torch.nn.Module, graph: Any, x: Any) -> Any:
+    """``model`` called in its convention, as the trainer's :func:`call_model` calls it, its
+    output unchecked: inside a :class:`LayerOutput` it runs while the model is traced."""
+    return model(graph, x) if graph_first(model) else model(x, graph)
 
 
 def _rows(output: Any, part: Any, target: str | None, layer: str | None) -> tuple[dict, str | None]:
