@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from ..data.checkpoint import load_checkpoint
+from ..data.checkpoint import CHECKPOINT_NAME, load_checkpoint
 from ..errors import CheckpointError, PartitionError
 from ..hetero import HeteroGraph
 from ..hetero_models import TYPED_MODELS
@@ -61,7 +62,10 @@ def evaluate(model: nn.Module, graph, node_data: Mapping[str, Any], task: str = 
 
 
 def load_trained(path: str | os.PathLike) -> tuple[nn.Module, dict[str, Any]]:
-    """The eager model of a checkpoint (weights loaded, eval mode) and the run's config."""
+    """The eager model of a run (weights loaded, eval mode) and the run's config: ``path``
+    is the run directory (``--out``, its checkpoint is read) or a checkpoint file."""
+    if Path(path).is_dir():
+        path = Path(path) / CHECKPOINT_NAME
     state = load_checkpoint(path)
     for key in ("config", "model"):
         if key not in state:
