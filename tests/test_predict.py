@@ -330,3 +330,12 @@ def test_cli_under_torchrun(graph, tmp_path):
     done = subprocess.run(bad, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 1
     assert done.stderr.strip().splitlines()[-1].startswith("error: --layer nope: the model has no such layer")
+
+
+def test_run_dir_flag_and_its_one_process_spelling():
+    """--run-dir works under torchrun (whose parser would take a bare --run for its --run-path);
+    API.md's --run still works in one process."""
+    from sarcompile.predict import parse_args
+
+    for flag in ("--run-dir", "--run"):
+        assert parse_args([flag, "RUN", "--parts", "P", "--out", "O"]).run == "RUN"

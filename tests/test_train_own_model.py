@@ -69,6 +69,16 @@ def _assert_close(a: list[dict], b: list[dict], rel: float = 1e-5) -> None:
                 assert math.isclose(x[k], y[k], rel_tol=rel, abs_tol=rel), (k, x[k], y[k])
 
 
+def _same_on_1_and_3(pool, parts: dict[int, str], tmp_path: Path, factory: str, model_args: dict,
+                     *extra) -> dict[int, list[dict]]:
+    """The curves of one run on 1 worker and on 3, checked equal (rel 1e-5)."""
+    curves = {n: run_train(pool, n, _args(parts[n], tmp_path / f"n{n}", f"{OWN}:{factory}", model_args, *extra))
+              for n in (1, 3)}
+    assert isinstance(curves[1], list) and isinstance(curves[3], list), (curves[1], curves[3])
+    _assert_close(curves[3], curves[1])
+    return curves
+
+
 def _eager_loss(model_args: dict, data: dict, g: sc.Graph, factory: str = "build", task: str = "classification"):
     """The oracle of the first epoch's loss: the factory's model built with the trainer's seed,
     run eagerly by PyG on the whole graph's edge_index."""
@@ -91,10 +101,7 @@ def _eager_loss(model_args: dict, data: dict, g: sc.Graph, factory: str = "build
 def test_own_pyg_model_same_curve_on_1_and_3_workers_and_first_loss_is_eager(pool, graph, tmp_path):
     g, data, parts = graph
     exact = {"hidden": 24, "dropout": 0.0}
-    curves = {n: run_train(pool, n, _args(parts[n], tmp_path / f"n{n}", f"{OWN}:build", exact, "--epochs", 4))
-              for n in (1, 3)}
-    assert isinstance(curves[3], list), curves[3]
-    _assert_close(curves[3], curves[1])
+    curves = _same_on_1_and_3(pool, parts, tmp_path, "build", exact, "--epochs", 4)
     assert math.isclose(curves[1][0]["loss"], _eager_loss(exact, data, g), rel_tol=1e-5)
     assert curves[1][-1]["loss"] < curves[1][0]["loss"]
     # the run records how to rebuild the model; load_trained gives the eager one
@@ -117,11 +124,7 @@ def test_own_model_with_dropout_resumes_to_the_same_curve(pool, graph, tmp_path)
 
 def test_ready_made_graphsage_with_dropout_same_curve(pool, graph, tmp_path):
     _, _, parts = graph
-    args = {"hidden": 16, "dropout": 0.5}
-    curves = {n: run_train(pool, n, _args(parts[n], tmp_path / f"n{n}", f"{OWN}:graphsage", args, "--epochs", 4))
-              for n in (1, 3)}
-    assert isinstance(curves[3], list), curves[3]
-    _assert_close(curves[3], curves[1])
+    _same_on_1_and_3(pool, parts, tmp_path, "graphsage", {"hidden": 16, "dropout": 0.5}, "--epochs", 4)
 
 
 # -- tasks -------------------------------------------------------------------------------------------
@@ -135,10 +138,7 @@ def multilabel(tmp_path_factory):
 def test_multilabel_task_rocauc_and_loss_match_one_machine(pool, multilabel, tmp_path):
     g, data, parts = multilabel
     exact = {"hidden": 16, "dropout": 0.0}
-    curves = {n: run_train(pool, n, _args(parts[n], tmp_path / f"n{n}", f"{OWN}:build", exact, "--epochs", 3,
-                                          "--task", "multilabel")) for n in (1, 3)}
-    assert isinstance(curves[3], list), curves[3]
-    _assert_close(curves[3], curves[1])
+    curves = _same_on_1_and_3(pool, parts, tmp_path, "build", exact, "--epochs", 3, "--task", "multilabel")
     assert math.isclose(curves[1][0]["loss"], _eager_loss(exact, data, g, task="multilabel"), rel_tol=1e-5)
     # the logged ROC-AUC is the trained model's, as OGB computes it on the whole graph
     model, _ = load_trained(tmp_path / "n3" / "checkpoint.pt")
@@ -152,10 +152,7 @@ def test_regression_task_rmse_matches_one_machine(pool, tmp_path):
     g, data = _graph_data(2)
     data = {**data, "y": data["x"][:, :2].sum(1) + 0.1 * torch.randn(N)}  # one float target per node
     parts = _partitions(tmp_path, data, g)
-    curves = {n: run_train(pool, n, _args(parts[n], tmp_path / f"n{n}", f"{OWN}:build", {"hidden": 16},
-                                          "--epochs", 3, "--task", "regression")) for n in (1, 3)}
-    assert isinstance(curves[3], list), curves[3]
-    _assert_close(curves[3], curves[1])
+    curves = _same_on_1_and_3(pool, parts, tmp_path, "build", {"hidden": 16}, "--epochs", 3, "--task", "regression")
     model, config = load_trained(tmp_path / "n1" / "checkpoint.pt")
     with torch.no_grad():
         out = model(data["x"], torch.stack([g.src, g.dst])).reshape(-1)

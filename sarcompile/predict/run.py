@@ -49,9 +49,11 @@ def parse_args(argv: Sequence[str] | None = None) -> PredictConfig:
         description="Write every node's prediction (or, with --layer, a layer's output: embeddings) of a trained "
         "run, each worker its own rows. Run under torchrun with as many workers as --parts has parts.",
     )
-    # --run-dir, not --run: torchrun's own parser would take --run for its --run-path
-    ap.add_argument("--run-dir", dest="run", required=True, metavar="RUN_DIR",
-                    help="the trainer's --out (holds checkpoint.pt)")
+    # --run-dir first: under torchrun, whose parser sees every argument, a bare --run is an
+    # ambiguous abbreviation of its own --run-path and stops the launch (API.md's --run works
+    # in one process, as the trainer's --log does).
+    ap.add_argument("--run-dir", "--run", dest="run", required=True, metavar="RUN_DIR",
+                    help="the trainer's --out (holds checkpoint.pt); --run also works without torchrun")
     ap.add_argument("--parts", required=True, metavar="P", help="a partition of the graph the run was trained on")
     ap.add_argument("--out", required=True, metavar="DIR", help="directory to write the predictions to")
     ap.add_argument("--layer", metavar="NAME", help="write this submodule's output instead (e.g. convs.1)")
