@@ -367,3 +367,18 @@ def test_repartition_replaces_everything(written):
     assert torch.equal(p.global_ids, torch.arange(10, 20))
     # .lock: the partition run's lock file (left in place: the lock is the open file, not the name)
     assert sorted(f.name for f in written.iterdir()) == [".lock", "manifest.json", "part-0.pt", "part-1.pt"]
+
+
+def test_graph_sha256_tells_adjacency_values_apart():
+    """Two sparse adjacencies with the same edges and other values are other graphs (a resume
+    must not mix them up); one of ones without self-loops is the graph of its edges."""
+    from sarcompile.data.partitioning import graph_sha256
+
+    dst, src = torch.tensor([0, 1, 2, 2]), torch.tensor([1, 2, 0, 1])
+    adj = lambda values: torch.sparse_coo_tensor(torch.stack([dst, src]), values, (3, 3)).to_sparse_csr()  # noqa: E731
+    weighted = Graph.from_adjacency(adj(torch.tensor([0.5, 1.0, 2.0, 1.0])))
+    other = Graph.from_adjacency(adj(torch.tensor([0.5, 1.0, 2.0, 3.0])))
+    ones = Graph.from_adjacency(adj(torch.ones(4)))
+    assert graph_sha256(weighted) != graph_sha256(other)
+    assert graph_sha256(ones) == graph_sha256(Graph.from_edges(ones.src, ones.dst, 3))
+    assert graph_sha256(weighted) != graph_sha256(ones)

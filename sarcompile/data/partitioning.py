@@ -49,6 +49,7 @@ from ..ir.graph import Graph
 from ..hetero import HeteroGraph, HeteroShard
 from .rundir import lock_dir, remove_stale_temps
 from ..runtime.memory import release_free
+from .node_ids import IDS_FILES, check_ids, write_node_ids
 from .shard import PartData, ShardGraph, split_graph
 from .validate import check_node_data
 
@@ -232,6 +233,10 @@ class Manifest:
     # sizes and edge cut ({"num_edges", "halo_sizes", "edge_cut"}); None for one type.
     node_types: dict[str, dict[str, Any]] | None = None
     edge_types: dict[str, dict[str, Any]] | None = None
+    # The user's own ids of the nodes, where the graph came with them (sarcompile.data.node_ids):
+    # the id file's record ({"file", "sha256", "kind", "dtype", "num_nodes", "source"}), per
+    # node type for a typed partition; None where the global node ids are the user's.
+    node_ids: dict[str, Any] | None = None
 
     @property
     def typed(self) -> bool:
@@ -306,6 +311,7 @@ def partition(
     seed: int = 0,
     name: str = "graph",
     allow_nonfinite: bool = False,
+    node_ids: Any = None,
 ) -> Manifest:
     """Split ``g`` (and the node tensors in ``node_data``) into ``num_parts`` files under ``out_dir``.
 
@@ -323,6 +329,11 @@ def partition(
     (``{"paper": {"x": X, "y": Y}}``) and splits every type across all parts (see
     :mod:`sarcompile.hetero_partition`).
 
+    ``node_ids`` records the user's own id of every node (an array of integers or strings,
+    ``node_ids[i]`` the id of node ``i``; per node type for a typed graph) in the directory,
+    for :func:`~sarcompile.data.node_ids.read_node_ids` and the predictions read back by
+    ``sc.read_predictions(DIR, ids=True)``.
+
     Example:
 
     >>> import tempfile
@@ -332,8 +343,9 @@ def partition(
     (2, 3, 3)
     """
     if isinstance(g, HeteroGraph):
-        return typed.partition(g, num_parts, out_dir, node_data, method, seed, name, allow_nonfinite)
+        return typed.partition(g, num_parts, out_dir, node_data, method, seed, name, allow_nonfinite, node_ids)
     _check_graph(g)
+    ids = None if node_ids is None else check_ids(node_ids, g.num_nodes, "node_ids")
     _check_num_parts(num_parts)
     node_data = _check_node_data(node_data, g.num_nodes)
     check_node_data(node_data, allow_nonfinite=allow_nonfinite)
@@ -356,33 +368,37 @@ def partition(
             graph_sha256=graph_sha256(g, node_data),
         )
 
-    return write_directory(Path(out_dir), [(part.to_dict(), _part_info(part)) for part in parts], manifest)
+    return write_directory(Path(out_dir), [(part.to_dict(), _part_info(part)) for part in parts], manifest,
+                           (ids, "node_ids given to sc.partition") if ids is not None else None)
 
 
 def write_directory(
     out: Path, parts: Sequence[tuple[dict, Callable[[int], PartInfo]]],
-    manifest_of: Callable[[list[PartInfo]], Manifest],
+    manifest_of: Callable[[list[PartInfo]], Manifest], node_ids: tuple[Any, str] | None = None,
 ) -> Manifest:
-    """Write every part (its saved dict, and what makes its manifest entry once written)
-    and then the manifest, atomically and under the directory's lock (see the module
-    docstring); returns the manifest."""
+    """Write every part (its saved dict, and what makes its manifest entry once written),
+    the user's node ids where given (``(ids, where they came from)``, see
+    :mod:`.node_ids`) and then the manifest, atomically and under the directory's lock
+    (see the module docstring); returns the manifest."""
     with lock_dir(out, "partition run"):  # creates out
-        return write_locked(out, len(parts), iter(parts), manifest_of)
+        return write_locked(out, len(parts), iter(parts), manifest_of, node_ids)
 
 
 def write_locked(
     out: Path, num_parts: int, parts: Iterator[tuple[dict, Callable[[int], PartInfo]]],
-    manifest_of: Callable[[list[PartInfo]], Manifest],
+    manifest_of: Callable[[list[PartInfo]], Manifest], node_ids: tuple[Any, str] | None = None,
 ) -> Manifest:
     """:func:`write_directory` for a caller that holds ``out``'s lock already, with the
     parts made one at a time as ``parts`` yields them (only one is ever in memory)."""
     # Temporary files of a killed run can go: nobody else writes here while we hold the lock.
-    remove_stale_temps(out, ["part-*.pt", MANIFEST])
+    remove_stale_temps(out, ["part-*.pt", MANIFEST, IDS_FILES])
     # From here until the new manifest lands the directory must not load: drop the old
     # manifest first (durably) so old and new part files can never be read as one set.
     (out / MANIFEST).unlink(missing_ok=True)
     _fsync_dir(out)
     _remove_stale_parts(out, num_parts)
+    for stale in out.glob(IDS_FILES):  # another graph's ids must not outlive its manifest
+        stale.unlink()
     infos = []
     for r, (payload, info) in enumerate(parts):
         path = _write_part(out, r, payload)
@@ -391,6 +407,8 @@ def write_locked(
     if len(infos) != num_parts:
         raise PartitionError(f"internal error: {len(infos)} parts written of {num_parts}")
     manifest = manifest_of(infos)
+    if node_ids is not None:
+        manifest = replace(manifest, node_ids=write_node_ids(out, *node_ids))
     _atomic_write(out / MANIFEST, lambda f: f.write(manifest.to_json().encode()))
     return manifest
 
@@ -444,22 +462,27 @@ def _check_node_data(
 
 
 def graph_sha256(g: Graph, node_data: dict[str, torch.Tensor] | None = None) -> str:
-    """The sha256 of a graph (its node count and edges, in order) and its node tensors
-    (by name: dtype, shape and values): the same for any number of parts, different for
-    any change that changes what training computes."""
+    """The sha256 of a graph (its node count and edges, in order; a sparse adjacency's
+    values, ``g.adj_values``, where it has them) and its node tensors (by name: dtype,
+    shape and values): the same for any number of parts, different for any change that
+    changes what training computes."""
     node_data = node_data or {}
     return chunked_graph_sha256(
-        g.num_nodes, g.num_edges, [g.src], [g.dst], {k: (t.dtype, tuple(t.shape), [t]) for k, t in node_data.items()}
+        g.num_nodes, g.num_edges, [g.src], [g.dst], {k: (t.dtype, tuple(t.shape), [t]) for k, t in node_data.items()},
+        None if g.adj_values is None else (g.adj_values.dtype, [g.adj_values]),
     )
 
 
 def chunked_graph_sha256(
     num_nodes: int, num_edges: int, src: Iterable[torch.Tensor], dst: Iterable[torch.Tensor],
     node_data: dict[str, tuple[torch.dtype, tuple[int, ...], Iterable[torch.Tensor]]],
+    edge_values: tuple[torch.dtype, Iterable[torch.Tensor]] | None = None,
 ) -> str:
     """:func:`graph_sha256` of a graph given as consecutive chunks (all of ``src``, then all
-    of ``dst``, then each node tensor's rows as ``(dtype, shape, chunks)``), as the
-    out-of-core partitioner reads it: the same digest as the whole tensors give."""
+    of ``dst``, then each node tensor's rows as ``(dtype, shape, chunks)``, then the edge
+    values if any, as ``(dtype, chunks)``), as the out-of-core partitioner reads it: the
+    same digest as the whole tensors give. A graph without edge values hashes as before
+    they were hashed."""
     h = hashlib.sha256(b"sarcompile-graph 1\n")
     h.update(json.dumps([num_nodes, num_edges]).encode())
     for chunks in (src, dst):
@@ -469,6 +492,10 @@ def chunked_graph_sha256(
         dtype, shape, chunks = node_data[key]
         h.update(json.dumps([key, str(dtype), list(shape)]).encode())
         for t in chunks:
+            _hash_tensor(h, t)
+    if edge_values is not None:
+        h.update(json.dumps(["adj_values", str(edge_values[0])]).encode())
+        for t in edge_values[1]:
             _hash_tensor(h, t)
     return h.hexdigest()
 
