@@ -41,6 +41,7 @@ import hashlib
 import io
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +53,7 @@ from ..errors import CheckpointError
 from .partitioning import _atomic_write
 from ..tables import find_node_tables, shard_rows, shard_tables, table_type
 
-__all__ = ["CHECKPOINT_NAME", "MAGIC", "global_state", "load_checkpoint", "read_header", "recorded_header",
+__all__ = ["CHECKPOINTS", "CHECKPOINT_NAME", "checkpoint_dir", "complete_checkpoints", "latest_checkpoint", "MAGIC", "global_state", "load_checkpoint", "read_header", "recorded_header",
            "save_checkpoint", "shard_state"]
 
 CHECKPOINT_NAME = "checkpoint.pt"
@@ -244,3 +245,52 @@ def _gather_rows(tensors: list[torch.Tensor], ids: torch.Tensor, total: int) -> 
         for whole, rows in zip(out, part[:-1]):
             whole[part[-1]] = rows
     return out
+
+
+# -- sharded checkpoints -------------------------------------------------------------------------
+CHECKPOINTS = "checkpoints"  # a run directory's sharded checkpoints: OUT/checkpoints/epoch-000003/
+MANIFEST = "manifest.json"
+REPLICATED = "replicated.pt"
+SHARDED_FORMAT = "sarcompile-sharded-checkpoint"
+SHARDED_VERSION = 2  # (1: the single file)
+_EPOCH_DIR = re.compile(r"epoch-(\d+)")
+_TEMP = ".tmp-"  # a directory being written: .tmp-epoch-000003
+_OLD = ".old-"  # a complete directory being replaced by one of the same name
+_CHUNK_BYTES = 32 << 20  # rows read at a time: a reader holds its rows plus one chunk
+# torch dtypes numpy has not, written as the integers of their width (the manifest names the dtype)
+_AS_INTEGERS = {torch.bfloat16: torch.int16, torch.float8_e4m3fn: torch.uint8, torch.float8_e5m2: torch.uint8}
+
+
+def checkpoint_dir(out_dir: str | os.PathLike, epoch: int) -> Path:
+    """Where the trainer writes the checkpoint of ``epoch`` in run directory ``out_dir``."""
+    return Path(out_dir) / CHECKPOINTS / f"epoch-{epoch:06d}"
+
+
+def temp_dir(final: Path) -> Path:
+    """Where the checkpoint directory ``final`` is written before :func:`publish`."""
+    return final.parent / f"{_TEMP}{final.name}"
+
+
+def complete_checkpoints(out_dir: str | os.PathLike) -> list[Path]:
+    """The complete sharded checkpoints of run directory ``out_dir``, oldest first: the
+    ``checkpoints/epoch-*`` directories with a manifest (renamed into place whole)."""
+    root = Path(out_dir) / CHECKPOINTS
+    found = []
+    if root.is_dir():
+        for d in root.iterdir():
+            m = _EPOCH_DIR.fullmatch(d.name)
+            if m and (d / MANIFEST).is_file():
+                found.append((int(m.group(1)), d))
+    return [d for _, d in sorted(found)]
+
+
+def latest_checkpoint(out_dir: str | os.PathLike) -> Path | None:
+    """The latest complete checkpoint of run directory ``out_dir``: the sharded checkpoint
+    directory of the highest epoch, or an older version's single file ``checkpoint.pt``
+    where there is no directory of a later epoch; None where there is neither. Reads no
+    tensor: the files are checked when the checkpoint is read."""
+    dirs = complete_checkpoints(out_dir)
+    old = Path(out_dir) / CHECKPOINT_NAME
+    if old.is_file() and (not dirs or recorded_header(old).get("epoch", -1) > int(dirs[-1].name.split("-")[1])):
+        return old
+    return dirs[-1] if dirs else None
