@@ -780,17 +780,30 @@ class DistributedModule(nn.Module):
             else:
                 call = CallShape.default(self._orig.forward, x=x, kept=_kept_graphs(self._orig, self._converted))
         program = self.program(partitioned=True, call=call)
-        # The probe run must not advance dropout counters or other buffers of the model.
-        buffers = {id(v): (v, v.clone()) for v in [*self._orig.buffers(), *program.module.buffers()]}
+        served = self._eval_program(call)  # a prediction's, for the inference estimate
+        # The probe runs must not advance dropout counters or other buffers of the model.
+        buffers = {id(v): (v, v.clone()) for v in [*self._orig.buffers(), *program.module.buffers(),
+                                                   *served.module.buffers()]}
         try:
             return build_plan(
                 type(self._orig).__name__, self._options.mode, program.module, program.stages, workers, x, optimizer,
-                program.seconds,
+                program.seconds, served.module,
             )
         finally:
             with torch.no_grad():
                 for v, saved in buffers.values():
                     v.copy_(saved)
+
+    def _eval_program(self, call: CallShape) -> Program:
+        """The partitioned program of ``call`` in eval mode, as a prediction runs it; every
+        submodule's training flag is left as it was."""
+        flags = {m: m.training for m in self._orig.modules()}
+        self._orig.eval()
+        try:
+            return self.program(partitioned=True, call=call, stages=False)
+        finally:
+            for m, flag in flags.items():
+                m.training = flag
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         graphs = _find_graphs(self._orig, args, kwargs, self._converted)

@@ -16,6 +16,9 @@ each exchanges, keeps and holds as temporaries): the plan is a walk over them, w
 rule of its own for any op. :meth:`Plan.memory_estimate` adds these up per worker. Two parts are exact -- saved
 activations and remote blocks alive at once, which tests compare with the runtime's own
 counters; the workspace of the kernels is a documented approximation.
+``memory_estimate(inference=True)`` is the peak of a prediction instead: one forward in
+eval mode under ``torch.no_grad()``, whose live activations come from a second probe run
+of the eval-mode program (:class:`_LiveProbe`).
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ import torch
 import torch.fx as fx
 
 from . import logs
+from torch.utils._pytree import tree_leaves
+
 from .ir.opdef import AllReduce, Halo, OpDef, Push, Temporaries, definition
 from .runtime.comm import offline
 from .runtime.link import Wire
@@ -92,7 +97,8 @@ class NodeTable:
 
 @dataclass
 class MemoryEstimate:
-    """Estimated peak bytes of one worker over a training step, and where they go.
+    """Estimated peak bytes of one worker over a training step (or, from
+    ``plan.memory_estimate(inference=True)``, a prediction), and where they go.
 
     Example:
 
@@ -139,8 +145,9 @@ class Plan:
     # Remote blocks each exchange posts ahead of the one it computes on, and gradient
     # pushes it keeps in flight (sc.distribute's blocks_in_flight); None: no op exchanges rows.
     blocks_in_flight: int | None = None
+    inference: list[MemoryEstimate] = field(default_factory=list)  # of a prediction: memory_estimate(inference=True)
 
-    def memory_estimate(self) -> list[MemoryEstimate]:
+    def memory_estimate(self, inference: bool = False) -> list[MemoryEstimate]:
         """Per worker: ``peak_bytes`` and a ``breakdown`` into node_data (the part's
         node tensors; planned from a graph, the features ``x`` alone), graph (the shard's index tensors),
         parameters, gradients,
@@ -153,8 +160,18 @@ class Plan:
         ``staleness`` or ``bounded_staleness``, link_cache (the remote blocks each such op
         keeps between iterations). With ``compress``, traffic is counted as sent (packed).
         The exchange's buffer pool (:mod:`sarcompile.runtime.pool`) holds about
-        remote_blocks + exchange_buffers between exchanges too."""
-        return list(self.estimates)
+        remote_blocks + exchange_buffers between exchanges too.
+
+        With ``inference``, the peak of a prediction (``python -m sarcompile.predict``): one
+        forward of the model in eval mode under ``torch.no_grad()``. Nothing is kept for a
+        backward: no gradients, optimizer state, saved activations or stashed blocks, and
+        stale or compressed exchanges run exactly. Its breakdown: node_data, graph,
+        parameters (node_tables: the rows alone), activations (the most forward values alive
+        at once, the output among them: exact, as saved_activations), remote_blocks and
+        exchange_buffers of the forward's exchanges alone (a ``stash`` or ``oneshot`` op's
+        blocks freed when it returns), workspace (the per-edge temporaries above, without
+        node-row gradient buffers: an approximation) and kernel_code."""
+        return list(self.inference if inference else self.estimates)
 
     def compile_summary(self) -> str:
         """One line: the compile's wall time in all and its slowest stages."""
@@ -206,9 +223,11 @@ class Plan:
             for r in range(self.num_parts)
         ]
         keys = list(self.estimates[0].breakdown) if self.estimates else []
+        predicting = {e.rank: e.peak_bytes for e in self.inference}
         memory = _table(
-            ("worker", "peak", *keys),
-            [(str(e.rank), _size(e.peak_bytes), *(_size(e.breakdown[k]) for k in keys)) for e in self.estimates],
+            ("worker", "peak", "predict", *keys),
+            [(str(e.rank), _size(e.peak_bytes), _size(predicting.get(e.rank, 0)), *(_size(e.breakdown[k]) for k in keys))
+             for e in self.estimates],
         )
         exchange = [e.breakdown.get("remote_blocks", 0) + e.breakdown.get("exchange_buffers", 0)
                     for e in self.estimates]
@@ -224,7 +243,9 @@ class Plan:
             f"{self.blocks_in_flight} (oneshot: all); rounds of gradients in flight: {self.blocks_in_flight}"]
         return "\n".join(
             [head, *_table(header, rows), *overlap, *warned, "why:", *why, "received per step:", *per_worker,
-             *(self._typed_lines() if typed else ()), "estimated memory per worker:", *("  " + line for line in memory), *pool,
+             *(self._typed_lines() if typed else ()),
+             "estimated memory per worker (peak: a training step; predict: a prediction, "
+             "memory_estimate(inference=True)):", *("  " + line for line in memory), *pool,
              "generated kernels on CUDA (sources: plan.kernels, sarcompile plan --show-kernels):", *kernels]
         )
 
@@ -324,6 +345,32 @@ class _Probe(fx.Interpreter):
             self.run(*args)
 
 
+class _LiveProbe(fx.Interpreter):
+    """Runs the program once under ``torch.no_grad()``, as a prediction does, and records
+    after each node the tensors alive: its result and every earlier value a later node
+    still reads (the interpreter frees each after its last use), by storage, less those
+    counted under another name (parameters, node tables, features)."""
+
+    def __init__(self, gm: fx.GraphModule, elsewhere: list[torch.Tensor]):
+        super().__init__(gm, garbage_collect_values=True)
+        self.elsewhere = {t.untyped_storage().data_ptr() for t in [*gm.parameters(), *elsewhere]}
+        self.moments: list[dict[int, tuple[int, tuple[int, ...]]]] = []  # per node: storage -> (bytes, shape)
+
+    def run_node(self, n: fx.Node) -> Any:
+        result = super().run_node(n)
+        live = {}
+        for t in tree_leaves([list(self.env.values()), result]):
+            if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in self.elsewhere:
+                storage = t.untyped_storage()
+                live[storage.data_ptr()] = (storage.nbytes(), tuple(t.shape))
+        self.moments.append(live)
+        return result
+
+    def peak(self, sizes: dict[int, int]) -> int:
+        """The most bytes alive at once on a worker whose sizes ``sizes`` maps the probe's to."""
+        return max((_scale_saved(live, sizes) for live in self.moments), default=0)
+
+
 # The libraries' code a training step runs for the first time (libtorch's sparse, scatter
 # and autograd paths, gloo) is paged in from disk and counts in the resident size like data:
 # 11-14 MiB per process with torch 2.13 on CPU, whatever the graph or the number of workers
@@ -417,10 +464,11 @@ def _round_peak(blocks: list[int], sends: list[int], fetch: bool, push: bool, in
     return peak
 
 
-def _remote_peak(ops: list[_Exchange], r: int, buffers: bool) -> int:
+def _remote_peak(ops: list[_Exchange], r: int, buffers: bool, backward: bool = True) -> int:
     """Most remote bytes alive at worker ``r`` at once over a step, ``ops`` in program
     order: the blocks received alone, or with ``buffers`` also the rows gathered to send
-    and the gradients on their way back."""
+    and the gradients on their way back. Without ``backward`` (a forward under
+    ``torch.no_grad()``), an op that keeps its blocks frees them when it returns."""
     kept, peak = 0, 0
 
     def rounds(op: _Exchange, fetch: bool, push: bool, blocks: list[int]) -> int:
@@ -431,7 +479,9 @@ def _remote_peak(ops: list[_Exchange], r: int, buffers: bool) -> int:
         blocks = op.blocks[r]
         now = sum(blocks) + rounds(op, False, op.forward[1], blocks) if op.keeps else rounds(op, *op.forward, blocks)
         peak = max(peak, kept + now)
-        kept += sum(blocks) if op.keeps else 0
+        kept += sum(blocks) if op.keeps and backward else 0
+    if not backward:
+        return peak
     for op in reversed(ops):  # backward: each op frees its own
         peak = max(peak, kept + rounds(op, *op.backward, op.blocks[r]))
         kept -= sum(op.blocks[r]) if op.keeps else 0
@@ -447,17 +497,31 @@ def build_plan(
     x: torch.Tensor | dict[str, torch.Tensor] | None,
     optimizer: Any = None,
     compile_seconds: dict[str, float] | None = None,
+    served: fx.GraphModule | None = None,
 ) -> Plan:
     """The plan of the partitioned program ``gm`` for workers of the given sizes; ``x``
     the example features (per node type, for a program over a typed graph);
-    ``compile_seconds`` the program's compile times by stage, to which the plan adds its own."""
+    ``compile_seconds`` the program's compile times by stage, to which the plan adds its own;
+    ``served`` the program a prediction runs (the model's in eval mode; by default ``gm``),
+    whose forward under ``torch.no_grad()`` sizes the inference estimate."""
     start = time.perf_counter()
     probe = _Probe(gm)
     shape = probe_for(gm, x)
-    args = shape.inputs()
-    tables = [a for a, n in zip(args, (n for n in gm.graph.nodes if n.op == "placeholder")) if "table" in n.meta]
-    with offline():  # the probe runs on this process alone
-        probe.run_and_record(args, tables + shape.features(args))
+
+    def inputs() -> tuple[list[Any], list[torch.Tensor]]:
+        """Fresh probe arguments, and those of them counted under another name: node
+        tables (parameters) and features (node data). A prediction's program takes the
+        same arguments as training's."""
+        args = shape.inputs()
+        tables = [a for a, n in zip(args, (n for n in gm.graph.nodes if n.op == "placeholder")) if "table" in n.meta]
+        return args, tables + shape.features(args)
+
+    with offline():  # the probes run on this process alone
+        probe.run_and_record(*inputs())
+        args, counted = inputs()
+        live = _LiveProbe(gm if served is None else served, counted)
+        with torch.no_grad():
+            live.run(*args)
     n = len(workers)
     ops, comm = [], []
     link_cache = [0] * n  # stale or pipelined sites keep their remote blocks across iterations
@@ -486,7 +550,7 @@ def build_plan(
 
     params = sum(p.numel() * p.element_size() for p in gm.parameters())
     factor = _optimizer_factor(optimizer)
-    estimates = []
+    estimates, inference = [], []
     for r, w in enumerate(workers):
         remote = _remote_peak(comm, r, buffers=False)
         breakdown = {
@@ -506,6 +570,20 @@ def build_plan(
         if any(link_cache):
             breakdown["link_cache"] = link_cache[r]
         estimates.append(MemoryEstimate(r, sum(breakdown.values()), breakdown))
+        forward = _remote_peak(comm, r, buffers=False, backward=False)
+        predicting = {
+            "node_data": breakdown["node_data"],
+            "graph": breakdown["graph"],
+            "parameters": params,
+            "activations": live.peak(shape.sizes(w)),
+            "remote_blocks": forward,
+            "exchange_buffers": _remote_peak(comm, r, buffers=True, backward=False) - forward,
+            "workspace": _workspace(comm, r, node_rows=False),
+            "kernel_code": KERNEL_CODE_BYTES,
+        }
+        if shape.tables:
+            predicting["node_tables"] = shape.table_bytes(w)
+        inference.append(MemoryEstimate(r, sum(predicting.values()), predicting))
     kernels = [
         Kernel(node.name, role, spec.name, spec.render("cuda"))
         for node in gm.graph.nodes
@@ -518,7 +596,7 @@ def build_plan(
     seconds = {**(compile_seconds or {}), "plan": time.perf_counter() - start}
     in_flight = {node.kwargs["in_flight"] for node in gm.graph.nodes if "in_flight" in node.kwargs}
     plan = Plan(model_name, mode, n, workers, ops, list(stages), estimates, kernels, warned, tables, seconds,
-                max(in_flight) if in_flight and n > 1 else None)
+                max(in_flight) if in_flight and n > 1 else None, inference)
     if "plan" in logs.ON:
         peaks = ", ".join(f"{_size(e.peak_bytes)}" for e in estimates)
         logs.log("plan", f"{model_name} on {n} workers, mode={mode}: {len(ops)} ops, estimated peak per worker "
@@ -596,14 +674,15 @@ def _push_traffic(row: OpPlan, op: OpDef, args: dict[str, Any], workers: list[Wo
     return _Exchange(blocks, sends, False, (False, True), (True, False), width, op.temporaries(args, width), workers)
 
 
-def _workspace(comm: list[_Exchange], r: int) -> int:
+def _workspace(comm: list[_Exchange], r: int, node_rows: bool = True) -> int:
     """Temporaries of the most demanding op at worker ``r`` -- an approximation: node-row
-    gradient buffers, per-edge temporaries of the largest block of the op's graph (kernels
-    run one block at a time) and bounded per-edge chunks.
+    gradient buffers (unless not ``node_rows``: a forward alone, whose node rows are its
+    results, counted among the activations), per-edge temporaries of the largest block of
+    the op's graph (kernels run one block at a time) and bounded per-edge chunks.
 
     Gradients on their way back to their owners are remote bytes (:func:`_round_peak`)."""
     return max(
-        (e.temporaries.node_rows * e.stats[r].nodes * e.row_bytes + e.stats[r].largest_block(r) * e.temporaries.edge_bytes
-         + e.temporaries.chunk_bytes for e in comm),
+        (e.temporaries.node_rows * e.stats[r].nodes * e.row_bytes * node_rows
+         + e.stats[r].largest_block(r) * e.temporaries.edge_bytes + e.temporaries.chunk_bytes for e in comm),
         default=0,
     )

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 from torch import nn
+from commands import import_script
 from train_jobs import run_train
 
 import sarcompile as sc
@@ -26,6 +27,7 @@ from sarcompile.train import load_trained
 
 ROOT = Path(__file__).resolve().parents[1]
 OWN = str(ROOT / "examples" / "own_model.py")
+bench = import_script(ROOT / "benchmarks" / "predict_ooc.py")
 
 
 def predict_job(rank: int, world_size: int, argv: list[str]):
@@ -209,6 +211,58 @@ def test_an_own_typed_models_predictions_on_3_workers_equal_one_workers(pool, ma
     _assert_rows_are_the_workers(tmp_path / "p3", mag[3], 3, "paper")
 
 
+# -- memory: the plan's inference estimate, and each worker's own rows only --------------------------
+@pytest.fixture(scope="module")
+def sized(tmp_path_factory, pool) -> dict:
+    """A random graph whose data outweighs the processes' noise (40k nodes, 400k edges, 64
+    features: 10 MiB of x), cut into 1 and 3 parts, and a SAGE run trained on it."""
+    tmp = tmp_path_factory.mktemp("sized")
+    gen = torch.Generator().manual_seed(0)
+    n = 40_000
+    g = sc.Graph.from_edges(torch.randint(n, (10 * n,), generator=gen), torch.randint(n, (10 * n,), generator=gen), n)
+    data = {**_node_data(n, gen), "x": torch.randn(n, 64, generator=gen)}
+    out = {n: str(tmp / f"parts{n}") for n in (1, 3)}
+    for parts in (1, 3):
+        sc.partition(g, parts, out[parts], node_data=data)
+    out["run"] = tmp / "run"
+    run_train(pool, 1, ["--parts", out[1], "--out", str(out["run"]), "--epochs", "1", "--hidden", "16",
+                        "--no-progress"])
+    return out
+
+
+def _fresh_predict(sized: dict, n: int, out: Path) -> list[dict]:
+    """Predict on ``n`` fresh torchrun workers (a pool worker's resident size holds what its
+    earlier jobs freed), each recording what it touched (benchmarks/predict_ooc_worker.py)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "SARCOMPILE_TIMEOUT": "60", "PYTHONPATH": str(ROOT)}
+    args = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(n),
+            str(ROOT / "benchmarks" / "predict_ooc_worker.py"), str(out / "records"), "--run-dir", str(sized["run"]),
+            "--parts", sized[n], "--out", str(out / "pred")]
+    done = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, f"{done.stdout}\n{done.stderr}"
+    return [json.loads((out / "records" / f"rank-{r}.json").read_text()) for r in range(n)]
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="reads pages and peaks from Linux's /proc")
+@pytest.mark.parametrize("n", [1, 3])
+def test_each_worker_touches_its_own_rows_and_peaks_within_the_inference_estimate(sized, tmp_path, n):
+    """Every worker's measured peak (resident, above its imports) is at most the plan's
+    inference estimate + 15%, which is below the training estimate. Each opens the manifest
+    and its own part file only, and no other worker's prediction files; its part file's
+    pages resident after the forward are its node rows, not the edge lists
+    (benchmarks/predict_ooc.py checks the same at 4M nodes on 8 workers)."""
+    records = _fresh_predict(sized, n, tmp_path)
+    model, _ = load_trained(sized["run"] / "checkpoint.pt")
+    plan = sc.distribute(model.eval()).plan(sized[n], optimizer="adam")
+    predicting, training = plan.memory_estimate(inference=True), plan.memory_estimate()
+    manifest = json.loads((Path(sized[n]) / "manifest.json").read_text())
+    for rec in records:
+        r, mem = rec["rank"], rec["memory"]
+        assert mem["estimate_bytes"] == predicting[r].peak_bytes < training[r].peak_bytes
+        assert 0 < mem["peak_above_floor_bytes"] <= 1.15 * mem["estimate_bytes"], records
+        assert all(bench.only_own_rows(rec, manifest).values()), (bench.only_own_rows(rec, manifest), rec)
+        assert rec["opened"]["out"], rec  # (the hook saw its writes)
+
+
 # -- bad input, refused before anything is written -------------------------------------------------
 def test_bad_input_is_refused_with_what_to_do(pool, graph, mag, tmp_path):
     run, parts = str(graph["run"]), graph[1]
@@ -320,8 +374,9 @@ def test_cli_under_torchrun(graph, tmp_path):
             "-m", "sarcompile.predict", "--run-dir", str(graph["run"]), "--parts", graph[3], "--out", str(out)]
     done = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, f"{done.stdout}\n{done.stderr}"
-    assert done.stdout.splitlines() == [f"3 workers wrote the predictions of the checkpoint of epoch 3 ([300, 3]) "
-                                        f"to {out}"]
+    wrote, *peaks = done.stdout.splitlines()
+    assert wrote == f"3 workers wrote the predictions of the checkpoint of epoch 3 ([300, 3]) to {out}"
+    assert [int(bench.PEAK.match(line).group(1)) for line in peaks] == [0, 1, 2], peaks  # each worker's peak
     assert "forward" in done.stderr and "writing" in done.stderr  # the progress bar
     _close(sc.read_predictions(out), _eager(graph["run"], graph[1]))
 

@@ -16,14 +16,15 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from .. import errors
-from ..compiler import distribute
+from ..compiler import DistributedModule, distribute
 from ..data.checkpoint import CHECKPOINT_NAME, recorded_header
 from ..data.partitioning import Manifest, _atomic_write, load_partition, now, read_manifest
 from ..data.rundir import DirLock, lock_dir, remove_stale_temps
 from ..errors import CheckpointError, PartitionError, PredictionError, SarcompileError
 from ..runtime.comm import init
+from ..runtime.memory import MemoryProbe, floor_bytes
 from ..train.checkpoints import _broadcast, _checkpoint_group, _read_checkpoint, checkpoint_timeout
-from ..train.log import RUN_NAME
+from ..train.log import RUN_NAME, gather_peaks, peak_line
 from ..train.model import build_model, call_model, graph_first
 from .files import FORMAT, MANIFEST_NAME, is_ours, read_predictions_manifest, write_rows
 from .layer import LayerOutput
@@ -79,6 +80,7 @@ def predict(config: PredictConfig | Mapping[str, Any] | Sequence[str]) -> dict[s
     """
     cfg = _as_config(config)
     rank, world_size = init()
+    floor = floor_bytes()
     limit = checkpoint_timeout()
     manifest = read_manifest(cfg.parts)
     group, locks = _checkpoint_group(limit), []
@@ -104,8 +106,12 @@ def predict(config: PredictConfig | Mapping[str, Any] | Sequence[str]) -> dict[s
             if failure is not None:  # the same error on every rank
                 raise getattr(errors, failure[0])(failure[1])
             bar.update(1)
-            records = _predict(cfg, part, state, model_id, module, group, bar)
-        return _finish(cfg, rank, world_size, manifest, model_id, records, group)
+            model = distribute(module, mode=model_id["mode"] or "sar")
+            with MemoryProbe() as probe:
+                records = _predict(cfg, part, state, model, group, bar)
+            estimate = model.plan(cfg.parts).memory_estimate(inference=True)[rank].peak_bytes
+        memory = gather_peaks(probe, rank, world_size, floor, estimate)
+        return _finish(cfg, rank, world_size, manifest, model_id, records, group, memory)
     finally:
         if group is not None:
             dist.destroy_process_group(group)
@@ -188,16 +194,15 @@ def _claim_out(out: Path, model_id: dict[str, Any], overwrite: bool) -> DirLock:
     return lock
 
 
-def _predict(cfg: PredictConfig, part: Any, state: dict[str, Any], model_id: dict[str, Any],
-             module: torch.nn.Module, group: Any, bar: tqdm) -> list[list[dict[str, Any]]]:
-    """Run the model on this worker's part and write its rows; every worker's file records,
-    per worker a list per node type written."""
+def _predict(cfg: PredictConfig, part: Any, state: dict[str, Any], model: DistributedModule, group: Any,
+             bar: tqdm) -> list[list[dict[str, Any]]]:
+    """Run the compiled model on this worker's part and write its rows; every worker's file
+    records, per worker a list per node type written."""
     bar.set_description("forward")
     target = state["config"].get("target")
     x = part.node_data["x"] if target is None else {t: d["x"] for t, d in part.node_data.items() if "x" in d}
     # The node tables (typed models' embeddings) are loaded whole; the compiled call keeps
     # this worker's rows.
-    model = distribute(module, mode=model_id["mode"] or "sar")
     with torch.no_grad():  # (a LayerOutput is called as sarcompile's models are: module(graph, x))
         output = model(part.graph, x) if cfg.layer else call_model(model, part.graph, x, target)
     rows, error = _rows(output, part, target, cfg.layer)
@@ -217,8 +222,10 @@ def _predict(cfg: PredictConfig, part: Any, state: dict[str, Any], model_id: dic
 
 
 def _finish(cfg: PredictConfig, rank: int, world_size: int, manifest: Manifest, model_id: dict[str, Any],
-            every: list[list[tuple[str | None, dict[str, Any]]]], group: Any) -> dict[str, Any]:
-    """Rank 0 writes the manifest, once every worker has written its rows; returns it."""
+            every: list[list[tuple[str | None, dict[str, Any]]]], group: Any,
+            memory: list[dict[str, int]]) -> dict[str, Any]:
+    """Rank 0 writes the manifest, once every worker has written its rows; returns it.
+    ``memory``: every worker's peak and the plan's inference estimate (:func:`gather_peaks`)."""
     out = Path(cfg.out)
     counts = {t: info["num_nodes"] for t, info in (manifest.node_types or {}).items()}
     types = [t for t, _ in every[0]]
@@ -236,6 +243,7 @@ def _finish(cfg: PredictConfig, rank: int, world_size: int, manifest: Manifest, 
         # made from (an edge file's ids, OGB's node indices, DGL's ids as converted).
         "node_ids": {"source": manifest.name, "ids": "the partition's global node ids"},
         "created": now(),
+        "memory": memory,
     }
     error = None
     if rank == 0:
@@ -250,6 +258,8 @@ def _finish(cfg: PredictConfig, rank: int, world_size: int, manifest: Manifest, 
         sizes = ", ".join(f"{o['type'] + ' ' if o['type'] else ''}{o['shape']}" for o in result["outputs"])
         print(f"{world_size} worker{'s' if world_size > 1 else ''} wrote the {what} of the checkpoint of epoch "
               f"{model_id['epoch']} ({sizes}) to {out}", flush=True)
+        for r, peak in enumerate(memory):
+            print(peak_line(r, peak, "the forward and the writing"), flush=True)
     return result
 
 

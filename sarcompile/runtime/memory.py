@@ -51,6 +51,7 @@ __all__ = [
     "floor_bytes",
     "huge_pages_requested",
     "malloc_stats",
+    "mapped_bytes",
     "release_free",
     "request_huge_pages",
     "status_bytes",
@@ -112,6 +113,23 @@ def floor_bytes() -> int:
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")
     return status_bytes("VmRSS")
+
+
+def mapped_bytes(directory: str | os.PathLike) -> dict[str, int]:
+    """Resident bytes of each file of ``directory`` this process has mapped now (by file
+    name), from ``/proc/self/smaps`` (Linux): the pages of a memory-mapped part file a
+    worker has touched."""
+    directory = Path(directory).resolve()
+    resident: dict[str, int] = {}
+    name = None
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()
+            if "-" in head[0] and len(head) >= 5:  # a mapping's first line: address range, ..., path
+                name = Path(head[5]).name if len(head) > 5 and Path(head[5]).parent == directory else None
+            elif name is not None and head[0] == "Rss:":
+                resident[name] = resident.get(name, 0) + int(head[1]) * 1024
+    return resident
 
 
 @dataclass

@@ -158,9 +158,7 @@ def _report(records: list[dict[str, Any]], probe: MemoryProbe, rank: int, world_
             estimate: int) -> None:
     """Final accuracies and every worker's peak memory above its floor (the resident size
     after the imports) next to the plan's estimate of it, printed by rank 0."""
-    mem = torch.zeros(world_size, 3, dtype=torch.float64)
-    mem[rank] = torch.tensor([probe.peak_bytes - floor, estimate, probe.added_bytes], dtype=torch.float64) / 2**20
-    mem = global_sum(mem)
+    peaks = gather_peaks(probe, rank, world_size, floor, estimate)
     if rank != 0:
         return
     if records:
@@ -171,15 +169,31 @@ def _report(records: list[dict[str, Any]], probe: MemoryProbe, rank: int, world_
         print(f"nothing to train: the checkpoint is at epoch {start}, --epochs asks for no more" if start else
               "nothing to train: --epochs 0", flush=True)
         return
-    for r in range(world_size):
-        print(f"worker {r}: peak {mem[r, 0]:.0f} MiB above the imports (plan's estimate {mem[r, 1]:.0f} MiB), "
-              f"+{mem[r, 2]:.0f} MiB during training", flush=True)
+    for r, peak in enumerate(peaks):
+        print(peak_line(r, peak, "training"), flush=True)
     print(f"allocator: {_allocator_line()}", flush=True)
     for r in range(world_size):
         print(f"worker {r}: per epoch {_time_line(records, r)}", flush=True)
     if world_size > 1:  # one worker communicates nothing
         for r in range(world_size):
             print(f"worker {r}: per epoch {_traffic_line(records, r)}", flush=True)
+
+
+def gather_peaks(probe: MemoryProbe, rank: int, world_size: int, floor: int, estimate: int) -> list[dict[str, int]]:
+    """Every worker's memory, on every rank (one all-reduce): ``peak_above_floor_bytes``
+    (its resident peak during ``probe`` above ``floor``, the resident size after the
+    imports: :func:`~sarcompile.runtime.memory.floor_bytes`), ``estimate_bytes`` (the
+    plan's estimate of that peak) and ``added_bytes`` (the peak above the probe's start)."""
+    keys = ("peak_above_floor_bytes", "estimate_bytes", "added_bytes")
+    mem = global_sum(_own_row(rank, world_size, [probe.peak_bytes - floor, estimate, probe.added_bytes]))
+    return [dict(zip(keys, map(int, row))) for row in mem.tolist()]  # (float64: exact below 2**53 bytes)
+
+
+def peak_line(rank: int, peak: dict[str, int], during: str) -> str:
+    """One worker's line of :func:`gather_peaks`' figures, in MiB; ``during``: what the probe covered."""
+    mib = {k: v / 2**20 for k, v in peak.items()}
+    return (f"worker {rank}: peak {mib['peak_above_floor_bytes']:.0f} MiB above the imports (plan's estimate "
+            f"{mib['estimate_bytes']:.0f} MiB), +{mib['added_bytes']:.0f} MiB during {during}")
 
 
 def _allocator_line() -> str:

@@ -25,6 +25,7 @@ from sarcompile.outofcore.budget import MARGIN, current_rss
 from sarcompile.outofcore.partition import MULTILEVEL
 from sarcompile.data.partitioning import read_manifest, read_part
 from sarcompile.data.rundir import lock_dir
+from sarcompile.runtime.memory import mapped_bytes
 from sarcompile.synthetic_stream import write_sbm
 
 
@@ -156,19 +157,6 @@ def _record_open(event: str, args: tuple) -> None:
             _OPENED.add(path.name)
 
 
-def _mapped_bytes(directory: Path) -> dict[str, int]:
-    """Resident bytes of each file of ``directory`` this process has mapped, from /proc/self/smaps."""
-    resident: dict[str, int] = {}
-    name = None
-    for line in Path("/proc/self/smaps").read_text().splitlines():
-        head = line.split()
-        if "-" in head[0] and len(head) >= 5:  # a mapping's first line: address range, ..., path
-            name = Path(head[5]).name if len(head) > 5 and Path(head[5]).parent == directory else None
-        elif name is not None and head[0] == "Rss:":
-            resident[name] = resident.get(name, 0) + int(head[1]) * 1024
-    return resident
-
-
 def pages_job(rank: int, world_size: int, argv: list[str]) -> dict:
     """Runs on a pool worker: trains with ``argv`` and reports the files of the partition
     directory this process opened, and the resident bytes of each file it had mapped
@@ -181,7 +169,7 @@ def pages_job(rank: int, world_size: int, argv: list[str]) -> dict:
     def counted_step(*args):
         result = step(*args)
         if not mapped:  # after the first step
-            mapped.update(_mapped_bytes(directory))
+            mapped.update(mapped_bytes(directory))
         return result
 
     if not _WATCHED:
