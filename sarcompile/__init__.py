@@ -25,13 +25,14 @@ from .estimate import EstimateTable, estimate
 from .ir.graph import Graph
 from .hetero import HeteroGraph, HeteroShard
 from .ir.ops import edge_softmax, sddmm, spmm
-from .data.partitioning import Manifest, Partition, load_partition, load_whole_graph, partition
+from .data.partitioning import Manifest, Partition, load_partition, load_whole_graph, partition, read_node_ids
 from .outofcore import partition_files
 from . import hetero_partition as _typed_partitions  # noqa: F401  registers typed partitioning (partitioning.typed)
 from .plan import MemoryEstimate, OpPlan, Plan
 from .predict.files import read_predictions
 from .runtime import ops as _shard_implementations  # noqa: F401  registers each IR op's shard implementation
 from .runtime.comm import empty_cache, global_max, global_sum, init, shutdown, sync_gradients
+from .train.checkpoints import load_checkpoint, save_checkpoint
 
 __version__ = "0.1.0"
 
@@ -55,6 +56,7 @@ __all__ = [
     "partition_files",
     "load_partition",
     "load_whole_graph",
+    "read_node_ids",
     "read_predictions",
     "Partition",
     "Manifest",
@@ -68,6 +70,8 @@ __all__ = [
     "global_sum",
     "global_max",
     "empty_cache",
+    "save_checkpoint",
+    "load_checkpoint",
     "SarcompileError",
     "GraphError",
     "PartitionError",

@@ -78,7 +78,15 @@ edge file formats:
         which are split into the parts as node data
   .npz  numpy.savez'd arrays with the same keys
   .csv  two integer columns, one edge per line: src,dst, or as a header line
-        names them (src,dst or dst,src); a line of numbers is never a header
+        names them (src,dst or dst,src); a line of numbers is never a header.
+        With --own-ids the two columns are your own node ids, any 64-bit integers
+        (kept as int64) or else strings (spaces around them stripped): the nodes
+        the edges name are numbered 0..n-1 in sorted order of the ids (integers
+        ascending, strings by code point), --node-data rows follow that order, and
+        DIR/node_ids.npy keeps your id of every node (sc.read_node_ids(DIR);
+        sc.read_predictions(PRED, ids=True) gives it with the predictions). A first
+        line that is exactly src,dst (or dst,src) is then a header. Read in chunks,
+        out of core
 
 node data is checked before anything is written: x floating point [nodes, features]
 with no NaN or infinity (--allow-nonfinite keeps them), y integer labels (-1 =
@@ -139,7 +147,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--num-nodes", type=_positive_int, metavar="N", help="with --edges SRC.npy,DST.npy: the node count")
     p.add_argument(
         "--node-data", action="append", metavar="NAME=FILE.npy",
-        help="with --edges SRC.npy,DST.npy: a node tensor (one row per node), repeatable",
+        help="with --edges SRC.npy,DST.npy or FILE.csv: a node tensor (one row per node), repeatable",
+    )
+    p.add_argument(
+        "--own-ids", action="store_true",
+        help="with --edges FILE.csv: its ids are your own (sparse integers or strings), numbered 0..n-1 in sorted "
+        "order and kept in the partition (see below)",
     )
     p.add_argument(
         "--memory-limit", metavar="SIZE",
@@ -359,8 +372,11 @@ def _partition(args: argparse.Namespace) -> int:
         raise PartitionError("--dgl-mapping applies only to --dgl-partition")
     args.method = args.method or "metis"
     args.seed = 0 if args.seed is None else args.seed
+    if args.own_ids and (args.edges is None or not args.edges.lower().endswith(".csv")):
+        raise PartitionError("--own-ids applies only to --edges FILE.csv (OGB datasets keep their mapping/ ids "
+                             "by themselves)")
     if args.edges is not None and ("," in args.edges or (args.edges.lower().endswith(".csv") and (
-            args.memory_limit is not None or args.num_nodes is not None))):
+            args.memory_limit is not None or args.num_nodes is not None or args.own_ids))):
         return _partition_files(args)
     if args.dataset is not None and args.memory_limit is not None:
         return _partition_ogb(args)
@@ -374,11 +390,11 @@ def _partition(args: argparse.Namespace) -> int:
     console = Console(stderr=True, highlight=False)
     times: dict[str, float] = {}
     with _phase(console, times, "load", f"loading {args.dataset or args.edges or args.synthetic}"):
-        g, node_data, name, described = _load_source(args)
+        g, node_data, name, described, node_ids = _load_source(args)
     with _phase(console, times, "partition + write", f"partitioning ({args.method}) and writing to {args.out}"):
         manifest = partition(
             g, args.parts, args.out, node_data=node_data, method=args.method, seed=args.seed, name=args.name or name,
-            allow_nonfinite=args.allow_nonfinite,
+            allow_nonfinite=args.allow_nonfinite, node_ids=node_ids,
         )
     if described:
         print(described)
@@ -396,8 +412,11 @@ def _partition_files(args: argparse.Namespace) -> int:
     paths = args.edges.split(",")
     if len(paths) > 2 or not all(paths):
         raise GraphError(f"--edges {args.edges}: give two .npy files, SRC.npy,DST.npy")
-    if args.num_nodes is None:
-        raise GraphError(f"--edges {args.edges} out of core needs --num-nodes N (node ids are 0..N-1)")
+    if args.own_ids and args.num_nodes is not None:
+        raise GraphError("--own-ids numbers the nodes the CSV names itself: drop --num-nodes")
+    if args.num_nodes is None and not args.own_ids:
+        raise GraphError(f"--edges {args.edges} out of core needs --num-nodes N (node ids are 0..N-1), or "
+                         "--own-ids for a CSV of your own ids")
     given = [f"--{k}" for k in ("root", "symmetrize", "scale") if getattr(args, k) is not None]
     if given:
         raise DatasetError(f"{', '.join(given)} do not apply to --edges")
@@ -413,7 +432,7 @@ def _partition_files(args: argparse.Namespace) -> int:
     manifest = partition_files(
         edges, args.parts, args.out, node_data, num_nodes=args.num_nodes, method=args.method, seed=args.seed,
         name=args.name or Path(paths[0]).stem, memory_limit=args.memory_limit, scratch_dir=args.scratch,
-        allow_nonfinite=args.allow_nonfinite,
+        allow_nonfinite=args.allow_nonfinite, own_ids=args.own_ids,
         log=lambda line: console.print(f"[{time.perf_counter() - start:7.1f} s] {line}", markup=False),
     )
     print(summary(manifest))
@@ -456,6 +475,7 @@ def _convert_dgl(args: argparse.Namespace) -> int:
     given = [f"--{k.replace('_', '-')}" for k in ("root", "symmetrize", "method", "seed", "scale", "num_nodes",
                                                   "node_data", "memory_limit", "scratch") if getattr(args, k) is not None]
     given += ["--allow-nonfinite"] if args.allow_nonfinite else []
+    given += ["--own-ids"] if args.own_ids else []
     if given:
         raise PartitionError(
             f"{', '.join(given)} apply only to --edges/--dataset: a DGL partition keeps DGL's assignment"
@@ -499,8 +519,9 @@ def _phase(console: Console, times: dict[str, float], phase: str, message: str) 
     times[phase] = time.perf_counter() - start
 
 
-def _load_source(args: argparse.Namespace) -> tuple[Graph | HeteroGraph, dict[str, Any], str, str]:
-    """The graph, its node tensors, its default name and a line describing a dataset ('' for an edge file)."""
+def _load_source(args: argparse.Namespace) -> tuple[Graph | HeteroGraph, dict[str, Any], str, str, Any]:
+    """The graph, its node tensors, its default name, a line describing a dataset ('' for an
+    edge file) and the dataset's own node ids (None where it has none)."""
     if args.scale is not None and args.synthetic is None:
         raise DatasetError("--scale applies only to --synthetic")
     if args.edges is not None or args.synthetic is not None:
@@ -509,7 +530,7 @@ def _load_source(args: argparse.Namespace) -> tuple[Graph | HeteroGraph, dict[st
         if args.synthetic is not None:
             return _synthetic(args)
         g, node_data = load_edge_file(args.edges)
-        return g, node_data, Path(args.edges).stem, ""
+        return g, node_data, Path(args.edges).stem, "", None
     if args.root is None:
         raise DatasetError(f"--dataset {args.dataset} needs --root DIR, the directory that holds its folder")
     if args.dataset not in (*SUPPORTED, MAG):
@@ -518,19 +539,20 @@ def _load_source(args: argparse.Namespace) -> tuple[Graph | HeteroGraph, dict[st
         if args.symmetrize is not None:
             raise DatasetError(f"--symmetrize applies to the homogeneous datasets; {MAG} gets a reverse relation "
                                "(rev_*) for every relation between two types, and keeps cites as stored")
-        return _typed_source(load_ogb_mag(args.root), "reverse relations added")
+        mag = load_ogb_mag(args.root)
+        return *_typed_source(mag, "reverse relations added"), mag.node_ids
     ds = load_ogb(args.dataset, args.root, symmetrize=args.symmetrize)
     splits = ("train", "val", "test")
     masks = ", ".join(f"{int(ds.node_data[f'{s}_mask'].sum())} {s}" for s in splits)
     edges = "symmetrized (both directions, each pair once)" if ds.symmetrized else "edges as OGB stores them"
     described = f"dataset {ds.name}: {edges}; {ds.num_classes} classes; {masks} nodes"
-    return ds.graph, ds.node_data, ds.name, described
+    return ds.graph, ds.node_data, ds.name, described, ds.node_ids
 
 
-def _synthetic(args: argparse.Namespace) -> tuple[HeteroGraph, dict[str, Any], str, str]:
+def _synthetic(args: argparse.Namespace) -> tuple[HeteroGraph, dict[str, Any], str, str, None]:
     """``--synthetic mag``: :func:`~sarcompile.synthetic.mag_like` at ``--scale``, seeded by ``--seed``."""
     sizes = mag_like_sizes(1.0 if args.scale is None else args.scale)
-    return _typed_source(mag_like(**sizes, seed=args.seed), f"generated, seed {args.seed}")
+    return *_typed_source(mag_like(**sizes, seed=args.seed), f"generated, seed {args.seed}"), None
 
 
 def _typed_source(ds: HeteroDataset, how: str) -> tuple[HeteroGraph, dict[str, Any], str, str]:

@@ -25,7 +25,7 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
@@ -34,6 +34,7 @@ from .ir.graph import Graph
 from .hetero import HeteroGraph, HeteroShard, parse_relation_key, relation_key
 from .data.partitioning import METHODS, Manifest, Partition, PartInfo, _as_part, _check_halos, _check_node_data, _check_num_parts, _contiguous, _given_assignment, _hash_tensor, _metis, describe_node_data, now, part_self_loops, read_part_file, typed, write_directory
 from .runtime.memory import release_free
+from .data.node_ids import check_ids
 from .data.shard import PartData, ShardGraph, local_rows, split_graph
 from .data.validate import check_node_data
 
@@ -144,10 +145,12 @@ def partition_typed(
     seed: int = 0,
     name: str = "graph",
     allow_nonfinite: bool = False,
+    node_ids: dict[str, Any] | None = None,
 ) -> Manifest:
     """:func:`sarcompile.partition` of a typed graph (see the module docstring)."""
     _check_num_parts(num_parts)
     data = _check_typed_node_data(g, node_data, allow_nonfinite)
+    user_ids = None if node_ids is None else _check_typed_ids(g, node_ids)
     assignment = assign_typed(g, num_parts, method, seed)
     # Per type: its nodes in each part, numbered as split_graph numbers them.
     ids = {}
@@ -191,7 +194,15 @@ def partition_typed(
                                             "edge_cut": cuts[rel]} for rel, rg in g.items()},
         )
 
-    return write_directory(Path(out_dir), payloads, manifest)
+    return write_directory(Path(out_dir), payloads, manifest, user_ids)
+
+
+def _check_typed_ids(g: HeteroGraph, node_ids: Any) -> dict[str, Any]:
+    """``node_ids`` per node type (the types that have ids), each checked as one id per node."""
+    if not isinstance(node_ids, dict) or not set(node_ids) <= set(g.node_types):
+        given = sorted(node_ids) if isinstance(node_ids, dict) else type(node_ids).__name__
+        raise GraphError(f"node_ids of a typed graph is a dict by node type ({', '.join(g.node_types)}), got {given}")
+    return {t: check_ids(ids, g.num_nodes(t), f"node_ids[{t!r}]") for t, ids in node_ids.items()}
 
 
 def _without_nodes(part: PartData) -> dict:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -69,6 +70,9 @@ class Dataset:
     node_data: dict[str, torch.Tensor] = field(repr=False)
     num_classes: int
     symmetrized: bool = False
+    # OGB's own id of every node (mapping/nodeidx2*.csv.gz: MAG paper ids, Amazon ASINs),
+    # where the dataset's folder has it; what the partition keeps (sarcompile.data.node_ids)
+    node_ids: np.ndarray | None = field(default=None, repr=False)
 
 
 @dataclass
@@ -92,6 +96,8 @@ class HeteroDataset:
     node_data: dict[str, dict[str, torch.Tensor]] = field(repr=False)
     num_classes: int
     target_type: str = MAG_TARGET
+    # OGB's own ids per node type (mapping/{type}_entidx2name.csv.gz), for the types that have them
+    node_ids: dict[str, np.ndarray] | None = field(default=None, repr=False)
 
 
 def load_ogb(name: str, root: str | Path, symmetrize: bool | None = None) -> Dataset:
@@ -100,7 +106,8 @@ def load_ogb(name: str, root: str | Path, symmetrize: bool | None = None) -> Dat
     ``symmetrize=None`` does what OGB's examples do: datasets OGB stores directed
     (arxiv, papers100M) get both directions of every edge (see :func:`symmetrize_edges`);
     products, which OGB already gives both directions, is kept as stored. ``True`` or
-    ``False`` forces the choice.
+    ``False`` forces the choice. Where the folder has OGB's ``mapping/nodeidx2*.csv.gz``
+    (arxiv's and papers100M's MAG paper ids, products' ASINs), ``node_ids`` holds them.
 
     The first load parses the raw files and leaves ogb's cache in ``processed/``; later
     loads read the cache. That cache is a pickle, unpickled in full (as ogb itself does):
@@ -131,7 +138,9 @@ def load_ogb(name: str, root: str | Path, symmetrize: bool | None = None) -> Dat
         **{mask: _mask(split[part], num_nodes, name, part) for mask, part in SPLIT_OF_MASK.items()},
     }
     graph = Graph.from_edges(src, dst, num_nodes)
-    return Dataset(name, graph, node_data, int(ogb_data.num_classes), bool(symmetrize))
+    mapping = ogb_mapping_file(folder)
+    ids = None if mapping is None else read_ogb_mapping(mapping, num_nodes)
+    return Dataset(name, graph, node_data, int(ogb_data.num_classes), bool(symmetrize), ids)
 
 
 def load_ogb_mag(root: str | Path, add_reverse: bool = True) -> HeteroDataset:
@@ -142,7 +151,8 @@ def load_ogb_mag(root: str | Path, add_reverse: bool = True) -> HeteroDataset:
     two different types (see :func:`add_reverse_relations`), so authors, institutions and
     fields of study receive messages too; ``paper cites paper`` stays directed as stored.
     Only papers carry values: ``x`` (128 float32 features), ``y`` (the venue, one of 349)
-    and the masks of OGB's time split (train up to 2017, valid 2018, test 2019).
+    and the masks of OGB's time split (train up to 2017, valid 2018, test 2019). OGB's
+    ``mapping/{type}_entidx2name.csv.gz`` files, where present, give ``node_ids``.
 
     Caching, trust and errors are as in :func:`load_ogb`: a :class:`DatasetError` names
     any missing file, the URL and where to unzip; nothing is downloaded.
@@ -179,7 +189,9 @@ def load_ogb_mag(root: str | Path, add_reverse: bool = True) -> HeteroDataset:
         **{mask: _mask(_typed_split(split, part), n, MAG, part) for mask, part in SPLIT_OF_MASK.items()},
     }
     node_data = {t: (paper if t == MAG_TARGET else {}) for t in hetero.node_types}
-    return HeteroDataset(MAG, hetero, node_data, int(ogb_data.num_classes), MAG_TARGET)
+    files = {t: ogb_mapping_file(folder, t) for t in hetero.node_types}
+    ids = {t: read_ogb_mapping(path, num_nodes[t]) for t, path in files.items() if path is not None}
+    return HeteroDataset(MAG, hetero, node_data, int(ogb_data.num_classes), MAG_TARGET, ids or None)
 
 
 def add_reverse_relations(
@@ -219,6 +231,58 @@ def symmetrize_edges(src: torch.Tensor, dst: torch.Tensor, num_nodes: int) -> tu
 
 
 # -- checking the files before ogb sees them ---------------------------------------------------
+def ogb_mapping_file(folder: Path, ntype: str | None = None) -> Path | None:
+    """OGB's file of the original id of every node (of type ``ntype``) in a dataset's
+    folder, or None where it has none: ``mapping/nodeidx2paperid.csv.gz`` and the like,
+    ``mapping/{type}_entidx2name.csv.gz`` for ogbn-mag. A gzip CSV under a header line
+    (``node idx,paper id``): the node index, then its id."""
+    if ntype is not None:
+        path = folder / "mapping" / f"{ntype}_entidx2name.csv.gz"
+        return path if path.is_file() else None
+    found = sorted((folder / "mapping").glob("nodeidx2*.csv.gz"))
+    if len(found) > 1:
+        raise DatasetError(f"'{folder / 'mapping'}' has {len(found)} node id files ({', '.join(p.name for p in found)}); "
+                           "OGB's zip has one: re-extract it")
+    return found[0] if found else None
+
+
+def read_ogb_mapping(path: Path, num_nodes: int, chunk_rows: int = 1 << 20,
+                     store: Callable[[Iterator[np.ndarray]], Any] = lambda c: np.concatenate(list(c))) -> Any:
+    """The ids of an OGB mapping file (see :func:`ogb_mapping_file`) in node order, checked:
+    one per node, rows in node order. Integers (int64) where every id is one, else strings
+    (then held in memory). ``store`` takes the integer ids a chunk at a time (default:
+    into one array; out of core: into a file)."""
+    try:
+        ids = store(_mapping_chunks(path, np.int64, chunk_rows))
+    except (ValueError, OverflowError):  # an id that is not a 64-bit integer: all are strings
+        try:
+            ids = np.concatenate(list(_mapping_chunks(path, str, chunk_rows)))
+        except ValueError as e:  # a node index that is not a number, or no rows
+            raise DatasetError(f"'{path}' is not OGB's node id mapping ({e}); re-extract OGB's zip") from None
+    if ids.shape[0] != num_nodes:
+        raise DatasetError(f"'{path}' has {ids.shape[0]} ids for {num_nodes} nodes; re-extract OGB's zip")
+    return ids
+
+
+def _mapping_chunks(path: Path, dtype: type, chunk_rows: int) -> Iterator[np.ndarray]:
+    """The id column of an OGB mapping file ``chunk_rows`` at a time, each row's index checked."""
+    import pandas as pd  # an ogb dependency
+
+    first, text = 0, dtype is str
+    try:
+        with pd.read_csv(path, header=0, dtype={0: np.int64, 1: dtype}, chunksize=chunk_rows, compression="gzip",
+                         **({"keep_default_na": False, "na_filter": False} if text else {})) as reader:
+            for frame in reader:
+                index = frame.iloc[:, 0].to_numpy()
+                if frame.shape[1] != 2 or not np.array_equal(index, np.arange(first, first + len(index))):
+                    raise DatasetError(f"'{path}' is not OGB's node id mapping (two columns, node index 0, 1, ... "
+                                       "in order, then its id); re-extract OGB's zip")
+                first += len(index)
+                yield frame.iloc[:, 1].to_numpy().astype(str) if text else frame.iloc[:, 1].to_numpy()
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, OSError, EOFError, UnicodeDecodeError) as e:
+        raise DatasetError(f"cannot read '{path}' ({type(e).__name__}: {e}); re-extract OGB's zip") from None
+
+
 def _meta(name: str) -> dict[str, str]:
     """:func:`_master_column` of a dataset :func:`load_ogb` supports."""
     if name not in SUPPORTED:

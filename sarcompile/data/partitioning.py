@@ -34,12 +34,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import secrets
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import numpy as np
 import torch
@@ -47,9 +46,9 @@ import torch
 from ..errors import GraphError, PartitionError
 from ..ir.graph import Graph
 from ..hetero import HeteroGraph, HeteroShard
-from .rundir import lock_dir, remove_stale_temps
+from .rundir import _atomic_write, _create_temp, _fsync_dir, _sha256, lock_dir, remove_stale_temps
 from ..runtime.memory import release_free
-from .node_ids import IDS_FILES, check_ids, write_node_ids
+from .node_ids import IDS_FILES, check_ids, open_ids, write_node_ids
 from .shard import PartData, ShardGraph, split_graph
 from .validate import check_node_data
 
@@ -61,6 +60,7 @@ __all__ = [
     "Partition",
     "assign",
     "graph_sha256",
+    "read_node_ids",
     "partition",
     "read_manifest",
     "load_partition",
@@ -234,7 +234,7 @@ class Manifest:
     node_types: dict[str, dict[str, Any]] | None = None
     edge_types: dict[str, dict[str, Any]] | None = None
     # The user's own ids of the nodes, where the graph came with them (sarcompile.data.node_ids):
-    # the id file's record ({"file", "sha256", "kind", "dtype", "num_nodes", "source"}), per
+    # the id file's record ({"file", "sha256", "kind", "dtype", "num_nodes"}), per
     # node type for a typed partition; None where the global node ids are the user's.
     node_ids: dict[str, Any] | None = None
 
@@ -331,7 +331,7 @@ def partition(
 
     ``node_ids`` records the user's own id of every node (an array of integers or strings,
     ``node_ids[i]`` the id of node ``i``; per node type for a typed graph) in the directory,
-    for :func:`~sarcompile.data.node_ids.read_node_ids` and the predictions read back by
+    for :func:`read_node_ids` and the predictions read back by
     ``sc.read_predictions(DIR, ids=True)``.
 
     Example:
@@ -368,17 +368,15 @@ def partition(
             graph_sha256=graph_sha256(g, node_data),
         )
 
-    return write_directory(Path(out_dir), [(part.to_dict(), _part_info(part)) for part in parts], manifest,
-                           (ids, "node_ids given to sc.partition") if ids is not None else None)
+    return write_directory(Path(out_dir), [(part.to_dict(), _part_info(part)) for part in parts], manifest, ids)
 
 
 def write_directory(
     out: Path, parts: Sequence[tuple[dict, Callable[[int], PartInfo]]],
-    manifest_of: Callable[[list[PartInfo]], Manifest], node_ids: tuple[Any, str] | None = None,
+    manifest_of: Callable[[list[PartInfo]], Manifest], node_ids: Any = None,
 ) -> Manifest:
     """Write every part (its saved dict, and what makes its manifest entry once written),
-    the user's node ids where given (``(ids, where they came from)``, see
-    :mod:`.node_ids`) and then the manifest, atomically and under the directory's lock
+    the user's node ids where given (see :mod:`.node_ids`) and then the manifest, atomically and under the directory's lock
     (see the module docstring); returns the manifest."""
     with lock_dir(out, "partition run"):  # creates out
         return write_locked(out, len(parts), iter(parts), manifest_of, node_ids)
@@ -386,7 +384,7 @@ def write_directory(
 
 def write_locked(
     out: Path, num_parts: int, parts: Iterator[tuple[dict, Callable[[int], PartInfo]]],
-    manifest_of: Callable[[list[PartInfo]], Manifest], node_ids: tuple[Any, str] | None = None,
+    manifest_of: Callable[[list[PartInfo]], Manifest], node_ids: Any = None,
 ) -> Manifest:
     """:func:`write_directory` for a caller that holds ``out``'s lock already, with the
     parts made one at a time as ``parts`` yields them (only one is ever in memory)."""
@@ -408,7 +406,7 @@ def write_locked(
         raise PartitionError(f"internal error: {len(infos)} parts written of {num_parts}")
     manifest = manifest_of(infos)
     if node_ids is not None:
-        manifest = replace(manifest, node_ids=write_node_ids(out, *node_ids))
+        manifest = replace(manifest, node_ids=write_node_ids(out, node_ids))
     _atomic_write(out / MANIFEST, lambda f: f.write(manifest.to_json().encode()))
     return manifest
 
@@ -532,58 +530,6 @@ def part_self_loops(part: PartData, rank: int) -> int:
     return int(((part.edge_src_part == rank) & (part.edge_src_local == part.edge_dst_local)).sum())
 
 
-def _atomic_write(path: Path, write: Callable[[IO[bytes]], Any]) -> None:
-    """Write ``path`` so that it is either absent, the old file, or the complete new one.
-
-    The data goes to ``.NAME.<random>.tmp`` in the same directory first (what
-    :func:`sarcompile.data.rundir.remove_stale_temps` cleans after a kill), created with mode
-    0666 less the umask, as ``open`` would create the file (``mkstemp`` would make it 0600).
-    """
-    fd, tmp = _create_temp(path)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
-
-
-def _create_temp(path: Path) -> tuple[int, str]:
-    for _ in range(100):
-        tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
-        try:
-            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666), str(tmp)
-        except FileExistsError:
-            continue
-    raise FileExistsError(f"cannot create a temporary file next to '{path}'")
-
-
-def _fsync_dir(path: Path) -> None:
-    """Make renames and removals in ``path`` durable where the OS allows fsync on a directory."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:  # e.g. Windows cannot open a directory
-        return
-    try:
-        os.fsync(fd)
-    except OSError:  # some filesystems refuse fsync on directories
-        pass
-    finally:
-        os.close(fd)
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 # -- reading ---------------------------------------------------------------------------------
 def read_manifest(out_dir: str | os.PathLike) -> Manifest:
     """The manifest of a partition directory, or a :class:`PartitionError` saying what to do."""
@@ -606,6 +552,33 @@ def read_manifest(out_dir: str | os.PathLike) -> Manifest:
     except (OSError, UnicodeDecodeError) as e:
         raise PartitionError(f"cannot read '{path}' ({e}); re-run partition") from None
     return Manifest.from_json(text)
+
+
+def read_node_ids(directory: str | os.PathLike) -> np.ndarray | dict[str, np.ndarray]:
+    """The user's id of every global node id of the partition in ``directory`` (see the
+    module docstring): an array memory-mapped read-only, ``ids[i]`` the id of node ``i``; a
+    dict of them per node type for a typed partition (the types that have ids).
+
+    A partition made without the user's ids, or whose id file is missing or damaged,
+    raises :class:`PartitionError` saying what to do.
+
+    Example:
+
+    >>> import tempfile
+    >>> g = sc.Graph.from_edges(torch.tensor([0, 1]), torch.tensor([1, 0]), 2)
+    >>> d = tempfile.mkdtemp()
+    >>> _ = sc.partition(g, 1, d, node_ids=np.array([10**12, 7]))
+    >>> sc.read_node_ids(d).tolist()
+    [1000000000000, 7]
+    """
+    manifest = read_manifest(directory)
+    if manifest.node_ids is None:
+        raise PartitionError(f"partition '{directory}' was made from node ids 0..n-1 (no ids of the user's are "
+                             "recorded): global node id i is the graph's node i")
+    redo = "re-run sarcompile partition"
+    if manifest.typed:
+        return {t: open_ids(Path(directory), r, PartitionError, redo) for t, r in manifest.node_ids.items()}
+    return open_ids(Path(directory), manifest.node_ids, PartitionError, redo)
 
 
 def load_partition(
@@ -784,6 +757,10 @@ def summary(manifest: Manifest, max_matrix: int = 8) -> str:
     ]
     cut = 100.0 * m.edge_cut / m.num_edges if m.num_edges else 0.0
     lines.append(f"edge cut: {m.edge_cut} of {m.num_edges} edges ({cut:.1f}%)")
+    if m.node_ids is not None:  # where the user's id of every node is (sc.read_node_ids)
+        records = m.node_ids.items() if m.typed else [(None, m.node_ids)]
+        lines.append("node ids of your own: " + ", ".join(
+            f"{'' if t is None else t + ' '}{r['kind']}s in {r['file']}" for t, r in records))
     if m.typed:  # every type is split across all parts: how evenly
         lines.append("nodes of each type per part:")
         lines += _table(("type", *map(str, range(m.num_parts))),

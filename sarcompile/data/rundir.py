@@ -20,17 +20,21 @@ The lock belongs to the open file, so it goes away with the process however it e
 stays (removing it would let two writers lock two different files).
 
 Whoever holds the lock may delete the temporary files (``.NAME.*.tmp``, written by
-``partitioning._atomic_write``) that an earlier, killed writer left: no live writer can
-be using them.
+:func:`_atomic_write`) that an earlier, killed writer left: no live writer can be using
+them.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import secrets
 import socket
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import IO, Any
 
 from ..errors import RunDirError
 
@@ -145,3 +149,56 @@ def remove_stale_temps(directory: str | os.PathLike, names: list[str]) -> list[P
                 continue
             removed.append(path)
     return removed
+
+
+# -- files written whole or not at all -------------------------------------------------------
+def _atomic_write(path: Path, write: Callable[[IO[bytes]], Any]) -> None:
+    """Write ``path`` so that it is either absent, the old file, or the complete new one.
+
+    The data goes to ``.NAME.<random>.tmp`` in the same directory first (what
+    :func:`sarcompile.data.rundir.remove_stale_temps` cleans after a kill), created with mode
+    0666 less the umask, as ``open`` would create the file (``mkstemp`` would make it 0600).
+    """
+    fd, tmp = _create_temp(path)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+
+
+def _create_temp(path: Path) -> tuple[int, str]:
+    for _ in range(100):
+        tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
+        try:
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666), str(tmp)
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"cannot create a temporary file next to '{path}'")
+
+
+def _fsync_dir(path: Path) -> None:
+    """Make renames and removals in ``path`` durable where the OS allows fsync on a directory."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # e.g. Windows cannot open a directory
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # some filesystems refuse fsync on directories
+        pass
+    finally:
+        os.close(fd)
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()

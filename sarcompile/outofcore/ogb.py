@@ -21,7 +21,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..data.datasets import SPLIT_OF_MASK, _check_files, _mask, _meta, _read_split
+from ..data.datasets import SPLIT_OF_MASK, _check_files, _mask, _meta, _read_split, ogb_mapping_file, \
+    read_ogb_mapping
+from ..data.node_ids import Ids
 from ..errors import DatasetError
 from ..data.partitioning import Manifest
 from .adjacency import build_buckets
@@ -43,6 +45,7 @@ class StreamedDataset:
     node_data: dict[str, DiskArray]
     num_classes: int
     symmetrized: bool
+    node_ids: Ids | None = None  # OGB's id of every node (load_ogb's node_ids), on disk where integers
 
 
 def partition_ogb(
@@ -57,7 +60,7 @@ def partition_ogb(
         ds = stream_ogb(name, root, scratch, budget.chunk_edges, symmetrize, log)
         budget = budget.for_nodes(ds.edges.num_nodes)
         manifest = write_partition(ds.edges, ds.node_data, num_parts, Path(out_dir), scratch, budget, method=method,
-                                   seed=seed, name=name, allow_nonfinite=False, log=log)
+                                   seed=seed, name=name, allow_nonfinite=False, log=log, node_ids=ds.node_ids)
     return manifest, ds
 
 
@@ -103,7 +106,10 @@ def stream_ogb(name: str, root: str | Path, scratch: Path, chunk_rows: int, symm
     node_data = {"x": x, "y": y}
     for mask, part in SPLIT_OF_MASK.items():
         node_data[mask] = writer.array(mask, _mask(split[part], n, name, part).numpy())
-    return StreamedDataset(name, edges, node_data, int(meta["num classes"]), symmetrize)
+    mapping = ogb_mapping_file(folder)
+    ids = None if mapping is None else read_ogb_mapping(mapping, n, chunk_rows,
+                                                         lambda chunks: writer.convert("node_ids", chunks, np.int64))
+    return StreamedDataset(name, edges, node_data, int(meta["num classes"]), symmetrize, ids)
 
 
 def _raw_files(binary: bool) -> Callable[[Path, dict[str, str]], list[Path]]:

@@ -18,7 +18,8 @@ from ..data.partitioning import METHODS, Manifest, PartInfo, _check_num_parts, a
 from ..data.rundir import lock_dir
 from .adjacency import build_buckets
 from .budget import Budget, parse_size
-from .convert import ScratchWriter, csv_edges
+from ..data.node_ids import Ids, kind_of
+from .convert import ScratchWriter, csv_edges, csv_own_edges
 from .multilevel import multilevel_partition
 from .sources import DiskArray, EdgeFiles, open_edges
 from .writer import PartWriter
@@ -52,6 +53,7 @@ def partition_files(
     memory_limit: int | str | None = None,
     scratch_dir: str | os.PathLike | None = None,
     allow_nonfinite: bool = False,
+    own_ids: bool = False,
     log: Callable[[str], None] = lambda s: None,
 ) -> Manifest:
     """Partition the graph of ``edges`` and the node tensors in the ``.npy`` files
@@ -60,7 +62,11 @@ def partition_files(
     default: 3/4 of what is available). ``edges`` is a pair of ``.npy`` paths (source and
     destination ids), the path of an edge CSV (two integer columns, optionally under a
     ``src,dst`` header; converted in chunks), both with ``num_nodes``, or what
-    :func:`.sources.open_edges` returns::
+    :func:`.sources.open_edges` returns. With ``own_ids=True`` (a CSV, without
+    ``num_nodes``) the CSV's ids are the user's own, integers or strings: they are
+    numbered ``0..n-1`` in sorted order (see :func:`.convert.csv_own_edges`), the node
+    data's rows follow that order, and the ids are kept in the directory
+    (:mod:`sarcompile.data.node_ids`)::
 
         sc.partition_files(("src.npy", "dst.npy"), 8, "parts8", {"x": "x.npy", "y": "y.npy"},
                            num_nodes=1_000_000, memory_limit="1GiB")
@@ -83,19 +89,29 @@ def partition_files(
     >>> manifest.num_parts, manifest.num_edges
     (2, 4)
     """
-    if not isinstance(edges, EdgeFiles) and num_nodes is None:
-        raise GraphError("partition_files(edge files, ...) needs num_nodes=N (node ids are 0..N-1)")
+    csv = not isinstance(edges, (EdgeFiles, tuple))
+    if own_ids and (not csv or num_nodes is not None):
+        raise GraphError("own_ids=True numbers the node ids of an edge CSV itself: give the CSV's path and no "
+                         "num_nodes" if csv else "own_ids=True applies to an edge CSV; .npy edges hold ids 0..N-1")
+    if not (own_ids or isinstance(edges, EdgeFiles)) and num_nodes is None:
+        raise GraphError("partition_files(edge files, ...) needs num_nodes=N (node ids are 0..N-1), or "
+                         "own_ids=True for a CSV of the user's own ids")
     if isinstance(edges, tuple):
         edges = open_edges(*edges, num_nodes)
-    n = edges.num_nodes if isinstance(edges, EdgeFiles) else num_nodes
     budget = start_budget(num_parts, method, memory_limit)
-    arrays = _open_node_data(node_data or {}, n)
-    budget = budget.for_nodes(n)
+    n = edges.num_nodes if isinstance(edges, EdgeFiles) else num_nodes
+    arrays = None if own_ids else _open_node_data(node_data or {}, n)  # own ids: once they are counted
     with locked_scratch(Path(out_dir), scratch_dir) as scratch:
-        if not isinstance(edges, EdgeFiles):
+        ids = None
+        if own_ids:
+            edges, ids = csv_own_edges(edges, ScratchWriter(scratch, budget.chunk_edges))
+            log(f"{edges.num_nodes} distinct node ids ({kind_of(ids.dtype)}s) numbered in sorted order")
+            arrays = _open_node_data(node_data or {}, edges.num_nodes)
+        elif csv:
             edges = csv_edges(edges, n, ScratchWriter(scratch, budget.chunk_edges))
-        return write_partition(edges, arrays, num_parts, Path(out_dir), scratch, budget, method=method, seed=seed,
-                               name=name, allow_nonfinite=allow_nonfinite, log=log)
+        return write_partition(edges, arrays, num_parts, Path(out_dir), scratch, budget.for_nodes(edges.num_nodes),
+                               method=method, seed=seed, name=name, allow_nonfinite=allow_nonfinite, log=log,
+                               node_ids=ids)
 
 
 def start_budget(num_parts: int, method: str, memory_limit: int | str | None) -> Budget:
@@ -125,8 +141,10 @@ def locked_scratch(out: Path, scratch_dir: str | os.PathLike | None) -> Iterator
 def write_partition(
     edges: EdgeFiles, arrays: dict[str, DiskArray], num_parts: int, out: Path, scratch: Path, budget: Budget, *,
     method: str, seed: int, name: str, allow_nonfinite: bool, log: Callable[[str], None],
+    node_ids: Ids | None = None,
 ) -> Manifest:
-    """Assign, scatter and write, ``out`` being locked by the caller (see :func:`partition_files`)."""
+    """Assign, scatter and write, ``out`` being locked by the caller (see :func:`partition_files`);
+    ``node_ids``: the user's ids of the nodes, kept in ``out``."""
     parts, recorded = _assign(edges, num_parts, method, seed, budget, scratch, log)
     log(f"assigned: part sizes {np.bincount(parts, minlength=num_parts).tolist()}")
     writer = PartWriter(edges, arrays, parts, num_parts, scratch, budget.chunk_edges, allow_nonfinite)
@@ -142,7 +160,7 @@ def write_partition(
             graph_sha256=digest,
         )
 
-    return write_locked(out, num_parts, writer.payloads(), manifest)
+    return write_locked(out, num_parts, writer.payloads(), manifest, node_ids)
 
 
 def _assign(

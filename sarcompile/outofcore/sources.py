@@ -127,20 +127,22 @@ def open_edges(src: str | os.PathLike, dst: str | os.PathLike, num_nodes: int) -
     return EdgeFiles(*arrays, num_nodes)
 
 
-def csv_header(line: str, path: Path) -> list[str] | None:
+def csv_header(line: str, path: Path, own_ids: bool = False) -> list[str] | None:
     """The column names of an edge CSV's header line (``src,dst`` in either order), or None
     for a line of data. A line with a number in it is always data (``1e3,2`` is a bad
     edge, not a header); a line of other words that are not src and dst is refused, since
-    taking its columns by position could swap the edges' directions."""
+    taking its columns by position could swap the edges' directions. With ``own_ids``
+    (ids may be any words) only a line that is exactly src and dst is a header."""
     fields = [c.strip() for c in line.split(",")]
-    if not line.strip() or any(_is_number(c) for c in fields):
-        return None
     names = [c.lower() for c in fields]
     if sorted(names) == sorted(CSV_COLUMNS):
         return names
+    if own_ids or not line.strip() or any(_is_number(c) for c in fields):
+        return None
     raise GraphError(
         f"'{path}': the header line {line.strip()!r} does not name the columns src and dst; "
-        "write the header as src,dst (or dst,src) or leave it out (the columns are then src,dst)"
+        "write the header as src,dst (or dst,src) or leave it out (the columns are then src,dst); if these are "
+        "node ids of your own (words, not integers 0..n-1), partition with --own-ids"
     )
 
 
