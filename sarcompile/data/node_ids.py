@@ -86,7 +86,7 @@ def check_ids(ids: Any, num_nodes: int, what: str) -> Ids:
                          "in global node order")
     unique, counts = np.unique(array, return_counts=True)
     if unique.size != array.size:
-        raise GraphError(f"{what} repeats id {unique[counts > 1][0]!r}: each node needs an id of its own")
+        raise GraphError(f"{what} repeats id {unique[counts > 1][0].item()!r}: each node needs an id of its own")
     return array
 
 

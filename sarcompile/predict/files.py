@@ -13,6 +13,13 @@ its node count, and the world size, the model's identity (the run, the checkpoin
 and sha256, its config) and the partition's (its graph sha256 and name, whose node ids the
 rows are keyed by). A directory without the manifest is one whose writing did not finish.
 
+Where the partition keeps the user's own node ids (:mod:`sarcompile.data.node_ids`: an edge
+CSV partitioned with ``--own-ids``, an OGB dataset with its ``mapping/`` files), rank 0
+copies its id files here as well (``node_ids.npy``, typed ``node_ids.{type}.npy``), after
+checking them against the partition's manifest, and each output's ``user_ids`` records the
+copy (file, sha256, kind, dtype, length): the directory maps its rows back to the user's
+ids without the partition. ``read_predictions(DIR, ids=True)`` returns them with the rows.
+
 :func:`read_predictions` checks the manifest and every file against it, then assembles the
 rows once into ``global.npy`` (typed: ``{type}.global.npy``), in global node order, and
 memory-maps it (copy-on-write: writing into the tensor changes no file). ``global.json``
@@ -27,21 +34,25 @@ import hashlib
 import json
 import os
 import re
+import shutil
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from ..data.partitioning import _atomic_write, _create_temp, _fsync_dir, _sha256
-from ..errors import PredictionError
+from ..data.node_ids import ids_file_name, open_ids
+from ..data.partitioning import Manifest, _atomic_write, _create_temp, _fsync_dir, _sha256
+from ..errors import PartitionError, PredictionError
 
-__all__ = ["FORMAT", "MANIFEST_NAME", "is_ours", "read_predictions", "read_predictions_manifest", "write_rows"]
+__all__ = ["FORMAT", "MANIFEST_NAME", "copy_user_ids", "is_ours", "read_predictions", "read_predictions_manifest",
+           "record_user_ids", "write_rows"]
 
 FORMAT = 1
 MANIFEST_NAME = "predictions.json"
 ASSEMBLED_NAME = "global.json"
-_OURS = re.compile(r"(?:[\w-]+\.)?(?:part-\d+\.(?:ids|values)|global)\.npy|\..+\.tmp|\.lock|"
+_OURS = re.compile(r"(?:[\w-]+\.)?(?:part-\d+\.(?:ids|values)|global)\.npy|node_ids(?:\.[\w-]+)?\.npy|"
+                   r"\..+\.tmp|\.lock|"
                    + "|".join(re.escape(n) for n in (MANIFEST_NAME, ASSEMBLED_NAME)))
 
 
@@ -75,6 +86,27 @@ def write_rows(out: Path, rank: int, ntype: str | None, index: int, ids: torch.T
     return record
 
 
+def record_user_ids(manifest: Manifest, outputs: list[dict[str, Any]]) -> None:
+    """Set every output's ``user_ids``: the record of the copy of the partition's id file of
+    its node type that :func:`copy_user_ids` makes (None where the partition has none)."""
+    records = manifest.node_ids or {}
+    for index, output in enumerate(outputs):
+        record = records.get(output["type"]) if manifest.typed else manifest.node_ids
+        output["user_ids"] = None if record is None else {**record, "file": ids_file_name(output["type"], index)}
+
+
+def copy_user_ids(parts: Path, manifest: Manifest, out: Path, outputs: list[dict[str, Any]]) -> None:
+    """Rank 0: copy the id files :func:`record_user_ids` recorded from the partition ``parts``
+    into ``out``, each checked first: a missing or damaged one raises :class:`PartitionError`."""
+    records = manifest.node_ids if manifest.typed else {None: manifest.node_ids}
+    for output in outputs:
+        if output["user_ids"] is None:
+            continue
+        open_ids(parts, records[output["type"]], PartitionError, f"re-run sarcompile partition for '{parts}'")
+        with open(parts / records[output["type"]]["file"], "rb") as source:
+            _atomic_write(out / output["user_ids"]["file"], lambda f: shutil.copyfileobj(source, f, 1 << 24))
+
+
 def read_predictions_manifest(directory: str | os.PathLike) -> tuple[dict[str, Any], str]:
     """The manifest of a predictions directory and its sha256, or a :class:`PredictionError`."""
     path = Path(directory) / MANIFEST_NAME
@@ -96,11 +128,17 @@ def read_predictions_manifest(directory: str | os.PathLike) -> tuple[dict[str, A
     return manifest, hashlib.sha256(text).hexdigest()
 
 
-def read_predictions(directory: str | os.PathLike) -> torch.Tensor | dict[str, torch.Tensor]:
+def read_predictions(directory: str | os.PathLike, ids: bool = False) -> Any:
     """Every node's row of the predictions (or ``--layer`` embeddings) that
     ``python -m sarcompile.predict --out DIR`` wrote, in global node order: a tensor
     ``[num_nodes, ...]``, or a dict of them per node type for a typed graph. Memory-mapped
     copy-on-write from ``DIR/global.npy`` (assembled by the first read; see the module).
+
+    With ``ids=True``: ``(user_ids, rows)``, where ``user_ids[i]`` is the user's own id of
+    row ``i`` (a read-only memory-mapped numpy array of int64 or strings; a dict per node
+    type for a typed graph), for a partition that keeps them (:mod:`sarcompile.data.node_ids`).
+    Predictions of a partition made from ids ``0..n-1`` (row ``i`` is node ``i``), or a
+    missing or damaged id file, raise a :class:`PredictionError`.
 
     A missing, truncated or changed file, or rows that do not cover every node exactly
     once, raise a :class:`PredictionError` naming the file and what to do.
@@ -110,6 +148,9 @@ def read_predictions(directory: str | os.PathLike) -> torch.Tensor | dict[str, t
     >>> out = sc.read_predictions("pred")   # doctest: +SKIP
     >>> out.shape, out.argmax(-1)[:3]       # doctest: +SKIP
     (torch.Size([2449029, 47]), tensor([4, 4, 7]))
+    >>> asins, out = sc.read_predictions("pred", ids=True)   # doctest: +SKIP
+    >>> asins[:3]                                           # doctest: +SKIP
+    array(['B00004SB92', 'B00004T2XA', 'B00004T2Y0'], dtype='<U10')
     """
     directory = Path(directory)
     manifest, digest = read_predictions_manifest(directory)
@@ -132,7 +173,22 @@ def read_predictions(directory: str | os.PathLike) -> torch.Tensor | dict[str, t
             _atomic_write(directory / ASSEMBLED_NAME, lambda f: f.write(text.encode()))
         except OSError:  # a read-only directory keeps no record: the next read assembles again
             pass
-    return result if manifest["typed"] else result[None]
+    rows = result if manifest["typed"] else result[None]
+    if not ids:
+        return rows
+    user_ids = {o["type"]: _user_ids(directory, o) for o in manifest["outputs"]}
+    return (user_ids if manifest["typed"] else user_ids[None]), rows
+
+
+def _user_ids(directory: Path, output: dict[str, Any]) -> np.ndarray:
+    """An output's user ids (the copy :func:`copy_user_ids` made), checked and memory-mapped."""
+    record = output.get("user_ids")
+    if record is None:
+        what = f"node type {output['type']!r} of " if output["type"] is not None else ""
+        raise PredictionError(f"{what}the partition these predictions in '{directory}' were made on keeps no node ids "
+                              "of yours (it was made from ids 0..n-1: row i is node i); partition with --own-ids, "
+                              "or from OGB files with their mapping/ folder, to get them")
+    return open_ids(directory, record, PredictionError, "run sarcompile.predict again")
 
 
 def _mapped(path: Path) -> torch.Tensor:

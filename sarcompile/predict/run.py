@@ -26,7 +26,8 @@ from ..runtime.memory import MemoryProbe, floor_bytes
 from ..train.checkpoints import _broadcast, _checkpoint_group, _read_checkpoint, checkpoint_timeout
 from ..train.log import RUN_NAME, gather_peaks, peak_line
 from ..train.model import build_model, call_model, graph_first
-from .files import FORMAT, MANIFEST_NAME, is_ours, read_predictions_manifest, write_rows
+from .files import FORMAT, MANIFEST_NAME, copy_user_ids, is_ours, read_predictions_manifest, record_user_ids, \
+    write_rows
 from .layer import LayerOutput
 
 __all__ = ["PredictConfig", "parse_args", "predict", "read_run"]
@@ -240,18 +241,23 @@ def _finish(cfg: PredictConfig, rank: int, world_size: int, manifest: Manifest, 
         "graph": {"sha256": manifest.graph_sha256, "num_nodes": manifest.num_nodes, "num_edges": manifest.num_edges,
                   "partition": str(Path(cfg.parts).resolve()), "num_parts": manifest.num_parts},
         # The rows are keyed by the partition's global node ids: those of the graph it was
-        # made from (an edge file's ids, OGB's node indices, DGL's ids as converted).
+        # made from (an edge file's ids, OGB's node indices, DGL's ids as converted). Where
+        # the partition keeps the user's own ids, each output's "user_ids" names a copy.
         "node_ids": {"source": manifest.name, "ids": "the partition's global node ids"},
         "created": now(),
         "memory": memory,
     }
+    record_user_ids(manifest, result["outputs"])
     error = None
     if rank == 0:
         try:
+            copy_user_ids(Path(cfg.parts), manifest, out, result["outputs"])
             text = json.dumps(result, indent=1) + "\n"
             _atomic_write(out / MANIFEST_NAME, lambda f: f.write(text.encode()))
         except OSError as e:
             error = f"cannot write '{out / MANIFEST_NAME}' ({e.strerror or e}); free space or choose another --out"
+        except PartitionError as e:  # the partition's id file is missing or damaged
+            error = str(e)
     _agree(error, None, group)  # the manifest is there when predict returns on any rank
     if rank == 0:
         what = f"layer {cfg.layer}" if cfg.layer else "predictions"
