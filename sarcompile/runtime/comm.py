@@ -36,7 +36,7 @@ import torch.distributed as dist
 
 from ..errors import CommError
 from .. import logs
-from . import cpu_cache, failure, memory
+from . import cpu_cache, failure, memory, relaunch
 from .link import Pending
 from .pool import BufferPool
 from ..tables import table_type
@@ -99,6 +99,10 @@ def init(backend: str | None = None, timeout_s: float | None = None) -> tuple[in
     workers it fixes glibc's mmap threshold, so freed tensors leave the resident set
     (:func:`~sarcompile.runtime.memory.tune_allocator`, ``SARCOMPILE_MALLOC``).
 
+    Under ``torchrun --max-restarts K`` the restarted workers meet again by themselves:
+    they agree on a namespace of torchrun's store of their own, where nothing the killed
+    workers wrote is seen (:mod:`sarcompile.runtime.relaunch`).
+
     Example:
 
     >>> rank, world_size = sc.init()   # under torchrun: this worker's; here, a one-worker group
@@ -122,7 +126,12 @@ def init(backend: str | None = None, timeout_s: float | None = None) -> tuple[in
         if int(os.environ["WORLD_SIZE"]) > 1:
             choose_interface(backend)
         try:
-            dist.init_process_group(backend, timeout=wait)
+            if relaunch.uses_agent_store():  # kept across restarts: this start's own namespace of it
+                rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+                store, _ = relaunch.generation_store(relaunch.agent_store(limit), rank, world_size, limit)
+                dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=wait)
+            else:
+                dist.init_process_group(backend, timeout=wait)
         except RuntimeError as e:
             store = isinstance(e, (dist.DistNetworkError, dist.DistStoreError))
             if not (store or "connectFullMesh" in str(e)):
