@@ -37,8 +37,8 @@ width happens to equal a type's count, or a per-type scalar (PyG HGTConv's ``ski
 ``[1]``) of a type with one node, is never mistaken for one.
 The tracer gives each table a program input of its own (:func:`table_input`); in a worker
 :func:`shard_tables` keeps only the worker's rows, in its row order, and marks the
-parameter (:func:`table_type`), so gradient sync skips it and checkpoints know how to put
-its rows back in global order (:func:`sarcompile.data.checkpoint.global_state`).
+parameter (:func:`table_type`, :func:`table_rows`), so gradient sync skips it and
+checkpoints know the global ids of its rows (:mod:`sarcompile.data.checkpoint`).
 """
 
 from __future__ import annotations
@@ -55,8 +55,8 @@ from .errors import CompileError
 from .ir.probe import Input
 from .ir.vocab import Residency
 
-__all__ = ["NODES", "compile_with_tables", "find_node_tables", "input_type", "shard_rows", "shard_tables",
-           "table_input", "table_type"]
+__all__ = ["NODES", "compile_with_tables", "find_node_tables", "follow_rows", "input_type", "shard_rows", "shard_tables",
+           "table_input", "table_rows", "table_type"]
 
 # The node type of a one-type graph, as the tables of its nodes name it (no name: the types
 # of typed graphs have one).
@@ -68,11 +68,18 @@ P = TypeVar("P")
 Run = Callable[[dict[str, Input], list[fx.GraphModule]], P]
 
 _MARK = "_sarcompile_node_table"  # set on a sharded table: its node type
+_ROWS = "_sarcompile_node_rows"  # and the global ids of its rows, and its type's node count
+_FOLLOW = "_sarcompile_on_shard"  # set on a whole table: what else to shard with it (see follow_rows)
 
 
 def table_type(p: torch.Tensor) -> str | None:
     """The node type whose local rows ``p`` holds, if it is a sharded node table."""
     return getattr(p, _MARK, None)
+
+
+def table_rows(p: torch.Tensor) -> tuple[torch.Tensor, int] | None:
+    """``(global ids of its rows, node count of its type)`` of a sharded node table."""
+    return getattr(p, _ROWS, None)
 
 
 def find_node_tables(model: nn.Module, counts: dict[str, int]) -> dict[str, str]:
@@ -101,6 +108,13 @@ def _table_name(model: nn.Module, path: str) -> str:
     if isinstance(owner, nn.Embedding) and leaf == "weight":
         return owner_path.rpartition(".")[2]
     return leaf
+
+
+def follow_rows(p: torch.Tensor, shard: Callable[[torch.Tensor], None]) -> None:
+    """Call ``shard(global ids of the kept rows)`` when :func:`shard_tables` shards the
+    whole table ``p``: per-row state loaded whole beside it (a resumed optimizer's) then
+    keeps the same rows."""
+    setattr(p, _FOLLOW, shard)
 
 
 def table_input(p: torch.Tensor, ntype: str, count: int) -> Input:
@@ -251,4 +265,9 @@ def shard_tables(model: nn.Module, tables: dict[str, str], global_ids: dict[str,
         if p.grad is not None:
             p.grad = None
         setattr(p, _MARK, ntype)
+        setattr(p, _ROWS, (ids.cpu(), num_global_nodes[ntype]))
+        follow = getattr(p, _FOLLOW, None)
+        if follow is not None:
+            delattr(p, _FOLLOW)
+            follow(ids)
 

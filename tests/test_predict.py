@@ -71,7 +71,7 @@ def graph(tmp_path_factory, pool) -> dict:
 
 def _eager(run: Path, parts: str, layer: str | None = None):
     """The eager model's output (or layer ``layer``'s) on the whole graph."""
-    model, config = load_trained(run / "checkpoint.pt")
+    model, config = load_trained(run)
     whole, data = sc.load_whole_graph(parts)
     x = data["x"] if config.get("target") is None else {t: d["x"] for t, d in data.items() if "x" in d}
     seen = []
@@ -185,7 +185,7 @@ def test_an_own_pyg_models_predictions_on_3_workers_equal_eager_pyg(pool, graph,
     manifest = run_predict(pool, 3, ["--run-dir", str(own_run), "--parts", graph[3], "--out", str(pred),
                                      *(["--layer", layer] if layer else [])])
     assert isinstance(manifest, dict), manifest
-    model, _ = load_trained(own_run / "checkpoint.pt")
+    model, _ = load_trained(own_run)
     whole, data = sc.load_whole_graph(graph[1])
     seen = []
     if layer is not None:
@@ -251,7 +251,7 @@ def test_each_worker_touches_its_own_rows_and_peaks_within_the_inference_estimat
     pages resident after the forward are its node rows, not the edge lists
     (benchmarks/predict_ooc.py checks the same at 4M nodes on 8 workers)."""
     records = _fresh_predict(sized, n, tmp_path)
-    model, _ = load_trained(sized["run"] / "checkpoint.pt")
+    model, _ = load_trained(sized["run"])
     plan = sc.distribute(model.eval()).plan(sized[n], optimizer="adam")
     predicting, training = plan.memory_estimate(inference=True), plan.memory_estimate()
     manifest = json.loads((Path(sized[n]) / "manifest.json").read_text())
@@ -272,7 +272,7 @@ def test_bad_input_is_refused_with_what_to_do(pool, graph, mag, tmp_path):
         assert isinstance(got, str), "not refused"
         return got
 
-    assert "has no checkpoint.pt: give the --out of a training run" in refused(
+    assert "has no checkpoint: give the --out of a training run" in refused(
         1, "--run-dir", str(tmp_path), "--parts", parts, "--out", str(tmp_path / "a"))
     assert "is of another graph than run" in refused(1, "--run-dir", str(mag["run"]), "--parts", parts, "--out",
                                                      str(tmp_path / "a"))

@@ -10,6 +10,7 @@ import json
 import math
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -19,7 +20,7 @@ import torch
 from train_jobs import ACC_KEYS, curve, run_train, train_job
 
 import sarcompile as sc
-from sarcompile.data.checkpoint import load_checkpoint, save_checkpoint
+from sarcompile.data.checkpoint import checkpoint_dir, latest_checkpoint, load_checkpoint, read_state, save_checkpoint
 from sarcompile.codegen.torch_kernels import packed_row_bytes
 from sarcompile.errors import CheckpointError
 from sarcompile.runtime.link import WIRE_SCALE
@@ -89,7 +90,7 @@ def full_run(pool, parts, tmp_path_factory):
 
 
 def _state(out: Path) -> dict:
-    return load_checkpoint(out / "checkpoint.pt")
+    return read_state(latest_checkpoint(out))
 
 
 def test_kill_and_resume_reproduces_uninterrupted_run(pool, parts, full_run, tmp_path):
@@ -138,12 +139,12 @@ def test_resume_refuses_other_options_and_damaged_checkpoints(pool, parts, full_
     assert "already holds a checkpoint: pass --resume" in msg
     msg = run_train(pool, 2, _args(parts[2], tmp_path / "nothing", *extra, "--resume"))
     assert "no checkpoint at" in msg
-    path = out / "checkpoint.pt"
+    path = latest_checkpoint(out) / "replicated.pt"
     data = bytearray(path.read_bytes())
     data[-100] ^= 0xFF
     path.write_bytes(bytes(data))
     msg = run_train(pool, 2, _args(parts[2], out, *extra, "--resume"))
-    assert msg.startswith("CheckpointError") and "is corrupt" in msg
+    assert msg.startswith("CheckpointError") and f"checkpoint file '{path}' is corrupt" in msg, msg
 
 
 # -- 3. checkpoint files ----------------------------------------------------------------------------
@@ -211,7 +212,7 @@ def test_failed_write_keeps_the_old_checkpoint(tmp_path, monkeypatch):
 # -- 4. serving a checkpoint on one machine -------------------------------------------------------------
 def test_checkpoint_serves_in_the_eager_model_with_the_logged_accuracy(parts, full_run):
     full_out, full, _ = full_run
-    state = load_checkpoint(full_out / "checkpoint.pt")
+    state = read_state(latest_checkpoint(full_out))
     model = build_model(state["config"])  # eager, single machine
     model.load_state_dict(state["model"])
     assert not isinstance(model, sc.DistributedModule)
@@ -220,7 +221,7 @@ def test_checkpoint_serves_in_the_eager_model_with_the_logged_accuracy(parts, fu
     assert {k: acc[k] for k in ("train_acc", "val_acc", "test_acc")} == {
         k: full[-1][k] for k in ("train_acc", "val_acc", "test_acc")
     }
-    served, config = load_trained(full_out / "checkpoint.pt")
+    served, config = load_trained(full_out)
     assert not served.training and config == state["config"]
     assert evaluate(served, g, data) == acc
 
@@ -285,6 +286,21 @@ def wide_parts(tmp_path_factory) -> str:
     """The graph of ``parts`` with 32 features, in 2 parts: with --hidden 32 every row that
     crosses workers (features, then their gradients) is 32 float32 wide."""
     return _partition(_sbm(1200, 4, 4, 0.8, 32, 0), [2], tmp_path_factory.mktemp("wide"))[2]
+
+
+@pytest.mark.parametrize("flags", [("--staleness", 2), ("--bounded-staleness", 2), ("--compress", "1bit")])
+def test_stale_and_compressed_runs_resume_bit_for_bit_at_the_same_world_size(pool, parts, tmp_path, flags):
+    """Each worker's stale caches, pipelined exchanges in flight and error-feedback residuals
+    are in its checkpoint files: resumed on as many workers, the curve is the uninterrupted
+    one exactly; the latest --keep-checkpoints are kept."""
+    extra = ["--epochs", 4, "--checkpoint-every", 1, "--keep-checkpoints", 2, *flags]
+    full = run_train(pool, 2, _args(parts[2], tmp_path / "full", *extra))
+    first = run_train(pool, 2, _args(parts[2], tmp_path / "cut", *extra, "--stop-after", 2))
+    rest = run_train(pool, 2, _args(parts[2], tmp_path / "cut", *extra, "--resume"))
+    assert curve(first + rest) == curve(full)
+    assert sorted(p.name for p in (tmp_path / "full" / "checkpoints").iterdir()) == ["epoch-000003", "epoch-000004"]
+    manifest = json.loads((latest_checkpoint(tmp_path / "cut") / "manifest.json").read_text())
+    assert manifest["links"] and {"rank-0000/links.pt", "rank-0001/links.pt"} <= manifest["files"].keys()
 
 
 def test_1bit_compression_cuts_halo_traffic_to_the_packed_row_size(pool, wide_parts, tmp_path):
@@ -391,7 +407,7 @@ def test_cli_under_torchrun(parts, tmp_path):
     traffic = [line for line in lines if line.startswith(("worker 0: per epoch sent fwd", "worker 1: per epoch sent fwd"))]
     assert len(traffic) == 2 and all("; received fwd" in line and "allreduce" in line for line in traffic)
     assert "epoch" in done.stderr  # the progress bar
-    assert load_checkpoint(out / "checkpoint.pt")["epoch"] == 4
+    assert read_state(latest_checkpoint(out))["epoch"] == 4
 
 
 def test_a_resumed_stale_run_says_it_continues_close_to_not_on_the_curve(parts, tmp_path):
@@ -402,8 +418,8 @@ def test_a_resumed_stale_run_says_it_continues_close_to_not_on_the_curve(parts, 
                               check=False)
         assert done.returncode == 0, done.stderr
     first = done.stdout.splitlines()[0]
-    assert "staleness=2; resuming from epoch 1 (the stale caches and error-feedback residuals are not " \
-           "checkpointed" in first, first
+    assert "staleness=2; resuming from epoch 1 (with the links' stale caches and error-feedback residuals: on the " \
+           "uninterrupted curve)" in first, first
 
 
 @pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="mounts a small tmpfs: needs root")
@@ -465,7 +481,7 @@ def test_nonfinite_loss_stops_and_keeps_the_last_good_checkpoint(pool, parts, tm
     # Adam moves every weight by about lr per step: lr 1e30 overflows the logits on epoch 2.
     msg = run_train(pool, 2, _args(parts[2], tmp_path, "--epochs", 6, "--lr", 1e30, "--checkpoint-every", 1))
     assert msg.startswith("TrainingError: epoch 2: the training loss is nan, not finite"), msg
-    assert f"the last good checkpoint, of epoch 1, is kept in '{tmp_path / 'checkpoint.pt'}'" in msg
+    assert f"the last good checkpoint, of epoch 1, is kept in '{checkpoint_dir(tmp_path, 1)}'" in msg
     state = _state(tmp_path)
     assert state["epoch"] == 1
     assert all(torch.isfinite(v).all() for v in state["model"].values() if v.is_floating_point())
@@ -485,35 +501,37 @@ def test_resume_refuses_another_graph_of_the_same_size(pool, parts, tmp_path):
     # The identity does not depend on the number of workers: 1 worker resumes the 2-worker run.
     assert [r["epoch"] for r in run_train(pool, 1, _args(parts[1], tmp_path / "run", "--epochs", 3, "--resume"))] == [3]
     # A checkpoint from before the identity existed still resumes (on the sizes alone).
+    # It is an older version's single file, which still resumes too.
     state = _state(tmp_path / "run")
     del state["graph"]["sha256"]
+    shutil.rmtree(tmp_path / "run" / "checkpoints")
     save_checkpoint(tmp_path / "run" / "checkpoint.pt", state)
     assert [r["epoch"] for r in run_train(pool, 2, _args(parts[2], tmp_path / "run", "--epochs", 4, "--resume"))] == [4]
 
 
 def _slow_checkpoint_job(rank: int, world_size: int, payload):
-    """A run whose checkpoint write (rank 0) takes longer than SARCOMPILE_TIMEOUT: the
-    time it took on this rank, and the trainer's records or error."""
+    """A run whose checkpoint write (rank 0's replicated state) takes longer than
+    SARCOMPILE_TIMEOUT: the time it took on this rank, and the trainer's records or error."""
     import time
 
-    import sarcompile.train.checkpoints as T  # where the trainer's writes go through save_checkpoint
+    import sarcompile.data.checkpoint as files  # where the trainer's writes go
 
     argv, comm_timeout, delay = payload
-    real = T.save_checkpoint
+    real = files.write_replicated
 
-    def slow_disk(path, state):
+    def slow_disk(directory, state):
         time.sleep(delay)
-        real(path, state)
+        return real(directory, state)
 
     before = os.environ.get("SARCOMPILE_TIMEOUT")
     os.environ["SARCOMPILE_TIMEOUT"] = str(comm_timeout)
-    T.save_checkpoint = slow_disk
+    files.write_replicated = slow_disk
     start = time.monotonic()
     try:
         records = train_job(rank, world_size, argv)
         return time.monotonic() - start, records
     finally:
-        T.save_checkpoint = real
+        files.write_replicated = real
         os.environ["SARCOMPILE_TIMEOUT"] = before if before is not None else "60"
 
 
@@ -554,9 +572,11 @@ def test_a_fresh_run_keeps_another_runs_log_and_cleans_stale_temp_files(pool, pa
     stale = [out / ".checkpoint.pt.0123456789ab.tmp", out / ".log.jsonl.0123456789ab.tmp"]
     for p in stale:
         p.write_bytes(b"left by a killed run")
+    (out / "checkpoints" / ".tmp-epoch-000007" / "rank-0000").mkdir(parents=True)  # a checkpoint cut by a kill
     assert [r["epoch"] for r in run_train(pool, 1, _args(parts[1], out, "--epochs", 1))] == [1]
     assert not any(p.exists() for p in stale)
-    assert sorted(p.name for p in out.iterdir()) == [".lock", ".log.jsonl.lock", "checkpoint.pt", "log.jsonl", "run.json"]
+    assert sorted(p.name for p in out.iterdir()) == [".lock", ".log.jsonl.lock", "checkpoints", "log.jsonl", "run.json"]
+    assert [p.name for p in (out / "checkpoints").iterdir()] == ["epoch-000001"]
 
 
 def test_resume_refuses_another_runs_log_and_a_damaged_one(pool, parts, tmp_path):
@@ -592,7 +612,7 @@ def test_a_second_run_on_a_busy_out_is_refused_on_every_rank(parts, tmp_path):
         proc = subprocess.Popen(first, cwd=ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 120
-        while not ((out / "checkpoint.pt").exists() and (out / "log.jsonl").stat().st_size > 0):
+        while not (latest_checkpoint(out) is not None and (out / "log.jsonl").stat().st_size > 0):
             assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "first.txt").read_text()
             time.sleep(0.2)
         head = (out / "log.jsonl").read_text().splitlines()[:50]

@@ -10,12 +10,14 @@ import json
 import math
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from hetero_cases import typed_graphs
@@ -25,8 +27,9 @@ from ogb_files import write_mag
 from train_jobs import ACC_KEYS, curve, run_train
 
 import sarcompile as sc
-from sarcompile.data.checkpoint import load_checkpoint
+from sarcompile.data.checkpoint import latest_checkpoint, read_state
 from sarcompile.cli import main as cli
+from sarcompile.hetero import parse_relation_key
 from sarcompile.hetero_models import HGT, RGCN
 from sarcompile.data.partitioning import read_manifest
 from sarcompile.synthetic import mag_like
@@ -201,7 +204,7 @@ def test_a_checkpoint_of_2_workers_resumes_on_3(pool, mag, full_run, tmp_path):
     rest = run_train(pool, 3, _args(mag[3], tmp_path, *extra, "--resume"))
     assert [r["epoch"] for r in rest] == [3, 4]
     _assert_close(first + rest, full)
-    a, b = load_checkpoint(tmp_path / "checkpoint.pt"), load_checkpoint(full_out / "checkpoint.pt")
+    a, b = read_state(latest_checkpoint(tmp_path)), read_state(latest_checkpoint(full_out))
     assert a["model"].keys() == b["model"].keys() and a["world_size"] == 3
     for k in b["model"]:
         torch.testing.assert_close(a["model"][k], b["model"][k], rtol=1e-5, atol=1e-6, msg=k)
@@ -229,7 +232,7 @@ def test_a_killed_run_resumes_to_the_uninterrupted_curve(pool, mag, tmp_path):
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
-    saved = load_checkpoint(tmp_path / "killed" / "checkpoint.pt")["epoch"]
+    saved = read_state(latest_checkpoint(tmp_path / "killed"))["epoch"]
     assert saved >= 2
     epochs = ["--epochs", saved + 2]
     rest = run_train(pool, 2, _args(mag[2], tmp_path / "killed", *extra, *epochs, "--resume"))
@@ -242,17 +245,126 @@ def test_a_killed_run_resumes_to_the_uninterrupted_curve(pool, mag, tmp_path):
 
 def test_the_checkpoint_serves_in_the_eager_model_with_the_logged_accuracy(mag, full_run):
     out, full, _ = full_run
-    model, config = load_trained(out / "checkpoint.pt")
+    model, config = load_trained(out)
     assert config["target"] == "paper" and config["model"] == "rgcn"
     g, node_data = sc.load_whole_graph(mag[1])
     got = evaluate(model, g, node_data)
     for key in ("train_acc", "val_acc", "test_acc"):
         assert got[key] == pytest.approx(full[-1][key], abs=1e-9)
     # build_model + load_state_dict: the one-machine model, its tables whole
-    state = load_checkpoint(out / "checkpoint.pt")
+    state = read_state(latest_checkpoint(out))
     fresh = build_model(state["config"])
     fresh.load_state_dict(state["model"])
     assert fresh.embed["author"].weight.shape[0] == g.num_nodes("author")
+
+
+# -- sharded checkpoints ---------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def three(pool, mag, tmp_path_factory):
+    """RGCN with node tables on 3 workers: an uninterrupted 4-epoch run, and one stopped
+    after epoch 2's checkpoint: (full records, the stopped run's directory, argv extras)."""
+    extra = ["--model", "rgcn", "--epochs", 4, "--dropout", 0.5, "--checkpoint-every", 2, "--seed", 4]
+    tmp = tmp_path_factory.mktemp("three")
+    full = run_train(pool, 3, _args(mag[3], tmp / "full", *extra))
+    run_train(pool, 3, _args(mag[3], tmp / "cut", *extra, "--stop-after", 2))
+    return full, tmp / "cut", extra
+
+
+@pytest.mark.parametrize("n", [2, 1])
+def test_a_3_worker_checkpoint_resumes_on_2_and_1_and_serves_one_machine(pool, mag, three, tmp_path, n):
+    full, cut, extra = three
+    shutil.copytree(cut, tmp_path / "run")
+    rest = run_train(pool, n, _args(mag[n], tmp_path / "run", *extra, "--resume"))
+    _assert_close(rest, full[2:])
+    # the one-machine model of the resumed run's last checkpoint gives its logged accuracies
+    model, _ = load_trained(tmp_path / "run")
+    g, node_data = sc.load_whole_graph(mag[1])
+    got = evaluate(model, g, node_data)
+    for key in ("train_acc", "val_acc", "test_acc"):
+        assert got[key] == pytest.approx(rest[-1][key], abs=1e-9)
+
+
+def test_each_worker_writes_only_its_own_rows_of_every_node_table(mag, three):
+    _, cut, _ = three
+    ckpt = latest_checkpoint(cut)
+    manifest = json.loads((ckpt / "manifest.json").read_text())
+    whole = read_state(ckpt)
+    assert manifest["world_size"] == 3 and manifest["epoch"] == 2 and set(manifest["tables"]) == {
+        f"embed.{t}.weight" for t in ("author", "field_of_study", "institution")}
+    assert "embed.author.weight" not in torch.load(ckpt / "replicated.pt", weights_only=True)["model"]
+    for rank in range(3):
+        ids = sc.load_partition(mag[3], rank, 3).global_ids
+        for name, entry in manifest["tables"].items():
+            mine = np.load(ckpt / f"rank-{rank:04d}" / f"{name}.ids.npy")
+            assert np.array_equal(mine, np.sort(ids[entry["type"]].numpy()))
+            for key in ("param", "exp_avg", "exp_avg_sq"):
+                rows = torch.from_numpy(np.load(ckpt / f"rank-{rank:04d}" / f"{name}.{key}.npy"))
+                held = whole["model"][name] if key == "param" else whole["optimizer"]["state"][entry["optimizer"]][key]
+                assert torch.equal(rows, held[torch.from_numpy(mine)])
+
+
+def test_damaged_or_missing_checkpoint_files_are_refused_naming_them(pool, mag, three, tmp_path):
+    _, cut, extra = three
+    run = tmp_path / "run"
+    shutil.copytree(cut, run)
+    shard = latest_checkpoint(run) / "rank-0001" / "embed.author.weight.exp_avg.npy"
+    data = bytearray(shard.read_bytes())
+    data[-3] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    msg = run_train(pool, 2, _args(mag[2], run, *extra, "--resume"))
+    assert msg == (f"CheckpointError: checkpoint file '{shard}' is corrupt: its contents do not match the sha256 "
+                   "recorded when it was written; restore it, or resume from another checkpoint"), msg
+    shard.unlink()
+    msg = run_train(pool, 2, _args(mag[2], run, *extra, "--resume"))
+    assert f"checkpoint file '{shard}' is missing" in msg, msg
+    (shard.parent.parent / "manifest.json").unlink()
+    with pytest.raises(sc.CheckpointError, match="has no manifest.json: not a complete checkpoint"):
+        load_trained(shard.parent.parent)
+    assert "no checkpoint at" in run_train(pool, 2, _args(mag[2], run, *extra, "--resume"))
+
+
+def _own_loop_job(rank: int, world_size: int, payload):
+    """A loop of one's own with sc.save_checkpoint / sc.load_checkpoint: RGCN with node
+    tables and dropout, 2 steps, a checkpoint, 2 more steps (``save``); or the checkpoint
+    loaded into a fresh model, then 2 steps (``load``). The losses, on every rank."""
+    from sarcompile.train.evaluation import _node_tensors
+    from sarcompile.train.loop import _train_step
+
+    parts, ckpt, phase = payload
+    part = sc.load_partition(parts)
+    x, y, masks = _node_tensors(part.node_data, "", target="paper")
+    num_train = int(sc.global_sum(masks["train_mask"].sum()))
+    torch.manual_seed(0)
+    net = RGCN({t: info["num_nodes"] for t, info in part.manifest.node_types.items()},
+               [tuple(parse_relation_key(k)) for k in part.manifest.edge_types],
+               {t: v.shape[1] for t, v in x.items()}, "paper", 4, hidden=4, layers=2, dropout=0.5, embed_dim=3)
+    model = sc.distribute(net)
+    opt = torch.optim.Adam(net.parameters(), lr=0.05)
+    losses = []
+
+    def steps(k: int) -> None:
+        for _ in range(k):
+            loss, _ = _train_step(model, opt, part.graph, x, y, masks["train_mask"], num_train, "classification",
+                                  "paper")
+            losses.append(float(sc.global_sum(loss)))
+
+    if phase == "save":
+        steps(2)
+        sc.save_checkpoint(ckpt, model, opt, extra={"losses": list(losses)})
+    else:
+        losses = sc.load_checkpoint(ckpt, model, opt)["losses"]
+    steps(2)
+    return losses
+
+
+def test_own_loop_checkpoint_round_trip_on_1_and_3_workers(pool, mag, tmp_path):
+    """Saved on 3 workers, loaded on 3 (bit for bit) and on 1; saved on 1, loaded on 3."""
+    on3 = pool(3).run(_own_loop_job, [(mag[3], str(tmp_path / "c3"), "save")] * 3)[0]
+    assert pool(3).run(_own_loop_job, [(mag[3], str(tmp_path / "c3"), "load")] * 3)[0] == on3
+    again = pool(1).run(_own_loop_job, [(mag[1], str(tmp_path / "c3"), "load")])[0]
+    assert again == pytest.approx(on3, rel=1e-5)
+    on1 = pool(1).run(_own_loop_job, [(mag[1], str(tmp_path / "c1"), "save")])[0]
+    assert pool(3).run(_own_loop_job, [(mag[3], str(tmp_path / "c1"), "load")] * 3)[0] == pytest.approx(on1, rel=1e-5)
 
 
 def test_partition_writes_a_synthetic_mag_like_graph(tmp_path, capsys):

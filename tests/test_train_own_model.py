@@ -105,7 +105,7 @@ def test_own_pyg_model_same_curve_on_1_and_3_workers_and_first_loss_is_eager(poo
     assert math.isclose(curves[1][0]["loss"], _eager_loss(exact, data, g), rel_tol=1e-5)
     assert curves[1][-1]["loss"] < curves[1][0]["loss"]
     # the run records how to rebuild the model; load_trained gives the eager one
-    model, config = load_trained(tmp_path / "n3" / "checkpoint.pt")
+    model, config = load_trained(tmp_path / "n3")
     assert config["model"] == f"{OWN}:build" and config["model_args"] == exact
     assert type(model).__name__ == "SageThenGat" and not model.training
 
@@ -141,7 +141,7 @@ def test_multilabel_task_rocauc_and_loss_match_one_machine(pool, multilabel, tmp
     curves = _same_on_1_and_3(pool, parts, tmp_path, "build", exact, "--epochs", 3, "--task", "multilabel")
     assert math.isclose(curves[1][0]["loss"], _eager_loss(exact, data, g, task="multilabel"), rel_tol=1e-5)
     # the logged ROC-AUC is the trained model's, as OGB computes it on the whole graph
-    model, _ = load_trained(tmp_path / "n3" / "checkpoint.pt")
+    model, _ = load_trained(tmp_path / "n3")
     with torch.no_grad():
         out = model(data["x"], torch.stack([g.src, g.dst]))
     m = data["val_mask"]
@@ -153,7 +153,7 @@ def test_regression_task_rmse_matches_one_machine(pool, tmp_path):
     data = {**data, "y": data["x"][:, :2].sum(1) + 0.1 * torch.randn(N)}  # one float target per node
     parts = _partitions(tmp_path, data, g)
     curves = _same_on_1_and_3(pool, parts, tmp_path, "build", {"hidden": 16}, "--epochs", 3, "--task", "regression")
-    model, config = load_trained(tmp_path / "n1" / "checkpoint.pt")
+    model, config = load_trained(tmp_path / "n1")
     with torch.no_grad():
         out = model(data["x"], torch.stack([g.src, g.dst])).reshape(-1)
     m = data["test_mask"]
@@ -186,7 +186,7 @@ def test_own_typed_to_hetero_model_with_node_tables_same_curve_and_resume(pool, 
     first = run_train(pool, 3, argv(3, tmp_path / "cut", "--stop-after", 2))
     rest = run_train(pool, 3, argv(3, tmp_path / "cut", "--resume"))
     assert curve(first + rest) == curve(three)
-    model, config = load_trained(tmp_path / "three" / "checkpoint.pt")  # node tables gathered whole
+    model, config = load_trained(tmp_path / "three")  # node tables gathered whole
     assert set(model.tables) and all(t.shape[0] == config["node_counts"][k] for k, t in model.tables.items())
 
 

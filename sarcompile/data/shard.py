@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 from ..errors import PartitionError
@@ -311,6 +312,15 @@ class ShardGraph(FramesMixin):
             self.num_global_nodes, space,
         )
         return self._derived[key]
+
+    def derived(self, key: tuple) -> "ShardGraph":
+        """The shard this one derives under ``key`` (a key of ``_derived``: the self-loop
+        variants, an edge subset), made again where it is not yet: a resumed run puts its
+        links' state there before the first call makes it."""
+        if key[0] == "subset":
+            return self.edge_subset(torch.from_numpy(np.unpackbits(np.frombuffer(key[2], np.uint8), count=key[1])).bool())
+        drop, add = {"no_loops": (True, False), "one_loop": (True, True), "plus_loop": (False, True)}[key[0]]
+        return self._local_loops(key, drop=drop, add=add)
 
     def edge_subset(self, mask: torch.Tensor) -> "ShardGraph":
         """The edges ``mask`` keeps (one bool per edge, in shard order), still in shard

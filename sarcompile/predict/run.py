@@ -17,7 +17,7 @@ from tqdm import tqdm
 
 from .. import errors
 from ..compiler import DistributedModule, distribute
-from ..data.checkpoint import CHECKPOINT_NAME, recorded_header
+from ..data.checkpoint import latest_checkpoint, recorded_identity
 from ..data.partitioning import Manifest, _atomic_write, load_partition, now, read_manifest
 from ..data.rundir import DirLock, lock_dir, remove_stale_temps
 from ..errors import CheckpointError, PartitionError, PredictionError, SarcompileError
@@ -124,12 +124,12 @@ def read_run(run_dir: Path, group: Any = None, limit_s: float | None = None) -> 
     """A trained run's state (as its checkpoint holds it: ``config``, ``model`` whole, ...)
     and its identity: the run's id, the checkpoint's epoch and sha256. Every rank reads it,
     agreeing on failure. The one place that knows where a run keeps its weights."""
-    path = run_dir / CHECKPOINT_NAME
-    if not path.is_file():
-        what = "does not exist" if not run_dir.exists() else f"has no {CHECKPOINT_NAME}"
+    path = latest_checkpoint(run_dir)
+    if path is None:
+        what = "does not exist" if not run_dir.exists() else "has no checkpoint"
         raise CheckpointError(f"run directory '{run_dir}' {what}: give the --out of a training run that wrote a "
                               "checkpoint (python -m sarcompile.train --out RUN_DIR ...)")
-    header = recorded_header(path)  # before the state: a checkpoint replaced meanwhile shows in the epoch
+    header = recorded_identity(path)  # before the state: a checkpoint replaced meanwhile shows in the epoch
     state = _read_checkpoint(path, group, limit_s)
     if header.get("epoch") != state["epoch"]:
         raise CheckpointError(f"checkpoint '{path}' changed while it was read (a run is training into "

@@ -38,7 +38,7 @@ import torch
 from ..codegen import torch_kernels
 from ..ir.vocab import LinkPolicy
 
-__all__ = ["LinkState", "Wire"]
+__all__ = ["LinkState", "Wire", "link_states", "load_link_states"]
 
 WIRE_SCALE = torch.bfloat16  # dtype of each row's lo and scale on the wire
 
@@ -165,3 +165,67 @@ class LinkState:
     pending: dict[str, Pending | None] = field(default_factory=lambda: {"forward": None, "backward": None})
     ages: list[int] = field(default_factory=list)  # per training forward: age of the remote data used
     exchanges: list[int] = field(default_factory=list)  # iterations whose forward fetched synchronously
+
+
+# -- checkpoints: a worker's links, saved and resumed at the same number of workers ---------------
+def link_states(graph) -> list[dict]:
+    """This worker's state of every link of ``graph`` (``part.graph``: one-type, or typed
+    with a shard per relation), each shard's by the keys that derive it (see
+    :meth:`~sarcompile.data.shard.ShardGraph.derived`): tensors, numbers, strings, lists
+    and dicts only. The exchanges a pipelined link posted for the next iteration are
+    completed first (their data is part of the state); the links go on as they were."""
+    return [{"relation": relation, "derived": path, "sites": {site: _saved(state) for site, state in shard.links.items()}}
+            for relation, path, shard in _shards(graph) if shard.links]
+
+
+def load_link_states(graph, saved: list[dict]) -> None:
+    """Put the links :func:`link_states` saved back in ``graph`` (the same partition on
+    the same number of workers), making the derived shards that held them."""
+    roots = dict((relation, shard) for relation, path, shard in _shards(graph) if not path)
+    for entry in saved:
+        shard = roots[entry["relation"]]
+        for key in entry["derived"]:
+            shard = shard.derived(tuple(key))
+        shard.links.update({int(site): _loaded(state, shard.rank) for site, state in entry["sites"].items()})
+
+
+def _shards(graph):
+    """``(relation key or "", keys deriving it, shard)`` of every shard of ``graph``, the
+    derived ones after their source."""
+    relations = getattr(graph, "relations", None)
+    roots = [("", graph)] if relations is None else [(str(key), shard) for key, shard in relations.items()]
+
+    def walk(path: list, shard):
+        yield path, shard
+        for key, child in list(shard._derived.items()):
+            yield from walk([*path, list(key)], child)
+
+    for relation, root in roots:
+        for path, shard in walk([], root):
+            yield relation, path, shard
+
+
+def _saved(state: LinkState) -> dict:
+    pending = {}
+    for direction, got in state.pending.items():
+        if got is not None:
+            for work in got.works:
+                work.wait()
+            got.works = []  # completed: the next iteration takes the buffers as they are
+        pending[direction] = None if got is None else {"iteration": got.iteration,
+                                                      "bufs": {q: [buf, rows] for q, (buf, rows) in got.bufs.items()}}
+    return {"policy": list(state.policy), "iteration": state.iteration, "cache": dict(state.cache),
+            "cache_iteration": state.cache_iteration, "pending": pending, "ages": list(state.ages),
+            "exchanges": list(state.exchanges),
+            "residual": [[stream, peer, t] for (stream, peer), t in state.wire.residual.items()]}
+
+
+def _loaded(saved: dict, rank: int) -> LinkState:
+    policy = LinkPolicy(*saved["policy"])
+    wire = Wire(policy, rank)
+    wire.residual = {(stream, int(peer)): t for stream, peer, t in saved["residual"]}
+    pending = {d: None if p is None else Pending(p["iteration"], [], {int(q): (b, int(n)) for q, (b, n) in p["bufs"].items()})
+               for d, p in saved["pending"].items()}
+    return LinkState(policy, wire, iteration=saved["iteration"], cache={int(q): t for q, t in saved["cache"].items()},
+                     cache_iteration=saved["cache_iteration"], pending=pending, ages=list(saved["ages"]),
+                     exchanges=list(saved["exchanges"]))

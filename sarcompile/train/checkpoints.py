@@ -1,6 +1,8 @@
-"""Checkpoints written and read in agreement across workers: rank 0 writes, every rank learns
+"""Checkpoints written and read in agreement across workers: each worker writes its rows of
+the node tables and rank 0 the rest (:mod:`sarcompile.data.checkpoint`), every rank learns
 the outcome within ``SARCOMPILE_CHECKPOINT_TIMEOUT``, and a resume refuses other options or
-another graph, naming the flags that restore them.
+another graph, naming the flags that restore them. :func:`save_checkpoint` and
+:func:`load_checkpoint` are the same for a loop of one's own (``sc.save_checkpoint``).
 """
 
 from __future__ import annotations
@@ -8,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import shutil
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -15,9 +18,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..data.checkpoint import load_checkpoint, save_checkpoint
+from torch import nn
+
+from ..compiler import DistributedModule
+from ..data import checkpoint as files
 from ..errors import CheckpointError, CommError
 from ..runtime.comm import global_sum, timeout
+from ..tables import follow_rows, table_rows, table_type
 from .config import (
     CHECKPOINT_TIMEOUT_ENV,
     CHECKPOINT_TIMEOUT_FACTOR,
@@ -100,33 +107,235 @@ def _checkpoint_group(limit_s: float) -> Any:
     return dist.new_group(backend="gloo", timeout=timedelta(seconds=limit_s))
 
 
-def _write_checkpoint(
-    path: Path, rank: int, make_state, epoch: int, group: Any = None, limit_s: float | None = None
-) -> None:
-    """Rank 0 writes ``make_state(epoch)`` (called on every rank: it may gather rows from
-    all of them); every rank learns whether it worked (meeting in ``group`` for up to
-    ``limit_s`` seconds)."""
-    error = None
+def _gather(obj: Any, what: str, group: Any = None, limit_s: float | None = None) -> list[Any]:
+    """Every rank's ``obj``, on every rank (meeting in ``group``, whose waits are bounded)."""
+    if not _distributed():
+        return [obj]
+    out = [None] * dist.get_world_size()
     try:
-        state = make_state(epoch)
-        if rank == 0:
-            save_checkpoint(path, state)
-    # Whatever failed, the other ranks must hear of it rather than wait for rank 0.
+        dist.all_gather_object(out, obj, group=group)
+    except RuntimeError as e:  # gloo reports timeouts and closed peers as RuntimeError
+        raise CommError(
+            f"{what}: a peer worker did not answer within {limit_s or timeout():.0f}s or went away ({e}). "
+            f"Check the other workers' logs; raise {CHECKPOINT_TIMEOUT_ENV} if the disk is just slow."
+        ) from None
+    return out
+
+
+def _agreed(what: str, step, group: Any = None, limit_s: float | None = None) -> Any:
+    """``step()``'s result on this rank, once every rank ran its own: where any failed, the
+    first failure's one-line message is raised on every rank (a :class:`CheckpointError`)."""
+    result, error = None, None
+    try:
+        result = step()
+    # Whatever failed, the other ranks must hear of it rather than wait.
     except Exception as e:  # noqa: BLE001
-        error = f"writing checkpoint '{path}' failed ({type(e).__name__}: {e}); the previous checkpoint is intact"
-    _agree(error, f"writing checkpoint '{path}'", group, limit_s)
+        error = str(e) if isinstance(e, CheckpointError) else f"{what} failed ({type(e).__name__}: {e})"
+    failed = [e for e in _gather(error, what, group, limit_s) if e is not None]
+    if failed:
+        raise CheckpointError(failed[0])
+    return result
+
+
+def _split_state(net: nn.Module, optimizer: torch.optim.Optimizer | None):
+    """``(model state, optimizer state, this worker's table rows, the manifest's tables)``:
+    the state dicts without the sharded node tables, and without their optimizer's per-row
+    state (tensors of the local table's shape: Adam's moments), which go to the rows."""
+    weights = net.state_dict()
+    opt_state = optimizer.state_dict() if optimizer is not None else None
+    order = [p for group in optimizer.param_groups for p in group["params"]] if optimizer is not None else []
+    index = {id(p): i for i, p in enumerate(order)}
+    rows, tables = {}, {}
+    for path, p in net.named_parameters():
+        held = table_rows(p)
+        if held is None:
+            continue
+        ids, total = held
+        del weights[path]
+        tensors = {"param": p.detach()}
+        i = index.get(id(p))
+        if i is not None:
+            packed = opt_state["state"].get(i, {})
+            keys = sorted(k for k, v in packed.items() if files._per_row(v, p.shape))
+            tensors |= {k: packed[k] for k in keys}
+            opt_state["state"][i] = {k: v for k, v in packed.items() if k not in keys}
+        rows[path] = files.TableRows(ids, tensors)
+        tables[path] = {"type": table_type(p), "shape": [total, *p.shape[1:]], "optimizer": i,
+                        "dtypes": {k: str(t.dtype) for k, t in tensors.items()}}
+    return weights, opt_state, rows, tables
+
+
+def write_sharded(final: Path, rank: int, replicated: dict[str, Any], rows: dict[str, files.TableRows],
+                  manifest: dict[str, Any], links: Any = None, group: Any = None,
+                  limit_s: float | None = None) -> None:
+    """Write the checkpoint directory ``final``, every rank its ``rows`` (and ``links``, a
+    worker's own state), rank 0 ``replicated`` and, once every rank's files are fsync'ed,
+    the manifest (``manifest`` and the files' sha256); then rename it into place. Any
+    failure is raised on every rank, the previous checkpoints untouched."""
+    temp = files.temp_dir(final)
+    what = f"writing checkpoint '{final}'"
+
+    def prepare() -> None:
+        if rank == 0:
+            shutil.rmtree(temp, ignore_errors=True)  # a killed run's (we hold the run's lock)
+            temp.mkdir(parents=True)
+
+    def write() -> dict[str, Any]:
+        written = files.write_rank_files(temp, rank, rows, links)
+        return {**written, **files.write_replicated(temp, replicated)} if rank == 0 else written
+
+    def finish() -> None:
+        if rank == 0:
+            files.write_manifest(temp, {**manifest, "files": {k: v for part in written for k, v in part.items()}})
+            files.publish(temp, final)
+
+    try:
+        _agreed(what, prepare, group, limit_s)
+        written = _gather(_agreed(what, write, group, limit_s), what, group, limit_s)
+        _agreed(what, finish, group, limit_s)
+    except CheckpointError as e:
+        if rank == 0:
+            shutil.rmtree(temp, ignore_errors=True)
+        raise CheckpointError(f"{e}; the previous checkpoint is intact") from None
+
+
+def read_sharded(path: Path, rank: int, world_size: int, group: Any = None,
+                 limit_s: float | None = None) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """``(replicated state, manifest)`` of the checkpoint ``path`` (``(state, None)`` for an
+    older version's single file), every file checked: the node tables' files shared out
+    among the ranks, ``replicated.pt`` by each. A failure is raised on every rank."""
+    what = f"reading checkpoint '{path}'"
+
+    def read() -> tuple[dict[str, Any], dict[str, Any] | None]:
+        if not path.is_dir():
+            return files.load_checkpoint(path), None
+        manifest = files.read_manifest(path)
+        shards = sorted(n for n in manifest["files"] if n.endswith(".npy"))
+        files.verify_files(path, manifest, shards[rank::world_size])
+        return files.read_replicated(path, manifest), manifest
+
+    return _agreed(what, read, group, limit_s)
+
+
+def load_sharded(path: Path, manifest: dict[str, Any], state: dict[str, Any], net: nn.Module,
+                 optimizer: torch.optim.Optimizer | None) -> None:
+    """Load a sharded checkpoint's ``state`` (its ``replicated.pt``) and node tables into
+    ``net`` and ``optimizer``. A table sharded already gets the rows it holds, read alone;
+    a whole one gets every row, and its optimizer's per-row state follows it when it is
+    sharded (:func:`sarcompile.tables.follow_rows`)."""
+    missing, unexpected = net.load_state_dict(state["model"], strict=False)
+    if set(missing) != set(manifest["tables"]) or unexpected:
+        raise CheckpointError(
+            f"checkpoint '{path}' does not fit this model: "
+            + "; ".join(f"{what} {sorted(keys)}" for what, keys in (
+                ("its node tables", set(manifest["tables"])), ("the model lacks", set(unexpected)),
+                ("the checkpoint lacks", set(missing) - set(manifest["tables"]))) if keys)
+        )
+    if optimizer is not None:
+        optimizer.load_state_dict(state["optimizer"])
+    for name, entry in manifest["tables"].items():
+        p = net.get_parameter(name)
+        held = table_rows(p)
+        ids = held[0] if held is not None else torch.arange(entry["shape"][0])
+        with torch.no_grad():
+            p.copy_(files.read_rows(path, manifest, name, "param", ids))
+        if optimizer is None or entry["optimizer"] is None:
+            continue
+        per_row = optimizer.state[p]
+        per_row.update({k: files.read_rows(path, manifest, name, k, ids).to(p.device)
+                        for k in entry["dtypes"] if k != "param"})
+        if held is None:
+            keys = [k for k in entry["dtypes"] if k != "param"]
+            follow_rows(p, lambda kept, s=per_row, keys=keys: s.update({k: s[k][kept.to(s[k].device)] for k in keys}))
 
 
 def _read_checkpoint(path: Path, group: Any = None, limit_s: float | None = None) -> dict[str, Any]:
-    state, error = None, None
-    try:
-        state = load_checkpoint(path)
+    """The trainer's whole state of checkpoint ``path`` (every table whole: for one
+    machine, or a worker that loads all of it), checked on every rank."""
+    def read() -> dict[str, Any]:
+        state = files.read_state(path)
         if state.get("format") != FORMAT or not {"model", "optimizer", "epoch", "config"} <= state.keys():
             raise CheckpointError(f"checkpoint '{path}' was not written by this version of sarcompile.train")
-    except CheckpointError as e:
-        error = str(e)
-    _agree(error, f"reading checkpoint '{path}'", group, limit_s)
-    return state
+        return state
+
+    return _agreed(f"reading checkpoint '{path}'", read, group, limit_s)
+
+
+# -- a loop of one's own -------------------------------------------------------------------------
+USER_FORMAT = "sarcompile-user-checkpoint"
+
+
+def save_checkpoint(directory: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer | None = None,
+                    extra: Any = None) -> None:
+    """Write a checkpoint of ``model`` (compiled with :func:`sarcompile.distribute`, or a
+    plain module) and ``optimizer`` into ``directory``, on every worker (a collective):
+    each worker writes its rows of the node tables, rank 0 the rest (parameters, buffers,
+    the optimizer's state, the dropout masks' and torch's RNG state, and ``extra``:
+    tensors, numbers, strings, lists and dicts). The directory appears whole or not at all;
+    one of the same name is replaced. :func:`load_checkpoint` resumes it on any number of
+    workers.
+
+    >>> import tempfile, torch, sarcompile as sc
+    >>> net = torch.nn.Linear(2, 2); opt = torch.optim.Adam(net.parameters())
+    >>> sc.save_checkpoint(tempfile.mkdtemp() + "/ckpt", net, opt, extra={"epoch": 3})
+    """
+    net, masks = _unwrapped(model)
+    weights, opt_state, rows, tables = _split_state(net, optimizer)
+    rank, world_size = (dist.get_rank(), dist.get_world_size()) if _distributed() else (0, 1)
+    replicated = {"format": USER_FORMAT, "model": weights, "optimizer": opt_state, "extra": extra,
+                  "rng": {"torch": torch.get_rng_state(), "masks": masks}}
+    manifest = {"world_size": world_size, "tables": tables}
+    limit = checkpoint_timeout()
+    group = _checkpoint_group(limit)
+    try:
+        write_sharded(Path(directory), rank, replicated, rows, manifest, group=group, limit_s=limit)
+    finally:
+        if group is not None:
+            dist.destroy_process_group(group)
+
+
+def load_checkpoint(directory: str | os.PathLike, model: nn.Module,
+                    optimizer: torch.optim.Optimizer | None = None) -> Any:
+    """Load the checkpoint :func:`save_checkpoint` wrote into ``model`` (and ``optimizer``,
+    its state included), on every worker, whatever number of workers wrote it; returns its
+    ``extra``. Torch's RNG and the dropout masks continue where they were. A worker whose
+    node tables are sharded already (the compiled model was called once) reads only its
+    own rows; before the first call every row is read, and the first call keeps the
+    worker's. Every file is checked: a missing or damaged one is refused on every worker,
+    named, with a :class:`~sarcompile.CheckpointError`.
+
+    >>> import tempfile, torch, sarcompile as sc
+    >>> path = tempfile.mkdtemp() + "/ckpt"
+    >>> sc.save_checkpoint(path, torch.nn.Linear(2, 2), extra={"epoch": 3})
+    >>> sc.load_checkpoint(path, torch.nn.Linear(2, 2))
+    {'epoch': 3}
+    """
+    net, _ = _unwrapped(model)
+    rank, world_size = (dist.get_rank(), dist.get_world_size()) if _distributed() else (0, 1)
+    limit = checkpoint_timeout()
+    group = _checkpoint_group(limit)
+    path = Path(directory)
+    try:
+        state, manifest = read_sharded(path, rank, world_size, group, limit)
+        if manifest is None or state.get("format") != USER_FORMAT:
+            raise CheckpointError(f"'{path}' is not a checkpoint written by sarcompile.save_checkpoint")
+        _agreed(f"loading checkpoint '{path}'", lambda: load_sharded(path, manifest, state, net, optimizer),
+                group, limit)
+    finally:
+        if group is not None:
+            dist.destroy_process_group(group)
+    torch.set_rng_state(state["rng"]["torch"])
+    if state["rng"]["masks"] is not None:
+        model.load_mask_state(state["rng"]["masks"])
+    return state["extra"]
+
+
+def _unwrapped(model: nn.Module) -> tuple[nn.Module, dict[str, Any] | None]:
+    """The module whose parameters a checkpoint names (a compiled model's original, whose
+    ``state_dict`` keys are the user's), and its dropout masks' state (None for a plain module)."""
+    if isinstance(model, DistributedModule):
+        return model.original, model.mask_state()
+    return model, None
 
 
 def _check_resumable(state: dict[str, Any], run: dict[str, Any], graph: dict[str, int], path: Path) -> None:

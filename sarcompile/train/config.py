@@ -117,6 +117,7 @@ class TrainConfig:
     log: str | None = None
     out: str | None = None
     checkpoint_every: int = 10
+    keep_checkpoints: int = 2
     resume: bool = False
     stop_after: int | None = None
     progress: bool = True
@@ -160,6 +161,8 @@ class TrainConfig:
             raise ValueError(f"--blocks-in-flight must be >= 0 (0: no overlap), got {self.blocks_in_flight}")
         if self.epochs < 0 or self.checkpoint_every < 0:
             raise ValueError("--epochs and --checkpoint-every must be >= 0")
+        if self.keep_checkpoints < 1:
+            raise ValueError(f"--keep-checkpoints must be >= 1, got {self.keep_checkpoints}")
         if self.stop_after is not None and self.stop_after < 1:
             raise ValueError(f"--stop-after must be an epoch >= 1, got {self.stop_after}")
         for name in ("lr", "weight_decay"):
@@ -284,9 +287,12 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--log-file", "--log", dest="log",
                     help="JSONL log file (default OUT/log.jsonl); --log also works without torchrun")
     ap.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every, metavar="K",
-                    help=f"write OUT/checkpoint.pt every K epochs and at the end; 0: only at the end "
-                    f"(default {d.checkpoint_every})")
-    ap.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
+                    help=f"write a checkpoint (OUT/checkpoints/epoch-NNNNNN) every K epochs and at the end; "
+                    f"0: only at the end (default {d.checkpoint_every})")
+    ap.add_argument("--keep-checkpoints", type=int, default=d.keep_checkpoints, metavar="K",
+                    help=f"keep the latest K checkpoints, delete older ones once a new one is complete "
+                    f"(default {d.keep_checkpoints})")
+    ap.add_argument("--resume", action="store_true", help="continue from OUT's latest checkpoint")
     ap.add_argument("--stop-after", type=int, metavar="E",
                     help="stop right after epoch E's checkpoint, as if killed (for testing --resume)")
     ap.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..data.checkpoint import CHECKPOINT_NAME, load_checkpoint
+from ..data.checkpoint import CHECKPOINTS, REPLICATED, latest_checkpoint, read_state
 from ..errors import CheckpointError, PartitionError
 from ..hetero import HeteroGraph
 from ..hetero_models import TYPED_MODELS
@@ -63,10 +63,17 @@ def evaluate(model: nn.Module, graph, node_data: Mapping[str, Any], task: str = 
 
 def load_trained(path: str | os.PathLike) -> tuple[nn.Module, dict[str, Any]]:
     """The eager model of a run (weights loaded, eval mode) and the run's config: ``path``
-    is the run directory (``--out``, its checkpoint is read) or a checkpoint file."""
-    if Path(path).is_dir():
-        path = Path(path) / CHECKPOINT_NAME
-    state = load_checkpoint(path)
+    is the run directory (``--out``, its latest checkpoint is read), a checkpoint directory
+    (every worker's rows of the node tables put together), or an older version's
+    checkpoint file."""
+    path = Path(path)
+    if path.is_dir() and not ((path / REPLICATED).exists() or path.parent.name == CHECKPOINTS):  # a run directory
+        found = latest_checkpoint(path)
+        if found is None:
+            raise CheckpointError(f"run directory '{path}' holds no checkpoint: give the --out of a training run "
+                                  "that wrote one, or a checkpoint directory")
+        path = found
+    state = read_state(path)
     for key in ("config", "model"):
         if key not in state:
             raise CheckpointError(f"checkpoint '{path}' has no {key!r}: not written by sarcompile.train")

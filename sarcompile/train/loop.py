@@ -21,7 +21,16 @@ from torch import nn
 from tqdm import tqdm
 
 from .. import errors
-from ..data.checkpoint import CHECKPOINT_NAME, global_state, shard_optimizer_rows, shard_state
+from ..data.checkpoint import (
+    CHECKPOINT_NAME,
+    checkpoint_dir,
+    latest_checkpoint,
+    prune_checkpoints,
+    read_replicated,
+    remove_temp_checkpoints,
+    shard_optimizer_rows,
+    shard_state,
+)
 from ..compiler import distribute
 from ..errors import (
     CheckpointError,
@@ -41,15 +50,19 @@ from ..runtime.comm import (
     stats,
     sync_gradients,
 )
+from ..runtime.link import link_states, load_link_states
 from ..runtime.memory import MemoryProbe, floor_bytes
 from ..tables import table_type
 from .checkpoints import (
+    _agreed,
     _broadcast,
     _check_resumable,
     _checkpoint_group,
-    _read_checkpoint,
-    _write_checkpoint,
+    _split_state,
     checkpoint_timeout,
+    load_sharded,
+    read_sharded,
+    write_sharded,
 )
 from . import tasks
 from .config import FORMAT, RESUME_KEYS, TASKS, TYPED_KEYS, TrainConfig, _as_config, _out_dir
@@ -123,7 +136,7 @@ def _claim_out_dir(cfg: TrainConfig):
     try:
         log_path = Path(cfg.log) if cfg.log else out / "log.jsonl"
         locks.append(lock_file(log_path, "training run"))  # --log may name a file in another run's directory
-        if not cfg.resume and (out / CHECKPOINT_NAME).exists():
+        if not cfg.resume and latest_checkpoint(out) is not None:
             raise CheckpointError(
                 f"'{out}' already holds a checkpoint: pass --resume to continue that run, or choose another --out"
             )
@@ -134,6 +147,7 @@ def _claim_out_dir(cfg: TrainConfig):
             )
         stale = [CHECKPOINT_NAME, RUN_NAME] + ([log_path.name] if log_path.parent.resolve() == out.resolve() else [])
         remove_stale_temps(out, stale)
+        remove_temp_checkpoints(out)
         run = _run_id(out, cfg.resume)
         if cfg.resume:
             _check_log_owner(log_path, run)
@@ -151,7 +165,6 @@ def _claim_out_dir(cfg: TrainConfig):
 def _train(cfg: TrainConfig, rank: int, world_size: int, manifest, target: str | None, out: Path,
            run_id: str | None, group: Any, ckpt_limit: float):
     log_path = Path(cfg.log) if cfg.log else out / "log.jsonl"
-    ckpt_path = out / CHECKPOINT_NAME
     floor = floor_bytes()
     part = load_partition(cfg.parts, allow_nonfinite=cfg.allow_nonfinite)
     x, y, masks = _node_tensors(part.node_data, where=f"partition '{cfg.parts}'", target=target, task=cfg.task)
@@ -175,16 +188,23 @@ def _train(cfg: TrainConfig, rank: int, world_size: int, manifest, target: str |
     if manifest.graph_sha256:  # the partition's identity, whatever its number of parts
         graph["sha256"] = manifest.graph_sha256
 
-    state = _read_checkpoint(ckpt_path, group, ckpt_limit) if cfg.resume else None
-    if state is not None:
+    state, manifest, ckpt_path = None, None, None
+    if cfg.resume:
+        ckpt_path = _broadcast(latest_checkpoint(out) if rank == 0 else None)
+        if ckpt_path is None:  # (the same on every rank)
+            raise CheckpointError(f"no checkpoint at '{out}': nothing to resume (run without --resume to start afresh)")
+        state, manifest = read_sharded(ckpt_path, rank, world_size, group, ckpt_limit)
+        if state.get("format") != FORMAT or not {"model", "optimizer", "epoch", "config"} <= state.keys():
+            raise CheckpointError(f"checkpoint '{ckpt_path}' was not written by this version of sarcompile.train")
         _check_resumable(state, run, graph, ckpt_path)
     torch.manual_seed(cfg.seed)  # same initial weights and dropout seeds on every worker
     net = build_model(run)
     opt = torch.optim.Adam(net.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     start = 0
     if state is not None:
-        net.load_state_dict(state["model"])
-        opt.load_state_dict(state["optimizer"])
+        if manifest is None:  # an older version's single file: the tables whole, sharded below
+            net.load_state_dict(state["model"])
+            opt.load_state_dict(state["optimizer"])
         torch.set_rng_state(state["rng"]["torch"])
         start = int(state["epoch"])
     if target is not None and not cfg.own_model:  # each worker keeps its own rows of the node tables, and of their Adam state
@@ -195,17 +215,21 @@ def _train(cfg: TrainConfig, rank: int, world_size: int, manifest, target: str |
         compress=cfg.compress, error_feedback=cfg.error_feedback, compress_layers=cfg.compress_layers,
         blocks_in_flight=cfg.blocks_in_flight,
     )
+    reduced = bool(_comm_summary(cfg))  # (the summary is empty for the exact exchange)
+    same_links = False
     if state is not None:
         model.load_mask_state(state["rng"].get("masks", {"model": model.dropout_stream().state_dict(), "layers": {}}))
-        if cfg.own_model:
+        if cfg.own_model:  # its tables are found, and sharded, where it compiles
             _shard_own_tables(model, opt, part.graph, x, target)
+        if manifest is not None:
+            same_links = reduced and manifest.get("links") and manifest["world_size"] == world_size
+            _agreed(f"reading checkpoint '{ckpt_path}'", lambda: _load_sharded_run(
+                ckpt_path, manifest, state, net, opt, part.graph, rank if same_links else None), group, ckpt_limit)
 
-    def make_state(epoch: int) -> dict[str, Any] | None:
-        """Every rank calls it (the node tables' rows are gathered); rank 0 gets the state."""
-        weights, optimizer = global_state(net, opt, part.graph)
-        if rank != 0:
-            return None
-        return {
+    def save(epoch: int) -> None:
+        """Write the checkpoint of ``epoch`` (every rank), then keep the latest --keep-checkpoints."""
+        weights, optimizer, rows, tables = _split_state(net, opt)
+        replicated = {
             "format": FORMAT,
             "epoch": epoch,
             "model": weights,
@@ -217,14 +241,23 @@ def _train(cfg: TrainConfig, rank: int, world_size: int, manifest, target: str |
             "world_size": world_size,
             "mode": cfg.mode,
         }
+        links = link_states(part.graph) if reduced else None  # this worker's: resumed at the same N only
+        manifest = {"epoch": epoch, "world_size": world_size, "graph_sha256": graph.get("sha256"), "run": run_id,
+                    "tables": tables, "links": links is not None}
+        write_sharded(checkpoint_dir(out, epoch), rank, replicated, rows, manifest, links, group, ckpt_limit)
+        _agreed(f"deleting checkpoints older than the latest {cfg.keep_checkpoints}",
+                lambda: prune_checkpoints(out, cfg.keep_checkpoints) if rank == 0 else None, group, ckpt_limit)
 
     show = rank == 0
     if show:
         _prepare_log(log_path, start)
         where = f"resuming from epoch {start}" if start else "starting"
-        if start and _comm_summary(cfg):  # (the summary is empty for the exact exchange)
-            where += (" (the stale caches and error-feedback residuals are not checkpointed: the links start "
-                      "afresh, so the curve continues close to an uninterrupted run's, not exactly)")
+        if start and reduced and same_links:
+            where += " (with the links' stale caches and error-feedback residuals: on the uninterrupted curve)"
+        elif start and reduced:
+            where += (" (on another number of workers, or from a checkpoint without them: the stale caches and "
+                      "error-feedback residuals start afresh, so the curve continues close to an uninterrupted "
+                      "run's, not exactly)")
         print(
             f"{world_size} worker{'s' if world_size > 1 else ''}, {num_train} training nodes"
             f"{f' of {target!r}' if target else ''}, "
@@ -260,7 +293,7 @@ def _train(cfg: TrainConfig, rank: int, world_size: int, manifest, target: str |
             if run_id is not None:
                 rec["run"] = run_id
             if not (cfg.allow_nonfinite or math.isfinite(rec["loss"])):  # the same sum on every rank
-                raise TrainingError(_nonfinite_loss_message(epoch, rec["loss"], ckpt_path, saved))
+                raise TrainingError(_nonfinite_loss_message(epoch, rec["loss"], out, saved))
             rec.update(epoch_s=round(time.perf_counter() - t0, 4), train_s=round(train_s, 4), world_size=world_size)
             rec["comm"] = _comm_record(summed[n:m].reshape(traffic.shape))
             # to the microsecond: a rank's exchange waits on a small graph can sum to under 0.1 ms
@@ -285,7 +318,7 @@ def _train(cfg: TrainConfig, rank: int, world_size: int, manifest, target: str |
             stopped = cfg.stop_after is not None and epoch == cfg.stop_after
             every = cfg.checkpoint_every and epoch % cfg.checkpoint_every == 0
             if every or stopped or epoch == cfg.epochs:
-                _write_checkpoint(ckpt_path, rank, make_state, epoch, group, ckpt_limit)
+                save(epoch)
                 saved = epoch
             if stopped:
                 break
@@ -298,9 +331,9 @@ def _train(cfg: TrainConfig, rank: int, world_size: int, manifest, target: str |
     return records
 
 
-def _nonfinite_loss_message(epoch: int, loss: float, ckpt_path: Path, saved: int | None) -> str:
+def _nonfinite_loss_message(epoch: int, loss: float, out: Path, saved: int | None) -> str:
     kept = (
-        f"the last good checkpoint, of epoch {saved}, is kept in '{ckpt_path}'"
+        f"the last good checkpoint, of epoch {saved}, is kept in '{latest_checkpoint(out)}'"
         if saved is not None
         else "no checkpoint was written before it"
     )
@@ -308,6 +341,15 @@ def _nonfinite_loss_message(epoch: int, loss: float, ckpt_path: Path, saved: int
         f"epoch {epoch}: the training loss is {loss}, not finite, so every later step would be too; stopped, and "
         f"{kept}. Lower --lr, or check the node data for extreme values; --allow-nonfinite trains on regardless"
     )
+
+
+def _load_sharded_run(path: Path, manifest: dict[str, Any], state: dict[str, Any], net: nn.Module, opt,
+                      graph, links_of: int | None) -> None:
+    """Load a sharded checkpoint into a worker's model, its node tables sharded: its own
+    rows, and (``links_of``: this rank, at the same number of workers) its links' state."""
+    load_sharded(path, manifest, state, net, opt)
+    if links_of is not None:
+        load_link_states(graph, read_replicated(path, manifest, f"rank-{links_of:04d}/links.pt"))
 
 
 def _model_fields(cfg: TrainConfig, manifest, target: str | None, x) -> dict[str, Any]:
