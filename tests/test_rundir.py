@@ -3,6 +3,7 @@ temporary files a killed writer left, and file modes that follow the umask."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import stat
@@ -69,6 +70,45 @@ def test_the_lock_dies_with_its_process(tmp_path):
         proc.kill()
         proc.wait(timeout=30)
     lock_dir(tmp_path, "training run").release()
+
+
+def test_a_restarted_torchrun_job_waits_for_its_previous_lock_and_another_job_is_refused(tmp_path, monkeypatch):
+    """torchrun's restart of the same job (TORCHELASTIC_RUN_ID) waits for the previous start's
+    lock to go; another job, or a writer outside torchrun, is refused at once."""
+    code = (
+        "import sys, time; from sarcompile.data.rundir import lock_dir\n"
+        "lock = lock_dir(sys.argv[1], 'training run'); print('locked', flush=True); time.sleep(float(sys.argv[2]))\n"
+    )
+    env = {**os.environ, "TORCHELASTIC_RUN_ID": "job-a"}
+    proc = subprocess.Popen([sys.executable, "-c", code, str(tmp_path), "60"], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "locked"
+        for job in ("job-b", None):
+            if job is None:
+                monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+            else:
+                monkeypatch.setenv("TORCHELASTIC_RUN_ID", job)
+            start = time.monotonic()
+            with pytest.raises(RunDirError, match=f"pid {proc.pid} on "):
+                lock_dir(tmp_path, "training run")
+            assert time.monotonic() - start < 5
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+    proc = subprocess.Popen([sys.executable, "-c", code, str(tmp_path), "2"], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "locked"
+        monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job-a")
+        start = time.monotonic()
+        with lock_dir(tmp_path, "training run") as lock:  # once the holder let go of it, after its 2 s
+            assert lock.held and time.monotonic() - start > 1
+            assert proc.wait(timeout=10) == 0
+            assert json.loads((tmp_path / LOCK_NAME).read_text())["job"] == "job-a"
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
 
 
 def test_partition_refuses_a_busy_directory_and_touches_nothing(tmp_path):

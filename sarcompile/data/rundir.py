@@ -19,6 +19,12 @@ The lock belongs to the open file, so it goes away with the process however it e
 (a kill included): there is never a stale lock to delete by hand. The lock file itself
 stays (removing it would let two writers lock two different files).
 
+A job that ``torchrun --max-restarts K`` restarts is the same writer: its lock note
+records torchrun's job (``TORCHELASTIC_RUN_ID``), and a restarted worker of that job
+waits up to :data:`SAME_JOB_WAIT_S` for the previous start's lock to go (a process still
+exiting; on NFS, a lock whose holder's machine died lasts until the server's lease runs
+out), where any other writer is refused at once.
+
 Whoever holds the lock may delete the temporary files (``.NAME.*.tmp``, written by
 :func:`_atomic_write`) that an earlier, killed writer left: no live writer can be using
 them.
@@ -46,6 +52,12 @@ except ImportError:  # pragma: no cover - Windows
 __all__ = ["LOCK_NAME", "DirLock", "lock_dir", "lock_file", "remove_stale_temps"]
 
 LOCK_NAME = ".lock"
+
+
+SAME_JOB_WAIT_S = 120.0  # beyond NFS's default 90 s lease
+
+
+POLL_S = 0.2
 
 
 class DirLock:
@@ -104,17 +116,25 @@ def _lock(target: Path, lock_path: Path, what: str, kind: str) -> DirLock:
         raise RunDirError(
             f"cannot create the lock file '{lock_path}' ({e}); is '{lock_path.parent}' writable?"
         ) from None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        holder = _describe_holder(fd)
-        os.close(fd)
-        raise RunDirError(
-            f"'{target}' is in use by another {what}{holder}: wait for it to finish or stop it, "
-            f"or choose another {kind}"
-        ) from None
+    job = os.environ.get("TORCHELASTIC_RUN_ID")
+    deadline = time.monotonic() + SAME_JOB_WAIT_S
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except OSError:
+            if job is not None and _holder(fd).get("job") == job and time.monotonic() < deadline:
+                time.sleep(POLL_S)  # this job's previous start, still letting go of it
+                continue
+            holder = _describe_holder(fd)
+            os.close(fd)
+            raise RunDirError(
+                f"'{target}' is in use by another {what}{holder}: wait for it to finish or stop it, "
+                f"or choose another {kind}"
+            ) from None
     # Ours now: record who holds it, for the message a second writer gets.
-    info = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+    info = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+            **({"job": job} if job is not None else {})}
     try:
         os.ftruncate(fd, 0)
         os.pwrite(fd, (json.dumps(info) + "\n").encode(), 0)
@@ -123,13 +143,19 @@ def _lock(target: Path, lock_path: Path, what: str, kind: str) -> DirLock:
     return DirLock(target, fd)
 
 
-def _describe_holder(fd: int) -> str:
-    """' (pid 123 on host, since ...)' from the lock file, or '' if it says nothing usable."""
+def _holder(fd: int) -> dict:
+    """The lock file's note on its holder ({} where there is none usable)."""
     try:
         info = json.loads(os.pread(fd, 4096, 0).decode() or "{}")
     except (OSError, ValueError):
-        return ""
-    if not isinstance(info, dict) or "pid" not in info:
+        return {}
+    return info if isinstance(info, dict) else {}
+
+
+def _describe_holder(fd: int) -> str:
+    """' (pid 123 on host, since ...)' from the lock file, or '' if it says nothing usable."""
+    info = _holder(fd)
+    if "pid" not in info:
         return ""
     where = f" on {info['host']}" if info.get("host") else ""
     since = f", since {info['started']}" if info.get("started") else ""
