@@ -8,6 +8,7 @@ for the protocol and the exit codes.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -17,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+from train_jobs import curve, run_train
 
 import sarcompile as sc
 
@@ -79,13 +81,13 @@ def _rank_of(pid: int) -> int | None:
 class Job:
     """``torchrun --standalone --nproc-per-node n -m sarcompile.train``, output to files."""
 
-    def __init__(self, tmp: Path, parts: Path, n: int, *extra: str, **env: str):
+    def __init__(self, tmp: Path, parts: Path, n: int, *extra: str, restarts: int = 0, **env: str):
         self.out = tmp / "run"
         self.stdout_path, self.stderr_path = tmp / "stdout.txt", tmp / "stderr.txt"
         environ = {k: v for k, v in os.environ.items() if k != "SARCOMPILE_TIMEOUT"}  # the default unless given
         environ.update(OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), **env)
         args = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(n),
-                "-m", "sarcompile.train", "--parts", str(parts), "--out", str(self.out), "--hidden", "16",
+                "--max-restarts", str(restarts), "-m", "sarcompile.train", "--parts", str(parts), "--out", str(self.out), "--hidden", "16",
                 "--no-progress", "--checkpoint-every", "0", *extra]
         self._stdout, self._stderr = open(self.stdout_path, "w"), open(self.stderr_path, "w")
         self.agent = subprocess.Popen(args, cwd=ROOT, env=environ, stdout=self._stdout, stderr=self._stderr,
@@ -251,6 +253,26 @@ def test_a_killed_rank_mid_training_ends_the_job(parts, job, sig):
     assert j.wait_gone(workers.values(), within=5) < 5
     assert took < 10, f"took {took:.1f}s"
     print(f"{sig} of rank 1: job gone {took:.1f}s later")
+
+
+def test_torchrun_restarts_a_killed_worker_onto_the_uninterrupted_curve(parts, pool, job, tmp_path):
+    """Plain ``torchrun --max-restarts 1 ... --resume auto`` (no wrapper, no environment):
+    rank 1 SIGKILLed once the log shows epoch 3, the job restarts by itself from the latest
+    checkpoint and finishes all 6 epochs, each logged once, with the losses of an
+    uninterrupted run bit for bit."""
+    train = ["--epochs", "6", "--checkpoint-every", "1", "--resume", "auto", "--dropout", "0.5", "--seed", "1"]
+    reference = run_train(pool, 2, ["--parts", str(parts[2]), "--out", str(tmp_path / "reference"), "--hidden", "16",
+                                    "--no-progress", *train])
+    j = job(parts[2], 2, *train, restarts=1)
+    workers = j.find_workers()
+    j.wait_for_epochs(3)
+    os.kill(workers[1], signal.SIGKILL)
+    assert j.wait(within=120) == 0, j.output()
+    out = j.output()
+    assert "; starting; writing" in out and "; resuming from epoch " in out, out  # the first start, then the restart
+    logged = [json.loads(line) for line in (j.out / "log.jsonl").read_text().splitlines()]
+    assert curve(logged) == curve(reference), out
+    assert len({r["run"] for r in logged}) == 1
 
 
 @pytest.mark.parametrize("noticed", ["wait", "heartbeat"])

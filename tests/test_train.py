@@ -116,6 +116,33 @@ def test_kill_and_resume_reproduces_uninterrupted_run(pool, parts, full_run, tmp
     assert json.dumps(a["optimizer"]["param_groups"]) == json.dumps(b["optimizer"]["param_groups"])
 
 
+def test_resume_auto_starts_afresh_or_continues_as_out_says(pool, parts, full_run, tmp_path):
+    """--resume auto: an empty OUT starts afresh; a stopped run continues on the curve; a
+    start killed before its first checkpoint starts again, its own log with it; another
+    run's log is still refused. A bare --resume still requires a checkpoint."""
+    _, full, extra = full_run
+    assert parse_args(["--parts", "p", "--resume"]).resume is True
+    assert parse_args(["--parts", "p", "--resume", "auto"]).resume == "auto"
+    assert parse_args(["--parts", "p"]).resume is False
+    first = run_train(pool, 2, _args(parts[2], tmp_path / "run", *extra, "--stop-after", 3, "--resume", "auto"))
+    rest = run_train(pool, 2, _args(parts[2], tmp_path / "run", *extra, "--resume", "auto"))
+    assert curve(first + rest) == curve(full)
+    logged = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    assert curve(logged) == curve(full)
+
+    # a start killed before its first checkpoint: its run id and log lines, no checkpoint
+    shutil.rmtree(tmp_path / "run" / "checkpoints")
+    again = run_train(pool, 2, _args(parts[2], tmp_path / "run", *extra, "--resume", "auto"))
+    assert curve(again) == curve(full)
+    logged = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    assert curve(logged) == curve(full) and len({r["run"] for r in logged}) == 1
+
+    msg = run_train(pool, 2, _args(parts[2], tmp_path / "other", *extra, "--resume", "auto", "--epochs", 1,
+                                   "--log", tmp_path / "run" / "log.jsonl"))
+    assert msg.startswith("RunDirError") and "holds another run's records" in msg, msg
+    assert "no checkpoint at" in run_train(pool, 2, _args(parts[2], tmp_path / "none", *extra, "--resume"))
+
+
 def test_resume_on_another_world_size_continues_the_curve(pool, parts, full_run, tmp_path):
     """A checkpoint is world-size independent: 2 workers to 3 epochs, 1 worker after."""
     _, full, extra = full_run

@@ -118,7 +118,7 @@ class TrainConfig:
     out: str | None = None
     checkpoint_every: int = 10
     keep_checkpoints: int = 2
-    resume: bool = False
+    resume: bool | str = False  # "auto": resume if OUT holds a checkpoint; True (a bare --resume): must resume
     stop_after: int | None = None
     progress: bool = True
     allow_nonfinite: bool = False
@@ -165,6 +165,8 @@ class TrainConfig:
             raise ValueError(f"--keep-checkpoints must be >= 1, got {self.keep_checkpoints}")
         if self.stop_after is not None and self.stop_after < 1:
             raise ValueError(f"--stop-after must be an epoch >= 1, got {self.stop_after}")
+        if self.resume not in (False, True, "auto"):
+            raise ValueError(f"--resume takes 'auto' or nothing, got {self.resume!r}")
         for name in ("lr", "weight_decay"):
             if not getattr(self, name) >= 0:  # (nan too)
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
@@ -292,7 +294,10 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--keep-checkpoints", type=int, default=d.keep_checkpoints, metavar="K",
                     help=f"keep the latest K checkpoints, delete older ones once a new one is complete "
                     f"(default {d.keep_checkpoints})")
-    ap.add_argument("--resume", action="store_true", help="continue from OUT's latest checkpoint")
+    ap.add_argument("--resume", nargs="?", const=True, default=d.resume, choices=["auto"],
+                    help="--resume auto: continue from OUT's latest complete checkpoint if there is one, else start "
+                    "afresh (what torchrun --max-restarts needs: restarted workers continue by themselves); a bare "
+                    "--resume: continue from it, and stop if there is none")
     ap.add_argument("--stop-after", type=int, metavar="E",
                     help="stop right after epoch E's checkpoint, as if killed (for testing --resume)")
     ap.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")

@@ -95,7 +95,9 @@ def train(config: TrainConfig | Mapping[str, Any] | argparse.Namespace | Sequenc
 
     Rank 0 locks the run directory and the log for the whole call
     (:mod:`sarcompile.data.rundir`): a second run on the same ``out`` or log is refused on
-    every rank with a :class:`RunDirError` before anything is written.
+    every rank with a :class:`RunDirError` before anything is written. With ``resume="auto"``
+    rank 0 decides there, under the lock, whether the run resumes (``out`` holds a complete
+    checkpoint) or starts afresh, and every rank follows.
     """
     cfg = _as_config(config)
     cfg.validate()
@@ -106,15 +108,16 @@ def train(config: TrainConfig | Mapping[str, Any] | argparse.Namespace | Sequenc
 
     locks, group = [], None
     try:
-        out, run, failure = None, None, None
+        out, run, failure, resume = None, None, None, False
         if rank == 0:
             try:
-                locks, out, run = _claim_out_dir(cfg)
+                locks, out, run, resume = _claim_out_dir(cfg)
             except SarcompileError as e:
                 failure = (type(e).__name__, str(e))
-        out, run, failure = _broadcast((out, run, failure))
+        out, run, failure, resume = _broadcast((out, run, failure, resume))
         if failure is not None:  # the same error on every rank, each exits cleanly
             raise getattr(errors, failure[0])(failure[1])
+        cfg.resume = resume  # (a copy) rank 0's decision for --resume auto: every rank resumes, or none
         group = _checkpoint_group(ckpt_limit)
         return _train(cfg, rank, world_size, manifest, target, Path(out), run, group, ckpt_limit)
     finally:
@@ -125,9 +128,10 @@ def train(config: TrainConfig | Mapping[str, Any] | argparse.Namespace | Sequenc
 
 
 def _claim_out_dir(cfg: TrainConfig):
-    """Rank 0: create and lock the run directory and the log, refuse what would overwrite
-    another run's files, delete the temporary files a killed run left; returns (the locks,
-    out, the run's id)."""
+    """Rank 0: create and lock the run directory and the log, decide whether the run
+    resumes (``--resume auto``: where ``out`` holds a complete checkpoint), refuse what would
+    overwrite another run's files, delete the temporary files a killed run left; returns
+    (the locks, out, the run's id, whether it resumes)."""
     try:
         out = Path(_out_dir(cfg))
     except OSError as e:
@@ -136,20 +140,26 @@ def _claim_out_dir(cfg: TrainConfig):
     try:
         log_path = Path(cfg.log) if cfg.log else out / "log.jsonl"
         locks.append(lock_file(log_path, "training run"))  # --log may name a file in another run's directory
-        if not cfg.resume and latest_checkpoint(out) is not None:
+        found = latest_checkpoint(out) is not None
+        resume = cfg.resume is True or (cfg.resume == "auto" and found)
+        if not cfg.resume and found:
             raise CheckpointError(
-                f"'{out}' already holds a checkpoint: pass --resume to continue that run, or choose another --out"
+                f"'{out}' already holds a checkpoint: pass --resume auto to continue that run, or choose another --out"
             )
-        if not cfg.resume and log_path.is_file() and log_path.stat().st_size > 0:
-            raise RunDirError(
-                f"the log '{log_path}' already holds another run's lines (and there is no checkpoint to resume): "
-                "a fresh run does not overwrite it; choose another --out (or --log), or delete it"
-            )
+        if not resume and log_path.is_file() and log_path.stat().st_size > 0:
+            if cfg.resume != "auto":
+                raise RunDirError(
+                    f"the log '{log_path}' already holds another run's lines (and there is no checkpoint to resume): "
+                    "a fresh run does not overwrite it; choose another --out (or --log), or delete it"
+                )
+            # This run's own lines, from a start killed before its first checkpoint: it starts
+            # again, and so does its log. Another run's lines are still refused.
+            _check_log_owner(log_path, _run_id(out, True))
         stale = [CHECKPOINT_NAME, RUN_NAME] + ([log_path.name] if log_path.parent.resolve() == out.resolve() else [])
         remove_stale_temps(out, stale)
         remove_temp_checkpoints(out)
-        run = _run_id(out, cfg.resume)
-        if cfg.resume:
+        run = _run_id(out, resume)
+        if resume:
             _check_log_owner(log_path, run)
     except OSError as e:
         for lock in locks:
@@ -159,7 +169,7 @@ def _claim_out_dir(cfg: TrainConfig):
         for lock in locks:
             lock.release()
         raise
-    return locks, str(out), run
+    return locks, str(out), run, resume
 
 
 def _train(cfg: TrainConfig, rank: int, world_size: int, manifest, target: str | None, out: Path,
@@ -192,7 +202,8 @@ def _train(cfg: TrainConfig, rank: int, world_size: int, manifest, target: str |
     if cfg.resume:
         ckpt_path = _broadcast(latest_checkpoint(out) if rank == 0 else None)
         if ckpt_path is None:  # (the same on every rank)
-            raise CheckpointError(f"no checkpoint at '{out}': nothing to resume (run without --resume to start afresh)")
+            raise CheckpointError(f"no checkpoint at '{out}': nothing to resume (run without --resume, or with "
+                                  "--resume auto, to start afresh)")
         state, manifest = read_sharded(ckpt_path, rank, world_size, group, ckpt_limit)
         if state.get("format") != FORMAT or not {"model", "optimizer", "epoch", "config"} <= state.keys():
             raise CheckpointError(f"checkpoint '{ckpt_path}' was not written by this version of sarcompile.train")
@@ -325,7 +336,7 @@ def _train(cfg: TrainConfig, rank: int, world_size: int, manifest, target: str |
 
     if stopped:
         if show:
-            print(f"stopped after epoch {records[-1]['epoch']} (--stop-after); continue with --resume", flush=True)
+            print(f"stopped after epoch {records[-1]['epoch']} (--stop-after); continue with --resume auto", flush=True)
         return records
     _report(records, probe, rank, world_size, start, floor, estimate)
     return records
