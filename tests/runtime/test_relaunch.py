@@ -1,12 +1,14 @@
 """``sarcompile.runtime.relaunch``: every start of the workers meets in a namespace of the
 launcher's store of its own, agreed through the store, whatever the earlier starts left
 there (tickets never answered, or answered and never confirmed); a worker missing at the
-start is named within the timeout; under ``torchrun --max-restarts 1`` a job whose worker was
-SIGKILLed meets again by itself."""
+start is named within the timeout; under ``torchrun --max-restarts 1`` (standalone, static
+and c10d rendezvous) a job whose worker was SIGKILLed meets again by itself."""
 
 from __future__ import annotations
 
 import os
+import re
+import socket
 import subprocess
 import sys
 import threading
@@ -74,12 +76,25 @@ def test_a_missing_worker_is_named_within_the_timeout(store):
                          1, 2, 1)
 
 
-def test_torchrun_restarts_a_job_whose_worker_was_killed(tmp_path):
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("rendezvous", ["standalone", "static", "c10d"])
+def test_torchrun_restarts_a_job_whose_worker_was_killed(tmp_path, rendezvous):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "SARCOMPILE_TIMEOUT": "30", "PYTHONPATH": str(ROOT)}
     env.pop("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", None)  # torch's default: the agent's store, kept across starts
-    args = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "--max-restarts",
-            "1", str(ROOT / "tests" / "runtime" / "restarted_workers.py")]
+    launch = {
+        "standalone": ["--standalone"],
+        "static": ["--master-addr", "127.0.0.1", "--master-port", str(_free_port())],
+        "c10d": ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{_free_port()}", "--rdzv-id", "job1"],
+    }[rendezvous]
+    args = [sys.executable, "-m", "torch.distributed.run", *launch, "--nproc-per-node", "2", "--max-restarts", "1",
+            str(ROOT / "tests" / "runtime" / "restarted_workers.py")]
     done = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=150, check=False)
     assert done.returncode == 0, f"{done.stdout}\n{done.stderr}"
-    assert sorted(line for line in done.stdout.splitlines() if line.startswith("start ")) == [
-        "start 1 rank 0: sum 2", "start 1 rank 1: sum 2"]
+    # (the two workers' lines may interleave in the one pipe)
+    assert sorted(re.findall(r"start \d rank \d: sum \d", done.stdout)) == ["start 1 rank 0: sum 2",
+                                                                          "start 1 rank 1: sum 2"]
