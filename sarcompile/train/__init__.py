@@ -60,6 +60,9 @@ their stale caches and error-feedback residuals are not checkpointed, so a resum
 starts its links afresh (its first iteration refreshes every remote row) and differs
 from an uninterrupted one. A checkpoint records the partition's ``graph_sha256`` (the
 same for any number of parts), and ``--resume`` refuses a partition of another graph.
+``--resume auto`` resumes where ``OUT`` holds a complete checkpoint and starts afresh
+otherwise (rank 0 decides, under the run's lock), so a job that ``torchrun --max-restarts``
+restarts continues by itself.
 The workers wait for a checkpoint write up to ``SARCOMPILE_CHECKPOINT_TIMEOUT`` seconds
 (default 4 x ``SARCOMPILE_TIMEOUT``), in a process group of their own.
 
