@@ -52,14 +52,15 @@ Communication reduction (opt-in, approximate; exact SAR is the default), passed 
 quantized, with error feedback unless ``--no-error-feedback``), restricted to the layers
 ``--compress-layers`` lists (e.g. ``convs.0``; default all).
 
-A checkpoint (``OUT/checkpoint.pt``, see :mod:`sarcompile.data.checkpoint`) is written every
-``--checkpoint-every`` epochs and at the end, node tables and their Adam state gathered
-whole in global row order; ``--resume`` continues from it, on any number of workers, to the
-same numbers an uninterrupted run gives -- except with the communication reduction options:
-their stale caches and error-feedback residuals are not checkpointed, so a resumed run
-starts its links afresh (its first iteration refreshes every remote row) and differs
-from an uninterrupted one. A checkpoint records the partition's ``graph_sha256`` (the
-same for any number of parts), and ``--resume`` refuses a partition of another graph.
+A checkpoint (``OUT/checkpoints/epoch-NNNNNN/``, see :mod:`.checkpoints`) is written every
+``--checkpoint-every`` epochs and at the end, sharded: each worker writes its own rows of
+every node table and of their Adam state, rank 0 the replicated state, and the manifest
+comes last; the latest ``--keep-checkpoints`` are kept. ``--resume`` continues from the
+latest, on any number of workers (each reading only its own rows), to the same numbers an
+uninterrupted run gives; at the same number of workers the communication reduction
+options' stale caches and error-feedback residuals resume too (bit for bit), at another
+their links start afresh. A checkpoint records the partition's ``graph_sha256`` (the same
+for any number of parts), and ``--resume`` refuses a partition of another graph.
 ``--resume auto`` resumes where ``OUT`` holds a complete checkpoint and starts afresh
 otherwise (rank 0 decides, under the run's lock), so a job that ``torchrun --max-restarts``
 restarts continues by itself.
