@@ -771,10 +771,12 @@ class DistributedModule(nn.Module):
                          x: torch.Tensor | dict[str, torch.Tensor], optimizer: Any = None) -> Plan:
         """The plan for workers of the given sizes (real, or from a partition model)."""
         # Traced as the last call was made (where the graph is, which inputs are None);
-        # before any call, as forward(g, x) with every optional input None.
+        # before any call, or where the call read a DGL graph's frames (fields the example
+        # shard has not), as forward(g, x) with every optional input None.
         call = self.__dict__.get("_last_call")
         typed = bool(workers) and isinstance(workers[0], TypedWorkerStats)
-        if call is None or typed != any(layout.kind == "typed" for layout in call.layouts):
+        if (call is None or typed != any(layout.kind == "typed" for layout in call.layouts)
+                or any(layout.frames for layout in call.layouts)):
             if typed:
                 call = _typed_call(self._orig.forward, workers, x)
             else:

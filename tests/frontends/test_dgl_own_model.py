@@ -51,3 +51,26 @@ def test_own_dgl_model_same_curve_on_1_and_3_workers_and_first_loss_is_eager(poo
     out = model(dgl.graph((src, dst), num_nodes=N), x)
     m = data["train_mask"]
     assert math.isclose(curves[1][0]["loss"], float(F.cross_entropy(out[m], data["y"][m]).detach()), rel_tol=1e-5)
+
+
+def test_own_dgl_model_with_dropout_resumes_to_the_same_curve(pool, tmp_path):
+    """feat_drop and dropout masks keyed by node id: a run stopped after epoch 2 and resumed on
+    3 workers logs the uninterrupted run's numbers."""
+    from train_jobs import curve
+
+    gen = torch.Generator().manual_seed(5)
+    src = torch.cat([torch.randint(0, N, (5 * N,), generator=gen), torch.arange(N)])
+    dst = torch.cat([torch.randint(0, N, (5 * N,), generator=gen), torch.arange(N)])
+    x = torch.randn(N, 8, generator=gen)
+    split = torch.rand(N, generator=gen)
+    data = {"x": x, "y": x[:, :3].argmax(1), "train_mask": split < 0.6, "val_mask": (split >= 0.6) & (split < 0.8),
+            "test_mask": split >= 0.8}
+    sc.partition(sc.Graph.from_edges(src, dst, N), 3, tmp_path / "parts", node_data=data)
+    argv = lambda out, *extra: ["--parts", str(tmp_path / "parts"), "--out", str(out), "--model",  # noqa: E731
+                                f"{OWN}:build", "--model-args", json.dumps({"hidden": 16, "dropout": 0.5}),
+                                "--epochs", "4", "--no-progress", "--checkpoint-every", "1", *extra]
+    whole = run_train(pool, 3, argv(tmp_path / "whole"))
+    first = run_train(pool, 3, argv(tmp_path / "cut", "--stop-after", "2"))
+    rest = run_train(pool, 3, argv(tmp_path / "cut", "--resume"))
+    assert isinstance(whole, list) and isinstance(rest, list), (whole, rest)
+    assert curve(first + rest) == curve(whole)
