@@ -146,8 +146,10 @@ class Plan:
     # pushes it keeps in flight (sc.distribute's blocks_in_flight); None: no op exchanges rows.
     blocks_in_flight: int | None = None
     inference: list[MemoryEstimate] = field(default_factory=list)  # of a prediction: memory_estimate(inference=True)
+    # Per worker, the bytes a checkpoint written in the background copies: memory_estimate(checkpoint=True)
+    checkpoint_copy: list[int] = field(default_factory=list)
 
-    def memory_estimate(self, inference: bool = False) -> list[MemoryEstimate]:
+    def memory_estimate(self, inference: bool = False, checkpoint: bool = False) -> list[MemoryEstimate]:
         """Per worker: ``peak_bytes`` and a ``breakdown`` into node_data (the part's
         node tensors; planned from a graph, the features ``x`` alone), graph (the shard's index tensors),
         parameters, gradients,
@@ -170,8 +172,19 @@ class Plan:
         at once, the output among them: exact, as saved_activations), remote_blocks and
         exchange_buffers of the forward's exchanges alone (a ``stash`` or ``oneshot`` op's
         blocks freed when it returns), workspace (the per-edge temporaries above, without
-        node-row gradient buffers: an approximation) and kernel_code."""
-        return list(self.inference if inference else self.estimates)
+        node-row gradient buffers: an approximation) and kernel_code.
+
+        With ``checkpoint``, a training step while a checkpoint is written in the
+        background (``python -m sarcompile.train`` with ``--checkpoint-every`` below the
+        run's epochs): the breakdown adds checkpoint_copy, the copy the write holds until
+        it is on disk: the worker's rows of every node table and their optimizer state,
+        with their int64 ids, its links' stale caches, and on worker 0 the parameters and
+        their optimizer state (exact but for buffers, RNG state and residuals: small)."""
+        estimates = self.inference if inference else self.estimates
+        if not checkpoint or inference:
+            return list(estimates)
+        return [MemoryEstimate(e.rank, e.peak_bytes + copy, {**e.breakdown, "checkpoint_copy": copy})
+                for e, copy in zip(estimates, self.checkpoint_copy)]
 
     def compile_summary(self) -> str:
         """One line: the compile's wall time in all and its slowest stages."""
@@ -550,7 +563,7 @@ def build_plan(
 
     params = sum(p.numel() * p.element_size() for p in gm.parameters())
     factor = _optimizer_factor(optimizer)
-    estimates, inference = [], []
+    estimates, inference, copy = [], [], []
     for r, w in enumerate(workers):
         remote = _remote_peak(comm, r, buffers=False)
         breakdown = {
@@ -570,6 +583,9 @@ def build_plan(
         if any(link_cache):
             breakdown["link_cache"] = link_cache[r]
         estimates.append(MemoryEstimate(r, sum(breakdown.values()), breakdown))
+        ids = sum(w.nodes.get(ntype, 0) for _, ntype, _ in shape.tables) * 8  # int64 global ids, per table
+        copy.append((params if r == 0 else 0) * (1 + factor) + shape.table_bytes(w) * (1 + factor) + ids
+                    + link_cache[r])
         forward = _remote_peak(comm, r, buffers=False, backward=False)
         predicting = {
             "node_data": breakdown["node_data"],
@@ -596,7 +612,7 @@ def build_plan(
     seconds = {**(compile_seconds or {}), "plan": time.perf_counter() - start}
     in_flight = {node.kwargs["in_flight"] for node in gm.graph.nodes if "in_flight" in node.kwargs}
     plan = Plan(model_name, mode, n, workers, ops, list(stages), estimates, kernels, warned, tables, seconds,
-                max(in_flight) if in_flight and n > 1 else None, inference)
+                max(in_flight) if in_flight and n > 1 else None, inference, copy)
     if "plan" in logs.ON:
         peaks = ", ".join(f"{_size(e.peak_bytes)}" for e in estimates)
         logs.log("plan", f"{model_name} on {n} workers, mode={mode}: {len(ops)} ops, estimated peak per worker "

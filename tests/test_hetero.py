@@ -337,6 +337,11 @@ def test_typed_plans_equal_the_runtime_counters(pool, tmp_path_factory, case, da
         assert memory["remote_blocks"] == r["peak_block_bytes"], rank
         table_rows = sum(r["ids"][t].numel() for t in featureless) * 4 * 8  # f_in float64 values per row
         assert memory.get("node_tables", 0) == table_rows * 2, rank  # the rows and their gradient (no optimizer)
+        # A checkpoint written in the background copies the rows, their int64 ids, and on rank 0 the parameters.
+        copied = plan.memory_estimate(checkpoint=True)[rank]
+        ids = sum(r["ids"][t].numel() for t in featureless) * 8
+        assert copied.breakdown == {**memory, "checkpoint_copy": table_rows + ids + (memory["parameters"] if rank == 0 else 0)}
+        assert copied.peak_bytes == sum(copied.breakdown.values())
     assert {op.relation for op in plan.ops} <= set(g.edge_types)
     text = str(plan)
     assert "relations per worker:" in text and all(f"{s} -{n}-> {d}" in text for s, n, d in g.edge_types)

@@ -323,6 +323,76 @@ def test_damaged_or_missing_checkpoint_files_are_refused_naming_them(pool, mag, 
     assert "no checkpoint at" in run_train(pool, 2, _args(mag[2], run, *extra, "--resume"))
 
 
+# -- checkpoints written in the background --------------------------------------------------------
+def test_background_checkpoints_hold_each_epochs_state_and_resume_bit_for_bit(pool, mag, tmp_path):
+    """With a checkpoint every epoch, each written while the next steps run: the curve is a
+    run's without checkpoints; every checkpoint holds the state of its epoch exactly as a run
+    that ended there waited for it (its copy untouched by later steps); stopped after epoch 2
+    and resumed, the run continues on the uninterrupted curve bit for bit."""
+    extra = ["--model", "rgcn", "--dropout", 0.5, "--seed", 4, "--embed-dim", 5]
+    every = run_train(pool, 2, _args(mag[2], tmp_path / "every", *extra, "--epochs", 4, "--checkpoint-every", 1,
+                                     "--keep-checkpoints", 4))
+    plain = run_train(pool, 2, _args(mag[2], tmp_path / "plain", *extra, "--epochs", 4, "--checkpoint-every", 0))
+    assert curve(every) == curve(plain)
+    kept = sorted(p.name for p in (tmp_path / "every" / "checkpoints").iterdir())
+    assert kept == [f"epoch-00000{e}" for e in (1, 2, 3, 4)]
+    for e in (1, 2, 3):
+        run_train(pool, 2, _args(mag[2], tmp_path / f"end{e}", *extra, "--epochs", e, "--checkpoint-every", 0))
+        a, b = read_state(tmp_path / "every" / "checkpoints" / kept[e - 1]), read_state(latest_checkpoint(tmp_path / f"end{e}"))
+        assert a["epoch"] == b["epoch"] == e
+        for k in b["model"]:
+            assert torch.equal(a["model"][k], b["model"][k]), (e, k)
+        for i, sb in b["optimizer"]["state"].items():
+            for key, t in sb.items():
+                assert torch.equal(a["optimizer"]["state"][i][key], t), (e, i, key)
+        assert torch.equal(a["rng"]["torch"], b["rng"]["torch"])
+    first = run_train(pool, 2, _args(mag[2], tmp_path / "cut", *extra, "--epochs", 4, "--checkpoint-every", 1,
+                                     "--stop-after", 2))
+    rest = run_train(pool, 2, _args(mag[2], tmp_path / "cut", *extra, "--epochs", 4, "--checkpoint-every", 1,
+                                    "--resume"))
+    assert curve(first + rest) == curve(every)
+
+
+def _failing_write_job(rank: int, world_size: int, payload):
+    """The trainer, with rank ``bad``'s write of the checkpoint of epoch ``epoch`` failing
+    as a full disk does: the trainer's records or error message."""
+    import sarcompile.data.checkpoint as files  # where the trainer's writes go
+    from train_jobs import train_job
+
+    argv, bad, epoch = payload
+    real = files.write_rank_files
+
+    def full_disk(directory, rank_, tables, links=None):
+        if rank_ == bad and directory.name == f".tmp-epoch-{epoch:06d}":
+            raise OSError(28, "No space left on device", str(directory / f"rank-{rank_:04d}" / "embed.author.weight.ids.npy"))
+        return real(directory, rank_, tables, links)
+
+    files.write_rank_files = full_disk
+    try:
+        return train_job(rank, world_size, argv)
+    finally:
+        files.write_rank_files = real
+
+
+def test_a_failed_background_write_stops_the_next_step_on_every_rank_and_keeps_the_previous(pool, mag, tmp_path):
+    extra = ["--model", "rgcn", "--dropout", 0.5, "--seed", 4, "--embed-dim", 5, "--epochs", 6, "--checkpoint-every", 1]
+    out = tmp_path / "run"
+    results = pool(2).run(_failing_write_job, [(_args(mag[2], out, *extra), 1, 3)] * 2, timeout=120)
+    final = out / "checkpoints" / "epoch-000003"
+    shard = out / "checkpoints" / ".tmp-epoch-000003" / "rank-0001" / "embed.author.weight.ids.npy"
+    assert results[0] == results[1] == (
+        f"CheckpointError: writing checkpoint '{final}' failed (OSError: [Errno 28] No space left on device: "
+        f"'{shard}'); the previous checkpoint is intact"), results
+    assert latest_checkpoint(out).name == "epoch-000002"
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["epoch-000001", "epoch-000002"]
+    logged = [json.loads(line)["epoch"] for line in (out / "log.jsonl").read_text().splitlines()]
+    assert logged in ([1, 2, 3], [1, 2, 3, 4])  # stopped in epoch 4: before or after its line, on every rank alike
+    rest = run_train(pool, 2, _args(mag[2], out, *extra, "--resume"))
+    full = run_train(pool, 2, _args(mag[2], tmp_path / "full", *extra))
+    assert [r["epoch"] for r in rest] == [3, 4, 5, 6]
+    assert curve(rest) == curve(full[2:])
+
+
 def _own_loop_job(rank: int, world_size: int, payload):
     """A loop of one's own with sc.save_checkpoint / sc.load_checkpoint: RGCN with node
     tables and dropout, 2 steps, a checkpoint, 2 more steps (``save``); or the checkpoint

@@ -82,7 +82,7 @@ __all__ = ["CHECKPOINTS", "CHECKPOINT_NAME", "MAGIC", "MANIFEST", "REPLICATED", 
            "complete_checkpoints", "latest_checkpoint", "load_checkpoint", "prune_checkpoints", "publish",
            "read_header", "read_manifest", "read_replicated", "read_rows", "read_state", "recorded_header",
            "recorded_identity",
-           "remove_temp_checkpoints", "save_checkpoint", "shard_optimizer_rows", "shard_state", "temp_dir",
+           "remove_temp_checkpoints", "save_checkpoint", "shard_optimizer_rows", "shard_state", "sorted_rows", "temp_dir",
            "verify_files", "write_manifest", "write_rank_files", "write_replicated"]
 
 CHECKPOINT_NAME = "checkpoint.pt"
@@ -306,6 +306,15 @@ class TableRows:
     tensors: dict[str, torch.Tensor]
 
 
+def sorted_rows(table: TableRows) -> TableRows:
+    """A copy of ``table`` on the CPU, its rows in the order of their global ids (int64),
+    as :func:`write_rank_files` writes them: indexing copies, so the copy costs no more
+    memory than the rows themselves (a background write holds it while training goes on)."""
+    order = torch.argsort(table.ids.cpu())
+    return TableRows(table.ids.cpu()[order].to(torch.int64),
+                     {k: t[order.to(t.device)].cpu() for k, t in table.tensors.items()})
+
+
 class _Hashing:
     """A writable file that hashes and counts what goes through it."""
 
@@ -343,9 +352,10 @@ def write_rank_files(directory: Path, rank: int, tables: Mapping[str, TableRows]
     sub.mkdir(parents=True, exist_ok=True)
     files = {}
     for name, table in tables.items():
-        order = torch.argsort(table.ids.cpu())
-        arrays = {"ids": table.ids.cpu()[order].to(torch.int64), **{k: t[order.to(t.device)] for k, t in table.tensors.items()}}
-        for key, t in arrays.items():
+        ids = table.ids.cpu()
+        if ids.dtype != torch.int64 or (ids[1:] <= ids[:-1]).any():  # (a sorted copy is written as it is)
+            table = sorted_rows(table)
+        for key, t in {"ids": table.ids, **table.tensors}.items():
             array = _numpy(t)
             info = _write_file(sub / f"{name}.{key}.npy",
                                lambda f, a=array: np.lib.format.write_array(f, a, allow_pickle=False))

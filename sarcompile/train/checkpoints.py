@@ -7,10 +7,14 @@ another graph, naming the flags that restore them. :func:`save_checkpoint` and
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
 import shutil
+import threading
+import time
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -197,6 +201,97 @@ def write_sharded(final: Path, rank: int, replicated: dict[str, Any], rows: dict
         if rank == 0:
             shutil.rmtree(temp, ignore_errors=True)
         raise CheckpointError(f"{e}; the previous checkpoint is intact") from None
+
+
+def _copied(obj: Any) -> Any:
+    """``obj`` with every tensor in it cloned (dicts, lists and tuples rebuilt): a snapshot
+    that later in-place updates (the optimizer's step) do not reach."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().clone()
+    if isinstance(obj, dict):
+        return {k: _copied(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_copied(v) for v in obj)
+    return obj
+
+
+class BackgroundWriter:
+    """The trainer's checkpoints, written while training goes on.
+
+    :meth:`start` copies a checkpoint's tensors (this worker's sorted rows of the node
+    tables, its links' state, and on rank 0 the replicated state) and hands them to a
+    thread that writes them with :func:`write_sharded` over the checkpoint process group
+    (never the training group), then runs ``after`` (pruning older checkpoints). At most
+    one write is in flight: :meth:`start` first waits for the previous one, so the copy's
+    memory is bounded by one checkpoint. A write's failure is raised by the main thread
+    from :meth:`wait`, the same :class:`CheckpointError` on every rank (the thread's steps
+    are agreed), the previous checkpoint untouched. :meth:`finished` is this worker's half
+    of deciding, without waiting, that every worker's write is done: summed over the
+    workers (the trainer adds it to each epoch's all-reduce), it reaches the world size at
+    the same epoch on every rank, which then calls :meth:`wait` and returns at once.
+
+    ``saved`` is the epoch of the latest complete checkpoint (None: none yet); ``copy_s``
+    and ``wait_s`` the seconds the training loop spent copying and waiting for the disk.
+    """
+
+    def __init__(self, rank: int, group: Any, limit_s: float, saved: int | None) -> None:
+        self.rank, self.group, self.limit_s, self.saved = rank, group, limit_s, saved
+        self.copy_s = self.wait_s = 0.0
+        self._thread: threading.Thread | None = None
+        self._epoch: int | None = None
+        self._error: BaseException | None = None
+
+    @property
+    def in_flight(self) -> bool:
+        """Whether a write was started and not yet waited for."""
+        return self._thread is not None
+
+    def finished(self) -> float:
+        """1.0 where this worker's write in flight has ended (or none is in flight), else 0.0."""
+        return 0.0 if self._thread is not None and self._thread.is_alive() else 1.0
+
+    def start(self, epoch: int, final: Path, replicated: dict[str, Any], rows: dict[str, files.TableRows],
+              manifest: dict[str, Any], links: Any = None, after: Callable[[], None] | None = None) -> None:
+        """Copy the checkpoint of ``epoch`` (see :func:`write_sharded` for the arguments) and
+        start writing it; the previous write is waited for first (its failure raised)."""
+        self.wait()
+        began = time.perf_counter()
+        copy = (_copied(replicated) if self.rank == 0 else None,
+                {name: files.sorted_rows(table) for name, table in rows.items()}, _copied(links))
+        self.copy_s += time.perf_counter() - began
+        self._epoch = epoch
+        self._thread = threading.Thread(target=self._write, args=(final, *copy, manifest, after),
+                                        name=f"sarcompile-checkpoint-{epoch}", daemon=True)
+        self._thread.start()
+
+    def _write(self, final: Path, replicated, rows, links, manifest: dict[str, Any],
+               after: Callable[[], None] | None) -> None:
+        try:
+            write_sharded(final, self.rank, replicated, rows, manifest, links, self.group, self.limit_s)
+            if after is not None:
+                after()
+        except BaseException as e:  # noqa: BLE001 (raised again by the main thread, in wait)
+            self._error = e
+
+    def wait(self) -> None:
+        """Wait for the write in flight (none: return); raise its failure, else record its
+        epoch as ``saved``. Every wait inside the write is bounded (the checkpoint group's
+        timeout), so this returns."""
+        if self._thread is None:
+            return
+        began = time.perf_counter()
+        self._thread.join()
+        self.wait_s += time.perf_counter() - began
+        error, self._thread, self._error = self._error, None, None
+        if error is not None:
+            raise error
+        self.saved = self._epoch
+
+    def close(self) -> None:
+        """Wait for the write in flight, its failure dropped: the run is ending on another
+        error, and a complete checkpoint is still worth having."""
+        with contextlib.suppress(Exception):
+            self.wait()
 
 
 def read_sharded(path: Path, rank: int, world_size: int, group: Any = None,

@@ -54,6 +54,7 @@ from ..runtime.link import link_states, load_link_states
 from ..runtime.memory import MemoryProbe, floor_bytes
 from ..tables import table_type
 from .checkpoints import (
+    BackgroundWriter,
     _agreed,
     _broadcast,
     _check_resumable,
@@ -62,7 +63,6 @@ from .checkpoints import (
     checkpoint_timeout,
     load_sharded,
     read_sharded,
-    write_sharded,
 )
 from . import tasks
 from .config import FORMAT, RESUME_KEYS, TASKS, TYPED_KEYS, TrainConfig, _as_config, _out_dir
@@ -238,7 +238,8 @@ def _train(cfg: TrainConfig, rank: int, world_size: int, manifest, target: str |
                 ckpt_path, manifest, state, net, opt, part.graph, rank if same_links else None), group, ckpt_limit)
 
     def save(epoch: int) -> None:
-        """Write the checkpoint of ``epoch`` (every rank), then keep the latest --keep-checkpoints."""
+        """Start writing the checkpoint of ``epoch`` in the background (every rank), then keep
+        the latest --keep-checkpoints."""
         weights, optimizer, rows, tables = _split_state(net, opt)
         replicated = {
             "format": FORMAT,
@@ -255,9 +256,9 @@ def _train(cfg: TrainConfig, rank: int, world_size: int, manifest, target: str |
         links = link_states(part.graph) if reduced else None  # this worker's: resumed at the same N only
         manifest = {"epoch": epoch, "world_size": world_size, "graph_sha256": graph.get("sha256"), "run": run_id,
                     "tables": tables, "links": links is not None}
-        write_sharded(checkpoint_dir(out, epoch), rank, replicated, rows, manifest, links, group, ckpt_limit)
-        _agreed(f"deleting checkpoints older than the latest {cfg.keep_checkpoints}",
-                lambda: prune_checkpoints(out, cfg.keep_checkpoints) if rank == 0 else None, group, ckpt_limit)
+        writer.start(epoch, checkpoint_dir(out, epoch), replicated, rows, manifest, links, lambda: _agreed(
+            f"deleting checkpoints older than the latest {cfg.keep_checkpoints}",
+            lambda: prune_checkpoints(out, cfg.keep_checkpoints) if rank == 0 else None, group, ckpt_limit))
 
     show = rank == 0
     if show:
@@ -277,8 +278,9 @@ def _train(cfg: TrainConfig, rank: int, world_size: int, manifest, target: str |
         )
     records: list[dict[str, Any]] = []
     stopped = False
-    saved = start if state is not None else None  # the epoch of the checkpoint on disk
-    estimate = model.plan(cfg.parts, optimizer=opt).memory_estimate()[rank].peak_bytes
+    writer = BackgroundWriter(rank, group, ckpt_limit, start if state is not None else None)
+    plan = model.plan(cfg.parts, optimizer=opt)
+    estimate = plan.memory_estimate(checkpoint=_overlapping_checkpoints(cfg, start))[rank].peak_bytes
     probe = MemoryProbe()
     with contextlib.ExitStack() as stack:
         # Unbuffered: a write that fails (a full disk) leaves nothing for close() to retry.
@@ -288,6 +290,7 @@ def _train(cfg: TrainConfig, rank: int, world_size: int, manifest, target: str |
                  disable=not (show and cfg.progress), dynamic_ncols=True)
         )
         stack.enter_context(probe)
+        stack.callback(writer.close)  # (a no-op once waited for: on an error, the write in flight is finished)
         for epoch in range(start + 1, cfg.epochs + 1):
             t0 = time.perf_counter()
             stats.reset()
@@ -297,14 +300,21 @@ def _train(cfg: TrainConfig, rank: int, world_size: int, manifest, target: str |
             # read before evaluating: its traffic and waits are not training's
             traffic, times = _comm_row(rank, world_size), _time_row(rank, world_size, train_s, optimizer_s)
             metrics = _metrics(model, part.graph, x, y, masks, cfg.task, target)
-            # One all-reduce: the loss, every rank's traffic and time ledger.
-            summed = global_sum(torch.cat([loss.to(torch.float64).reshape(1), traffic.reshape(-1), times.reshape(-1)]))
+            # One all-reduce: the loss, every rank's traffic and time ledger, and whether its
+            # checkpoint write has ended (all have: every rank takes its outcome at this epoch).
+            done = torch.tensor([writer.finished()], dtype=torch.float64)
+            summed = global_sum(torch.cat([loss.to(torch.float64).reshape(1), traffic.reshape(-1), times.reshape(-1),
+                                           done]))
+            if writer.in_flight and summed[-1] == world_size:
+                writer.wait()  # a failed write stops the run here, on every rank
+            summed = summed[:-1]
             n, m = 1, 1 + traffic.numel()
             rec = {"epoch": epoch, "loss": float(summed[0]), **metrics}
             if run_id is not None:
                 rec["run"] = run_id
             if not (cfg.allow_nonfinite or math.isfinite(rec["loss"])):  # the same sum on every rank
-                raise TrainingError(_nonfinite_loss_message(epoch, rec["loss"], out, saved))
+                writer.close()  # the last good checkpoint, if one is being written
+                raise TrainingError(_nonfinite_loss_message(epoch, rec["loss"], out, writer.saved))
             rec.update(epoch_s=round(time.perf_counter() - t0, 4), train_s=round(train_s, 4), world_size=world_size)
             rec["comm"] = _comm_record(summed[n:m].reshape(traffic.shape))
             # to the microsecond: a rank's exchange waits on a small graph can sum to under 0.1 ms
@@ -317,7 +327,9 @@ def _train(cfg: TrainConfig, rank: int, world_size: int, manifest, target: str |
                     while line:  # (a raw write may take part of it)
                         line = line[log.write(line):]
                 except OSError as e:  # a full disk: say which file, and what is kept (a cut line is dropped on resume)
-                    kept = f"the checkpoint of epoch {saved} is kept" if saved is not None else "no checkpoint yet"
+                    writer.close()
+                    kept = (f"the checkpoint of epoch {writer.saved} is kept" if writer.saved is not None
+                            else "no checkpoint yet")
                     raise TrainingError(
                         f"epoch {epoch}: cannot write the log '{log_path}' ({e.strerror or e}); {kept}. Free space "
                         "on its disk, or pass --log-file on another one, and --resume"
@@ -330,7 +342,8 @@ def _train(cfg: TrainConfig, rank: int, world_size: int, manifest, target: str |
             every = cfg.checkpoint_every and epoch % cfg.checkpoint_every == 0
             if every or stopped or epoch == cfg.epochs:
                 save(epoch)
-                saved = epoch
+            if stopped or epoch == cfg.epochs:
+                writer.wait()  # the run ends with its checkpoint complete
             if stopped:
                 break
 
@@ -339,7 +352,18 @@ def _train(cfg: TrainConfig, rank: int, world_size: int, manifest, target: str |
             print(f"stopped after epoch {records[-1]['epoch']} (--stop-after); continue with --resume auto", flush=True)
         return records
     _report(records, probe, rank, world_size, start, floor, estimate)
+    if show and records:
+        print(f"checkpoints: the training loop spent {writer.copy_s:.2f} s copying them and {writer.wait_s:.2f} s "
+              "waiting for the disk (worker 0; the writes ran in the background, the last one waited for)", flush=True)
     return records
+
+
+def _overlapping_checkpoints(cfg: TrainConfig, start: int) -> bool:
+    """Whether a checkpoint's copy is held while later steps run: one is due before this
+    run's last epoch (the final one and --stop-after's are waited for before returning)."""
+    last = min(cfg.epochs, cfg.stop_after or cfg.epochs)
+    every = cfg.checkpoint_every
+    return bool(every) and (start // every + 1) * every < last
 
 
 def _nonfinite_loss_message(epoch: int, loss: float, out: Path, saved: int | None) -> str:
