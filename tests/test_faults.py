@@ -21,6 +21,7 @@ import pytest
 from train_jobs import curve, run_train
 
 import sarcompile as sc
+from sarcompile.data import checkpoint as files
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -79,15 +80,17 @@ def _rank_of(pid: int) -> int | None:
 
 
 class Job:
-    """``torchrun --standalone --nproc-per-node n -m sarcompile.train``, output to files."""
+    """``torchrun --standalone --nproc-per-node n -m sarcompile.train`` (or the script
+    ``entry``, with the trainer's arguments), output to files."""
 
-    def __init__(self, tmp: Path, parts: Path, n: int, *extra: str, restarts: int = 0, **env: str):
+    def __init__(self, tmp: Path, parts: Path, n: int, *extra: str, restarts: int = 0,
+                 entry: tuple[str, ...] = ("-m", "sarcompile.train"), **env: str):
         self.out = tmp / "run"
         self.stdout_path, self.stderr_path = tmp / "stdout.txt", tmp / "stderr.txt"
         environ = {k: v for k, v in os.environ.items() if k != "SARCOMPILE_TIMEOUT"}  # the default unless given
         environ.update(OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), **env)
         args = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(n),
-                "--max-restarts", str(restarts), "-m", "sarcompile.train", "--parts", str(parts), "--out", str(self.out), "--hidden", "16",
+                "--max-restarts", str(restarts), *entry, "--parts", str(parts), "--out", str(self.out), "--hidden", "16",
                 "--no-progress", "--checkpoint-every", "0", *extra]
         self._stdout, self._stderr = open(self.stdout_path, "w"), open(self.stderr_path, "w")
         self.agent = subprocess.Popen(args, cwd=ROOT, env=environ, stdout=self._stdout, stderr=self._stderr,
@@ -273,6 +276,46 @@ def test_torchrun_restarts_a_killed_worker_onto_the_uninterrupted_curve(parts, p
     logged = [json.loads(line) for line in (j.out / "log.jsonl").read_text().splitlines()]
     assert curve(logged) == curve(reference), out
     assert len({r["run"] for r in logged}) == 1
+
+
+def test_a_kill_during_a_checkpoint_write_resumes_from_the_previous_one(parts, pool, job, tmp_path):
+    """Rank 1 SIGKILLed while the background writer is writing epoch 4's checkpoint (every
+    worker's files written, its manifest not: tests/slow_checkpoint_train.py holds the
+    write there in the job's first round): torchrun restarts the job, which reads only the
+    complete checkpoint of epoch 3 and finishes all 6 epochs on the uninterrupted curve,
+    bit for bit; the half-written one is gone."""
+    train = ["--epochs", "6", "--checkpoint-every", "1", "--resume", "auto", "--dropout", "0.5", "--seed", "1"]
+    reference = run_train(pool, 2, ["--parts", str(parts[2]), "--out", str(tmp_path / "reference"), "--hidden", "16",
+                                    "--no-progress", *train])
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    start = time.monotonic()
+    j = job(parts[2], 2, *train, restarts=1, entry=(str(ROOT / "tests" / "slow_checkpoint_train.py"),),
+            SLOW_CHECKPOINT_EPOCH="4", SLOW_CHECKPOINT_MARKS=str(marks))
+    workers = j.find_workers()
+    deadline = time.monotonic() + 40
+    while not all((marks / f"writing-{r}").exists() for r in (0, 1)):
+        assert time.monotonic() < deadline and j.agent.poll() is None, f"epoch 4's write never began:\n{j.output()}"
+        time.sleep(0.05)
+    checkpoints = j.out / "checkpoints"
+    half = files.temp_dir(files.checkpoint_dir(j.out, 4))
+    assert (half / "rank-0001").is_dir() and not (half / files.MANIFEST).exists()
+    assert files.latest_checkpoint(j.out) == files.checkpoint_dir(j.out, 3)
+    held = time.monotonic() - start
+    os.kill(workers[1], signal.SIGKILL)
+    assert j.wait(within=45) == 0, j.output()
+    took = time.monotonic() - start
+    out = j.output()
+    assert "; starting; writing" in out and "; resuming from epoch 3; writing" in out, out
+    assert not list(marks.glob("read-*-0.txt"))  # the first round read nothing
+    for r in (0, 1):  # the restart read the complete checkpoint of epoch 3, and only it
+        assert (marks / f"read-{r}-1.txt").read_text().splitlines() == [str(files.checkpoint_dir(j.out, 3))]
+    logged = [json.loads(line) for line in (j.out / "log.jsonl").read_text().splitlines()]
+    assert curve(logged) == curve(reference), out
+    kept = files.complete_checkpoints(j.out)
+    assert sorted(checkpoints.iterdir()) == kept and kept[-1] == files.checkpoint_dir(j.out, 6)  # no temp left
+    assert took < 60, f"took {took:.1f}s"
+    print(f"killed during epoch 4's checkpoint write ({held:.1f}s from launch): job done {took:.1f}s from launch")
 
 
 @pytest.mark.parametrize("noticed", ["wait", "heartbeat"])
