@@ -20,7 +20,7 @@ from typing import Any
 
 import torch.fx as fx
 
-__all__ = ["called_by_sarcompile", "calling_line", "source_line", "user_file", "user_frame"]
+__all__ = ["called_by_sarcompile", "calling_line", "source_line", "user_file", "user_frame", "where_line"]
 
 # Packages a model is built on, whose lines a refusal does not name (as their top-level
 # import names; each is looked up once imported).
@@ -107,3 +107,9 @@ def calling_line() -> str:
 def called_by_sarcompile() -> bool:
     """Whether the function calling the caller is sarcompile's own code."""
     return sys._getframe(2).f_code.co_filename.startswith(_OURS)
+
+
+def where_line() -> str:
+    """`` (at file.py:12: `code`)`` of the user's line running now, or ''."""
+    line = calling_line()
+    return f" (at {line})" if line else ""

@@ -47,6 +47,13 @@ _COMPILER = (
 # The IR (the package sarcompile.ir, all of it) and a worker's shard of the graph.
 _IR = ("sarcompile.ir", "sarcompile.data.shard")
 
+# PyG's front-ends (they import torch_geometric), and the plain-torch one with the markers it
+# shares with them, which must work in a program that imports no GNN library. (DGL's are left
+# out: the tracer imports one lazily, only where dgl is imported; test_plain.py runs a compile
+# and finds neither library imported.)
+_PYG_FRONTENDS = tuple(f"{PACKAGE}.frontends.{p.stem}" for p in sorted((ROOT / "frontends").glob("pyg*.py")))
+_PLAIN_FRONTEND = ("sarcompile.frontends.plain", "sarcompile.frontends.edge_index")
+
 # (rule, modules it applies to, modules they must not import). A name covers the module and,
 # when it is a package, everything under it. Checked twice: direct imports (each violation is one
 # line), and chains through other modules (importing the module would load the forbidden one).
@@ -56,6 +63,7 @@ WALLS: list[tuple[str, tuple[str, ...], tuple[str, ...]]] = [
     ("the runtime does not import the compiler", ("sarcompile.runtime",), _COMPILER),
     ("codegen does not import the runtime", ("sarcompile.codegen",), ("sarcompile.runtime",)),
     ("the IR does not import the runtime", _IR, ("sarcompile.runtime",)),
+    ("the plain-torch front-end imports no PyG front-end", _PLAIN_FRONTEND, _PYG_FRONTENDS),
 ]
 
 

@@ -2,14 +2,20 @@
 them compile unchanged.
 
 Each front-end is a module that registers rules with
-:func:`sarcompile.ir.lowering.register_lowering` when imported. None of the libraries is
-a dependency of sarcompile: :func:`load_available` imports a front-end only when its
+:func:`sarcompile.ir.lowering.register_lowering` when imported. None of the GNN libraries
+is a dependency of sarcompile: :func:`load_available` imports a front-end only when its
 library is already imported by the user's program (it must be, for a model built with
-it to exist), and the compiler calls it before every compile.
+it to exist), and the compiler calls it before every compile. The plain-torch front-end's
+library is torch itself, so it is loaded for every compile, in a program that imports no
+GNN library too (it imports none; the markers and rules it shares with the PyG
+front-end live in ``frontends.edge_index``). Importing sarcompile loads no front-end.
 
 ==============================  ===================  ========================================
 front-end                       library              layers
 ==============================  ===================  ========================================
+``frontends.plain``             ``torch``            message passing in plain torch over
+                                                     ``edge_index`` (``x[src]``, ``index_add_``,
+                                                     ``scatter_reduce``), in layers and models
 ``frontends.pyg``               ``torch_geometric``  SAGEConv, GCNConv, GINConv, GATConv,
                                                      GATv2Conv, GraphConv, BatchNorm, and any
                                                      other MessagePassing layer it can trace
@@ -18,9 +24,6 @@ front-end                       library              layers
 ``frontends.pyg_hetero_convs``  ``torch_geometric``  HGTConv, HANConv, HeteroDictLinear
 ``frontends.pyg_typed_rows``    ``torch_geometric``  HeteroLinear (and HEATConv through it)
 ``frontends.pyg_reversible``    ``torch_geometric``  GroupAddRev
-``frontends.pyg_plain``         ``torch_geometric``  message passing in plain torch over
-                                                     ``edge_index`` (``x[src]``, ``index_add_``,
-                                                     ``scatter_reduce``), in layers and models
 ``frontends.dgl``               ``dgl``              SAGEConv, GraphConv, GATConv, HGTConv,
                                                      EdgeWeightNorm, TypedLinear, and layers
                                                      written with update_all / apply_edges
@@ -36,12 +39,12 @@ import sys
 
 __all__ = ["load_available"]
 
-# library module name -> the front-end modules that register its rules
+# library module name -> the front-end modules that register its rules (torch: always imported)
 _FRONTENDS = {
+    "torch": ("sarcompile.frontends.plain",),
     "torch_geometric": ("sarcompile.frontends.pyg", "sarcompile.frontends.pyg_edge_types",
                         "sarcompile.frontends.pyg_hetero", "sarcompile.frontends.pyg_hetero_convs",
-                        "sarcompile.frontends.pyg_typed_rows", "sarcompile.frontends.pyg_reversible",
-                        "sarcompile.frontends.pyg_plain"),
+                        "sarcompile.frontends.pyg_typed_rows", "sarcompile.frontends.pyg_reversible"),
     "dgl": ("sarcompile.frontends.dgl", "sarcompile.frontends.dgl_hetero"),
 }
 

@@ -82,8 +82,8 @@ from ..ir.ops import batch_norm, edge_dropout, edge_reduce, edge_softmax, gather
 from ..ir.lowering import declare, register_lowering
 from ..ir.vocab import Residency
 from .pyg_assign import assignments_settled
-from .pyg_utils import (EdgeEnd, EdgeIndex, add_remaining_self_loops, add_self_loops, as_edge_index, intercepting,
-                        replace_self_loops)
+from .edge_index import EdgeEnd, EdgeIndex, as_edge_index
+from .pyg_utils import add_remaining_self_loops, add_self_loops, intercepting, replace_self_loops
 
 __all__ = ["SUPPORTED"]
 

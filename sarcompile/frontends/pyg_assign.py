@@ -30,19 +30,14 @@ import torch.fx
 
 from ..errors import CompileError
 from ..ir.lowering import declare
-from ..source_lines import calling_line
+from ..source_lines import where_line
 from ..trace import _is_view
+from .edge_index import _examples
 
-__all__ = ["assign_where", "assignments_settled", "where_line"]
+__all__ = ["assign_where", "assignments_settled"]
 
 _ARITHMETIC = (operator.add, operator.sub, operator.mul, operator.truediv)  # (t[mask] op= v is t[mask] = t[mask] op v)
 _WHERE = "t = torch.where(mask, value, t) (mask.unsqueeze(-1) for each axis of t after the mask's)"
-
-
-def where_line() -> str:
-    """`` (at file.py:12: `code`)`` of the user's line running now, or ''."""
-    line = calling_line()
-    return f" (at {line})" if line else ""
 
 
 @dataclass
@@ -164,16 +159,6 @@ def _unmasked(value: Any, mask: torch.fx.Node, reads: list[torch.fx.Node]) -> An
 
 
 # -- the checks, at compile time where the examples are known, else at the first run ------------
-def _examples(p: Any) -> tuple | None:
-    """The example values of ``p`` (one per probe) where the tracer computes them
-    (:class:`sarcompile.trace.ShapeTracer`), else None."""
-    if not isinstance(p, torch.fx.Proxy):
-        return None
-    value = getattr(p.tracer, "value", None)
-    values = value(p.node) if callable(value) else None
-    return tuple(values) if values and all(isinstance(v, torch.Tensor) for v in values) else None
-
-
 def _check_examples(t: torch.fx.Proxy, mask: torch.fx.Proxy, value: Any, line: str) -> None:
     """The run-time checks of :func:`_mask_over` and :func:`_assigned` on the examples,
     where they are known: refused when compiling, rather than at the first run."""

@@ -43,8 +43,9 @@ from ..errors import CompileError
 from ..ir.lowering import declare, register_lowering
 from ..ir.ops import edge_reduce, gather_table
 from ..ir.vocab import Residency
+from .edge_index import EdgeIndex, as_edge_index
 from .pyg import _lower_message_passing, _name
-from .pyg_utils import EdgeIndex, _reduce_name, as_edge_index, handles
+from .pyg_utils import _reduce_name, handles
 
 __all__: list[str] = []
 

@@ -17,6 +17,7 @@ from torch_geometric.utils import add_self_loops, degree, dropout_edge, scatter
 
 import sarcompile as sc
 from sarcompile.data.shard import PartData, ShardGraph, split_graph
+from plain_models import PlainMean, PlainScatter
 from strategies import graphs
 
 DT = torch.float64
@@ -247,46 +248,6 @@ def run_relational_worker(rank: int, world_size: int, payload: dict[str, Any]) -
     (out * part.node_data["w"]).sum().backward()
     sc.sync_gradients(model)
     return {"out": out.detach(), "grads": {k: p.grad.clone() for k, p in model.named_parameters()}}
-
-
-class PlainMean(nn.Module):
-    """Message passing in plain torch, in a helper method: the neighbours' mean by an
-    out-of-place ``index_add`` (``alpha``) into ``new_zeros``, counted in place into
-    ``torch.zeros(n)`` with ``torch.full_like(dst, ...)``; the ends as ``.long()`` / ``.to``."""
-
-    def __init__(self, f_in: int = 6, f_out: int = 3):
-        super().__init__()
-        self.lin = nn.Linear(2 * f_in, f_out)
-
-    def mean(self, x, edge_index):
-        src, dst = edge_index[0].long(), edge_index[1].to(torch.long)
-        total = x.new_zeros(x.shape).index_add(0, dst, x.index_select(0, src) * 2.0, alpha=0.5)
-        count = torch.zeros(x.size(0), dtype=x.dtype)
-        count.index_add_(0, dst, torch.full_like(dst, 3.0, dtype=x.dtype))
-        return total / (count / 3).clamp(min=1).unsqueeze(-1)
-
-    def forward(self, x, edge_index):
-        return self.lin(torch.cat([x, self.mean(x, edge_index)], dim=-1))
-
-
-class PlainScatter(nn.Module):
-    """Gated messages gathered with ``index_select`` / ``torch.index_select``, summed with
-    ``scatter_add_`` (an expanded index) in place into ``new_zeros``, and a difference
-    pushed onto the sources with ``torch.index_add``."""
-
-    def __init__(self, f_in: int = 6, hidden: int = 5, f_out: int = 3):
-        super().__init__()
-        self.lin, self.gate, self.out = nn.Linear(f_in, hidden), nn.Linear(2 * hidden, 1), nn.Linear(3 * hidden, f_out)
-
-    def forward(self, x, edge_index):
-        row, col = edge_index[0], edge_index[1]
-        h = self.lin(x)
-        h_j, h_i = h.index_select(0, row), torch.index_select(h, 0, col)
-        msg = h_j * torch.sigmoid(self.gate(torch.cat([h_i, h_j], dim=-1)))
-        agg = h.new_zeros(h.size(0), h.size(1))
-        agg.scatter_add_(0, col.unsqueeze(-1).expand_as(msg), msg)
-        pushed = torch.index_add(torch.zeros_like(h), 0, row, h_i - h_j, alpha=0.5)
-        return self.out(torch.cat([agg, pushed, h], dim=-1))
 
 
 class PlainReductions(nn.Module):

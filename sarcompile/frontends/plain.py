@@ -7,9 +7,10 @@ messages with torch's indexing and scatter functions::
     out = torch.zeros_like(x).index_add_(0, dst, x[src] * w)
 
 While a model or layer is traced, ``edge_index[0]`` and ``edge_index[1]`` are
-:class:`~.pyg_utils.EdgeEnd` markers (in a model's own forward too, see
-:func:`~.pyg_utils.in_forward`); the torch functions and Tensor methods below, given one,
-become IR ops (:func:`~.pyg_utils.tensor_rule`):
+:class:`~.edge_index.EdgeEnd` markers (in a model's own forward too, see
+:func:`~.edge_index.in_forward`); the torch functions and Tensor methods below, given one,
+become IR ops (:func:`~.edge_index.tensor_rule`). This front-end needs no GNN library: it
+is loaded for every compile, and imports none.
 
 ==============================================================  =====================================
 plain torch (``e``: one row per edge; ``t``: one row per node)  lowered to
@@ -46,13 +47,13 @@ import torch.fx
 from ..errors import CompileError
 from ..ir.lowering import declare
 from ..ir.ops import edge_reduce, edge_reduce_src
+from ..source_lines import where_line
 from ..trace import _is_view
-from .pyg_assign import _examples, where_line
-from .pyg_utils import EdgeEnd, _edge_axis, _in_degree, _ones_per_edge, gather, tensor_rule
+from .edge_index import EdgeEnd, _edge_axis, _examples, _in_degree, _ones_per_edge, gather, tensor_rule
 
 __all__: list[str] = []
 
-for _helper in (_edge_axis, _in_degree, _ones_per_edge):  # pyg_utils' run-time helpers, one node each here too
+for _helper in (_edge_axis, _in_degree, _ones_per_edge):  # edge_index's run-time helpers, one node each here too
     torch.fx.wrap(_helper.__name__)
 
 # torch's reduction names -> edge_reduce's ("sum" for mean: the mean with t's entry divides by one more)
