@@ -226,7 +226,9 @@ def test_a_killed_run_resumes_to_the_uninterrupted_curve(pool, mag, tmp_path):
                             stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 120
-        while not (log.is_file() and len(log.read_text().splitlines()) >= 3):
+        # 4 lines: epoch 2's checkpoint, written in the background, was complete before epoch
+        # 3's began, which was before epoch 4 trained
+        while not (log.is_file() and len(log.read_text().splitlines()) >= 4):
             assert proc.poll() is None and time.monotonic() < deadline, "the run ended before it was killed"
             time.sleep(0.05)
     finally:
