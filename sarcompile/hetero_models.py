@@ -4,9 +4,12 @@ Both are ordinary single-machine modules written with sarcompile's ops, called a
 ``model(g, x)`` with a typed graph and a dict of features per node type, and return the
 logits of the *target* type's rows (the type whose class is predicted: ogbn-mag's
 papers). :func:`sarcompile.distribute` compiles them like any other model. Node types
-without features get a learnable ``nn.Embedding`` table each (``embed.<type>.weight``),
-used as their features: a node table (:mod:`sarcompile.tables`), whose rows each worker
-holds and updates for its own nodes only.
+without features get a learnable table each (``embed.<type>.weight``, a
+:class:`sarcompile.nn.NodeTable`: an ``nn.Embedding`` whose N(0, 1) rows are keyed by node
+id), used as their features: a node table (:mod:`sarcompile.tables`), whose rows each worker
+holds and updates for its own nodes only. Given ``rows`` (each type's global ids of a
+worker's nodes) a worker makes only those rows of each table, never the whole table; one
+machine's whole table has the same rows.
 
 * :class:`RGCN` -- the relational GCN of DGL's ogbn-mag example: per relation the mean of
   the source rows over in-neighbours times the relation's weight, summed over the
@@ -40,7 +43,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .hetero import Relation, relation_key
-from .nn import NodeDropout
+from .nn import NodeDropout, NodeTable
 from .ir.ops import edge_reduce, gather_dst, sddmm, spmm
 
 __all__ = ["TYPED_MODELS", "TypedNet", "RGCN", "HGT", "build_typed"]
@@ -54,11 +57,13 @@ class TypedNet(nn.Module):
 
     ``node_counts``: nodes of every type in the whole graph; ``edge_types``: the relations
     ``(src, name, dst)``; ``in_dims``: the feature width of each type that has features;
-    every other type gets an ``nn.Embedding(count, embed_dim)``.
+    every other type gets a ``NodeTable(count, embed_dim)``: with ``rows`` (a worker's
+    global ids per type, ``part.graph.global_ids``) only the worker's rows of it.
     """
 
     def __init__(self, node_counts: Mapping[str, int], edge_types: Iterable[Sequence[str]],
-                 in_dims: Mapping[str, int], target: str, embed_dim: int, layers: int):
+                 in_dims: Mapping[str, int], target: str, embed_dim: int, layers: int,
+                 rows: Mapping[str, torch.Tensor] | None = None):
         super().__init__()
         self.edge_types: tuple[Relation, ...] = tuple(tuple(r) for r in edge_types)
         linked = {t for s, _, d in self.edge_types for t in (s, d)}
@@ -76,8 +81,8 @@ class TypedNet(nn.Module):
         # the types the first layer reads: its own, and the sources of the relations into them
         first = set(self.computes[0]) | {s for s, _, d in self.edge_types if d in self.computes[0]}
         self.reads = [t for t in self.in_dims if t in first]
-        self.embed = nn.ModuleDict({t: nn.Embedding(node_counts[t], embed_dim) for t in self.reads
-                                    if t not in in_dims})
+        self.embed = nn.ModuleDict({t: NodeTable(node_counts[t], embed_dim, rows=None if rows is None else rows[t],
+                                                 node_type=t) for t in self.reads if t not in in_dims})
         # The relation whose ids key a type's dropout masks: one into it, else one out of it.
         self.keyed_by = {}
         for t in self.in_dims:
@@ -143,8 +148,8 @@ class RGCN(TypedNet):
 
     def __init__(self, node_counts: Mapping[str, int], edge_types: Iterable[Sequence[str]],
                  in_dims: Mapping[str, int], target: str, num_classes: int, hidden: int = 64, layers: int = 2,
-                 dropout: float = 0.0, embed_dim: int = 128):
-        super().__init__(node_counts, edge_types, in_dims, target, embed_dim, layers)
+                 dropout: float = 0.0, embed_dim: int = 128, rows: Mapping[str, torch.Tensor] | None = None):
+        super().__init__(node_counts, edge_types, in_dims, target, embed_dim, layers, rows)
         dims = [dict(self.in_dims)] + [{t: hidden for t in self.in_dims}] * (layers - 1)
         widths = [hidden] * (layers - 1) + [num_classes]
         self.layers = nn.ModuleList(RGCNLayer(dims[i], widths[i], self.computes[i], self.edge_types)
@@ -237,8 +242,9 @@ class HGT(TypedNet):
 
     def __init__(self, node_counts: Mapping[str, int], edge_types: Iterable[Sequence[str]],
                  in_dims: Mapping[str, int], target: str, num_classes: int, hidden: int = 64, layers: int = 2,
-                 heads: int = 4, dropout: float = 0.0, embed_dim: int = 128):
-        super().__init__(node_counts, edge_types, in_dims, target, embed_dim, layers)
+                 heads: int = 4, dropout: float = 0.0, embed_dim: int = 128,
+                 rows: Mapping[str, torch.Tensor] | None = None):
+        super().__init__(node_counts, edge_types, in_dims, target, embed_dim, layers, rows)
         self.inp = nn.ModuleDict({t: nn.Linear(self.in_dims[t], hidden) for t in self.reads})
         self.layers = nn.ModuleList(HGTLayer(hidden, heads, self.computes[i], self.edge_types) for i in range(layers))
         self.drops = self.dropouts(dropout, layers)
@@ -257,10 +263,12 @@ class HGT(TypedNet):
 
 def build_typed(model: str, node_counts: Mapping[str, int], edge_types: Iterable[Sequence[str]],
                 in_dims: Mapping[str, int], target: str, num_classes: int, hidden: int, layers: int, heads: int,
-                dropout: float, embed_dim: int) -> TypedNet:
-    """The typed model ``model`` ("rgcn" or "hgt") with these options (see the classes)."""
+                dropout: float, embed_dim: int, rows: Mapping[str, torch.Tensor] | None = None) -> TypedNet:
+    """The typed model ``model`` ("rgcn" or "hgt") with these options (see the classes);
+    with ``rows``, a worker's: only its rows of the node tables."""
     if model == "rgcn":
-        return RGCN(node_counts, edge_types, in_dims, target, num_classes, hidden, layers, dropout, embed_dim)
+        return RGCN(node_counts, edge_types, in_dims, target, num_classes, hidden, layers, dropout, embed_dim, rows)
     if model == "hgt":
-        return HGT(node_counts, edge_types, in_dims, target, num_classes, hidden, layers, heads, dropout, embed_dim)
+        return HGT(node_counts, edge_types, in_dims, target, num_classes, hidden, layers, heads, dropout, embed_dim,
+                   rows)
     raise ValueError(f"typed models are {', '.join(TYPED_MODELS)}, got {model!r}")

@@ -16,9 +16,10 @@ from torch import nn
 from .errors import GraphError
 from .ir.ops import batch_norm, edge_dropout, edge_softmax, node_dropout, sddmm, spmm
 from .ir.lowering import register_lowering
-from .ir.rng import mix32
+from .ir.rng import mix32, normal_rows
+from .tables import NODES, mark_sharded, table_rows
 
-__all__ = ["SAGEConv", "GCNConv", "GINConv", "GATConv", "BatchNorm", "NodeDropout", "RandomStream"]
+__all__ = ["SAGEConv", "GCNConv", "GINConv", "GATConv", "BatchNorm", "NodeDropout", "NodeTable", "RandomStream"]
 
 
 class SAGEConv(nn.Module):
@@ -165,6 +166,54 @@ class NodeDropout(nn.Module):
 
     def extra_repr(self) -> str:
         return f"p={self.p}" + (", source=True" if self.source else "")
+
+
+class NodeTable(nn.Embedding):
+    """A learnable row per node of a type (a featureless type's embedding), whose initial
+    rows are the same however the graph is split: an ``nn.Embedding(num_nodes, dim)`` with
+    ``nn.Embedding``'s N(0, 1) initialisation, but entry ``(row, column)`` drawn from a hash
+    of ``(seed, row's global id, column)`` (:func:`sarcompile.ir.rng.normal_rows`), not from
+    torch's RNG state.
+
+    So a worker makes only its own rows: with ``rows`` (the global ids of the worker's
+    nodes of ``node_type``, ``part.graph.global_ids[t]``) the weight holds those rows, in
+    that order, and is marked as that worker's shard of the table
+    (:func:`sarcompile.tables.mark_sharded`), so the whole table is never in one process;
+    without ``rows``, one machine's whole table, whose row ``r`` is every worker's row ``r``.
+    ``seed`` defaults to one draw from torch's RNG (seed torch alike on every worker), so
+    each table of a model gets its own; name a type's table by its type (``emb.author``)
+    as :mod:`sarcompile.tables` finds them.
+
+    >>> import torch, sarcompile as sc
+    >>> whole = sc.nn.NodeTable(5, 3, seed=7)
+    >>> mine = sc.nn.NodeTable(5, 3, seed=7, rows=torch.tensor([4, 1]), node_type="author")
+    >>> bool(torch.equal(mine.weight, whole.weight[[4, 1]])), tuple(mine.weight.shape)
+    (True, (2, 3))
+    """
+
+    def __init__(self, num_nodes: int, dim: int, seed: int | None = None, rows: torch.Tensor | None = None,
+                 node_type: str = NODES):
+        if seed is None:
+            seed = int(torch.randint(0, 2**31 - 1, ()))
+        ids = torch.arange(num_nodes) if rows is None else rows.cpu().long()
+        self.num_nodes, self.seed = int(num_nodes), int(seed)
+        super().__init__(ids.numel(), dim, _weight=self._draw(ids, dim))
+        if rows is not None:
+            mark_sharded(self.weight, node_type, ids, self.num_nodes)
+
+    def _draw(self, ids: torch.Tensor, dim: int) -> torch.Tensor:
+        return normal_rows(ids, dim, torch.tensor(self.seed & 0xFFFFFFFF))
+
+    def reset_parameters(self) -> None:
+        """The initial rows again (of the rows it holds)."""
+        held = table_rows(self.weight)
+        with torch.no_grad():
+            self.weight.copy_(self._draw(torch.arange(self.num_nodes) if held is None else held[0],
+                                         self.embedding_dim))
+
+    def extra_repr(self) -> str:
+        held = table_rows(self.weight)
+        return f"{self.num_nodes}, {self.embedding_dim}" + ("" if held is None else f", rows held={held[0].numel()}")
 
 
 class GATConv(nn.Module):

@@ -55,8 +55,8 @@ from .errors import CompileError
 from .ir.probe import Input
 from .ir.vocab import Residency
 
-__all__ = ["NODES", "compile_with_tables", "find_node_tables", "follow_rows", "input_type", "shard_rows", "shard_tables",
-           "table_input", "table_rows", "table_type"]
+__all__ = ["NODES", "compile_with_tables", "find_node_tables", "follow_rows", "input_type", "mark_sharded", "shard_rows",
+           "shard_tables", "table_input", "table_rows", "table_type"]
 
 # The node type of a one-type graph, as the tables of its nodes name it (no name: the types
 # of typed graphs have one).
@@ -80,6 +80,14 @@ def table_type(p: torch.Tensor) -> str | None:
 def table_rows(p: torch.Tensor) -> tuple[torch.Tensor, int] | None:
     """``(global ids of its rows, node count of its type)`` of a sharded node table."""
     return getattr(p, _ROWS, None)
+
+
+def mark_sharded(p: torch.Tensor, ntype: str, ids: torch.Tensor, count: int) -> None:
+    """Mark ``p`` as a worker's rows of a node table of ``ntype`` (``count`` nodes in the
+    whole graph), row ``i`` being node ``ids[i]``: gradient sync skips it, checkpoints write
+    its rows with their ids, and the compiler takes it as its type's node rows."""
+    setattr(p, _MARK, ntype)
+    setattr(p, _ROWS, (ids.cpu(), count))
 
 
 def find_node_tables(model: nn.Module, counts: dict[str, int]) -> dict[str, str]:
@@ -246,7 +254,9 @@ def shard_tables(model: nn.Module, tables: dict[str, str], global_ids: dict[str,
     """Keep only a worker's rows of each node table (``global_ids[t]`` names them, in the
     worker's row order), once: the parameter object stays the same, so optimizers and the
     compiled program keep referring to it. Every worker initialised the whole table with
-    the same seed, so its rows are the ones one machine starts from."""
+    the same seed, so its rows are the ones one machine starts from. (A
+    :class:`sarcompile.nn.NodeTable` made with the worker's rows is never whole: it is
+    marked sharded from the start, and left as it is here.)"""
     for path, ntype in tables.items():
         p = model.get_parameter(path)
         ids = global_ids[ntype]
@@ -264,8 +274,7 @@ def shard_tables(model: nn.Module, tables: dict[str, str], global_ids: dict[str,
             p.data = p.data[ids.to(p.device)].clone()
         if p.grad is not None:
             p.grad = None
-        setattr(p, _MARK, ntype)
-        setattr(p, _ROWS, (ids.cpu(), num_global_nodes[ntype]))
+        mark_sharded(p, ntype, ids, num_global_nodes[ntype])
         follow = getattr(p, _FOLLOW, None)
         if follow is not None:
             delattr(p, _FOLLOW)

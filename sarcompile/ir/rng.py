@@ -14,7 +14,7 @@ import torch
 
 from .opdef import EDGE_CHUNK_ELEMENTS
 
-__all__ = ["edge_keep", "keep", "mix32", "node_keep", "site_salt", "uniform"]
+__all__ = ["edge_keep", "keep", "mix32", "node_keep", "normal_rows", "site_salt", "uniform"]
 
 _MASK32 = 0xFFFFFFFF
 
@@ -53,16 +53,37 @@ def keep(keys: torch.Tensor, salt: torch.Tensor, p: float) -> torch.Tensor:
     return _hash(keys, salt) >= math.ceil(p * 2.0**32)
 
 
-def _kept_chunks(ids: torch.Tensor, width: int, p: float, salt: torch.Tensor) -> Iterator[tuple[slice, torch.Tensor]]:
-    """``(rows, kept)`` for bounded slices of ``ids``: whether each of the ``width`` entries
-    of those rows is kept by dropout of probability ``p``, keyed by (id, position, salt).
-    :data:`~sarcompile.ir.opdef.EDGE_CHUNK_ELEMENTS` entries at a time: the int64 keys and
-    hash temporaries of every entry at once would be several times the mask itself."""
+def _entry_keys(ids: torch.Tensor, width: int) -> Iterator[tuple[slice, torch.Tensor]]:
+    """``(rows, keys)`` for bounded slices of ``ids``: the key ``id * width + position`` of
+    each of the ``width`` entries of those rows. :data:`~sarcompile.ir.opdef.EDGE_CHUNK_ELEMENTS`
+    entries at a time: the int64 keys and hash temporaries of every entry at once would be
+    several times the values drawn from them."""
     step = max(1, EDGE_CHUNK_ELEMENTS // max(width, 1))
     for lo in range(0, ids.numel(), step):
         rows = slice(lo, lo + step)
-        keys = ids[rows].long().unsqueeze(1) * width + torch.arange(width)  # (a shard's ids may be int32)
+        yield rows, ids[rows].long().unsqueeze(1) * width + torch.arange(width)  # (a shard's ids may be int32)
+
+
+def _kept_chunks(ids: torch.Tensor, width: int, p: float, salt: torch.Tensor) -> Iterator[tuple[slice, torch.Tensor]]:
+    """``(rows, kept)`` for bounded slices of ``ids``: whether each of the ``width`` entries
+    of those rows is kept by dropout of probability ``p``, keyed by (id, position, salt)."""
+    for rows, keys in _entry_keys(ids, width):
         yield rows, keep(keys, salt, p)
+
+
+def normal_rows(ids: torch.Tensor, width: int, salt: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Standard normal draws ``[len(ids), width]``, entry ``(i, j)`` a pure function of
+    ``(ids[i], j, salt)``: row ``r`` of a table is the same whichever rows are drawn with
+    it, so a worker draws only its own rows of a table one machine draws whole.
+
+    The inverse normal CDF of the hash's uniform at the middle of its 2^32 bins (never 0
+    or 1), in float64: the N(0, 1) of ``nn.Embedding``'s initialisation, its tails cut at
+    6.2 standard deviations (where 2^-32 of the mass is)."""
+    out = torch.empty((ids.numel(), width), dtype=dtype, device=salt.device)
+    for rows, keys in _entry_keys(ids, width):
+        u = (_hash(keys, salt).to(torch.float64) + 0.5) / 2.0**32
+        out[rows] = torch.special.ndtri(u).to(dtype)
+    return out
 
 
 def edge_keep(edge_ids: torch.Tensor, heads: int, p: float, salt: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -23,14 +23,16 @@ from ..data.rundir import DirLock, lock_dir, remove_stale_temps
 from ..errors import CheckpointError, PartitionError, PredictionError, SarcompileError
 from ..runtime.comm import init
 from ..runtime.memory import MemoryProbe, floor_bytes
-from ..train.checkpoints import _broadcast, _checkpoint_group, _read_checkpoint, checkpoint_timeout
+from ..hetero_models import TYPED_MODELS
+from ..train.checkpoints import _agreed, _broadcast, _checkpoint_group, check_trainer_state, checkpoint_timeout, \
+    load_sharded, read_sharded
 from ..train.log import RUN_NAME, gather_peaks, peak_line
 from ..train.model import build_model, call_model, graph_first
 from .files import FORMAT, MANIFEST_NAME, copy_user_ids, is_ours, read_predictions_manifest, record_user_ids, \
     write_rows
 from .layer import LayerOutput
 
-__all__ = ["PredictConfig", "parse_args", "predict", "read_run"]
+__all__ = ["PredictConfig", "TrainedRun", "parse_args", "predict", "read_run"]
 
 
 @dataclass
@@ -89,14 +91,14 @@ def predict(config: PredictConfig | Mapping[str, Any] | Sequence[str]) -> dict[s
         with tqdm(total=3, unit="step", file=sys.stderr, disable=not (rank == 0 and cfg.progress),
                   dynamic_ncols=True) as bar:
             bar.set_description("reading the checkpoint and the part")
-            state, model_id = read_run(Path(cfg.run), group, limit)
+            trained = read_run(Path(cfg.run), rank, world_size, group, limit)
+            state, model_id = trained.state, trained.identity
             _check_graph(state, manifest, cfg)
             model_id["layer"] = cfg.layer
-            net = build_model(state["config"])
-            net.load_state_dict(state["model"])
+            part = load_partition(cfg.parts)  # a partition of another number of parts: refused
+            net = trained.model(part.graph, group, limit)
             # an unknown layer: refused here
             module = LayerOutput(net.eval(), cfg.layer, _in_convention) if cfg.layer else net.eval()
-            part = load_partition(cfg.parts)  # a partition of another number of parts: refused
             failure = None
             if rank == 0:
                 try:
@@ -120,17 +122,50 @@ def predict(config: PredictConfig | Mapping[str, Any] | Sequence[str]) -> dict[s
             lock.release()
 
 
-def read_run(run_dir: Path, group: Any = None, limit_s: float | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
-    """A trained run's state (as its checkpoint holds it: ``config``, ``model`` whole, ...)
-    and its identity: the run's id, the checkpoint's epoch and sha256. Every rank reads it,
-    agreeing on failure. The one place that knows where a run keeps its weights."""
+@dataclass
+class TrainedRun:
+    """A trained run's latest checkpoint as a worker reads it (:func:`read_run`): its
+    ``path``; its replicated ``state`` (``config``, ``model`` without the node tables of a
+    sharded checkpoint, ...); the checkpoint's ``manifest`` (None for an older version's
+    single file, whose ``state`` holds the tables whole); and its ``identity``: the run's
+    id, the checkpoint's epoch and sha256."""
+
+    path: Path
+    state: dict[str, Any]
+    manifest: dict[str, Any] | None
+    identity: dict[str, Any]
+
+    def model(self, graph: Any, group: Any = None, limit_s: float | None = None) -> torch.nn.Module:
+        """The trained eager model, for the worker whose shard is ``graph``
+        (``part.graph``): a built-in typed model holds only the worker's rows of its node
+        tables, read alone from the checkpoint's shards; a model of one's own is loaded
+        whole, and its compiled call keeps the worker's rows. Agreed on every rank."""
+        config = self.state["config"]
+        if self.manifest is None:
+            net = build_model(config)
+            net.load_state_dict(self.state["model"])
+            return net
+        own_rows = config.get("target") is not None and config.get("model") in TYPED_MODELS
+        net = build_model(config, rows=graph.global_ids if own_rows else None)
+        _agreed(f"reading checkpoint '{self.path}'", lambda: load_sharded(self.path, self.manifest, self.state, net,
+                                                                          None), group, limit_s)
+        return net
+
+
+def read_run(run_dir: Path, rank: int = 0, world_size: int = 1, group: Any = None,
+             limit_s: float | None = None) -> TrainedRun:
+    """A trained run's latest checkpoint, as worker ``rank`` of ``world_size`` reads it: its
+    replicated state, each rank checking its share of the node tables' files (see
+    :class:`TrainedRun`). Every rank reads it, agreeing on failure. The one place that
+    knows where a run keeps its weights."""
     path = latest_checkpoint(run_dir)
     if path is None:
         what = "does not exist" if not run_dir.exists() else "has no checkpoint"
         raise CheckpointError(f"run directory '{run_dir}' {what}: give the --out of a training run that wrote a "
                               "checkpoint (python -m sarcompile.train --out RUN_DIR ...)")
     header = recorded_identity(path)  # before the state: a checkpoint replaced meanwhile shows in the epoch
-    state = _read_checkpoint(path, group, limit_s)
+    state, manifest = read_sharded(path, rank, world_size, group, limit_s)
+    check_trainer_state(state, path)
     if header.get("epoch") != state["epoch"]:
         raise CheckpointError(f"checkpoint '{path}' changed while it was read (a run is training into "
                               f"'{run_dir}'?); predict again once it is written")
@@ -138,8 +173,9 @@ def read_run(run_dir: Path, group: Any = None, limit_s: float | None = None) -> 
         run = json.loads((run_dir / RUN_NAME).read_text()).get("run")
     except (OSError, ValueError, AttributeError):
         run = None  # a run directory from before run ids
-    return state, {"run": run, "run_dir": str(run_dir.resolve()), "epoch": state["epoch"],
-                   "checkpoint_sha256": header.get("sha256"), "config": state["config"], "mode": state.get("mode")}
+    return TrainedRun(path, state, manifest, {
+        "run": run, "run_dir": str(run_dir.resolve()), "epoch": state["epoch"],
+        "checkpoint_sha256": header.get("sha256"), "config": state["config"], "mode": state.get("mode")})
 
 
 def _check_graph(state: dict[str, Any], manifest: Manifest, cfg: PredictConfig) -> None:
@@ -202,8 +238,8 @@ def _predict(cfg: PredictConfig, part: Any, state: dict[str, Any], model: Distri
     bar.set_description("forward")
     target = state["config"].get("target")
     x = part.node_data["x"] if target is None else {t: d["x"] for t, d in part.node_data.items() if "x" in d}
-    # The node tables (typed models' embeddings) are loaded whole; the compiled call keeps
-    # this worker's rows.
+    # A model of one's own has its node tables loaded whole; the compiled call keeps this
+    # worker's rows (the built-in typed models' hold only them already).
     with torch.no_grad():  # (a LayerOutput is called as sarcompile's models are: module(graph, x))
         output = model(part.graph, x) if cfg.layer else call_model(model, part.graph, x, target)
     rows, error = _rows(output, part, target, cfg.layer)

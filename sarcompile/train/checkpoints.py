@@ -344,16 +344,10 @@ def load_sharded(path: Path, manifest: dict[str, Any], state: dict[str, Any], ne
             follow_rows(p, lambda kept, s=per_row, keys=keys: s.update({k: s[k][kept.to(s[k].device)] for k in keys}))
 
 
-def _read_checkpoint(path: Path, group: Any = None, limit_s: float | None = None) -> dict[str, Any]:
-    """The trainer's whole state of checkpoint ``path`` (every table whole: for one
-    machine, or a worker that loads all of it), checked on every rank."""
-    def read() -> dict[str, Any]:
-        state = files.read_state(path)
-        if state.get("format") != FORMAT or not {"model", "optimizer", "epoch", "config"} <= state.keys():
-            raise CheckpointError(f"checkpoint '{path}' was not written by this version of sarcompile.train")
-        return state
-
-    return _agreed(f"reading checkpoint '{path}'", read, group, limit_s)
+def check_trainer_state(state: dict[str, Any], path: Path) -> None:
+    """Refuse a checkpoint ``path`` whose (replicated) ``state`` the trainer did not write."""
+    if state.get("format") != FORMAT or not {"model", "optimizer", "epoch", "config"} <= state.keys():
+        raise CheckpointError(f"checkpoint '{path}' was not written by this version of sarcompile.train")
 
 
 # -- a loop of one's own -------------------------------------------------------------------------

@@ -60,6 +60,7 @@ from .checkpoints import (
     _check_resumable,
     _checkpoint_group,
     _split_state,
+    check_trainer_state,
     checkpoint_timeout,
     load_sharded,
     read_sharded,
@@ -205,11 +206,13 @@ def _train(cfg: TrainConfig, rank: int, world_size: int, manifest, target: str |
             raise CheckpointError(f"no checkpoint at '{out}': nothing to resume (run without --resume, or with "
                                   "--resume auto, to start afresh)")
         state, manifest = read_sharded(ckpt_path, rank, world_size, group, ckpt_limit)
-        if state.get("format") != FORMAT or not {"model", "optimizer", "epoch", "config"} <= state.keys():
-            raise CheckpointError(f"checkpoint '{ckpt_path}' was not written by this version of sarcompile.train")
+        check_trainer_state(state, ckpt_path)
         _check_resumable(state, run, graph, ckpt_path)
     torch.manual_seed(cfg.seed)  # same initial weights and dropout seeds on every worker
-    net = build_model(run)
+    # Only this worker's rows of the typed models' node tables (an older version's single
+    # file holds them whole, loaded whole below)
+    own_rows = target is not None and not cfg.own_model and (state is None or manifest is not None)
+    net = build_model(run, rows=part.graph.global_ids if own_rows else None)
     opt = torch.optim.Adam(net.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     start = 0
     if state is not None:

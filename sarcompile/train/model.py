@@ -98,7 +98,7 @@ def _conv(
 
 
 def build_model(config: Mapping[str, Any] | TrainConfig | argparse.Namespace | None = None,
-                **kwargs: Any) -> nn.Module:
+                *, rows: Mapping[str, torch.Tensor] | None = None, **kwargs: Any) -> nn.Module:
     """The eager single-machine model a run trains, from its config.
 
     ``config`` is a checkpoint's ``"config"`` dict (or any mapping / :class:`TrainConfig` /
@@ -111,6 +111,12 @@ def build_model(config: Mapping[str, Any] | TrainConfig | argparse.Namespace | N
     first for reproducible initial weights (the trainer seeds with ``--seed``). A
     checkpoint's ``"model"`` state dict loads into the result with ``load_state_dict``,
     whatever number of workers trained it (node tables included, in global row order).
+
+    ``rows`` (a worker's global ids per node type, ``part.graph.global_ids``) makes a typed
+    model's node tables (:class:`sarcompile.nn.NodeTable`) hold only those rows: a worker
+    never makes a whole table, and its rows equal one machine's. A model of one's own
+    (``MODULE:FACTORY``) is built by its factory, its tables whole (``rows`` is not given
+    to it); each worker keeps its own rows of them once it is compiled.
     """
     fields = _as_mapping(config) if config is not None else {}
     fields = {**fields, **kwargs}
@@ -131,7 +137,8 @@ def build_model(config: Mapping[str, Any] | TrainConfig | argparse.Namespace | N
         raise ValueError(f"the target type {fields['target']!r} has no features to take the embedding width from: "
                          "give embed_dim (--embed-dim)")
     return build_typed(args["model"], fields["node_counts"], fields["edge_types"], in_dims, fields["target"],
-                       args["num_classes"], args["hidden"], args["layers"], args["heads"], args["dropout"], embed_dim)
+                       args["num_classes"], args["hidden"], args["layers"], args["heads"], args["dropout"], embed_dim,
+                       rows)
 
 
 def factory_arguments(fields: Mapping[str, Any]) -> dict[str, Any]:
