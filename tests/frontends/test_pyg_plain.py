@@ -1,4 +1,4 @@
-"""Message passing written in plain torch over ``edge_index`` (sarcompile/frontends/pyg_plain.py),
+"""Message passing written in plain torch over ``edge_index`` (sarcompile/frontends/plain.py, with PyG imported),
 in a model's own forward and its helper methods: ``src, dst = edge_index``, ``x[src]``,
 ``index_select``, ``index_add_``, ``scatter_add_``, ``scatter_reduce`` / ``index_reduce`` (each
 reduction, with and without the tensor's own entries), ``torch.ones_like(dst)``, PyG's
@@ -14,7 +14,6 @@ import re
 import pytest
 import torch
 from hypothesis import given, settings
-from hypothesis import strategies as st
 from torch import nn
 
 pytest.importorskip("torch_geometric")
