@@ -133,7 +133,7 @@ def spmm_into(indptr: torch.Tensor, col: torch.Tensor, values: torch.Tensor | No
 def _row_ranges(indptr: torch.Tensor, parts: int) -> list[tuple[int, int]]:
     """Up to ``parts`` consecutive row ranges of about equal entry counts."""
     rows = indptr.numel() - 1
-    marks = torch.linspace(0, int(indptr[-1]), parts + 1)[1:-1].to(indptr.dtype)
+    marks = torch.linspace(0, int(indptr[-1]), parts + 1, device=indptr.device)[1:-1].to(indptr.dtype)
     cuts = [0, *torch.searchsorted(indptr, marks).clamp(max=rows).tolist(), rows]
     return [(a, b) for a, b in zip(cuts, cuts[1:]) if b > a] or [(0, rows)]
 

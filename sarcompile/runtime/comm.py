@@ -604,7 +604,7 @@ def _sync_rounds(shard, visit, fetch, push_into, lookahead, phase, what, link, i
                 block = pool.take(shape, dtype, device) if recycle else torch.empty(shape, dtype=dtype, device=device)
                 posted.buf = live.track(block)
             else:
-                posted.buf = wire.empty(rows_q, tail(fetch_remote), fetch_remote.dtype)
+                posted.buf = wire.empty(rows_q, tail(fetch_remote), fetch_remote.dtype, fetch_remote.device)
             posted.works.append(_irecv(posted.buf, q, TAG_FEATURES, phase))
         return posted
 
@@ -625,7 +625,7 @@ def _sync_rounds(shard, visit, fetch, push_into, lookahead, phase, what, link, i
             if wire is None:
                 posted.buf = pool.take((rows_p, *tail(push_into)), push_into.dtype, push_into.device)
             else:
-                posted.buf = wire.empty(rows_p, tail(push_into), push_into.dtype)
+                posted.buf = wire.empty(rows_p, tail(push_into), push_into.dtype, push_into.device)
             posted.works.append(_irecv(posted.buf, p, TAG_GRADS, phase))
         return posted
 
@@ -779,7 +779,7 @@ def _local_rounds(shard, visit, fetch, push_into, link, iteration, phase, what, 
     for p in range(n):
         count = shard.send_index[p].numel() if p != r else 0
         if count:
-            buf = link.wire.empty(count, tail(push_into), push_into.dtype)
+            buf = link.wire.empty(count, tail(push_into), push_into.dtype, push_into.device)
             works.append(_irecv(buf, p, tag, phase))
             bufs[p] = (buf, count)
     link.pending["backward"] = Pending(iteration, works, bufs)
@@ -812,7 +812,7 @@ def _post_pipelined(shard, link, fetch: torch.Tensor, iteration: int, phase: str
             send = link.wire.encode(src[rows], f"{phase} features", p, iteration).contiguous()
             works.append(_isend(send, p, tag, phase))
         if shard.blocks[q].num_src:
-            buf = link.wire.empty(shard.blocks[q].num_src, tuple(fetch.shape[1:]), fetch.dtype)
+            buf = link.wire.empty(shard.blocks[q].num_src, tuple(fetch.shape[1:]), fetch.dtype, fetch.device)
             works.append(_irecv(buf, q, tag, phase))
             bufs[q] = (buf, shard.blocks[q].num_src)
     link.pending["forward"] = Pending(iteration, works, bufs)

@@ -53,7 +53,7 @@ class Wire:
 
     def wire_bytes(self, rows: int, width: int, dtype: torch.dtype) -> int:
         if not self.policy.bits:
-            return rows * width * torch.empty((), dtype=dtype).element_size()
+            return rows * width * dtype.itemsize
         return rows * (torch_kernels.packed_row_bytes(width, self.policy.bits) + 2 * WIRE_SCALE.itemsize)
 
     def encode(self, rows: torch.Tensor, stream: str, peer: int, iteration: int) -> torch.Tensor:
@@ -72,8 +72,10 @@ class Wire:
             noise = None
         else:  # the published method: unbiased stochastic rounding, nothing carried over
             seed = zlib.crc32(f"{self.policy.site} {stream} {self.rank} {peer} {iteration}".encode())
-            gen = torch.Generator().manual_seed(seed)  # reproducible, unlike hash() of a str
-            noise = torch.rand(flat.shape, generator=gen).to(flat.device)
+            # Drawn on the CPU, whatever the rows' device: the same seed gives the same noise
+            # on every device (a CUDA generator's stream differs), so runs agree across them.
+            gen = torch.Generator(device="cpu").manual_seed(seed)  # reproducible, unlike hash() of a str
+            noise = torch.rand(flat.shape, generator=gen, device="cpu").to(flat.device)
         # Levels from the rows alone, not rows + residual: values pushed outside by the
         # residual are clamped and the rest carried on, so the residual stays within the
         # rows' range. (Levels that widened with the residual let it grow to many times
@@ -85,11 +87,12 @@ class Wire:
         # lo and scale first: views of the buffer as bfloat16 need an even offset
         return torch.cat([packed.lo.view(torch.uint8), packed.scale.view(torch.uint8), packed.data.reshape(-1)])
 
-    def empty(self, rows: int, tail: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-        """A receive buffer for ``rows`` rows of shape ``tail``."""
+    def empty(self, rows: int, tail: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """A receive buffer for ``rows`` rows of shape ``tail`` on ``device`` (the rows'
+        own: nccl receives into device memory)."""
         if not self.policy.bits:
-            return torch.empty((rows, *tail), dtype=dtype)
-        return torch.empty(self.wire_bytes(rows, math.prod(tail), dtype), dtype=torch.uint8)
+            return torch.empty((rows, *tail), dtype=dtype, device=device)
+        return torch.empty(self.wire_bytes(rows, math.prod(tail), dtype), dtype=torch.uint8, device=device)
 
     def decode(self, buf: torch.Tensor, rows: int, tail: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         if not self.policy.bits:

@@ -107,8 +107,8 @@ def floor_bytes() -> int:
     done -- torch's optimizers import more on their first step (about 50 MiB in torch 2.2,
     130 in 2.13), so a throwaway one takes a step first. Memory above it is the run's own:
     the data, the graph and training. Also resets the resident high-water mark (CPU)."""
-    p = torch.nn.Parameter(torch.zeros(4))
-    p.grad = torch.ones(4)
+    p = torch.nn.Parameter(torch.zeros(4, device="cpu"))  # the CPU: what is measured is this process's RSS
+    p.grad = torch.ones(4, device="cpu")
     torch.optim.Adam([p], lr=0.1).step()
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")

@@ -77,7 +77,8 @@ class BufferPool:
         self.peak_lent = len(self._lent)
 
     def take(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str = "cpu") -> torch.Tensor:
-        """An uninitialised contiguous tensor of ``shape`` and ``dtype``, in an idle buffer if one fits."""
+        """An uninitialised contiguous tensor of ``shape`` and ``dtype`` on ``device``, in an idle
+        buffer if one fits (the pool holds CPU buffers only: elsewhere a fresh tensor)."""
         nbytes = torch.Size(shape).numel() * dtype.itemsize
         if torch.device(device).type != "cpu" or nbytes < max(self.min_bytes, 1):
             return torch.empty(shape, dtype=dtype, device=device)
@@ -86,7 +87,7 @@ class BufferPool:
             storage = self._make(size_class(nbytes))
         capacity = storage.nbytes()
         self.lent_bytes += capacity
-        out = torch.empty(0, dtype=dtype).set_(storage, 0, shape)
+        out = torch.empty(0, dtype=dtype, device="cpu").set_(storage, 0, shape)  # (a CPU storage: see take)
         key = storage.data_ptr()
         self._lent[key] = (capacity, weakref.finalize(out, self._lost, key))
         self.peak_lent = max(self.peak_lent, len(self._lent))
@@ -125,4 +126,4 @@ class BufferPool:
             self.held_bytes -= self._idle.pop()[0]
         self.held_bytes += capacity
         self.allocations += 1
-        return torch.empty(capacity, dtype=torch.uint8).untyped_storage()
+        return torch.empty(capacity, dtype=torch.uint8, device="cpu").untyped_storage()  # CPU only: see take

@@ -58,14 +58,16 @@ def reused(shard: ShardGraph, key: Hashable, inputs: tuple[torch.Tensor, ...],
     exactly (a kept result is read for good: an opt-in compressed or stale exchange would
     freeze its error in). On N workers the workers agree first (one all-reduce of two
     flags): one worker's changed input makes all of them compute again, since each one's
-    result reads its peers' rows, and all of them exchange alike."""
+    result reads its peers' rows, and all of them exchange alike. ``inputs``: one tensor
+    at least."""
     cache: dict = shard.__dict__.setdefault("_reused", {})
     key = (key, *(id(t) for t in inputs))
     entry = cache.get(key)
     graded = any(t.requires_grad for t in inputs)
     hit = not graded and entry is not None and entry.holds(inputs)
     if shard.world_size > 1:
-        miss, graded = (bool(f) for f in global_max(torch.tensor([int(not hit), int(graded)])))
+        # on the inputs' device: nccl reduces only device tensors
+        miss, graded = (bool(f) for f in global_max(torch.tensor([int(not hit), int(graded)], device=inputs[0].device)))
         hit = not miss
     if hit:
         return entry.out
