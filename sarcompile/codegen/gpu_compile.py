@@ -1,0 +1,224 @@
+"""Compile generated kernels for a real GPU architecture, without a GPU, and check their
+resources against the architecture's limits.
+
+Triton compiles to PTX and, through the ``ptxas`` its wheel ships, to a cubin on any
+machine. :func:`compile_spec` does so for every kernel function of a spec's module and
+every configuration its autotuner may pick (any of them may be chosen on the first
+launch), then reads what the cubin needs:
+
+* registers per thread and local memory, from ``cuobjdump -res-usage`` on the cubin
+  (shipped beside ``ptxas``). Spills are ``LOCAL / 4``, as Triton's launcher counts them
+  (``CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES / 4``);
+* shared memory, from the compiled kernel's metadata (Triton allocates it dynamically).
+
+Limits held (:data:`ARCHS`): 255 registers per thread and 64K registers per block (the
+register file of one SM), **no spills** (the kernels are small streaming loops; a spill
+means a block size that should not be offered), and shared memory per block of 163 KiB
+on sm_80 and 227 KiB on sm_90 (the opt-in maximum per block; the SM has 164 / 228 KiB,
+1 KiB of which is reserved per block).
+
+A process with ``TRITON_INTERPRET=1`` cannot compile: the interpreter replaces Triton's
+code generator in it. The tests (which run kernels in the interpreter) compile in a
+child process without it.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import KernelError
+from .kernel_cache import KernelSpec, current_target, load
+
+__all__ = ["ARCHS", "Arch", "Compiled", "compile_spec", "compiler_available", "resources_table"]
+
+
+@dataclass(frozen=True)
+class Arch:
+    """A CUDA architecture and the per-kernel limits held against it."""
+
+    name: str  # "sm_90"
+    capability: int  # 90
+    shared_bytes: int  # shared memory one block may use
+    max_regs: int = 255  # per thread
+    regs_per_block: int = 65536
+    max_spills: int = 0  # 4-byte words of local memory per thread
+
+
+ARCHS = {
+    "sm_80": Arch("sm_80", 80, 163 * 1024),  # A100
+    "sm_90": Arch("sm_90", 90, 227 * 1024),  # H100
+}
+
+
+@dataclass(frozen=True)
+class Compiled:
+    """One kernel function of a spec, compiled for one architecture with one autotuner
+    configuration, and what it needs."""
+
+    spec: KernelSpec
+    function: str  # "kernel", "kernel_dst", ...
+    meta: tuple[tuple[str, int], ...]  # the configuration's constexprs, e.g. (("BLOCK_E", 16), ...)
+    num_warps: int
+    arch: str
+    n_regs: int
+    n_spills: int
+    shared: int  # bytes
+
+    @property
+    def config(self) -> str:
+        return ", ".join([f"{k}={v}" for k, v in self.meta] + [f"warps={self.num_warps}"])
+
+
+def _nvidia_bin() -> Path:
+    import triton
+
+    return Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+
+
+def compiler_available() -> str | None:
+    """None when kernels can be compiled here for CUDA targets, else why not."""
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return "triton is not installed (pip install 'sarcompile[triton]')"
+    missing = [tool for tool in ("ptxas", "cuobjdump") if not (_nvidia_bin() / tool).exists()]
+    if missing:
+        return f"this triton wheel ships no {' or '.join(missing)} in {_nvidia_bin()}"
+    return None
+
+
+# Pointer arguments, by parameter name, whose type is not the spec's dtype. The generated
+# kernels name their parameters consistently across families; an unknown scalar name is an
+# error (below), so a new kernel cannot be compiled with a guessed signature.
+_INDEX_POINTERS = {"indptr", "col", "perm", "row", "t_indptr", "t_row", "t_perm"}  # a Block's index dtype
+_INT64_POINTERS = {"pos", "row_out"}  # winner rows: torch.long
+_FP32_POINTERS = {"lo", "scale", "noise"}  # quantize row parameters (torch_kernels.pack_prepare)
+_FAMILY_POINTERS = {  # (family, name) -> type
+    ("spmm_max_grad", "out"): "acc",  # accumulated in fp32 (fp64 for float64)
+    ("pack", "out"): "u8",
+    ("unpack", "data"): "u8",
+}
+_COUNTS = {"num_rows", "num_edges", "num_src", "offset"}  # row / edge counts: the index width
+_FLOAT_SCALARS = {"negative_slope"}  # the accumulator's type (attention_gen._slope_type)
+_TYPES = {"float32": "fp32", "float64": "fp64", "float16": "fp16", "bfloat16": "bf16"}
+
+
+def _signature(spec: KernelSpec, arg_names: list[str], constexprs: set[str], index: str) -> dict[str, str]:
+    """Triton's signature for ``spec``'s kernel as the runtime launches it, with ``index``
+    (``"int32"`` or ``"int64"``) the block's index dtype."""
+    dtype = getattr(spec, "dtype")
+    data, acc = _TYPES[dtype], "fp64" if dtype == "float64" else "fp32"
+    idx = {"int32": "i32", "int64": "i64"}[index]
+    sig = {}
+    for name in arg_names:
+        if name in constexprs:
+            sig[name] = "constexpr"
+        elif name in _COUNTS:
+            sig[name] = idx
+        elif name in _FLOAT_SCALARS:
+            sig[name] = acc
+        elif name in _INDEX_POINTERS:
+            sig[name] = "*" + idx
+        elif name in _INT64_POINTERS:
+            sig[name] = "*i64"
+        elif name in _FP32_POINTERS:
+            sig[name] = "*fp32"
+        else:
+            kind = _FAMILY_POINTERS.get((spec.family, name), "data")
+            sig[name] = "*" + {"data": data, "acc": acc}.get(kind, kind)
+    return sig
+
+
+def _functions(module) -> dict[str, object]:
+    """The module's kernel functions (``kernel``, ``kernel_dst``, ...), each Triton's
+    autotuner over its configurations."""
+    return {name: fn for name, fn in vars(module).items() if name.startswith("kernel") and hasattr(fn, "configs")}
+
+
+@functools.lru_cache(maxsize=None)
+def compile_spec(spec: KernelSpec, arch: str = "sm_90", index: str = "int32") -> tuple[Compiled, ...]:
+    """Every kernel function of ``spec`` compiled for ``arch`` with every configuration its
+    autotuner may pick, its resources read and checked (cached per process).
+
+    Raises :class:`~sarcompile.errors.KernelError` naming the kernel (its op and shape)
+    and the configuration when one does not compile, or needs more registers, spills or
+    shared memory than :data:`ARCHS` allows.
+    """
+    why = compiler_available()
+    if why:
+        raise KernelError(f"cannot compile kernels for {arch}: {why}")
+    if current_target() == "interpreter":
+        raise KernelError(
+            "cannot compile kernels for a GPU in a process with TRITON_INTERPRET=1 (the interpreter replaces "
+            "Triton's code generator): unset it, or compile in a child process without it"
+        )
+    if arch not in ARCHS:
+        raise KernelError(f"unknown GPU architecture {arch!r}; known: {sorted(ARCHS)}")
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource, compile
+
+    target = ARCHS[arch]
+    out = []
+    for function, tuner in _functions(load(spec, "cuda")).items():
+        fn = tuner.fn
+        for config in tuner.configs:
+            meta = dict(config.kwargs)
+            sig = _signature(spec, fn.arg_names, set(meta), index)
+            where = f"{spec.name} ({function}; {', '.join(f'{k}={v}' for k, v in meta.items())}, warps={config.num_warps}, {index} indices) for {arch}"
+            try:
+                kernel = compile(
+                    ASTSource(fn, sig, meta),
+                    target=GPUTarget("cuda", target.capability, 32),
+                    options={"num_warps": config.num_warps, "num_stages": config.num_stages},
+                )
+            except Exception as e:
+                raise KernelError(f"kernel {where} does not compile: {type(e).__name__}: {e}") from e
+            regs, local = _resource_usage(kernel.asm["cubin"])
+            compiled = Compiled(spec, function, tuple(meta.items()), config.num_warps, arch, regs, local // 4, kernel.metadata.shared)
+            _check_limits(compiled, target, where)
+            out.append(compiled)
+    return tuple(out)
+
+
+def _resource_usage(cubin: bytes) -> tuple[int, int]:
+    """Registers per thread and local memory bytes per thread of the cubin's one kernel."""
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        text = subprocess.run(
+            [str(_nvidia_bin() / "cuobjdump"), "-res-usage", f.name], capture_output=True, text=True, check=True
+        ).stdout
+    found = re.search(r"REG:(\d+) .*LOCAL:(\d+)", text)
+    if found is None:
+        raise KernelError(f"cuobjdump -res-usage gave no resource line: {text!r}")
+    return int(found.group(1)), int(found.group(2))
+
+
+def _check_limits(c: Compiled, arch: Arch, where: str) -> None:
+    problems = []
+    if c.n_regs > arch.max_regs:
+        problems.append(f"{c.n_regs} registers per thread (at most {arch.max_regs})")
+    if c.n_regs * c.num_warps * 32 > arch.regs_per_block:
+        problems.append(f"{c.n_regs * c.num_warps * 32} registers per block (at most {arch.regs_per_block})")
+    if c.n_spills > arch.max_spills:
+        problems.append(f"{c.n_spills} spilled registers (at most {arch.max_spills})")
+    if c.shared > arch.shared_bytes:
+        problems.append(f"{c.shared} bytes of shared memory (at most {arch.shared_bytes})")
+    if problems:
+        raise KernelError(
+            f"kernel {where} needs {', '.join(problems)}: it would fail or run slowly there. "
+            "Report it: its block sizes need lowering"
+        )
+
+
+def resources_table(spec: KernelSpec, arch: str) -> str:
+    """One line per kernel function and configuration: registers, spills, shared memory."""
+    return "\n".join(
+        f"  {c.function:<11} {c.config:<36} regs {c.n_regs:>3}  spills {c.n_spills}  shared {c.shared} B"
+        for c in compile_spec(spec, arch)
+    )

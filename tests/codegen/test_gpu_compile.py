@@ -1,0 +1,111 @@
+"""Every kind of generated kernel compiles for A100 (sm_80) and H100 (sm_90) without a GPU,
+within the architecture's registers, spills and shared memory
+(:mod:`sarcompile.codegen.gpu_compile`), for every configuration its autotuner may pick.
+
+A representative set, not the full product of widths and dtypes (about 1 s a spec and
+architecture): each op kind in each dtype it takes (fp32, bf16, fp16), the feature
+widths the plan produces from a narrow last layer (7) through 64/128 to a wide 512, one
+and several heads with a narrow and a wide head dim (256), weights absent / per edge /
+per head, dropout and edge scores, every bit width of the quantize kernels, and int64
+indices (a block past 2^31 rows or edges).
+
+This folder's conftest sets ``TRITON_INTERPRET=1``, under which Triton cannot compile, so
+the compiles run in one child process per architecture without it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from sarcompile.codegen.attention_gen import AttentionBackwardSpec as AttBwd, AttentionForwardSpec as AttFwd
+from sarcompile.codegen.gpu_compile import ARCHS, compiler_available
+from sarcompile.codegen.quantize_gen import PackSpec, UnpackSpec
+from sarcompile.codegen.spmm_gen import EdgeDotSpec, MaxGradSpec, MaxSpec, SpmmSpec
+
+pytestmark = pytest.mark.skipif(compiler_available() is not None, reason=f"no CUDA compiler here: {compiler_available()}")
+
+F32, BF16, F16 = "float32", "bfloat16", "float16"
+
+# (spec, index dtype)
+CASES = [
+    *[(s, "int32") for s in (
+        SpmmSpec(64, 0, F32), SpmmSpec(64, 1, BF16, permuted=True), SpmmSpec(128, 8, F16), SpmmSpec(7, 0, F32),
+        SpmmSpec(512, 0, BF16), SpmmSpec(7, 1, F16, permuted=True),
+        MaxSpec(64, F32), MaxSpec(7, BF16), MaxSpec(512, F16),
+        MaxGradSpec(64, BF16), MaxGradSpec(7, F32), MaxGradSpec(512, F16),
+        EdgeDotSpec(64, 1, F16), EdgeDotSpec(512, 8, BF16), EdgeDotSpec(7, 1, F32),
+        AttFwd(8, 8, True, F32, True), AttBwd(8, 8, True, F32, True),
+        AttFwd(1, 256, False, BF16), AttBwd(1, 256, False, BF16),
+        AttFwd(8, 64, True, F16), AttBwd(8, 64, True, F16),
+        AttFwd(1, 7, False, F16, True), AttBwd(1, 7, False, BF16, True),
+        PackSpec(1, 64, F32), PackSpec(2, 7, BF16, stochastic=True), PackSpec(4, 128, F16), PackSpec(8, 512, BF16),
+        UnpackSpec(1, 64, F32), UnpackSpec(2, 7, BF16), UnpackSpec(4, 128, F16), UnpackSpec(8, 512, BF16),
+    )],
+    (SpmmSpec(64, 1, F32, permuted=True), "int64"),
+    (EdgeDotSpec(64, 1, BF16), "int64"),
+    (AttBwd(8, 8, True, BF16, True), "int64"),
+]
+
+_CHILD = """
+import json, sys
+from sarcompile.codegen.attention_gen import AttentionBackwardSpec, AttentionForwardSpec
+from sarcompile.codegen.gpu_compile import compile_spec
+from sarcompile.codegen.quantize_gen import PackSpec, UnpackSpec
+from sarcompile.codegen.spmm_gen import EdgeDotSpec, MaxGradSpec, MaxSpec, SpmmSpec
+arch, cases = sys.argv[1], json.loads(sys.stdin.read())
+out = []
+for spec, index in cases:
+    try:
+        out.append([[c.function, c.config, c.n_regs, c.n_spills, c.shared] for c in compile_spec(eval(spec), arch, index)])
+    except Exception as e:
+        out.append(f"{type(e).__name__}: {e}")
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def compiled() -> dict[str, list]:
+    """arch -> per case, its compiled kernels' (function, config, regs, spills, shared) or
+    the error; the architectures compile in parallel child processes."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # silences triton 3.9's warning; fusion is its default
+    cases = json.dumps([[repr(s), index] for s, index in CASES])
+    procs = {
+        arch: subprocess.Popen([sys.executable, "-c", _CHILD, arch], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, env=env)
+        for arch in ARCHS
+    }
+    results = {}
+    for arch, proc in procs.items():
+        stdout, stderr = proc.communicate(cases, timeout=300)
+        assert proc.returncode == 0, stderr[-3000:]
+        results[arch] = json.loads(stdout)
+    return results
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+def test_every_kernel_compiles_within_limits(compiled, arch):
+    """Every case compiles for every configuration, with registers, no spills and shared
+    memory within ``arch``'s limits (compile_spec raises otherwise, naming the kernel)."""
+    errors = [f"{s.name} ({index}): {r}" for (s, index), r in zip(CASES, compiled[arch]) if isinstance(r, str)]
+    assert not errors, "\n".join(errors)
+    limits = ARCHS[arch]
+    for (spec, _), kernels in zip(CASES, compiled[arch]):
+        functions = {k[0] for k in kernels}
+        assert functions == ({"kernel_dst", "kernel_src"} if isinstance(spec, AttBwd) else {"kernel"}), spec
+        for function, config, regs, spills, shared in kernels:
+            assert 0 < regs <= limits.max_regs and spills <= limits.max_spills and shared <= limits.shared_bytes
+
+
+def test_interpreter_process_refuses_with_a_clear_error():
+    """This process runs kernels in Triton's interpreter, which cannot compile for a GPU."""
+    from sarcompile.codegen.gpu_compile import compile_spec
+    from sarcompile.errors import KernelError
+
+    with pytest.raises(KernelError, match="TRITON_INTERPRET=1"):
+        compile_spec(SpmmSpec(64, 0, F32), "sm_90")
