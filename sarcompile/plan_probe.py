@@ -33,6 +33,14 @@ from .ir.vocab import Residency
 __all__ = ["ShardProbe", "TypedShardProbe", "graph_bytes", "probe_for"]
 
 _LOOPS = 7  # self-loops of a probe graph within one node type
+def _device(gm: fx.GraphModule, x: Any) -> torch.device | None:
+    """Where the probe's example rows go: where the program computes, its parameters' (or
+    buffers') device -- the example ``x`` gives only shapes and dtypes, and may be on
+    ``meta`` -- else ``x``'s, else torch's default."""
+    held = next((t.device for t in (*gm.parameters(), *gm.buffers())), None)
+    return held if held is not None else (x.device if isinstance(x, torch.Tensor) else None)
+
+
 def probe_for(gm: fx.GraphModule, x: Any) -> "ShardProbe | TypedShardProbe":
     """The probe of program ``gm``: typed when its graph inputs are relations."""
     typed = any(n.op == "placeholder" and _spec(n) is not None and _spec(n).of is not None for n in gm.graph.nodes)
@@ -113,7 +121,7 @@ class ShardProbe:
     def __init__(self, gm: fx.GraphModule, x: torch.Tensor):
         if not isinstance(x, torch.Tensor):
             raise CompileError(f"a one-type model is planned with an example tensor x, got {type(x).__name__}")
-        self.gm, self.x = gm, x
+        self.gm, self.x, self.device = gm, x, _device(gm, x)
         self.shard = ShardGraph.single(probe_graph(self.NODES, self.EDGES, _LOOPS))
         self.tables: list[tuple[str, str, int]] = []  # a one-type graph has no node tables
 
@@ -121,7 +129,8 @@ class ShardProbe:
         """The probe's arguments in the program's order: the graph where the program takes
         it, ``x``'s rows for the first other input, defaults for optional ones."""
         graph = next((g for n in self.gm.graph.nodes if (g := _halo_graph(n)) is not None), None)
-        x = self.x.new_zeros((self.shard.num_nodes, *self.x.shape[1:])).requires_grad_(self.x.requires_grad)
+        x = torch.zeros((self.shard.num_nodes, *self.x.shape[1:]), dtype=self.x.dtype, device=self.device)
+        x.requires_grad_(self.x.requires_grad)
         inputs, x_given = [], False
         for node in self.gm.graph.nodes:
             if node.op != "placeholder":
@@ -206,6 +215,7 @@ class TypedShardProbe:
             raise CompileError(f"a model over a typed graph is planned with a dict of example features per node "
                                f"type (x={{'paper': ...}}), got {type(x).__name__}")
         self.gm, self.x = gm, dict(x or {})
+        self.device = _device(gm, next(iter(self.x.values()), None))
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         relations = [_spec(n).of for n in placeholders if _spec(n) is not None and _spec(n).residency is Residency.GRAPH]
         types = list(dict.fromkeys([t for s, _, d in relations for t in (s, d)]
@@ -256,8 +266,8 @@ class TypedShardProbe:
         tail = tuple(example.shape[1:]) if example is not None else tuple(spec.shape[1:])
         rows = {Residency.NODE: lambda: self.counts[spec.of], Residency.EDGE: lambda: self.edges[spec.of]}
         if spec.residency not in rows:
-            return torch.zeros(spec.shape, dtype=dtype)
-        t = torch.zeros((rows[spec.residency](), *tail), dtype=dtype)
+            return torch.zeros(spec.shape, dtype=dtype, device=self.device)
+        t = torch.zeros((rows[spec.residency](), *tail), dtype=dtype, device=self.device)
         # A node table is a parameter; features require grad as the example does.
         grad = "table" in node.meta or (example is not None and example.requires_grad)
         return t.requires_grad_(grad and dtype.is_floating_point)
