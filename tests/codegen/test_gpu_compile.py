@@ -15,6 +15,7 @@ the compiles run in one child process per architecture without it.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -109,3 +110,16 @@ def test_interpreter_process_refuses_with_a_clear_error():
 
     with pytest.raises(KernelError, match="TRITON_INTERPRET=1"):
         compile_spec(SpmmSpec(64, 0, F32), "sm_90")
+
+
+def test_past_a_limit_is_refused_naming_the_kernel_and_what_it_needs():
+    """A kernel over the registers, spills or shared memory held is an error naming it."""
+    from sarcompile.codegen.gpu_compile import Compiled, _check_limits
+    from sarcompile.errors import KernelError
+
+    spec = AttBwd(8, 64, True, F16)
+    over = Compiled(spec, "kernel_src", (("BLOCK_E", 16),), 8, "sm_80", n_regs=256, n_spills=3, shared=200 * 1024)
+    with pytest.raises(KernelError, match=r"attention_bwd_heads8_channels64.*256 registers per thread.*3 spilled.*204800 bytes"):
+        _check_limits(over, ARCHS["sm_80"], spec.name)
+    roomier = dataclasses.replace(ARCHS["sm_80"], max_regs=256, regs_per_block=1 << 20, max_spills=3, shared_bytes=256 * 1024)
+    _check_limits(over, roomier, spec.name)  # within every bound: no error
