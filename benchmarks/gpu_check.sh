@@ -1,7 +1,12 @@
 #!/usr/bin/env bash
 # The GPU check, for a short lend of one CUDA GPU (a CUDA build of torch, and triton):
 #   1. the generated-kernel tests on CUDA tensors (the same tests CI runs in the interpreter)
-#   2. benchmarks/kernels.py: SAGE and GAT layers on a 2M-edge graph, Triton vs the torch
+#   2. benchmarks/gpu_models.py: whole models on a 200k-node, 4M-edge graph -- the compiled
+#      SAGE of examples/train_sage.py and the PyG SAGE -> BatchNorm -> GAT of
+#      examples/train_pyg.py, one worker -- against eager PyG on the same GPU: output, loss and
+#      every gradient within float32 tolerance, step time and peak memory
+#      (benchmarks/results/gpu_models.json and a markdown table for the README)
+#   3. benchmarks/kernels.py: SAGE and GAT layers on a 2M-edge graph, Triton vs the torch
 #      executor vs PyG, time and peak memory (JSON, PNG and a markdown table for the README)
 # Usage: bash benchmarks/gpu_check.sh [extra arguments for benchmarks/kernels.py]
 #
@@ -9,8 +14,9 @@
 # gradients between workers needs two GPUs (multi-worker runs here stay on gloo, CPU).
 #
 # Time: at most 8 minutes on one GPU by construction. Each step runs under its own timeout
-# (GPU_CHECK_TEST_S, default 270 s; GPU_CHECK_BENCH_S, default 180 s), which with the setup's
-# import checks stays under 480 s; a step that runs out is reported and counts as failed.
+# (GPU_CHECK_TEST_S, default 180 s; GPU_CHECK_MODELS_S, 150 s; GPU_CHECK_BENCH_S, 120 s), 450 s
+# in all, which with the setup's import checks stays under 480 s; a step that runs out is
+# reported and counts as failed, and the next one still runs.
 #
 # Exit codes: 0 every step passed; 1 a step failed or ran out of time; 2 no usable Python or
 # torch; 3 no CUDA device visible to torch (or a CPU build of torch); 4 a package is missing.
@@ -22,8 +28,9 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 python=${PYTHON:-python3}
-test_s=${GPU_CHECK_TEST_S:-270}
-bench_s=${GPU_CHECK_BENCH_S:-180}
+test_s=${GPU_CHECK_TEST_S:-180}
+models_s=${GPU_CHECK_MODELS_S:-150}
+bench_s=${GPU_CHECK_BENCH_S:-120}
 if ! "$python" -c "import torch" 2>/dev/null; then
     echo "gpu_check: '$python' cannot import torch (set PYTHON to the interpreter with the CUDA build of torch)" >&2
     exit 2
@@ -60,5 +67,6 @@ step() {
 }
 
 step "the kernel tests" "$test_s" "$python" -m pytest -q -p no:cacheprovider -m interpreter tests/codegen
+step "benchmarks/gpu_models.py" "$models_s" "$python" benchmarks/gpu_models.py
 step "benchmarks/kernels.py" "$bench_s" "$python" benchmarks/kernels.py "$@"
 exit $status
