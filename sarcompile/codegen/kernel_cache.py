@@ -4,14 +4,18 @@ A :class:`KernelSpec` is a frozen dataclass holding everything a kernel is speci
 (reduce kind, feature width, heads, dtype, weights present, direction, ...); its
 :meth:`~KernelSpec.render` returns the kernel as plain Python source. :func:`load` writes
 that source to the cache directory under a name derived from a hash of the spec, the
-Triton version and the target, then imports it as a real module: ``@triton.jit`` reads a
-kernel's source with ``inspect``, so kernels must live in real files, not ``exec``'d
-strings.
+Triton version and the target (for CUDA, with its architecture), then imports it as a real
+module: ``@triton.jit`` reads a kernel's source with ``inspect``, so kernels must live in
+real files, not ``exec``'d strings.
 
 Targets: ``"cuda"`` wraps each kernel in Triton's autotuner (a few block sizes and warp
 counts, tuned per signature on first launch); ``"interpreter"`` (``TRITON_INTERPRET=1``,
 kernels run on CPU tensors) uses one fixed choice, since timing the interpreter means
-nothing.
+nothing. A CUDA kernel's file is keyed on the architecture it is for as well (this
+process's GPU, e.g. ``sm_90``; :mod:`~sarcompile.codegen.gpu_compile` names one): a cache
+shared by an A100 and an H100 machine, or copied from one to the other, never serves one
+architecture the entry made for another, even where a spec renders the same source for
+both.
 
 The cache lives in ``$SARCOMPILE_KERNEL_CACHE``, else ``~/.cache/sarcompile/kernels``.
 Files are written to a temporary name and renamed, so a reader never sees half a kernel.
@@ -19,6 +23,7 @@ Files are written to a temporary name and renamed, so a reader never sees half a
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import os
@@ -37,6 +42,7 @@ __all__ = [
     "autotune",
     "cache_dir",
     "configs_line",
+    "current_arch",
     "current_target",
     "header",
     "kernel_path",
@@ -132,6 +138,24 @@ def current_target() -> str:
     return "interpreter" if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0") else "cuda"
 
 
+@functools.cache
+def current_arch() -> str:
+    """The CUDA architecture this process's kernels are for: its GPU's (``"sm_90"``), or
+    ``"sm_any"`` without one (a CUDA kernel is then only rendered, never launched)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return "sm_any"
+    major, minor = torch.cuda.get_device_capability()
+    return f"sm_{major}{minor}"
+
+
+def _arch_key(target: str, arch: str | None) -> str:
+    """The architecture part of a cache key: none for the interpreter (it runs on any
+    machine), else ``arch`` or this process's."""
+    return "" if target == "interpreter" else arch or current_arch()
+
+
 def triton_version() -> str:
     try:
         import triton
@@ -147,33 +171,36 @@ def cache_dir() -> Path:
     return Path(os.environ.get("SARCOMPILE_KERNEL_CACHE") or Path.home() / ".cache" / "sarcompile" / "kernels")
 
 
-def kernel_path(spec: KernelSpec, target: str | None = None) -> Path:
-    """Where ``spec``'s kernel for ``target`` lives in the cache."""
+def kernel_path(spec: KernelSpec, target: str | None = None, arch: str | None = None) -> Path:
+    """Where ``spec``'s kernel for ``target`` (and, for CUDA, ``arch``: by default this
+    process's GPU's) lives in the cache."""
     target = target or current_target()
-    return _path(spec, target, spec.render(target))
+    return _path(spec, target, _arch_key(target, arch), spec.render(target))
 
 
-def _path(spec: KernelSpec, target: str, source: str) -> Path:
+def _path(spec: KernelSpec, target: str, arch: str, source: str) -> Path:
     key = hashlib.sha256(
-        "\n".join([repr(spec), target, triton_version(), str(GENERATOR_VERSION), source]).encode()
+        "\n".join([repr(spec), target, arch, triton_version(), str(GENERATOR_VERSION), source]).encode()
     ).hexdigest()[:16]
-    return cache_dir() / f"{spec.name}_{target}_{key}.py"
+    return cache_dir() / f"{spec.name}_{target}{'_' + arch if arch else ''}_{key}.py"
 
 
-_LOADED: dict[tuple[KernelSpec, str], ModuleType] = {}
+_LOADED: dict[tuple[KernelSpec, str, str], ModuleType] = {}
 
 
-def load(spec: KernelSpec, target: str | None = None) -> ModuleType:
-    """The imported kernel module for ``spec``: generated and written on first use, read
-    from the cache afterwards (in this process, and in later ones)."""
+def load(spec: KernelSpec, target: str | None = None, arch: str | None = None) -> ModuleType:
+    """The imported kernel module for ``spec`` on ``target`` (for CUDA, ``arch``, by
+    default this process's GPU's): generated and written on first use, read from the cache
+    afterwards (in this process, and in later ones)."""
     target = target or current_target()
     if target not in TARGETS:
         raise KernelError(f"unknown kernel target {target!r}; targets are {TARGETS}")
-    loaded = _LOADED.get((spec, target))
+    arch = _arch_key(target, arch)
+    loaded = _LOADED.get((spec, target, arch))
     if loaded is not None:
         return loaded
     source = spec.render(target)
-    path = _path(spec, target, source)
+    path = _path(spec, target, arch, source)
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".py")
@@ -201,5 +228,5 @@ def load(spec: KernelSpec, target: str | None = None) -> ModuleType:
     except Exception as e:
         del sys.modules[module_name]
         raise KernelError(f"generated kernel {path} failed to load: {e}. Delete it and retry; report it if it persists") from e
-    _LOADED[(spec, target)] = module
+    _LOADED[(spec, target, arch)] = module
     return module

@@ -152,6 +152,18 @@ def test_kernel_path_depends_on_spec_target_and_triton(fresh, monkeypatch):
     assert kernel_path(base, "interpreter") == path  # all undone
 
 
+def test_cuda_entries_are_keyed_on_the_architecture(fresh):
+    """An A100's and an H100's kernels of one spec are two cache entries (two files, two
+    modules), though the source is the same; the interpreter's entry has no architecture."""
+    spec = SpmmSpec(64, 1, "float32")
+    a100, h100 = kernel_path(spec, "cuda", "sm_80"), kernel_path(spec, "cuda", "sm_90")
+    assert a100 != h100 and "_sm_80_" in a100.name and "_sm_90_" in h100.name
+    assert load(spec, "cuda", "sm_80") is not load(spec, "cuda", "sm_90")
+    assert sorted(p.name for p in fresh.iterdir()) == sorted([a100.name, h100.name])
+    assert kernel_path(spec, "cuda") == kernel_path(spec, "cuda", kernel_cache.current_arch())
+    assert kernel_path(spec, "interpreter", "sm_80") == kernel_path(spec, "interpreter", "sm_90")
+
+
 @pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.name)
 def test_generated_file_is_python_with_header_and_literals(fresh, spec):
     module = load(spec, "interpreter")
