@@ -29,6 +29,7 @@ import torch
 from rich.console import Console
 from rich.text import Text
 
+from .codegen.gpu_compile import ARCHS
 from .data.datasets import MAG, SUPPORTED, HeteroDataset, load_ogb, load_ogb_mag
 from .errors import CompileError, DatasetError, GraphError, PartitionError, SarcompileError
 from .ir.graph import Graph
@@ -194,6 +195,13 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="also print the source of every Triton kernel generated for the plan (as generated for CUDA)",
     )
+    p.add_argument(
+        "--gpu",
+        choices=sorted(ARCHS),
+        metavar="ARCH",
+        help="with --show-kernels: also each kernel's registers, spills and shared memory on this GPU "
+        f"architecture ({', '.join(sorted(ARCHS))}: A100, H100), compiled here with triton (no GPU needed)",
+    )
     p.add_argument("--dot", metavar="FILE", help="also write the plan as Graphviz source to FILE")
     p.set_defaults(run=_plan)
 
@@ -277,6 +285,8 @@ def _plan(args: argparse.Namespace) -> int:
     from .compiler import distribute
     from .train.factory import build_from_factory, factory_kwargs
 
+    if args.gpu and not args.show_kernels:
+        raise CompileError("--gpu lists the resources of the kernels --show-kernels prints: add --show-kernels")
     model = distribute(build_from_factory(args.model, factory_kwargs(args.args)), mode=args.mode)
     plan = model.plan(args.parts, optimizer=args.optimizer)
     stages = [name for name, _ in plan.stages]
@@ -287,7 +297,7 @@ def _plan(args: argparse.Namespace) -> int:
     if args.stage:
         print(f"\nprogram after {args.stage}:\n{plan.stage(args.stage)}")
     if args.show_kernels:
-        print(f"\n{plan.kernel_sources()}")
+        print(f"\n{plan.kernel_sources(args.gpu)}")
     if args.dot:
         Path(args.dot).write_text(plan.to_dot())
     return 0

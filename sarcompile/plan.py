@@ -33,6 +33,9 @@ import torch.fx as fx
 from . import logs
 from torch.utils._pytree import tree_leaves
 
+from .codegen.gpu_compile import resources_tables
+from .codegen.kernel_cache import KernelSpec
+from .ir.graph import index_dtype
 from .ir.opdef import AllReduce, Halo, OpDef, Push, Temporaries, definition
 from .runtime.comm import offline
 from .runtime.link import Wire
@@ -82,6 +85,7 @@ class Kernel:
     role: str  # "forward", "backward x", "backward edge_weight", ...
     name: str
     source: str
+    spec: KernelSpec  # what it is generated from (codegen.gpu_compile compiles it)
 
 
 @dataclass
@@ -284,16 +288,33 @@ class Plan:
                  for t in self.tables]))]
         return lines
 
-    def kernel_sources(self) -> str:
-        """Every generated kernel once, with the ops that use it, then its source."""
+    def kernel_sources(self, arch: str | None = None) -> str:
+        """Every generated kernel once, with the ops that use it, then its source; with
+        ``arch`` (``"sm_80"``, ``"sm_90"``), also its registers, spills and shared memory
+        there per autotuner configuration, compiled with the index width of the plan's
+        largest block (:mod:`sarcompile.codegen.gpu_compile`: needs triton, no GPU)."""
         users: dict[str, list[str]] = {}
-        sources: dict[str, str] = {}
+        kernels: dict[str, Kernel] = {}
         for k in self.kernels:
             users.setdefault(k.name, []).append(f"{k.op} ({k.role})")
-            sources[k.name] = k.source
+            kernels[k.name] = k
+        resources = {name: "" for name in kernels}
+        if arch is not None and kernels:
+            index = self._index_width()
+            tables = resources_tables([k.spec for k in kernels.values()], arch, index)
+            for name, table in zip(kernels, tables):
+                lines = "\n".join(f"#{line}" for line in table.splitlines())
+                resources[name] = f"# on {arch} with {index} indices, per configuration:\n{lines}\n"
         return "\n".join(
-            f"# ===== {name}: used by {', '.join(users[name])}\n{sources[name]}" for name in sources
+            f"# ===== {name}: used by {', '.join(users[name])}\n{resources[name]}{k.source}"
+            for name, k in kernels.items()
         )
+
+    def _index_width(self) -> str:
+        """The index width of the plan's largest block (:func:`sarcompile.ir.graph.index_dtype`)."""
+        shards = [s for w in self.workers for s in (w.relations.values() if isinstance(w, TypedWorkerStats) else [w])]
+        wide = any(index_dtype(s.nodes, s.nodes + sum(s.halo), s.edges) == torch.int64 for s in shards)
+        return "int64" if wide else "int32"
 
     def to_dot(self) -> str:
         """Graphviz source: the ops in program order, labelled with strategy and traffic."""
@@ -601,7 +622,7 @@ def build_plan(
             predicting["node_tables"] = shape.table_bytes(w)
         inference.append(MemoryEstimate(r, sum(predicting.values()), predicting))
     kernels = [
-        Kernel(node.name, role, spec.name, spec.render("cuda"))
+        Kernel(node.name, role, spec.name, spec.render("cuda"), spec)
         for node in gm.graph.nodes
         if node.name in probe.seen
         for role, spec in definition(node).kernels(probe.seen[node.name])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -10,7 +11,9 @@ import numpy as np
 import pytest
 import torch
 
+from commands import run
 from sarcompile.cli import load_edge_file, main
+from sarcompile.codegen.gpu_compile import compiler_available
 from sarcompile.errors import GraphError
 from sarcompile.data.partitioning import load_partition, read_manifest
 
@@ -175,6 +178,35 @@ def test_plan_command_prints_the_plan(tmp_path, capsys):
     assert "# ===== spmm_sum_width16" in out and "# ===== spmm_sum_width4" in out and "@triton.jit" in out
     assert "estimated memory per worker" in out and "program after fuse" in out
     assert (tmp_path / "plan.dot").read_text().startswith("digraph plan {")
+
+
+@pytest.mark.skipif(compiler_available() is not None, reason=f"no CUDA compiler here: {compiler_available()}")
+def test_plan_show_kernels_gpu_prints_each_kernels_resources(tmp_path, capsys):
+    """``--show-kernels --gpu sm_90`` on the demo model: above each kernel's source, its
+    registers, spills and shared memory on sm_90 per configuration. Run as a user would,
+    with TRITON_INTERPRET=1 set (which cannot compile in-process: a child compiles),
+    within a bounded time."""
+    import sarcompile as sc
+
+    g = sc.Graph.from_edges(torch.randint(0, 200, (900,)), torch.randint(0, 200, (900,)), 200)
+    sc.partition(g, 2, tmp_path / "parts", node_data={"x": torch.randn(200, 32)})
+    args = '{"in_dim": 32, "hidden": 16, "num_classes": 4, "dropout": 0.5}'
+    out = run([sys.executable, "-m", "sarcompile", "plan", "examples/train_sage.py:SAGE", "--parts",
+               str(tmp_path / "parts"), "--args", args, "--show-kernels", "--gpu", "sm_90"],
+              timeout=180, TRITON_INTERPRET="1", SARCOMPILE_KERNEL_CACHE=str(tmp_path / "kernels"))
+    for width in (16, 4):
+        name = f"spmm_sum_width{width}_weight_cols0_float32"
+        header, rest = out.split(f"# ===== {name}: used by ")[1].split("\n", 1)
+        table, source = rest.split('"""', 1)
+        assert table.startswith("# on sm_90 with int32 indices, per configuration:\n") and "@triton.jit" in source
+        rows = table.splitlines()[1:]
+        assert len(rows) == 4 and all(re.fullmatch(r"#  kernel +BLOCK_E=\d+, BLOCK_F=\d+, warps=\d +regs +\d+  "
+                                                   r"spills 0  shared \d+ B", row) for row in rows), rows
+    with pytest.raises(SystemExit):  # --gpu takes a known architecture
+        main(["plan", "examples/train_sage.py:SAGE", "--parts", str(tmp_path / "parts"), "--show-kernels",
+              "--gpu", "sm_70"])
+    assert main(["plan", "examples/train_sage.py:SAGE", "--parts", str(tmp_path / "parts"), "--gpu", "sm_90"]) == 2
+    assert "--gpu lists the resources of the kernels --show-kernels prints" in capsys.readouterr().err
 
 
 def test_explain_says_how_each_layer_is_lowered_or_why_it_is_refused(tmp_path, capsys):

@@ -17,24 +17,38 @@ means a block size that should not be offered), and shared memory per block of 1
 on sm_80 and 227 KiB on sm_90 (the opt-in maximum per block; the SM has 164 / 228 KiB,
 1 KiB of which is reserved per block).
 
+Index width (:func:`check_index`): a block's index arrays are int32 unless its row or
+edge numbers reach 2^31 (:func:`sarcompile.ir.graph.index_dtype`); offsets into feature
+rows, row x width, are formed in int64 by every kernel whatever the index width (they widen
+the program id and every index they load before multiplying). A shape class -- a
+:class:`BlockShape`, nothing allocated -- checked against an index width is refused, naming
+the kernel and the shape, where either does not hold.
+
 A process with ``TRITON_INTERPRET=1`` cannot compile: the interpreter replaces Triton's
 code generator in it. The tests (which run kernels in the interpreter) compile in a
-child process without it.
+child process without it, as :func:`resources_tables` does.
 """
 
 from __future__ import annotations
 
 import functools
+import os
+import pickle
 import re
 import subprocess
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 from ..errors import KernelError
+from ..ir.graph import INDEX_LIMIT, index_dtype
 from .kernel_cache import KernelSpec, current_target, load
 
-__all__ = ["ARCHS", "Arch", "Compiled", "compile_spec", "compiler_available", "resources_table"]
+__all__ = ["ARCHS", "Arch", "BlockShape", "Compiled", "check_index", "compile_spec", "compiler_available",
+           "resources_table", "resources_tables"]
 
 
 @dataclass(frozen=True)
@@ -72,6 +86,57 @@ class Compiled:
     @property
     def config(self) -> str:
         return ", ".join([f"{k}={v}" for k, v in self.meta] + [f"warps={self.num_warps}"])
+
+
+@dataclass(frozen=True)
+class BlockShape:
+    """The sizes of the block (or, for the quantize kernels, the rows) a kernel runs on: a
+    shape class, checked without allocating it."""
+
+    rows: int  # destination rows (rows packed, for quantize)
+    src: int  # source rows
+    edges: int
+    width: int  # values per row
+
+    @property
+    def index(self) -> str:
+        """The index width the block gets (:func:`sarcompile.ir.graph.index_dtype`)."""
+        return "int64" if index_dtype(self.rows, self.src, self.edges) == torch.int64 else "int32"
+
+    def __str__(self) -> str:
+        return f"{self.rows} rows x {self.width} wide from {self.src} source rows over {self.edges} edges"
+
+
+# A line of generated source that forms a row's offset from a 32-bit number: the program id
+# of the row axis, or an index loaded, not widened to int64 before use.
+_ROW_ID = re.compile(r"tl\.program_id\(0\)(?!\.to\(tl\.int64\))")
+_INDEX_LOAD = re.compile(r"tl\.load\((?:indptr|col|perm|row|t_indptr|t_row|t_perm)\b")
+
+
+def _narrow_offsets(source: str) -> list[str]:
+    """The lines of ``source`` that would form row x width offsets in int32."""
+    code = [line.split("#")[0].strip() for line in source.splitlines()]
+    return [line for line in code if _ROW_ID.search(line) or (_INDEX_LOAD.search(line) and not line.endswith(".to(tl.int64)"))]
+
+
+def check_index(spec: KernelSpec, index: str, shape: BlockShape) -> None:
+    """Raise :class:`~sarcompile.errors.KernelError`, naming the kernel and ``shape``,
+    where ``spec``'s kernel with ``index`` (``"int32"`` or ``"int64"``) indices would
+    overflow on a block of ``shape``: int32 indices for row or edge numbers that reach
+    2^31, or an offset formed in int32 where rows x width reaches it."""
+    where = f"kernel {spec.name} on a block of {shape}"
+    if index == "int32" and shape.index == "int64":
+        raise KernelError(
+            f"{where}: int32 indices cannot hold its row and edge numbers (at most 2^31 - 1); such a block "
+            "takes int64 indices"
+        )
+    if max(shape.rows, shape.src) * shape.width >= INDEX_LIMIT:
+        narrow = _narrow_offsets(spec.render("cuda"))
+        if narrow:
+            raise KernelError(
+                f"{where}: rows x width reaches 2^31, but the kernel forms offsets in int32 in: "
+                f"{'; '.join(narrow)}. Report it: they must be widened with .to(tl.int64)"
+            )
 
 
 def _nvidia_bin() -> Path:
@@ -141,14 +206,21 @@ def _functions(module) -> dict[str, object]:
 
 
 @functools.lru_cache(maxsize=None)
-def compile_spec(spec: KernelSpec, arch: str = "sm_90", index: str = "int32") -> tuple[Compiled, ...]:
+def compile_spec(
+    spec: KernelSpec, arch: str = "sm_90", index: str | None = None, shape: BlockShape | None = None
+) -> tuple[Compiled, ...]:
     """Every kernel function of ``spec`` compiled for ``arch`` with every configuration its
-    autotuner may pick, its resources read and checked (cached per process).
+    autotuner may pick, its resources read and checked (cached per process). ``index``:
+    the width of the block's indices, by default what a block of ``shape`` gets (int32
+    without one); with a ``shape``, :func:`check_index` holds first.
 
     Raises :class:`~sarcompile.errors.KernelError` naming the kernel (its op and shape)
     and the configuration when one does not compile, or needs more registers, spills or
     shared memory than :data:`ARCHS` allows.
     """
+    index = index or (shape.index if shape else "int32")
+    if shape is not None:
+        check_index(spec, index, shape)
     why = compiler_available()
     if why:
         raise KernelError(f"cannot compile kernels for {arch}: {why}")
@@ -164,7 +236,7 @@ def compile_spec(spec: KernelSpec, arch: str = "sm_90", index: str = "int32") ->
 
     target = ARCHS[arch]
     out = []
-    for function, tuner in _functions(load(spec, "cuda")).items():
+    for function, tuner in _functions(load(spec, "cuda", arch)).items():
         fn = tuner.fn
         for config in tuner.configs:
             meta = dict(config.kwargs)
@@ -216,9 +288,47 @@ def _check_limits(c: Compiled, arch: Arch, where: str) -> None:
         )
 
 
-def resources_table(spec: KernelSpec, arch: str) -> str:
+def resources_table(spec: KernelSpec, arch: str, index: str = "int32") -> str:
     """One line per kernel function and configuration: registers, spills, shared memory."""
     return "\n".join(
         f"  {c.function:<11} {c.config:<36} regs {c.n_regs:>3}  spills {c.n_spills}  shared {c.shared} B"
-        for c in compile_spec(spec, arch)
+        for c in compile_spec(spec, arch, index)
     )
+
+
+_CHILD = """
+import pickle, sys
+from sarcompile.codegen.gpu_compile import resources_tables
+from sarcompile.errors import KernelError
+specs, arch, index = pickle.load(sys.stdin.buffer)
+try:
+    out = resources_tables(specs, arch, index)
+except KernelError as e:
+    out = e
+sys.stdout.buffer.write(pickle.dumps(out))
+"""
+
+
+def resources_tables(specs: list[KernelSpec], arch: str, index: str = "int32", timeout: float = 600) -> list[str]:
+    """:func:`resources_table` of each spec. In a process with ``TRITON_INTERPRET=1``,
+    which cannot compile, the compiles run in a child process without it (at most
+    ``timeout`` seconds). Raises :class:`~sarcompile.errors.KernelError` as
+    :func:`compile_spec` does, and where triton or its ptxas is missing."""
+    why = compiler_available()
+    if why:
+        raise KernelError(f"cannot compile kernels for {arch}: {why}")
+    if current_target() != "interpreter":
+        return [resources_table(spec, arch, index) for spec in specs]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # silences triton 3.9's warning; fusion is its default
+    try:
+        child = subprocess.run([sys.executable, "-c", _CHILD], input=pickle.dumps((specs, arch, index)),
+                               capture_output=True, env=env, timeout=timeout, check=False)
+    except subprocess.TimeoutExpired as e:
+        raise KernelError(f"compiling {len(specs)} kernels for {arch} took over {timeout:g} s") from e
+    if child.returncode != 0:
+        raise KernelError(f"compiling kernels for {arch} in a child process failed: {child.stderr.decode()[-2000:]}")
+    out = pickle.loads(child.stdout)
+    if isinstance(out, KernelError):
+        raise out
+    return out

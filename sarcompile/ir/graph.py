@@ -24,7 +24,11 @@ import torch
 from ..errors import GraphError
 from ..frames import FramesMixin, copy_dgl_frames
 
-__all__ = ["Graph", "Block", "Tiles", "csr_tensor", "tile_count", "probe_graph", "probe_relation", "cached_subset"]
+__all__ = ["Graph", "Block", "Tiles", "csr_tensor", "index_dtype", "tile_count", "probe_graph", "probe_relation",
+           "cached_subset"]
+
+# int32's range. A block whose row or edge numbers reach it has int64 indices.
+INDEX_LIMIT = 2**31
 
 # Edge subsets a graph keeps (one per relation, typically); past this many, the oldest goes.
 SUBSET_CACHE = 64
@@ -112,6 +116,16 @@ def tile_count(shape: tuple[int, int], edges: int) -> int:
     return count if count > 1 and cols <= stretch * TILE_ROWS * count else 1
 
 
+def index_dtype(num_dst: int, num_src: int, num_edges: int) -> torch.dtype:
+    """The dtype of a block's indices (its CSR, its transpose, their orders): int32 when
+    every number they hold -- edge offsets up to ``num_edges``, source rows below
+    ``num_src``, destination rows (the transpose's) below ``num_dst`` -- and their lengths
+    fit in it, else int64. Offsets into feature rows (row x width) are not held in them:
+    kernels form those in int64 whatever this is (codegen.gpu_compile.check_index)."""
+    fits = max(num_edges, num_src + 1, num_dst + 1) < INDEX_LIMIT
+    return torch.int32 if fits else torch.int64
+
+
 def _even(size: int, count: int) -> list[int]:
     """``count`` ranges of (nearly) equal length covering ``[0, size)``, as their bounds."""
     step = max(-(-size // count), 1)
@@ -145,9 +159,8 @@ class Block:
 
     @property
     def index_dtype(self) -> torch.dtype:
-        """int32 when every row and edge number of the block fits, else int64."""
-        fits = max(self.col.numel(), self.num_src, self.indptr.numel()) < 2**31
-        return torch.int32 if fits else torch.int64
+        """int32 when every row and edge number of the block fits, else int64 (:func:`index_dtype`)."""
+        return index_dtype(self.indptr.numel() - 1, self.num_src, self.col.numel())
 
     @property
     def num_dst(self) -> int:

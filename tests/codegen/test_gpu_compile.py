@@ -123,3 +123,66 @@ def test_past_a_limit_is_refused_naming_the_kernel_and_what_it_needs():
         _check_limits(over, ARCHS["sm_80"], spec.name)
     roomier = dataclasses.replace(ARCHS["sm_80"], max_regs=256, regs_per_block=1 << 20, max_spills=3, shared_bytes=256 * 1024)
     _check_limits(over, roomier, spec.name)  # within every bound: no error
+
+
+# A papers100M-scale shard at small N: 3e9 edges into 1e8 rows (a shape class, not allocated).
+HUGE = dict(rows=10**8, src=10**8, edges=3 * 10**9)
+
+
+def test_index_width_follows_row_and_edge_numbers():
+    """int64 exactly where a block's row or edge numbers reach 2^31; the width of its
+    rows does not enter (offsets into rows are int64 in every kernel)."""
+    from sarcompile.codegen.gpu_compile import BlockShape
+
+    assert BlockShape(**HUGE, width=64).index == "int64"
+    assert BlockShape(rows=10, src=10, edges=2**31 - 1, width=64).index == "int32"
+    assert BlockShape(rows=10, src=10, edges=2**31, width=64).index == "int64"
+    assert BlockShape(rows=10, src=2**31, edges=10, width=64).index == "int64"
+    assert BlockShape(rows=2**26, src=2**26, edges=10, width=512).index == "int32"  # rows x width 2^35
+
+
+def test_int32_indices_past_2_31_are_refused_naming_the_op_and_shape():
+    """A kernel forced to int32 indices on a block of 3e9 edges is an error naming it and
+    the shape; int64 indices, the width the block gets, pass."""
+    from sarcompile.codegen.gpu_compile import BlockShape, check_index
+    from sarcompile.errors import KernelError
+
+    shape = BlockShape(**HUGE, width=64)
+    for spec, _ in CASES:
+        if not isinstance(spec, (PackSpec, UnpackSpec)):
+            with pytest.raises(KernelError, match=rf"kernel {spec.name} on a block of 100000000 rows x 64 wide .*"
+                                                   r"3000000000 edges: int32 indices cannot hold"):
+                check_index(spec, "int32", shape)
+        check_index(spec, shape.index, shape)
+
+
+def test_offsets_past_2_31_are_int64_in_every_kernel():
+    """Where rows x width reaches 2^31 on int32 indices, every kernel widens its row ids and
+    the indices it loads before forming offsets; one that does not is refused naming it,
+    the shape and the line."""
+    from sarcompile.codegen.gpu_compile import BlockShape, check_index
+    from sarcompile.errors import KernelError
+
+    wide = BlockShape(rows=2**26, src=2**26, edges=2**30, width=512)
+    for spec, _ in CASES:
+        check_index(spec, "int32", wide)
+
+    @dataclasses.dataclass(frozen=True)
+    class Narrow(SpmmSpec):
+        def render(self, target: str) -> str:
+            return super().render(target).replace("tl.program_id(0).to(tl.int64)", "tl.program_id(0)")
+
+    with pytest.raises(KernelError, match=r"spmm_sum_width512.* on a block of 67108864 rows x 512 wide.*"
+                                          r"offsets in int32 in: v = tl.program_id\(0\)"):
+        check_index(Narrow(512, 0, F32), "int32", wide)
+
+
+def test_without_triton_or_ptxas_the_error_says_what_to_install(monkeypatch):
+    """Where the compiler is missing, resources_tables (``plan --show-kernels --gpu``)
+    says what to install, before doing anything else."""
+    from sarcompile.codegen import gpu_compile
+    from sarcompile.errors import KernelError
+
+    monkeypatch.setattr(gpu_compile, "compiler_available", lambda: "triton is not installed (pip install 'sarcompile[triton]')")
+    with pytest.raises(KernelError, match=r"cannot compile kernels for sm_90: triton is not installed \(pip install"):
+        gpu_compile.resources_tables([SpmmSpec(64, 0, F32)], "sm_90")
