@@ -156,20 +156,9 @@ def test_a_branch_on_the_feature_width_matches_eager():
 
 @pytest.mark.parametrize("world_size", [1, 2, 3])
 def test_a_branch_on_the_feature_width_is_exact_on_workers_with_different_row_counts(pool, world_size):
-    n = 17  # split unevenly: a row count baked as a constant would be wrong on some worker
-    gen = torch.Generator().manual_seed(world_size)
-    src, dst = torch.randint(0, n, (60,), generator=gen), torch.randint(0, n, (60,), generator=gen)
-    case = case_on_edges(src, dst, n, "width", 3, gen, assignment=torch.arange(n) * world_size // n)
-    model = make_model("width", 3)
-    x = case.x.clone().requires_grad_(True)
-    eager = model(case.graph, x)
-    (eager * case.loss_weight).sum().backward()
-    want = single_machine(case)
-    torch.testing.assert_close(want.out, eager.detach(), rtol=0, atol=TOL)
-    torch.testing.assert_close(want.x_grad, x.grad, rtol=0, atol=TOL)
-    results = pool(world_size).run(run_worker, payloads(case, world_size))
+    # split unevenly: a row count baked as a constant would be wrong on some worker
+    results = _exact_as_eager("width", world_size, pool)
     assert len({r.out.shape[0] for r in results}) == min(world_size, 2)  # the workers' row counts differ
-    assert_workers_match(case, world_size, results, want, rtol=0, atol=TOL)
 
 
 class FromZeros(nn.Module):
@@ -191,9 +180,10 @@ def test_a_factory_given_a_traced_row_count_is_one_node_of_node_rows():
     assert torch.zeros is torch._C._VariableFunctions.zeros  # torch's own again after the trace
 
 
-def _exact_as_eager(model_name: str, world_size: int, pool) -> None:
+def _exact_as_eager(model_name: str, world_size: int, pool) -> list:
     """``model_name`` (tests/cases.py) compiled, on one machine and on ``world_size`` workers
-    with different row counts, against eager: outputs, input and parameter gradients."""
+    with different row counts, against eager: outputs, input and parameter gradients; the
+    workers' results."""
     n = 17
     gen = torch.Generator().manual_seed(world_size)
     src, dst = torch.randint(0, n, (60,), generator=gen), torch.randint(0, n, (60,), generator=gen)
@@ -209,6 +199,7 @@ def _exact_as_eager(model_name: str, world_size: int, pool) -> None:
         torch.testing.assert_close(want.param_grads[k], p.grad, rtol=0, atol=TOL, msg=k)
     results = pool(world_size).run(run_worker, payloads(case, world_size))
     assert_workers_match(case, world_size, results, want, rtol=0, atol=TOL)
+    return results
 
 
 def test_a_loop_over_a_parameters_rows_or_a_feature_dim_is_exact_on_workers(pool):
