@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from sarcompile.data.checkpoint import REPLICATED
-from sarcompile.runtime.memory import status_bytes
+from sarcompile.dist.memory import status_bytes
 from sarcompile.train import loop
 from sarcompile.train.cli import main as train_main
 

@@ -11,7 +11,7 @@ already run to the CPU's peak. This script measures both:
 * the cores' **peak**: a loop of independent fused multiply-adds (AVX-512 where the compiler
   targets it, else AVX2), on one core and on all of torch's threads at once, with the clock
   read from a chain of dependent integer adds (one a cycle). It is C, built with the
-  system's compiler through :mod:`sarcompile.native` (skipped where none works, or off x86);
+  system's compiler through :mod:`sarcompile.codegen.native` (skipped where none works, or off x86);
 * the **products** of SAGE's layers at ``--rows`` rows: the 256-wide layer's forward
   ``x W^T``, input gradient ``g W`` and weights' gradient ``g^T x``, and the first layer's
   128-wide forward and weights' gradient, by ``torch.mm`` into a buffer made once, and the
@@ -37,8 +37,8 @@ from pathlib import Path
 
 import torch
 
-from sarcompile import native
-from sarcompile.runtime.memory import active_allocator
+from sarcompile.codegen import native
+from sarcompile.dist.memory import active_allocator
 
 HERE = Path(__file__).resolve().parent
 

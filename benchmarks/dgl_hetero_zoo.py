@@ -444,7 +444,7 @@ def build(name: str, seed: int = 0) -> nn.Module:
 
 # --- running one model ---------------------------------------------------------------------
 def _tables(model: nn.Module) -> set[str]:
-    import sarcompile.tables as tables
+    import sarcompile.graph.tables as tables
 
     return set(tables.find_node_tables(model, NODES))
 

@@ -6,7 +6,7 @@
 Each engine runs in its own process (so peak memory is not polluted by the other), does
 one warm-up step, then times forward + backward ``--repeats`` times and reports the
 median; peak memory is the resident-set peak of one step above the baseline before it
-(see sarcompile/runtime/memory.py). Writes benchmarks/results/gat_single.json and a PNG.
+(see sarcompile/dist/memory.py). Writes benchmarks/results/gat_single.json and a PNG.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def graph(nodes: int, degree: int, seed: int = 0) -> tuple[torch.Tensor, torch.T
 
 
 def run_engine(engine: str, nodes: int, degree: int, heads: int, channels: int, repeats: int) -> dict:
-    from sarcompile.runtime.memory import MemoryProbe
+    from sarcompile.dist.memory import MemoryProbe
 
     torch.manual_seed(0)
     torch.set_num_threads(1)  # both engines on one core: comparable and quieter

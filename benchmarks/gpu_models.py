@@ -16,7 +16,7 @@ torch's are not). Each engine runs alone on the device, one after the other: its
 training step (forward, cross-entropy over the training nodes, backward; no optimizer)
 compiles the model and autotunes its kernels, and its loss, output and every parameter's
 gradient are kept; then ``--repeats`` timed steps, then one step under
-:class:`~sarcompile.runtime.memory.MemoryProbe`.
+:class:`~sarcompile.dist.memory.MemoryProbe`.
 
 Exactness: one worker's compiled model must give the eager model's output, loss and
 gradients. In float32 every tensor must be within ``--tolerance`` (default 1e-4) of the
@@ -61,7 +61,7 @@ from train_pyg import Net
 from train_sage import SAGE
 
 import sarcompile as sc
-from sarcompile.runtime.memory import MemoryProbe
+from sarcompile.dist.memory import MemoryProbe
 
 MODELS = ("sage", "pyg")
 SIZES = {  # what fits a short lend on one GPU, and what runs in seconds on a CPU

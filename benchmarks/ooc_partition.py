@@ -6,9 +6,9 @@
     python benchmarks/ooc_partition.py --family papers --sizes 1110600 --limit 1GiB  # papers100M-shaped, 1/100
 
 For each size it writes a streamed graph and runs, each in a fresh process, exactly what
-a user runs (below). The ``sbm`` family (:func:`sarcompile.synthetic_stream.write_sbm`):
+a user runs (below). The ``sbm`` family (:func:`sarcompile.data.synthetic_stream.write_sbm`):
 average degree 20, 8 blocks, 90% of edges inside a block, node ids interleaving the
-blocks. The ``papers`` family (:func:`~sarcompile.synthetic_stream.write_papers100m_like`
+blocks. The ``papers`` family (:func:`~sarcompile.data.synthetic_stream.write_papers100m_like`
 scaled to the size): power-law degrees, average 14.5, 172 blocks, 65% of edges inside one.
 
 The command::
@@ -59,7 +59,7 @@ def main() -> None:
         print(table(json.loads(args.out.read_text())))
         return
     sys.path.insert(0, str(ROOT))
-    from sarcompile.synthetic_stream import PAPERS100M, write_papers100m_like, write_sbm
+    from sarcompile.data.synthetic_stream import PAPERS100M, write_papers100m_like, write_sbm
 
     rows = json.loads(args.out.read_text())["rows"] if args.out.exists() else []
     for n in args.sizes:
@@ -104,7 +104,7 @@ def run(g, limit: str, out: Path) -> dict:
 
 def random_cut(g, parts: int) -> int:
     """The edge cut of a uniformly random assignment (seed 0), in one streaming pass."""
-    from sarcompile.outofcore import open_edges
+    from sarcompile.data.outofcore import open_edges
 
     assignment = np.random.default_rng(0).integers(0, parts, g.num_nodes)
     return sum(int((assignment[s] != assignment[d]).sum()) for _, s, d in open_edges(*g.edges(), g.num_nodes).chunks(1 << 22))

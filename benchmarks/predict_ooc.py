@@ -6,7 +6,7 @@
 
 Runs exactly what a user runs, each in fresh processes:
 
-1. a planted-block graph (:func:`sarcompile.synthetic_stream.write_sbm`: ``--degree`` 10,
+1. a planted-block graph (:func:`sarcompile.data.synthetic_stream.write_sbm`: ``--degree`` 10,
    8 blocks, 90% of edges inside one, ``--features`` 32, 16 classes) written to files;
 2. ``sarcompile partition --edges ... --parts 8 --memory-limit 2GiB`` (out of core);
 3. one epoch of ``torchrun --nproc-per-node 8 -m sarcompile.train --hidden 16`` (SAGE,
@@ -60,7 +60,7 @@ def main() -> None:
         print(table(json.loads(args.out.read_text())))
         return
     sys.path.insert(0, str(ROOT))
-    from sarcompile.synthetic_stream import write_sbm
+    from sarcompile.data.synthetic_stream import write_sbm
 
     shutil.rmtree(args.work, ignore_errors=True)
     seconds = {}

@@ -19,7 +19,7 @@ from typing import Any
 import torch.distributed as dist
 
 from sarcompile.predict import run
-from sarcompile.runtime.memory import mapped_bytes
+from sarcompile.dist.memory import mapped_bytes
 
 _WATCHED: dict[str, Path] = {}  # the directories whose opens the audit hook records, while a call runs
 _OPENED: dict[str, set[str]] = {}

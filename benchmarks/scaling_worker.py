@@ -21,7 +21,7 @@ from torch import nn
 import sarcompile as sc
 from sarcompile.data.partitioning import read_manifest
 from sarcompile.runtime import comm
-from sarcompile.runtime.memory import MemoryProbe
+from sarcompile.dist.memory import MemoryProbe
 
 
 class SAGE3(nn.Module):

@@ -4,7 +4,7 @@ the same curve on 1 and on N workers, and after a worker is killed and the run r
     python benchmarks/train_mag.py                            # 212k nodes of 4 types, 10 epochs
     python benchmarks/train_mag.py --scale 0.02 --epochs 4    # a quick check
 
-1. A MAG-like graph (:func:`sarcompile.synthetic.mag_like` at ``--scale``: papers, authors,
+1. A MAG-like graph (:func:`sarcompile.data.synthetic.mag_like` at ``--scale``: papers, authors,
    institutions, fields of study; 212k nodes at scale 1) is written in ogbn-mag's on-disk
    layout by the tests' writer (``tests/ogb_files.py``).
 2. ``sarcompile partition --dataset ogbn-mag`` reads it (through ``ogb``, as the real
@@ -159,7 +159,7 @@ def main() -> int:
 def _acceptance(work: Path, a: argparse.Namespace) -> int:
     from ogb_files import write_mag
 
-    from sarcompile.synthetic import mag_like, mag_like_sizes
+    from sarcompile.data.synthetic import mag_like, mag_like_sizes
 
     times: dict[str, float] = {}
     start = time.perf_counter()

@@ -5,7 +5,7 @@
     python benchmarks/vs_dgl.py --models rgcn --workers 1 4  # RGCN on a MAG-like typed graph
 
 Generates one graph (a stochastic block model: symmetric, with self-loops, 128 features,
-16 classes) for SAGE and GAT, and for RGCN a MAG-like typed graph (sarcompile.synthetic.mag_like:
+16 classes) for SAGE and GAT, and for RGCN a MAG-like typed graph (sarcompile.data.synthetic.mag_like:
 papers, authors, institutions, fields of study, 212k nodes and 2.29M edges with the reverse
 relations, the papers' 128 features and 16 classes; ``--mag-scale``), where both engines
 train DGL's ogbn-mag example model (learnable embeddings of the featureless types, two
@@ -19,7 +19,7 @@ step (computing, waiting on the exchange, all-reduces, the optimizer). Prints th
 ratios to DGL's one process; writes benchmarks/results/vs_dgl.json and vs_dgl.png.
 
 By default no allocator variables are set: this is the environment a user has (where
-``sc.init()`` fixes glibc's mmap threshold, see sarcompile.runtime.memory).
+``sc.init()`` fixes glibc's mmap threshold, see sarcompile.dist.memory).
 ``--allocator default tcmalloc`` runs everything twice, the second time with tcmalloc
 preloaded into DGL's and sarcompile's processes alike (``sarcompile allocator``); ratios
 compare runs with the same allocator. ``off`` runs sarcompile with ``SARCOMPILE_MALLOC=off``
@@ -48,7 +48,7 @@ from pathlib import Path
 import torch
 
 from sarcompile.runtime.comm import TIME_LEDGER
-from sarcompile.runtime.memory import find_allocator
+from sarcompile.dist.memory import find_allocator
 from turns import Run, run_all
 
 HERE = Path(__file__).resolve().parent
@@ -71,9 +71,9 @@ def make_graph(path: Path, nodes: int, edges: int, features: int, classes: int) 
 
 
 def make_mag(path: Path, scale: float, features: int, classes: int) -> None:
-    """A MAG-like typed graph (sarcompile.synthetic.mag_like at ``scale`` of its default
+    """A MAG-like typed graph (sarcompile.data.synthetic.mag_like at ``scale`` of its default
     212k nodes, reverse relations included) with the papers' features and classes."""
-    from sarcompile.synthetic import mag_like, mag_like_sizes
+    from sarcompile.data.synthetic import mag_like, mag_like_sizes
 
     data = mag_like(**mag_like_sizes(scale), features=features, num_classes=classes, seed=0)
     paper = data.node_data["paper"]
@@ -312,7 +312,7 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--models", nargs="+", default=["sage", "gat", "rgcn"], choices=["sage", "gat", "rgcn"])
     ap.add_argument("--mag-scale", type=float, default=1.0,
-                    help="rgcn's MAG-like graph, in units of sarcompile.synthetic.mag_like's default (212k nodes)")
+                    help="rgcn's MAG-like graph, in units of sarcompile.data.synthetic.mag_like's default (212k nodes)")
     ap.add_argument("--rgcn-hidden", type=int, default=64, help="rgcn's hidden width (DGL's ogbn-mag example: 64)")
     ap.add_argument("--workers", nargs="+", type=int, default=[1, 2, 4, 8])
     ap.add_argument("--epochs", type=int, default=5, help="timed epochs after one warm-up")

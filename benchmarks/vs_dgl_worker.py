@@ -1,7 +1,7 @@
 """One run of the DGL comparison (started by benchmarks/vs_dgl.py): one engine, one model.
 
 SAGE and GAT run on a one-type graph; RGCN (DGL's ogbn-mag example model, and
-sarcompile.hetero_models.RGCN) on a MAG-like typed graph, predicting the papers' classes.
+sarcompile.train.typed_models.RGCN) on a MAG-like typed graph, predicting the papers' classes.
 
     python benchmarks/vs_dgl_worker.py --engine dgl --graph g.pt --model sage --out r.json      # DGL env
     python benchmarks/vs_dgl_worker.py --engine sarcompile --parts parts1 --model gat --out r.json
@@ -29,7 +29,7 @@ import torch
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
-from sarcompile.runtime.memory import floor_bytes, malloc_stats, status_bytes  # noqa: E402  (torch 2.2 too: no DGL import)
+from sarcompile.dist.memory import floor_bytes, malloc_stats, status_bytes  # noqa: E402  (torch 2.2 too: no DGL import)
 from turns import Turns  # noqa: E402  (benchmarks/, this script's folder)
 
 
@@ -217,7 +217,7 @@ def sc_model(name: str, in_dim: int, hidden: int, classes: int):
 def _graph_tensors(graph) -> list:
     """Index tensors of a shard, everything its blocks cached (CSR, transpose, tiles, rows)
     and the graphs derived from it (with self-loops, edge subsets)."""
-    from sarcompile.ir.graph import Tiles
+    from sarcompile.graph.graph import Tiles
 
     out = [graph.global_ids, graph.edge_ids, *graph.send_index]
     for b in graph.blocks:
@@ -230,9 +230,9 @@ def _graph_tensors(graph) -> list:
 
 
 def _typed_model(a, manifest):
-    """sarcompile's RGCN (sarcompile.hetero_models), the same layers as :class:`DglRGCN`."""
-    from sarcompile.hetero import parse_relation_key
-    from sarcompile.hetero_models import RGCN
+    """sarcompile's RGCN (sarcompile.train.typed_models), the same layers as :class:`DglRGCN`."""
+    from sarcompile.graph.hetero import parse_relation_key
+    from sarcompile.train.typed_models import RGCN
 
     counts = {t: info["num_nodes"] for t, info in manifest.node_types.items()}
     width = manifest.node_types["paper"]["node_data"]["x"]["shape"][0]
@@ -245,7 +245,8 @@ def run_sarcompile(a, turns: Turns) -> list[dict]:
 
     import sarcompile as sc
     from sarcompile.data.partitioning import read_manifest
-    from sarcompile.runtime import comm, cpu_cache
+    from sarcompile.runtime import comm
+    from sarcompile.dist import cpu_cache
     from sarcompile.runtime.comm import stats
 
     rank, world = sc.init()

@@ -19,7 +19,7 @@ from common import num_classes, train_step
 from torch import nn
 
 import sarcompile as sc
-from sarcompile.runtime.memory import MemoryProbe
+from sarcompile.dist.memory import MemoryProbe
 
 
 class SAGE(nn.Module):
@@ -80,7 +80,7 @@ def main() -> None:
                 ref_loss = float(train_step(m, o, (g_all, d["x"]), d["y"], d["train_mask"], d["train_mask"].sum(), sync=False))
                 line += f" {ref_loss:>18.6f} {abs(loss - ref_loss):>9.1e}"
             print(line + f" {took:>6.2f}s", flush=True)
-    # Peak memory of the last step on every worker (see sarcompile/runtime/memory.py).
+    # Peak memory of the last step on every worker (see sarcompile/dist/memory.py).
     mem = torch.zeros(world_size, 2, dtype=torch.float64)
     mem[rank] = torch.tensor([probe.peak_bytes, probe.added_bytes], dtype=torch.float64) / 2**20
     mem = sc.global_sum(mem)

@@ -1,15 +1,15 @@
 """sarcompile: compile a single-machine PyTorch GNN into exact distributed full-batch
 training with Sequential Aggregation and Rematerialization (SAR)."""
 
-from .runtime import memory as _memory
+from sarcompile.dist import memory as _memory
 
 _memory.request_huge_pages()  # first: torch reads its huge-page switch at its first allocation
 
-from . import nn  # noqa: E402
-from .ir import ops
-from .compiler import DistributedModule, distribute
-from .data.datasets import Dataset, HeteroDataset, load_ogb, load_ogb_mag
-from .errors import (
+from sarcompile import nn  # noqa: E402
+from sarcompile.ir import ops
+from sarcompile.compile.distribute import DistributedModule, distribute
+from sarcompile.data.datasets import Dataset, HeteroDataset, load_ogb, load_ogb_mag
+from sarcompile.errors import (
     CheckpointError,
     CommError,
     CompileError,
@@ -21,18 +21,18 @@ from .errors import (
     SarcompileError,
     TrainingError,
 )
-from .estimate import EstimateTable, estimate
-from .ir.graph import Graph
-from .hetero import HeteroGraph, HeteroShard
-from .ir.ops import edge_softmax, sddmm, spmm
-from .data.partitioning import Manifest, Partition, load_partition, load_whole_graph, partition, read_node_ids
-from .outofcore import partition_files
-from . import hetero_partition as _typed_partitions  # noqa: F401  registers typed partitioning (partitioning.typed)
-from .plan import MemoryEstimate, OpPlan, Plan
-from .predict.files import read_predictions
-from .runtime import ops as _shard_implementations  # noqa: F401  registers each IR op's shard implementation
-from .runtime.comm import empty_cache, global_max, global_sum, init, shutdown, sync_gradients
-from .train.checkpoints import load_checkpoint, save_checkpoint
+from sarcompile.compile.estimate import EstimateTable, estimate
+from sarcompile.graph.graph import Graph
+from sarcompile.graph.hetero import HeteroGraph, HeteroShard
+from sarcompile.ir.ops import edge_softmax, sddmm, spmm
+from sarcompile.data.partitioning import Manifest, Partition, load_partition, load_whole_graph, partition, read_node_ids
+from sarcompile.data.outofcore import partition_files
+from sarcompile.data import typed_partition as _typed_partitions  # noqa: F401  registers typed partitioning (partitioning.typed)
+from sarcompile.plan.plan import MemoryEstimate, OpPlan, Plan
+from sarcompile.predict.files import read_predictions
+from sarcompile.runtime import ops as _shard_implementations  # noqa: F401  registers each IR op's shard implementation
+from sarcompile.runtime.comm import empty_cache, global_max, global_sum, init, shutdown, sync_gradients
+from sarcompile.train.checkpoints import load_checkpoint, save_checkpoint
 
 __version__ = "0.1.0"
 

@@ -13,11 +13,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .errors import GraphError
-from .ir.ops import batch_norm, edge_dropout, edge_softmax, node_dropout, sddmm, spmm
-from .ir.lowering import register_lowering
-from .ir.rng import mix32, normal_rows
-from .tables import NODES, mark_sharded, table_rows
+from sarcompile.errors import GraphError
+from sarcompile.ir.ops import batch_norm, edge_dropout, edge_softmax, node_dropout, sddmm, spmm
+from sarcompile.ir.lowering import register_lowering
+from sarcompile.ir.rng import mix32, normal_rows
+from sarcompile.graph.tables import NODES, mark_sharded, table_rows
 
 __all__ = ["SAGEConv", "GCNConv", "GINConv", "GATConv", "BatchNorm", "NodeDropout", "NodeTable", "RandomStream"]
 
@@ -178,11 +178,11 @@ class NodeTable(nn.Embedding):
     So a worker makes only its own rows: with ``rows`` (the global ids of the worker's
     nodes of ``node_type``, ``part.graph.global_ids[t]``) the weight holds those rows, in
     that order, and is marked as that worker's shard of the table
-    (:func:`sarcompile.tables.mark_sharded`), so the whole table is never in one process;
+    (:func:`sarcompile.graph.tables.mark_sharded`), so the whole table is never in one process;
     without ``rows``, one machine's whole table, whose row ``r`` is every worker's row ``r``.
     ``seed`` defaults to one draw from torch's RNG (seed torch alike on every worker), so
     each table of a model gets its own; name a type's table by its type (``emb.author``)
-    as :mod:`sarcompile.tables` finds them.
+    as :mod:`sarcompile.graph.tables` finds them.
 
     >>> import torch, sarcompile as sc
     >>> whole = sc.nn.NodeTable(5, 3, seed=7)

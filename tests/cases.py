@@ -17,7 +17,7 @@ from torch import nn
 
 import sarcompile as sc
 from sarcompile.runtime import comm
-from sarcompile.data.shard import PartData, ShardGraph, split_graph
+from sarcompile.graph.shard import PartData, ShardGraph, split_graph
 
 
 class MixModel(nn.Module):

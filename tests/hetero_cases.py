@@ -5,8 +5,8 @@
 layer lowers to: ``spmm`` sum / mean / max / weighted sum from the source type's rows into
 the destination type's, the fused ``attention`` with source and destination scores, and
 ``edge_reduce_src`` back onto the sources. On N workers it runs on ``part.graph`` (a
-:class:`~sarcompile.hetero.HeteroShard`) exactly the code one machine runs on the whole
-:class:`~sarcompile.hetero.HeteroGraph`.
+:class:`~sarcompile.graph.hetero.HeteroShard`) exactly the code one machine runs on the whole
+:class:`~sarcompile.graph.hetero.HeteroGraph`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 import sarcompile as sc
-from sarcompile.hetero import relation_key
+from sarcompile.graph.hetero import relation_key
 
 TYPES = ("paper", "author", "field")
 REDUCES = ("sum", "mean", "max", "weighted", "attention")

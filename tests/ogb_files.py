@@ -4,7 +4,7 @@ trainer's tests and its acceptance run (``benchmarks/train_mag.py``) on MAG-like
 of any size.
 
 >>> import tempfile, pathlib
->>> from sarcompile.synthetic import mag_like
+>>> from sarcompile.data.synthetic import mag_like
 >>> ds = mag_like(40, 30, 3, 5, features=4, num_classes=3, add_reverse=False)
 >>> root = write_mag(pathlib.Path(tempfile.mkdtemp()), ds)
 >>> import sarcompile as sc

@@ -14,9 +14,9 @@ import torch
 from torch import nn
 
 import sarcompile as sc
-from sarcompile.data.shard import ShardGraph, split_graph
+from sarcompile.graph.shard import ShardGraph, split_graph
 from sarcompile.errors import CompileError
-from sarcompile.hetero import relation_key
+from sarcompile.graph.hetero import relation_key
 
 DT = torch.float64
 TOL = 1e-9

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from commands import run
-from sarcompile.cli import load_edge_file, main
+from sarcompile.cli.main import load_edge_file, main
 from sarcompile.codegen.gpu_compile import compiler_available
 from sarcompile.errors import GraphError
 from sarcompile.data.partitioning import load_partition, read_manifest
@@ -355,7 +355,7 @@ def test_parts_needed_without_dgl_partition(tmp_path, capsys):
 
 
 def test_allocator_command_prints_the_library_to_preload(monkeypatch, capsys):
-    monkeypatch.setattr("sarcompile.runtime.memory.find_allocator", lambda name: f"/opt/lib/lib{name}.so.4")
+    monkeypatch.setattr("sarcompile.dist.memory.find_allocator", lambda name: f"/opt/lib/lib{name}.so.4")
     assert main(["allocator"]) == 0
     assert capsys.readouterr().out == "/opt/lib/libtcmalloc.so.4\n"
     assert main(["allocator", "jemalloc"]) == 0
@@ -363,7 +363,7 @@ def test_allocator_command_prints_the_library_to_preload(monkeypatch, capsys):
 
 
 def test_allocator_command_says_how_to_install_a_missing_one(monkeypatch, capsys):
-    monkeypatch.setattr("sarcompile.runtime.memory.find_allocator", lambda name: None)
+    monkeypatch.setattr("sarcompile.dist.memory.find_allocator", lambda name: None)
     assert main(["allocator"]) == 2
     captured = capsys.readouterr()
     assert captured.out == ""  # nothing for LD_PRELOAD=$(...) to pick up

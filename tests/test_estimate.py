@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import sarcompile as sc
-from sarcompile.estimate import model_workers
-from sarcompile.plan import worker_stats
+from sarcompile.compile.estimate import model_workers
+from sarcompile.plan.plan import worker_stats
 from cases import MixModel
 
 
@@ -69,7 +69,7 @@ def test_typed_estimates_model_each_relation_and_node_tables(tmp_path):
     """A typed graph: each relation's halo under the model is its source type's, as a real
     random partition gives it; the estimate counts a worker's share of the node tables
     and falls with the worker count; a real partition's row is its plan's."""
-    from sarcompile.synthetic import mag_like
+    from sarcompile.data.synthetic import mag_like
 
     # (2001 authors: a worker's share rounds up, and the tables are still found by the true count)
     g = mag_like(num_papers=1500, num_authors=2001, num_institutions=60, num_fields=120, seed=0).graph

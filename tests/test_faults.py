@@ -2,7 +2,7 @@
 it; the root cause torchrun prints is that worker; nothing is left running.
 
 Each test starts ``torchrun -m sarcompile.train`` on a small graph, hurts one worker (or the
-agent) and bounds the time until every process is gone. See sarcompile.runtime.failure
+agent) and bounds the time until every process is gone. See sarcompile.dist.failure
 for the protocol and the exit codes.
 """
 

@@ -1,4 +1,4 @@
-"""Graph frames (sarcompile.frames): ``ndata`` / ``edata`` of a one-type graph and a worker's
+"""Graph frames (sarcompile.graph.frames): ``ndata`` / ``edata`` of a one-type graph and a worker's
 shard, ``G.nodes[t].data`` / ``G.edges[rel].data`` / ``G.ndata`` of a typed graph, rows
 checked against the graph's counts, and the node data ``sc.load_partition`` puts on
 ``part.graph``'s frames: the worker's own rows, in its order."""

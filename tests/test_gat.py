@@ -17,9 +17,9 @@ from strategies import graphs
 
 import sarcompile as sc
 from sarcompile.codegen.torch_kernels import AttentionState, attention_grads
-from sarcompile.ir.graph import Block
+from sarcompile.graph.graph import Block
 from sarcompile.ir.ops import edge_dropout, edge_softmax, sddmm, spmm
-from sarcompile.data.shard import ShardGraph, split_graph
+from sarcompile.graph.shard import ShardGraph, split_graph
 
 DT = torch.float64
 SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])

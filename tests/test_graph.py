@@ -14,8 +14,8 @@ from torch_geometric.data import Data
 
 import sarcompile as sc
 from sarcompile.errors import GraphError
-from sarcompile.ir import graph as graph_module
-from sarcompile.ir.graph import Block
+from sarcompile.graph import graph as graph_module
+from sarcompile.graph.graph import Block
 
 
 def T(values):
@@ -326,7 +326,7 @@ def test_error_negative_num_nodes():
 def test_derived_graphs_agree_on_a_graph_and_its_shards(method, upto):
     """The edges (source, destination, edge id) of a derived graph are those of the whole
     graph's, split by destination over the shards; loops added twice get distinct ids."""
-    from sarcompile.data.shard import ShardGraph, split_graph
+    from sarcompile.graph.shard import ShardGraph, split_graph
 
     g = sc.Graph.from_edges([0, 1, 2, 2, 4, 1], [1, 1, 2, 2, 0, 3], num_nodes=6)
     args = () if method == "remove_self_loops" else (upto,)

@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 
 import sarcompile as sc
 from sarcompile.errors import GraphError, PartitionError
-from sarcompile.hetero import relation_key
-from sarcompile.hetero_partition import assign_typed, balance_types
+from sarcompile.graph.hetero import relation_key
+from sarcompile.data.typed_partition import assign_typed, balance_types
 from sarcompile.data.partitioning import assign
 
 TOL = 1e-9  # float64: only the order of summation differs

@@ -13,7 +13,7 @@ import torch
 
 import sarcompile as sc
 from sarcompile.errors import DatasetError, GraphError
-from sarcompile.synthetic import mag_like
+from sarcompile.data.synthetic import mag_like
 
 NUM_NODES = {"author": 7, "field_of_study": 5, "institution": 3, "paper": 9}
 NUM_CLASSES = 349  # master.csv's: ogb reports it whatever the files hold

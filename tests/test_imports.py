@@ -37,15 +37,15 @@ ROOT = Path(__file__).resolve().parent.parent / PACKAGE
 # The compiler: the driver, the tracer, the lowering registry (passes.lower today; a module of
 # its own if it moves), the plan and the estimate.
 _COMPILER = (
-    "sarcompile.compiler",
-    "sarcompile.trace",
-    "sarcompile.passes.lower",
+    "sarcompile.compile.distribute",
+    "sarcompile.compile.trace",
+    "sarcompile.compile.passes.lower",
     "sarcompile.ir.lowering",
-    "sarcompile.plan",
-    "sarcompile.estimate",
+    "sarcompile.plan.plan",
+    "sarcompile.compile.estimate",
 )
 # The IR (the package sarcompile.ir, all of it) and a worker's shard of the graph.
-_IR = ("sarcompile.ir", "sarcompile.data.shard")
+_IR = ("sarcompile.ir", "sarcompile.graph.shard")
 
 # PyG's front-ends (they import torch_geometric), and the plain-torch one with the markers it
 # shares with them, which must work in a program that imports no GNN library. (DGL's are left
@@ -58,7 +58,7 @@ _PLAIN_FRONTEND = ("sarcompile.frontends.plain", "sarcompile.frontends.edge_inde
 # when it is a package, everything under it. Checked twice: direct imports (each violation is one
 # line), and chains through other modules (importing the module would load the forbidden one).
 WALLS: list[tuple[str, tuple[str, ...], tuple[str, ...]]] = [
-    ("the runtime imports no pass", ("sarcompile.runtime",), ("sarcompile.passes",)),
+    ("the runtime imports no pass", ("sarcompile.runtime",), ("sarcompile.compile.passes",)),
     ("the runtime imports no front-end", ("sarcompile.runtime",), ("sarcompile.frontends",)),
     ("the runtime does not import the compiler", ("sarcompile.runtime",), _COMPILER),
     ("codegen does not import the runtime", ("sarcompile.codegen",), ("sarcompile.runtime",)),
@@ -331,28 +331,28 @@ def _write(root: Path, files: dict[str, str]) -> Path:
 _CLEAN = {
     "sarcompile/__init__.py": "from .ir.graph import Graph\nfrom . import runtime\n",
     "sarcompile/ir/__init__.py": "",
-    "sarcompile/ir/graph.py": "import os\nfrom typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+    "sarcompile/graph/graph.py": "import os\nfrom typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
     "    from ..runtime.shard import Shard\nclass Graph:\n    pass\n",
     "sarcompile/runtime/__init__.py": "from .shard import Shard\n",
     "sarcompile/runtime/shard.py": "from ..ir.graph import Graph\nimport sarcompile.errors\n",
     "sarcompile/errors.py": "",
-    "sarcompile/passes/__init__.py": "",
-    "sarcompile/passes/lower.py": "from . import fuse\nfrom ..ir import graph\nfrom sarcompile.runtime import shard\n",
-    "sarcompile/passes/fuse.py": "",
+    "sarcompile/compile/passes/__init__.py": "",
+    "sarcompile/compile/passes/lower.py": "from . import fuse\nfrom ..ir import graph\nfrom sarcompile.runtime import shard\n",
+    "sarcompile/compile/passes/fuse.py": "",
 }
 
 
 def test_analyser_passes_a_clean_package(tmp_path):
     nodes, edges = import_edges(_write(tmp_path, _CLEAN))
     assert {(e.src, e.dst) for e in edges} == {
-        ("sarcompile", "sarcompile.ir.graph"),
+        ("sarcompile", "sarcompile.graph.graph"),
         ("sarcompile", "sarcompile.runtime"),
         ("sarcompile.runtime", "sarcompile.runtime.shard"),
-        ("sarcompile.runtime.shard", "sarcompile.ir.graph"),
+        ("sarcompile.runtime.shard", "sarcompile.graph.graph"),
         ("sarcompile.runtime.shard", "sarcompile.errors"),
-        ("sarcompile.passes.lower", "sarcompile.passes.fuse"),  # `from . import fuse`: the submodule
-        ("sarcompile.passes.lower", "sarcompile.ir.graph"),
-        ("sarcompile.passes.lower", "sarcompile.runtime.shard"),
+        ("sarcompile.compile.passes.lower", "sarcompile.compile.passes.fuse"),  # `from . import fuse`: the submodule
+        ("sarcompile.compile.passes.lower", "sarcompile.graph.graph"),
+        ("sarcompile.compile.passes.lower", "sarcompile.runtime.shard"),
     }  # and not graph -> runtime.shard: that one is under TYPE_CHECKING
     assert cycle_report(nodes, edges) == []
     assert wall_report(edges) == []
@@ -361,17 +361,17 @@ def test_analyser_passes_a_clean_package(tmp_path):
 
 def test_analyser_catches_a_cycle_through_a_function_level_import(tmp_path):
     files = dict(_CLEAN)
-    files["sarcompile/ir/graph.py"] += "    def shard(self):\n        from ..runtime.shard import Shard\n"
+    files["sarcompile/graph/graph.py"] += "    def shard(self):\n        from ..runtime.shard import Shard\n"
     nodes, edges = import_edges(_write(tmp_path, files))
     report = cycle_report(nodes, edges)
     assert len(report) == 1, report
-    assert "sarcompile.ir.graph, sarcompile.runtime.shard" in report[0]
-    assert "sarcompile/ir/graph.py:8: from ..runtime.shard import Shard" in report[0]
+    assert "sarcompile.graph.graph, sarcompile.runtime.shard" in report[0]
+    assert "sarcompile/graph/graph.py:8: from ..runtime.shard import Shard" in report[0]
     assert "sarcompile/runtime/shard.py:1: from ..ir.graph import Graph" in report[0]
     walls = wall_report(edges)
     assert walls == [
-        "the IR does not import the runtime: sarcompile/ir/graph.py:8: from ..runtime.shard import Shard"
-        "    (sarcompile.ir.graph -> sarcompile.runtime.shard)"
+        "the IR does not import the runtime: sarcompile/graph/graph.py:8: from ..runtime.shard import Shard"
+        "    (sarcompile.graph.graph -> sarcompile.runtime.shard)"
     ]
 
 
@@ -379,10 +379,10 @@ def test_analyser_catches_self_imports_and_walls_in_methods(tmp_path):
     files = dict(_CLEAN)
     files["sarcompile/errors.py"] = "import sarcompile.errors\n"
     files["sarcompile/runtime/shard.py"] += (
-        "class S:\n    def go(self):\n        from ..passes import lower\n        import sarcompile.frontends.pyg\n"
+        "class S:\n    def go(self):\n        from ..passes import lower\n        import sarcompile.frontends.pyg.convs\n"
     )
     files["sarcompile/frontends/__init__.py"] = ""
-    files["sarcompile/frontends/pyg.py"] = ""
+    files["sarcompile/frontends/pyg/convs.py"] = ""
     nodes, edges = import_edges(_write(tmp_path, files))
     report = cycle_report(nodes, edges)
     assert any(r.startswith("import cycle among 1 module(s): sarcompile.errors") for r in report), report
@@ -396,13 +396,13 @@ def test_analyser_catches_self_imports_and_walls_in_methods(tmp_path):
 
 def test_analyser_catches_a_wall_crossed_through_another_module(tmp_path):
     files = dict(_CLEAN)
-    files["sarcompile/ir/graph.py"] += "    def fused(self):\n        from ..passes import fuse\n"
+    files["sarcompile/graph/graph.py"] += "    def fused(self):\n        from ..passes import fuse\n"
     nodes, edges = import_edges(_write(tmp_path, files))
     assert cycle_report(nodes, edges) == [] and wall_report(edges) == []
     report = indirect_wall_report(edges)
     assert len(report) == 2, report  # runtime/__init__ (three hops) and runtime.shard (two)
     assert report[1] == (
-        "the runtime imports no pass: sarcompile.runtime.shard reaches sarcompile.passes.fuse; the shortest chain:\n"
-        "    sarcompile/runtime/shard.py:1: from ..ir.graph import Graph    (sarcompile.runtime.shard -> sarcompile.ir.graph)\n"
-        "    sarcompile/ir/graph.py:8: from ..passes import fuse    (sarcompile.ir.graph -> sarcompile.passes.fuse)"
+        "the runtime imports no pass: sarcompile.runtime.shard reaches sarcompile.compile.passes.fuse; the shortest chain:\n"
+        "    sarcompile/runtime/shard.py:1: from ..ir.graph import Graph    (sarcompile.runtime.shard -> sarcompile.graph.graph)\n"
+        "    sarcompile/graph/graph.py:8: from ..passes import fuse    (sarcompile.graph.graph -> sarcompile.compile.passes.fuse)"
     )

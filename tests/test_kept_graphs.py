@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 import sarcompile as sc
-from sarcompile.data.shard import ShardGraph, split_graph
+from sarcompile.graph.shard import ShardGraph, split_graph
 from sarcompile.errors import CompileError
 
 DT = torch.float64

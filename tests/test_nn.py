@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 import sarcompile as sc
-from sarcompile.data.shard import ShardGraph, split_graph
+from sarcompile.graph.shard import ShardGraph, split_graph
 from strategies import graphs
 
 SETTINGS = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -15,7 +15,7 @@ from hetero_cases import CHANNELS, HEADS, RelationNet, inputs
 from torch import nn
 
 import sarcompile as sc
-from sarcompile.hetero import relation_key
+from sarcompile.graph.hetero import relation_key
 
 TOL = 1e-9
 # 5 relations (RelationNet aggregates the fifth with attention, whose [2, 3] vectors have as

@@ -420,7 +420,7 @@ def test_fx_trace_one_node_per_op(model, expected):
 
 
 def test_fx_trace_with_sarcompile_tracer():
-    from sarcompile.trace import trace
+    from sarcompile.compile.trace import trace
 
     gm = trace(ByName())
     assert op_nodes(gm) == ["spmm", "spmm", "spmm", "sddmm", "edge_softmax", "spmm", "sddmm"]
@@ -499,7 +499,7 @@ def test_message_passing_errors(small):
 def test_gather_table_reads_rows_by_global_id_on_every_shard():
     """A table with a row per node of the whole graph (LINKX's embedding), read per edge:
     on each shard, edge by edge, what the whole graph reads for the same global edge."""
-    from sarcompile.data.shard import ShardGraph, split_graph
+    from sarcompile.graph.shard import ShardGraph, split_graph
 
     gen = torch.Generator().manual_seed(3)
     n = 12

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 import sarcompile.data.partitioning as P
 from sarcompile.errors import GraphError, PartitionError
-from sarcompile.ir.graph import Graph
+from sarcompile.graph.graph import Graph
 from sarcompile.data.partitioning import METHODS, Manifest, assign, load_partition, partition, read_manifest, summary
 
 

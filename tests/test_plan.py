@@ -12,8 +12,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import sarcompile as sc
-from sarcompile.ir import graph as graph_module
-from sarcompile.plan import _size
+from sarcompile.graph import graph as graph_module
+from sarcompile.plan.plan import _size
 
 GOLDEN = Path(__file__).parent / "golden"
 
@@ -198,7 +198,7 @@ def test_a_manifest_without_block_sizes_is_planned_from_its_part_files(tmp_path)
 def test_graph_estimate_counts_the_index_tensors_a_step_builds():
     """The plan's ``graph`` term against the bytes of every index tensor a worker's shard
     holds after a training step (its blocks' CSR, destinations, tiles; ids)."""
-    from sarcompile.data.shard import ShardGraph, split_graph
+    from sarcompile.graph.shard import ShardGraph, split_graph
 
     gen = torch.Generator().manual_seed(3)
     n = 400
@@ -224,7 +224,7 @@ def test_graph_estimate_counts_the_index_tensors_a_step_builds():
 
 
 def test_round_peak_counts_the_buffers_each_round_holds():
-    from sarcompile.plan import _round_peak
+    from sarcompile.plan.plan import _round_peak
 
     blocks, sends = [10, 30, 20], [1, 2, 3]
     # Fetch: the block visited, the next one arriving and the rows gathered for it.

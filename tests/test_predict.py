@@ -22,7 +22,7 @@ import sarcompile as sc
 from sarcompile.errors import PredictionError
 from sarcompile.predict import LayerOutput, predict
 from sarcompile.predict.run import _rows
-from sarcompile.synthetic import mag_like
+from sarcompile.data.synthetic import mag_like
 from sarcompile.train import load_trained
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,4 +1,4 @@
-"""The trainer's RGCN (:class:`sarcompile.hetero_models.RGCN`) computes what DGL's ogbn-mag
+"""The trainer's RGCN (:class:`sarcompile.train.typed_models.RGCN`) computes what DGL's ogbn-mag
 RGCN example computes for the same weights: per relation ``HeteroGraphConv`` over
 ``GraphConv(norm="right", weight=False, bias=False)`` given the relation's weight, summed
 over the relations into a type, plus a self-loop ``Linear`` with bias, ReLU between the
@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sarcompile.hetero_models import RGCN
-from sarcompile.synthetic import mag_like
+from sarcompile.train.typed_models import RGCN
+from sarcompile.data.synthetic import mag_like
 
 dgl = pytest.importorskip("dgl")
 dglnn = pytest.importorskip("dgl.nn")

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import sarcompile as sc
-from sarcompile.source_lines import user_file
+from sarcompile.compile.source_lines import user_file
 
 G = sc.Graph.from_edges(torch.tensor([0, 1, 2]), torch.tensor([1, 2, 0]), 3)
 

@@ -16,9 +16,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import sarcompile.synthetic_stream as stream
+import sarcompile.data.synthetic_stream as stream
 from sarcompile.errors import GraphError
-from sarcompile.synthetic_stream import write_papers100m_like, write_sbm
+from sarcompile.data.synthetic_stream import write_papers100m_like, write_sbm
 
 ROOT = Path(__file__).resolve().parents[1]
 N = 20_000
@@ -155,7 +155,7 @@ def test_memory_stays_far_below_the_data_written(tmp_path):
     code = """
 import json, os, sys
 import numpy as np, torch
-from sarcompile.synthetic_stream import write_sbm
+from sarcompile.data.synthetic_stream import write_sbm
 def peak():  # VmHWM: the peak resident set since the reset below
     with open("/proc/self/status") as f:
         return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
@@ -177,7 +177,7 @@ print(json.dumps({"grew": grew, "written": written, "control": peak() - before})
 
 
 def test_a_killed_run_leaves_no_file_under_a_final_name(tmp_path):
-    code = "import sys; from sarcompile.synthetic_stream import write_sbm; write_sbm(sys.argv[1], 10**6, 200.0, 8)"
+    code = "import sys; from sarcompile.data.synthetic_stream import write_sbm; write_sbm(sys.argv[1], 10**6, 200.0, 8)"
     proc = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], cwd=ROOT)
     try:
         deadline = time.monotonic() + 60

@@ -24,8 +24,8 @@ from train_jobs import curve
 
 import sarcompile as sc
 from sarcompile.nn import NodeTable
-from sarcompile.tables import table_rows, table_type
-from sarcompile.synthetic import mag_like
+from sarcompile.graph.tables import table_rows, table_type
+from sarcompile.data.synthetic import mag_like
 from sarcompile.train import evaluate, load_trained
 
 AUTHORS, WIDTH = 20000, 64

@@ -9,11 +9,11 @@ from cases import assert_workers_match, case_on_edges, make_model, payloads, run
 from torch import nn
 
 import sarcompile as sc
-from sarcompile.compiler import CallShape, compile_program
+from sarcompile.compile.distribute import CallShape, compile_program
 from sarcompile.errors import CompileError
-from sarcompile.passes.context import CompileOptions
+from sarcompile.compile.passes.context import CompileOptions
 from sarcompile.ir.probe import PROBES, Input
-from sarcompile.trace import ShapeTracer, trace
+from sarcompile.compile.trace import ShapeTracer, trace
 from sarcompile.ir.vocab import Residency
 
 DT = torch.float64

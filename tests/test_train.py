@@ -24,7 +24,7 @@ from sarcompile.data.checkpoint import checkpoint_dir, latest_checkpoint, load_c
 from sarcompile.codegen.torch_kernels import packed_row_bytes
 from sarcompile.errors import CheckpointError
 from sarcompile.runtime.link import WIRE_SCALE
-from sarcompile.runtime.memory import active_allocator
+from sarcompile.dist.memory import active_allocator
 from sarcompile.train import build_model, evaluate, load_trained, parse_args
 
 ROOT = Path(__file__).resolve().parents[1]

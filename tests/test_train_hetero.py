@@ -28,11 +28,11 @@ from train_jobs import ACC_KEYS, curve, run_train
 
 import sarcompile as sc
 from sarcompile.data.checkpoint import latest_checkpoint, read_state
-from sarcompile.cli import main as cli
-from sarcompile.hetero import parse_relation_key
-from sarcompile.hetero_models import HGT, RGCN
+from sarcompile.cli.main import main as cli
+from sarcompile.graph.hetero import parse_relation_key
+from sarcompile.train.typed_models import HGT, RGCN
 from sarcompile.data.partitioning import read_manifest
-from sarcompile.synthetic import mag_like
+from sarcompile.data.synthetic import mag_like
 from sarcompile.train import build_model, evaluate, load_trained
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -148,7 +148,7 @@ def test_rgcn_and_hgt_equal_the_eager_model_on_1_to_3_workers(pool, tmp_path_fac
 def test_node_tables_are_the_embeddings_not_per_type_linears_of_the_same_width():
     """RGCN's self-loop linear of 'author' has as many output rows as there are authors: it
     is still a weight, not a node table (which would be split by rows across workers)."""
-    from sarcompile.tables import find_node_tables
+    from sarcompile.graph.tables import find_node_tables
 
     counts = {"author": 4, "paper": 3}
     net = RGCN(counts, [("author", "writes", "paper"), ("paper", "rev_writes", "author")], {"paper": 2}, "paper",

@@ -17,8 +17,8 @@ from ogb_files import write_mag
 from train_jobs import curve, metric_keys, run_train
 
 import sarcompile as sc
-from sarcompile.cli import main as cli
-from sarcompile.synthetic import mag_like
+from sarcompile.cli.main import main as cli
+from sarcompile.data.synthetic import mag_like
 from sarcompile.train import load_trained
 from sarcompile.train.model import call_model
 from sarcompile.train.tasks import _rocauc

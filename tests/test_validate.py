@@ -9,10 +9,10 @@ import torch
 
 import sarcompile as sc
 import sarcompile.data.partitioning as P
-from sarcompile.cli import main
+from sarcompile.cli.main import main
 from sarcompile.errors import GraphError, PartitionError
 from sarcompile.data.partitioning import load_partition
-from sarcompile.data.shard import PartData
+from sarcompile.graph.shard import PartData
 
 N = 30
 

@@ -16,12 +16,13 @@ from typing import Any
 
 import torch
 
-from .. import logs
-from ..ir import graph, ops
-from ..errors import KernelError
-from ..ir.vocab import Executor
-from . import cpu_spmm, torch_kernels
-from .kernel_cache import KernelSpec, current_target
+from sarcompile import logs
+from sarcompile.graph import graph
+from sarcompile.ir import ops
+from sarcompile.errors import KernelError
+from sarcompile.ir.vocab import Executor
+from sarcompile.codegen import cpu_spmm, torch_kernels
+from sarcompile.codegen.kernel_cache import KernelSpec, current_target
 
 __all__ = ["kernels_for", "triton_available"]
 
@@ -75,7 +76,7 @@ def _choose(executor: str, device: torch.device) -> tuple[ModuleType, str]:
             "CPU tensors when TRITON_INTERPRET=1 is set before triton is imported (slow; for checking). "
             "Use executor='auto' to run torch kernels on the CPU"
         )
-    from . import triton_kernels
+    from sarcompile.codegen import triton_kernels
 
     where = "CUDA" if device.type == "cuda" else "the Triton interpreter (TRITON_INTERPRET=1)"
     return triton_kernels, f"executor={str(executor)!r}: generated Triton kernels on {where}"
@@ -86,8 +87,8 @@ def _spmm_kernels(args: dict[str, Any]) -> list[tuple[str, KernelSpec]]:
     """The generated kernels spmm runs for its bound arguments (as recorded by the plan's
     probe), as (role, spec) pairs; none for inputs no kernel is specialised for (those
     run the torch kernel)."""
-    from .spmm_gen import EdgeDotSpec, MaxGradSpec, MaxSpec, SpmmSpec
-    from .triton_kernels import dtype_name, weight_cols
+    from sarcompile.codegen.spmm_gen import EdgeDotSpec, MaxGradSpec, MaxSpec, SpmmSpec
+    from sarcompile.codegen.triton_kernels import dtype_name, weight_cols
 
     x, w = args["x"], args["edge_weight"]
     width, dtype = x[0].numel() if x.dim() > 1 else 1, dtype_name(x)
@@ -109,8 +110,8 @@ def _spmm_kernels(args: dict[str, Any]) -> list[tuple[str, KernelSpec]]:
 def _attention_kernels(args: dict[str, Any]) -> list[tuple[str, KernelSpec]]:
     """The fused attention's forward and backward kernels (none where it is not fused:
     it then runs as spmm with weights)."""
-    from .attention_gen import AttentionBackwardSpec, AttentionForwardSpec
-    from .triton_kernels import dtype_name
+    from sarcompile.codegen.attention_gen import AttentionBackwardSpec, AttentionForwardSpec
+    from sarcompile.codegen.triton_kernels import dtype_name
 
     h, a_edge = args["h"], args["a_edge"]
     if h.dim() != args["a_src"].dim() + 1 or (a_edge is not None and a_edge.shape[1:] != args["a_src"].shape[1:]):

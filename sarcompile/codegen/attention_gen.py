@@ -34,9 +34,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..errors import KernelError
-from .kernel_cache import KernelSpec, autotune, configs_line, header
-from .spmm_gen import acc_type, pow2
+from sarcompile.errors import KernelError
+from sarcompile.codegen.kernel_cache import KernelSpec, autotune, configs_line, header
+from sarcompile.codegen.spmm_gen import acc_type, pow2
 
 __all__ = ["AttentionBackwardSpec", "AttentionForwardSpec"]
 

@@ -6,7 +6,7 @@ dense ``x``, with the source row eight entries ahead prefetched. torch's CSR pro
 cache (a 128-wide float ``x`` of more than about 60k rows here) nearly every row is a
 miss. Measured on SBM graphs of average degree 20 (docs/kernels.md): 400k nodes, 251 ms
 against MKL's 457 at 128 features and 440 against 778 at 256. Where the source rows split
-into a few cache-sized tiles (:meth:`sarcompile.ir.graph.Block.tiles`) MKL's product tile
+into a few cache-sized tiles (:meth:`sarcompile.graph.graph.Block.tiles`) MKL's product tile
 by tile is as fast (100k nodes: 81 ms against this kernel's 86 at 256 features, 53 against
 38 at 128), so the kernel takes the products of one tile: those too small for tiles and
 those too large (``tile_count``), of at least :data:`MIN_ENTRIES` entries, whose dense
@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from .. import native
+from sarcompile.codegen import native
 
 __all__ = ["MIN_ENTRIES", "MIN_OPERAND_BYTES", "enabled", "spmm_into", "usable"]
 

@@ -18,7 +18,7 @@ on sm_80 and 227 KiB on sm_90 (the opt-in maximum per block; the SM has 164 / 22
 1 KiB of which is reserved per block).
 
 Index width (:func:`check_index`): a block's index arrays are int32 unless its row or
-edge numbers reach 2^31 (:func:`sarcompile.ir.graph.index_dtype`); offsets into feature
+edge numbers reach 2^31 (:func:`sarcompile.graph.graph.index_dtype`); offsets into feature
 rows, row x width, are formed in int64 by every kernel whatever the index width (they widen
 the program id and every index they load before multiplying). A shape class -- a
 :class:`BlockShape`, nothing allocated -- checked against an index width is refused, naming
@@ -43,9 +43,9 @@ from pathlib import Path
 
 import torch
 
-from ..errors import KernelError
-from ..ir.graph import INDEX_LIMIT, index_dtype
-from .kernel_cache import KernelSpec, current_target, load
+from sarcompile.errors import KernelError
+from sarcompile.graph.graph import INDEX_LIMIT, index_dtype
+from sarcompile.codegen.kernel_cache import KernelSpec, current_target, load
 
 __all__ = ["ARCHS", "Arch", "BlockShape", "Compiled", "check_index", "compile_spec", "compiler_available",
            "resources_table", "resources_tables"]
@@ -100,7 +100,7 @@ class BlockShape:
 
     @property
     def index(self) -> str:
-        """The index width the block gets (:func:`sarcompile.ir.graph.index_dtype`)."""
+        """The index width the block gets (:func:`sarcompile.graph.graph.index_dtype`)."""
         return "int64" if index_dtype(self.rows, self.src, self.edges) == torch.int64 else "int32"
 
     def __str__(self) -> str:

@@ -35,7 +35,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import ClassVar
 
-from ..errors import KernelError
+from sarcompile.errors import KernelError
 
 __all__ = [
     "KernelSpec",

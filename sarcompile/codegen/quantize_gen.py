@@ -28,8 +28,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .kernel_cache import KernelSpec, autotune, configs_line, header
-from .spmm_gen import pow2
+from sarcompile.codegen.kernel_cache import KernelSpec, autotune, configs_line, header
+from sarcompile.codegen.spmm_gen import pow2
 
 __all__ = ["PACK_DTYPES", "PackSpec", "UnpackSpec"]
 

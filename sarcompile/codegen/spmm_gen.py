@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .kernel_cache import KernelSpec, autotune, configs_line, header
+from sarcompile.codegen.kernel_cache import KernelSpec, autotune, configs_line, header
 
 __all__ = ["EdgeDotSpec", "MaxGradSpec", "MaxSpec", "SpmmSpec", "acc_type", "pow2"]
 

@@ -1,7 +1,7 @@
 """Per-block kernels in plain torch: what the runtime runs on CPUs (and on GPUs until
 Triton kernels are generated for a signature).
 
-Every kernel works on one :class:`~sarcompile.ir.graph.Block` -- the edges from one set of
+Every kernel works on one :class:`~sarcompile.graph.graph.Block` -- the edges from one set of
 source rows into the local destination rows -- so the same code serves one machine (one
 block) and N workers (one block per source partition). Node tensors may have any
 trailing shape (``[n, F]`` or ``[n, heads, F]``); kernels flatten it to 2-D.
@@ -19,9 +19,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ..ir.graph import Block, Tiles, csr_tensor
-from ..ir.opdef import EDGE_CHUNK_ELEMENTS
-from . import cpu_spmm
+from sarcompile.graph.graph import Block, Tiles, csr_tensor
+from sarcompile.ir.opdef import EDGE_CHUNK_ELEMENTS
+from sarcompile.codegen import cpu_spmm
 
 __all__ = [
     "QUANT_BITS",

@@ -14,11 +14,11 @@ import math
 
 import torch
 
-from ..ir.graph import Block, Tiles
-from . import torch_kernels as T
-from .attention_gen import AttentionBackwardSpec, AttentionForwardSpec
-from .kernel_cache import current_target, load
-from .spmm_gen import EdgeDotSpec, MaxGradSpec, MaxSpec, SpmmSpec
+from sarcompile.graph.graph import Block, Tiles
+from sarcompile.codegen import torch_kernels as T
+from sarcompile.codegen.attention_gen import AttentionBackwardSpec, AttentionForwardSpec
+from sarcompile.codegen.kernel_cache import current_target, load
+from sarcompile.codegen.spmm_gen import EdgeDotSpec, MaxGradSpec, MaxSpec, SpmmSpec
 
 __all__ = [
     "AttentionState",

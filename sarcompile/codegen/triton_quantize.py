@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import torch
 
-from . import torch_kernels as T
-from .kernel_cache import load
-from .quantize_gen import PACK_DTYPES, PackSpec, UnpackSpec
-from .triton_kernels import dtype_name, launch
+from sarcompile.codegen import torch_kernels as T
+from sarcompile.codegen.kernel_cache import load
+from sarcompile.codegen.quantize_gen import PACK_DTYPES, PackSpec, UnpackSpec
+from sarcompile.codegen.triton_kernels import dtype_name, launch
 
 __all__ = ["pack", "unpack"]
 

@@ -27,7 +27,7 @@ path holds either the previous complete checkpoint or the new complete one::
 The payload is read with ``torch.load(weights_only=True)``: tensors, numbers, strings,
 lists and dicts only, never arbitrary pickled objects.
 
-Node tables (:mod:`sarcompile.tables`: the embeddings of featureless node types) live
+Node tables (:mod:`sarcompile.graph.tables`: the embeddings of featureless node types) live
 row-sharded on the workers. Such a file holds them whole, in global row order:
 :func:`shard_state` gives each worker its own rows of a model and optimizer loaded whole. That single file is the format
 of older versions: it still loads (:func:`latest_checkpoint` finds it, and the trainer and
@@ -74,9 +74,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..errors import CheckpointError
-from .rundir import _atomic_write, _fsync_dir
-from ..tables import find_node_tables, shard_rows, shard_tables, table_type
+from sarcompile.errors import CheckpointError
+from sarcompile.data.rundir import _atomic_write, _fsync_dir
+from sarcompile.graph.tables import find_node_tables, shard_rows, shard_tables, table_type
 
 __all__ = ["CHECKPOINTS", "CHECKPOINT_NAME", "MAGIC", "MANIFEST", "REPLICATED", "TableRows", "checkpoint_dir",
            "complete_checkpoints", "latest_checkpoint", "load_checkpoint", "prune_checkpoints", "publish",

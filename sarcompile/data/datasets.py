@@ -32,10 +32,10 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from ..errors import DatasetError, GraphError
-from ..ir.graph import Graph
-from ..hetero import HeteroGraph, Relation
-from .validate import MASKS
+from sarcompile.errors import DatasetError, GraphError
+from sarcompile.graph.graph import Graph
+from sarcompile.graph.hetero import HeteroGraph, Relation
+from sarcompile.data.validate import MASKS
 
 __all__ = ["SUPPORTED", "Dataset", "HeteroDataset", "load_ogb", "load_ogb_mag", "add_reverse_relations",
            "symmetrize_edges"]

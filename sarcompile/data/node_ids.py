@@ -35,8 +35,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ..errors import GraphError
-from .rundir import _atomic_write, _sha256
+from sarcompile.errors import GraphError
+from sarcompile.data.rundir import _atomic_write, _sha256
 
 __all__ = ["IDS_FILES", "Ids", "check_ids", "ids_file_name", "kind_of", "open_ids", "write_node_ids"]
 
@@ -44,7 +44,7 @@ IDS_FILES = "node_ids*.npy"  # what a partition run removes before it writes (gl
 
 
 class ChunkedIds(Protocol):
-    """Integer ids on disk, read a chunk at a time (:class:`sarcompile.outofcore.DiskArray`)."""
+    """Integer ids on disk, read a chunk at a time (:class:`sarcompile.data.outofcore.DiskArray`)."""
 
     shape: tuple[int, ...]
     dtype: np.dtype

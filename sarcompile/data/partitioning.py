@@ -43,14 +43,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import GraphError, PartitionError
-from ..ir.graph import Graph
-from ..hetero import HeteroGraph, HeteroShard
-from .rundir import _atomic_write, _create_temp, _fsync_dir, _sha256, lock_dir, remove_stale_temps
-from ..runtime.memory import release_free
-from .node_ids import IDS_FILES, check_ids, open_ids, write_node_ids
-from .shard import PartData, ShardGraph, split_graph
-from .validate import check_node_data
+from sarcompile.errors import GraphError, PartitionError
+from sarcompile.graph.graph import Graph
+from sarcompile.graph.hetero import HeteroGraph, HeteroShard
+from sarcompile.data.rundir import _atomic_write, _create_temp, _fsync_dir, _sha256, lock_dir, remove_stale_temps
+from sarcompile.dist.memory import release_free
+from sarcompile.data.node_ids import IDS_FILES, check_ids, open_ids, write_node_ids
+from sarcompile.graph.shard import PartData, ShardGraph, split_graph
+from sarcompile.data.validate import check_node_data
 
 __all__ = [
     "METHODS",
@@ -76,7 +76,7 @@ MANIFEST = "manifest.json"
 
 @dataclass
 class TypedHooks:
-    """Where typed graphs go: :mod:`sarcompile.hetero_partition` builds on this module
+    """Where typed graphs go: :mod:`sarcompile.data.typed_partition` builds on this module
     (its writing, reading and checks), so it cannot be imported from here; it registers
     its functions when the package is imported, as the runtime registers op kernels."""
 
@@ -94,7 +94,7 @@ def assign(g: Graph, num_parts: int, method: str | torch.Tensor = "metis", seed:
 
     ``method`` is one of :data:`METHODS` or an integer tensor that *is* the assignment
     (one part id per node; e.g. another partitioner's, see
-    :func:`sarcompile.frontends.dgl_partition.convert_dgl_partition`), which is checked
+    :func:`sarcompile.data.dgl_import.convert_dgl_partition`), which is checked
     and returned as a LongTensor; ``seed`` is then unused.
 
     * ``"metis"`` -- METIS k-way on the undirected simple graph behind ``g`` (edge
@@ -228,7 +228,7 @@ class Manifest:
     created: str
     format_version: int = FORMAT_VERSION
     graph_sha256: str | None = None
-    # A typed partition (sarcompile.hetero): per node type its node count and node data
+    # A typed partition (sarcompile.graph.hetero): per node type its node count and node data
     # ({"num_nodes", "node_data"}), per relation key (src__name__dst) its edge count, halo
     # sizes and edge cut ({"num_edges", "halo_sizes", "edge_cut"}); None for one type.
     node_types: dict[str, dict[str, Any]] | None = None
@@ -270,10 +270,10 @@ class Manifest:
 @dataclass
 class Partition:
     """One worker's share of a partitioned graph, as :func:`load_partition` returns it.
-    Of a typed partition: ``graph`` is a :class:`~sarcompile.hetero.HeteroShard`, and
+    Of a typed partition: ``graph`` is a :class:`~sarcompile.graph.hetero.HeteroShard`, and
     ``node_data`` and ``global_ids`` are dicts by node type (``node_data["paper"]["x"]``).
     The graph's frames hold the node data, as a DGL script's graph does (``graph.ndata["x"]``;
-    typed, ``graph.nodes["paper"].data["x"]``; see :mod:`sarcompile.frames`): a model
+    typed, ``graph.nodes["paper"].data["x"]``; see :mod:`sarcompile.graph.frames`): a model
     reading them runs as ``model(part.graph)``.
 
     Example:
@@ -325,9 +325,9 @@ def partition(
     :class:`GraphError` naming the node and column. While it writes, the directory is
     locked: another partition run on it raises :class:`~sarcompile.errors.RunDirError`.
 
-    A :class:`~sarcompile.hetero.HeteroGraph` takes ``node_data`` per node type
+    A :class:`~sarcompile.graph.hetero.HeteroGraph` takes ``node_data`` per node type
     (``{"paper": {"x": X, "y": Y}}``) and splits every type across all parts (see
-    :mod:`sarcompile.hetero_partition`).
+    :mod:`sarcompile.data.typed_partition`).
 
     ``node_ids`` records the user's own id of every node (an array of integers or strings,
     ``node_ids[i]`` the id of node ``i``; per node type for a typed graph) in the directory,
@@ -637,7 +637,7 @@ def load_partition(
 def load_whole_graph(out_dir: str | os.PathLike) -> tuple[Graph | HeteroGraph, dict[str, Any]]:
     """Reassemble the original graph (edges in their original order) and node tensors
     from every part of a partition directory: the single-machine reference of a run.
-    A typed partition gives a :class:`~sarcompile.hetero.HeteroGraph` and node tensors per type.
+    A typed partition gives a :class:`~sarcompile.graph.hetero.HeteroGraph` and node tensors per type.
 
     Example:
 

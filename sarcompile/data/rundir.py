@@ -42,7 +42,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
-from ..errors import RunDirError
+from sarcompile.errors import RunDirError
 
 try:  # POSIX; elsewhere directories are not locked
     import fcntl

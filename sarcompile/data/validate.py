@@ -26,7 +26,7 @@ from collections.abc import Mapping
 
 import torch
 
-from ..errors import GraphError
+from sarcompile.errors import GraphError
 
 __all__ = ["FEATURES", "LABELS", "MASKS", "check_node_data", "class_ids_problem"]
 

@@ -16,18 +16,18 @@ front-end                       library              layers
 ``frontends.plain``             ``torch``            message passing in plain torch over
                                                      ``edge_index`` (``x[src]``, ``index_add_``,
                                                      ``scatter_reduce``), in layers and models
-``frontends.pyg``               ``torch_geometric``  SAGEConv, GCNConv, GINConv, GATConv,
+``frontends.pyg.convs``         ``torch_geometric``  SAGEConv, GCNConv, GINConv, GATConv,
                                                      GATv2Conv, GraphConv, BatchNorm, and any
                                                      other MessagePassing layer it can trace
-``frontends.pyg_edge_types``    ``torch_geometric``  RGCNConv, FastRGCNConv, RGATConv
-``frontends.pyg_hetero``        ``torch_geometric``  HeteroConv, to_hetero models
-``frontends.pyg_hetero_convs``  ``torch_geometric``  HGTConv, HANConv, HeteroDictLinear
-``frontends.pyg_typed_rows``    ``torch_geometric``  HeteroLinear (and HEATConv through it)
-``frontends.pyg_reversible``    ``torch_geometric``  GroupAddRev
-``frontends.dgl``               ``dgl``              SAGEConv, GraphConv, GATConv, HGTConv,
+``frontends.pyg.edge_types``    ``torch_geometric``  RGCNConv, FastRGCNConv, RGATConv
+``frontends.pyg.hetero``        ``torch_geometric``  HeteroConv, to_hetero models
+``frontends.pyg.hetero_convs``  ``torch_geometric``  HGTConv, HANConv, HeteroDictLinear
+``frontends.pyg.typed_rows``    ``torch_geometric``  HeteroLinear (and HEATConv through it)
+``frontends.pyg.reversible``    ``torch_geometric``  GroupAddRev
+``frontends.dgl.layers``        ``dgl``              SAGEConv, GraphConv, GATConv, HGTConv,
                                                      EdgeWeightNorm, TypedLinear, and layers
                                                      written with update_all / apply_edges
-``frontends.dgl_hetero``        ``dgl``              heterographs (multi_update_all,
+``frontends.dgl.hetero``        ``dgl``              heterographs (multi_update_all,
                                                      edge_softmax), HeteroGraphConv
 ==============================  ===================  ========================================
 """
@@ -42,10 +42,10 @@ __all__ = ["load_available"]
 # library module name -> the front-end modules that register its rules (torch: always imported)
 _FRONTENDS = {
     "torch": ("sarcompile.frontends.plain",),
-    "torch_geometric": ("sarcompile.frontends.pyg", "sarcompile.frontends.pyg_edge_types",
-                        "sarcompile.frontends.pyg_hetero", "sarcompile.frontends.pyg_hetero_convs",
-                        "sarcompile.frontends.pyg_typed_rows", "sarcompile.frontends.pyg_reversible"),
-    "dgl": ("sarcompile.frontends.dgl", "sarcompile.frontends.dgl_hetero"),
+    "torch_geometric": ("sarcompile.frontends.pyg.convs", "sarcompile.frontends.pyg.edge_types",
+                        "sarcompile.frontends.pyg.hetero", "sarcompile.frontends.pyg.hetero_convs",
+                        "sarcompile.frontends.pyg.typed_rows", "sarcompile.frontends.pyg.reversible"),
+    "dgl": ("sarcompile.frontends.dgl.layers", "sarcompile.frontends.dgl.hetero"),
 }
 
 

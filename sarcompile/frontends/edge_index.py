@@ -5,7 +5,7 @@ While a model or layer is traced, the graph it takes as ``edge_index`` is an
 edge_index``) are :class:`EdgeEnd` markers, the source or destination node of every edge.
 A marker only means something where a rule gives it a meaning: plain torch's indexing and
 scatter functions given one (:func:`tensor_rule`, the rules in :mod:`.plain`), and a
-library's own graph utilities (PyG's, :mod:`.pyg_utils`). Any other use of it (arithmetic,
+library's own graph utilities (PyG's, :mod:`.pyg.utils`). Any other use of it (arithmetic,
 ``index.max()``) is refused at compile time, since on a worker the edges index rows that
 live elsewhere. In a model's own forward (:func:`in_forward`, entered around every trace)
 the graph argument indexed or unpacked gives the markers too.
@@ -23,11 +23,11 @@ from typing import Any, Callable, Iterator
 import torch
 import torch.fx
 
-from ..errors import CompileError
-from ..ir.lowering import declare, register_trace_context
-from ..ir.ops import edge_subset, gather_dst, gather_src
-from ..ir.vocab import Residency
-from ..source_lines import where_line
+from sarcompile.errors import CompileError
+from sarcompile.ir.lowering import declare, register_trace_context
+from sarcompile.ir.ops import edge_subset, gather_dst, gather_src
+from sarcompile.ir.vocab import Residency
+from sarcompile.compile.source_lines import where_line
 
 __all__ = ["EdgeEnd", "EdgeIndex", "LoopMask", "tensor_rule", "in_forward", "gather", "as_edge_index"]
 
@@ -319,7 +319,7 @@ def in_forward() -> Iterator[None]:
     gives :class:`EdgeEnd` markers; fx proxies (node tensors) can be indexed by one
     (``x[src]``), given one where a :func:`tensor_rule` takes it (``index_add_``,
     ``torch.index_select``). (A front-end adds its library's own rules in a context of its
-    own, as :mod:`.pyg_utils` PyG's aggregation modules over a marker.)"""
+    own, as :mod:`.pyg.utils` PyG's aggregation modules over a marker.)"""
     methods = {name: _proxy_method(name) for name in _TENSOR_RULES if hasattr(torch.Tensor, name)}
     with _patched(torch.fx.Proxy, {"__getitem__": _proxy_getitem, "__torch_function__": _proxy_torch_function,
                                    **methods}):
@@ -362,7 +362,7 @@ def _graph_argument(value: Any) -> EdgeIndex | None:
 
 def _examples(p: Any) -> tuple | None:
     """The example values of ``p`` (one per probe) where the tracer computes them
-    (:class:`sarcompile.trace.ShapeTracer`), else None."""
+    (:class:`sarcompile.compile.trace.ShapeTracer`), else None."""
     if not isinstance(p, torch.fx.Proxy):
         return None
     value = getattr(p.tracer, "value", None)

@@ -44,12 +44,12 @@ from typing import Any
 import torch
 import torch.fx
 
-from ..errors import CompileError
-from ..ir.lowering import declare
-from ..ir.ops import edge_reduce, edge_reduce_src
-from ..source_lines import where_line
-from ..trace import _is_view
-from .edge_index import EdgeEnd, _edge_axis, _examples, _in_degree, _ones_per_edge, gather, tensor_rule
+from sarcompile.errors import CompileError
+from sarcompile.ir.lowering import declare
+from sarcompile.ir.ops import edge_reduce, edge_reduce_src
+from sarcompile.compile.source_lines import where_line
+from sarcompile.compile.trace import _is_view
+from sarcompile.frontends.edge_index import EdgeEnd, _edge_axis, _examples, _in_degree, _ones_per_edge, gather, tensor_rule
 
 __all__: list[str] = []
 

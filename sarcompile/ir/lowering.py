@@ -4,12 +4,12 @@ A rule maps a layer to an equivalent module written with IR ops, with the layer'
 signature, sharing the layer's parameters. ``sarcompile.nn`` layers are written with IR
 ops already, so their rule returns the layer itself; front-ends (PyG, DGL) register rules
 for their layers when imported. The tracer keeps every layer with a rule as a leaf
-(:mod:`sarcompile.trace`) and the lower pass inlines what the rule gives
-(:mod:`sarcompile.passes.lower`).
+(:mod:`sarcompile.compile.trace`) and the lower pass inlines what the rule gives
+(:mod:`sarcompile.compile.passes.lower`).
 
 A function rule maps a library function a layer calls (DGL's ``edge_softmax``) to one
 written with IR ops, taking the same arguments: while tracing, the tracer calls the
-replacement wherever the traced code calls the original (see :mod:`sarcompile.trace`).
+replacement wherever the traced code calls the original (see :mod:`sarcompile.compile.trace`).
 """
 
 from __future__ import annotations

@@ -31,8 +31,8 @@ from typing import Any, Callable
 import torch
 import torch.fx
 
-from ..errors import CompileError
-from .vocab import Exchange, Residency
+from sarcompile.errors import CompileError
+from sarcompile.ir.vocab import Exchange, Residency
 
 __all__ = ["Args", "Halo", "Push", "AllReduce", "Temporaries", "OpDef", "ir_op", "registry", "definition", "row_bytes"]
 

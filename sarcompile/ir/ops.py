@@ -38,7 +38,7 @@ with ``torch.fx``. The runtime registers each op's shard implementation onto the
 definition and codegen its generated kernels, so this module imports neither.
 
 Edge tensors are in the graph's edge order: the order edges were given for a
-:class:`~sarcompile.ir.graph.Graph`, shard order for a worker's ``part.graph``.
+:class:`~sarcompile.graph.graph.Graph`, shard order for a worker's ``part.graph``.
 """
 
 from __future__ import annotations
@@ -48,12 +48,12 @@ from typing import Any
 
 import torch
 
-from ..errors import GraphError
-from .graph import Graph
-from .opdef import EDGE_CHUNK_ELEMENTS, AllReduce, Args, Halo, OpDef, Push, Temporaries, ir_op, registry, row_bytes
-from .rng import edge_keep, node_keep
-from ..data.shard import ShardGraph
-from .vocab import Executor, LinkPolicy, Residency, Strategy
+from sarcompile.errors import GraphError
+from sarcompile.graph.graph import Graph
+from sarcompile.ir.opdef import EDGE_CHUNK_ELEMENTS, AllReduce, Args, Halo, OpDef, Push, Temporaries, ir_op, registry, row_bytes
+from sarcompile.ir.rng import edge_keep, node_keep
+from sarcompile.graph.shard import ShardGraph
+from sarcompile.ir.vocab import Executor, LinkPolicy, Residency, Strategy
 
 __all__ = [
     "OpDef",

@@ -1,6 +1,6 @@
 """Example inputs on small made-up graphs, to learn a program's shapes before it runs.
 
-The tracer (:class:`sarcompile.trace.ShapeTracer`) computes every value of a model on
+The tracer (:class:`sarcompile.compile.trace.ShapeTracer`) computes every value of a model on
 each of the :data:`PROBES` while it traces, so Python code may branch on feature widths
 and ``dim()``; the residency pass runs the lowered program on the first probe. A per-row
 input gets the probe's row count, and a size that is not the same on every probe, or is
@@ -22,8 +22,8 @@ from typing import Any
 
 import torch
 
-from .graph import Graph, probe_graph, probe_relation
-from .vocab import Residency
+from sarcompile.graph.graph import Graph, probe_graph, probe_relation
+from sarcompile.ir.vocab import Residency
 
 __all__ = ["Input", "Probe", "PROBES", "ROW_COUNTS", "example"]
 

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import torch
 
-from .opdef import EDGE_CHUNK_ELEMENTS
+from sarcompile.ir.opdef import EDGE_CHUNK_ELEMENTS
 
 __all__ = ["edge_keep", "keep", "mix32", "node_keep", "normal_rows", "site_salt", "uniform"]
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import enum
 from typing import NamedTuple
 
-from ..errors import CompileError
+from sarcompile.errors import CompileError
 
 __all__ = ["Vocab", "Mode", "Strategy", "Executor", "Compression", "Residency", "Exchange", "LinkPolicy"]
 
@@ -103,7 +103,7 @@ class Compression(Vocab):
 
 
 class Residency(Vocab):
-    """Where the rows of a value live (see :mod:`sarcompile.passes.residency`).
+    """Where the rows of a value live (see :mod:`sarcompile.compile.passes.residency`).
 
     On N workers a ``NODE`` value holds the rows of the worker's own nodes (the
     destination rows of its aggregations; the same rows are the source rows its peers

@@ -31,9 +31,9 @@ The package: :mod:`.run` (:func:`predict`), :mod:`.layer` (``--layer``), :mod:`.
 (the directory's files, :func:`read_predictions`), :mod:`.cli` (the command line).
 """
 
-from .cli import main
-from .files import read_predictions
-from .layer import LayerOutput
-from .run import PredictConfig, parse_args, predict
+from sarcompile.predict.cli import main
+from sarcompile.predict.files import read_predictions
+from sarcompile.predict.layer import LayerOutput
+from sarcompile.predict.run import PredictConfig, parse_args, predict
 
 __all__ = ["LayerOutput", "PredictConfig", "main", "parse_args", "predict", "read_predictions"]

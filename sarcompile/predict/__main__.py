@@ -1,5 +1,5 @@
 """``python -m sarcompile.predict``: see :mod:`sarcompile.predict`."""
 
-from .cli import main
+from sarcompile.predict.cli import main
 
 raise SystemExit(main())

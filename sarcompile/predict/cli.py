@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..train.cli import run_agreed
-from .run import parse_args, predict
+from sarcompile.train.cli import run_agreed
+from sarcompile.predict.run import parse_args, predict
 
 
 def main(argv: Sequence[str] | None = None) -> int:

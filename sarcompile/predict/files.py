@@ -41,9 +41,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..data.node_ids import ids_file_name, open_ids
-from ..data.partitioning import Manifest, _atomic_write, _create_temp, _fsync_dir, _sha256
-from ..errors import PartitionError, PredictionError
+from sarcompile.data.node_ids import ids_file_name, open_ids
+from sarcompile.data.partitioning import Manifest, _atomic_write, _create_temp, _fsync_dir, _sha256
+from sarcompile.errors import PartitionError, PredictionError
 
 __all__ = ["FORMAT", "MANIFEST_NAME", "copy_user_ids", "is_ours", "read_predictions", "read_predictions_manifest",
            "record_user_ids", "write_rows"]

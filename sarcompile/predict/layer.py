@@ -23,7 +23,7 @@ from typing import Any
 
 from torch import nn
 
-from ..errors import PredictionError
+from sarcompile.errors import PredictionError
 
 __all__ = ["LayerOutput", "layer_names"]
 

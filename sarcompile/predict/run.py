@@ -15,22 +15,22 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from .. import errors
-from ..compiler import DistributedModule, distribute
-from ..data.checkpoint import latest_checkpoint, recorded_identity
-from ..data.partitioning import Manifest, _atomic_write, load_partition, now, read_manifest
-from ..data.rundir import DirLock, lock_dir, remove_stale_temps
-from ..errors import CheckpointError, PartitionError, PredictionError, SarcompileError
-from ..runtime.comm import init
-from ..runtime.memory import MemoryProbe, floor_bytes
-from ..hetero_models import TYPED_MODELS
-from ..train.checkpoints import _agreed, _broadcast, _checkpoint_group, check_trainer_state, checkpoint_timeout, \
+from sarcompile import errors
+from sarcompile.compile.distribute import DistributedModule, distribute
+from sarcompile.data.checkpoint import latest_checkpoint, recorded_identity
+from sarcompile.data.partitioning import Manifest, _atomic_write, load_partition, now, read_manifest
+from sarcompile.data.rundir import DirLock, lock_dir, remove_stale_temps
+from sarcompile.errors import CheckpointError, PartitionError, PredictionError, SarcompileError
+from sarcompile.runtime.comm import init
+from sarcompile.dist.memory import MemoryProbe, floor_bytes
+from sarcompile.train.typed_models import TYPED_MODELS
+from sarcompile.train.checkpoints import _agreed, _broadcast, _checkpoint_group, check_trainer_state, checkpoint_timeout, \
     load_sharded, read_sharded
-from ..train.log import RUN_NAME, gather_peaks, peak_line
-from ..train.model import build_model, call_model, graph_first
-from .files import FORMAT, MANIFEST_NAME, copy_user_ids, is_ours, read_predictions_manifest, record_user_ids, \
+from sarcompile.train.log import RUN_NAME, gather_peaks, peak_line
+from sarcompile.train.model import build_model, call_model, graph_first
+from sarcompile.predict.files import FORMAT, MANIFEST_NAME, copy_user_ids, is_ours, read_predictions_manifest, record_user_ids, \
     write_rows
-from .layer import LayerOutput
+from sarcompile.predict.layer import LayerOutput
 
 __all__ = ["PredictConfig", "TrainedRun", "parse_args", "predict", "read_run"]
 

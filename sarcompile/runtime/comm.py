@@ -8,7 +8,7 @@ remote rows travel the opposite way in the same rounds and are summed by their o
 All traffic is counted per phase in :data:`stats`; every received block is counted by
 :data:`live`, which tracks how many remote blocks are alive at once (SAR keeps at most two
 per aggregation: the one being reduced and the one being prefetched). The exchange's
-buffers come from :data:`pool` (:mod:`sarcompile.runtime.pool`) and go back to it when
+buffers come from :data:`pool` (:mod:`sarcompile.dist.pool`) and go back to it when
 their round is over, so a step allocates nothing new once the sizes repeat.
 """
 
@@ -34,12 +34,15 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from ..errors import CommError
-from .. import logs
-from . import cpu_cache, failure, memory, relaunch
-from .link import Pending
-from .pool import BufferPool
-from ..tables import table_type
+from sarcompile.errors import CommError
+from sarcompile import logs
+from sarcompile.dist import cpu_cache
+from sarcompile.dist import failure
+from sarcompile.dist import memory
+from sarcompile.dist import relaunch
+from sarcompile.runtime.link import Pending
+from sarcompile.dist.pool import BufferPool
+from sarcompile.graph.tables import table_type
 
 __all__ = [
     "Columns", "empty_cache", "global_max", "global_sum", "init", "live", "pool", "run_rounds", "shutdown", "stats",
@@ -63,7 +66,7 @@ def timeout() -> float:
 
 def stall_timeout() -> float:
     """Seconds a peer's heartbeat may stand still before the job is stopped
-    (``SARCOMPILE_STALL_TIMEOUT``, default 20; a number > 0): see :mod:`sarcompile.runtime.failure`."""
+    (``SARCOMPILE_STALL_TIMEOUT``, default 20; a number > 0): see :mod:`sarcompile.dist.failure`."""
     raw = os.environ.get("SARCOMPILE_STALL_TIMEOUT")
     if raw is None or not raw.strip():
         return failure.STALL_S
@@ -94,14 +97,14 @@ def init(backend: str | None = None, timeout_s: float | None = None) -> tuple[in
     on one machine with ``python script.py``. gloo on CPU, nccl when CUDA is available.
 
     On more than one worker it also starts the failure watchdog
-    (:mod:`sarcompile.runtime.failure`): a worker that fails makes every other one exit
+    (:mod:`sarcompile.dist.failure`): a worker that fails makes every other one exit
     within seconds, and under torchrun a worker dies with its agent. On any number of
     workers it fixes glibc's mmap threshold, so freed tensors leave the resident set
-    (:func:`~sarcompile.runtime.memory.tune_allocator`, ``SARCOMPILE_MALLOC``).
+    (:func:`~sarcompile.dist.memory.tune_allocator`, ``SARCOMPILE_MALLOC``).
 
     Under ``torchrun --max-restarts K`` the restarted workers meet again by themselves:
     they agree on a namespace of torchrun's store of their own, where nothing the killed
-    workers wrote is seen (:mod:`sarcompile.runtime.relaunch`).
+    workers wrote is seen (:mod:`sarcompile.dist.relaunch`).
 
     Example:
 
@@ -297,8 +300,8 @@ def shutdown() -> None:
 
 def empty_cache() -> int:
     """Release the idle buffers the exchange keeps for reuse (its pool:
-    :mod:`sarcompile.runtime.pool`) and the idle blocks of the CPU caching allocator
-    (:mod:`sarcompile.runtime.cpu_cache`), as ``torch.cuda.empty_cache()`` does for CUDA's
+    :mod:`sarcompile.dist.pool`) and the idle blocks of the CPU caching allocator
+    (:mod:`sarcompile.dist.cpu_cache`), as ``torch.cuda.empty_cache()`` does for CUDA's
     cached blocks: after training, before something else that needs the memory. Returns the
     bytes released. Training can go on; its next steps make their buffers again.
 
@@ -893,7 +896,7 @@ def sync_gradients(model: torch.nn.Module) -> None:
     """
     if not (dist.is_initialized() and dist.get_world_size() > 1):
         return
-    # A node table's rows live on one worker each (sarcompile.tables): its gradient is whole.
+    # A node table's rows live on one worker each (sarcompile.graph.tables): its gradient is whole.
     params = [p for p in model.parameters() if p.requires_grad and table_type(p) is None]
     for p in params:
         if p.grad is None:

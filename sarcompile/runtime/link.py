@@ -35,8 +35,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..codegen import torch_kernels
-from ..ir.vocab import LinkPolicy
+from sarcompile.codegen import torch_kernels
+from sarcompile.ir.vocab import LinkPolicy
 
 __all__ = ["LinkState", "Wire", "link_states", "load_link_states"]
 
@@ -138,10 +138,10 @@ def _round(t: torch.Tensor, down: bool) -> torch.Tensor:
 def _codec(t: torch.Tensor):
     """Generated kernels on CUDA, torch code elsewhere (bit-identical either way)."""
     if t.is_cuda:
-        from ..codegen import triton_available
+        from sarcompile.codegen import triton_available
 
         if triton_available():
-            from ..codegen import triton_quantize
+            from sarcompile.codegen import triton_quantize
 
             return triton_quantize
     return torch_kernels
@@ -174,7 +174,7 @@ class LinkState:
 def link_states(graph) -> list[dict]:
     """This worker's state of every link of ``graph`` (``part.graph``: one-type, or typed
     with a shard per relation), each shard's by the keys that derive it (see
-    :meth:`~sarcompile.data.shard.ShardGraph.derived`): tensors, numbers, strings, lists
+    :meth:`~sarcompile.graph.shard.ShardGraph.derived`): tensors, numbers, strings, lists
     and dicts only. The exchanges a pipelined link posted for the next iteration are
     completed first (their data is part of the state); the links go on as they were."""
     return [{"relation": relation, "derived": path, "sites": {site: _saved(state) for site, state in shard.links.items()}}

@@ -2,7 +2,7 @@
 rematerialization in backward. Each is registered as the shard implementation of its IR
 op (:mod:`sarcompile.ir.ops`), which calls it on a shard.
 
-Strategies (:class:`~sarcompile.ir.vocab.Strategy`, chosen by :mod:`sarcompile.passes.strategy`):
+Strategies (:class:`~sarcompile.ir.vocab.Strategy`, chosen by :mod:`sarcompile.compile.passes.strategy`):
 
 * ``direct``  -- forward frees each remote block after use; backward sends the gradient of
   remote rows straight to their owners without fetching anything (sum/mean, max via the
@@ -25,17 +25,17 @@ from typing import Callable
 
 import torch
 
-from ..ir import ops as ir
-from ..codegen import kernels_for, torch_kernels
-from ..codegen.torch_kernels import add_rows
-from ..errors import CompileError
-from ..ir.graph import Block
-from ..ir.rng import edge_keep
-from ..data.shard import ShardGraph
-from ..ir.vocab import LinkPolicy, Strategy
-from .comm import Columns, global_max, global_sum, pool, run_rounds
-from .link import LinkState, Wire
-from .reuse import reused
+from sarcompile.ir import ops as ir
+from sarcompile.codegen import kernels_for, torch_kernels
+from sarcompile.codegen.torch_kernels import add_rows
+from sarcompile.errors import CompileError
+from sarcompile.graph.graph import Block
+from sarcompile.ir.rng import edge_keep
+from sarcompile.graph.shard import ShardGraph
+from sarcompile.ir.vocab import LinkPolicy, Strategy
+from sarcompile.runtime.comm import Columns, global_max, global_sum, pool, run_rounds
+from sarcompile.runtime.link import LinkState, Wire
+from sarcompile.runtime.reuse import reused
 
 __all__ = [
     "sar_spmm", "sar_sddmm", "sar_gather_src", "sar_edge_reduce_src", "sar_attention", "sar_message", "sar_edge_max",

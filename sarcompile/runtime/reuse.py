@@ -3,7 +3,7 @@
 A model's first layer often aggregates the graph's input features as they are (SAGE and
 GraphConv with a widening first layer, GIN): ``spmm(g, x, "mean")`` with ``x`` the input
 of the call and nothing that requires its gradient. The graph and ``x`` do not change
-between training steps, so neither does the result: the pass :mod:`~sarcompile.passes.reuse`
+between training steps, so neither does the result: the pass :mod:`~sarcompile.compile.passes.reuse`
 marks such an aggregation, and :func:`reused` computes it once and hands out the kept
 result while its inputs are unchanged -- on N workers without the exchange, every worker
 skipping it together.
@@ -24,8 +24,8 @@ from typing import Callable, Hashable
 
 import torch
 
-from ..data.shard import ShardGraph
-from .comm import global_max
+from sarcompile.graph.shard import ShardGraph
+from sarcompile.runtime.comm import global_max
 
 __all__ = ["reused", "KEPT"]
 

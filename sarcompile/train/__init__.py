@@ -17,7 +17,7 @@ A model of one's own trains the same way: ``--model my_model.py:build --model-ar
 multilabel|regression`` trains other targets than one class per node (:mod:`.tasks`).
 
 A typed partition (a heterogeneous graph, e.g. ``sarcompile partition --dataset ogbn-mag``)
-trains ``--model rgcn`` or ``--model hgt`` (:mod:`sarcompile.hetero_models`). The *target*
+trains ``--model rgcn`` or ``--model hgt`` (:mod:`sarcompile.train.typed_models`). The *target*
 type is the one node type holding ``y`` and the masks (ogbn-mag's papers; ``--target``
 when several do): the loss and the accuracies are its nodes'. Types without features learn
 an embedding each, ``--embed-dim`` wide (default: the target's feature width), a node
@@ -90,12 +90,12 @@ reloading a trained model), :mod:`.checkpoints`
 lines), :mod:`.loop` (:func:`train`), :mod:`.cli` (``python -m sarcompile.train``).
 """
 
-from .checkpoints import checkpoint_timeout
-from .cli import main
-from .config import TrainConfig, parse_args
-from .evaluation import evaluate, load_trained
-from .loop import train
-from .model import GNN, build_model
+from sarcompile.train.checkpoints import checkpoint_timeout
+from sarcompile.train.cli import main
+from sarcompile.train.config import TrainConfig, parse_args
+from sarcompile.train.evaluation import evaluate, load_trained
+from sarcompile.train.loop import train
+from sarcompile.train.model import GNN, build_model
 
 __all__ = ["GNN", "TrainConfig", "build_model", "checkpoint_timeout", "evaluate", "load_trained", "main", "parse_args",
            "train"]

@@ -1,5 +1,5 @@
 """``python -m sarcompile.train``: see :mod:`sarcompile.train`."""
 
-from .cli import main
+from sarcompile.train.cli import main
 
 raise SystemExit(main())

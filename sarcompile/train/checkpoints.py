@@ -24,12 +24,12 @@ import torch.distributed as dist
 
 from torch import nn
 
-from ..compiler import DistributedModule
-from ..data import checkpoint as files
-from ..errors import CheckpointError, CommError
-from ..runtime.comm import global_sum, timeout
-from ..tables import follow_rows, table_rows, table_type
-from .config import (
+from sarcompile.compile.distribute import DistributedModule
+from sarcompile.data import checkpoint as files
+from sarcompile.errors import CheckpointError, CommError
+from sarcompile.runtime.comm import global_sum, timeout
+from sarcompile.graph.tables import follow_rows, table_rows, table_type
+from sarcompile.train.config import (
     CHECKPOINT_TIMEOUT_ENV,
     CHECKPOINT_TIMEOUT_FACTOR,
     COMM_KEYS,
@@ -317,7 +317,7 @@ def load_sharded(path: Path, manifest: dict[str, Any], state: dict[str, Any], ne
     """Load a sharded checkpoint's ``state`` (its ``replicated.pt``) and node tables into
     ``net`` and ``optimizer``. A table sharded already gets the rows it holds, read alone;
     a whole one gets every row, and its optimizer's per-row state follows it when it is
-    sharded (:func:`sarcompile.tables.follow_rows`)."""
+    sharded (:func:`sarcompile.graph.tables.follow_rows`)."""
     missing, unexpected = net.load_state_dict(state["model"], strict=False)
     if set(missing) != set(manifest["tables"]) or unexpected:
         raise CheckpointError(

@@ -9,17 +9,17 @@ from typing import Any
 
 import torch.distributed as dist
 
-from ..runtime import failure
-from ..runtime.comm import shutdown
-from .checkpoints import _distributed
-from .config import parse_args
-from .loop import train
+from sarcompile.dist import failure
+from sarcompile.runtime.comm import shutdown
+from sarcompile.train.checkpoints import _distributed
+from sarcompile.train.config import parse_args
+from sarcompile.train.loop import train
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status (1 with a one-line message on a known error).
 
-    On several workers a failure is agreed (see :mod:`sarcompile.runtime.failure`): the
+    On several workers a failure is agreed (see :mod:`sarcompile.dist.failure`): the
     failing worker prints its error and exits 1 first; every other one prints
     ``rank R failed: ...`` and exits 3 right after it; a worker that finds a peer gone or
     silent names it and exits 4; Ctrl-C exits 130. None waits for the timeout.

@@ -13,9 +13,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from ..hetero_models import TYPED_MODELS
-from ..ir.vocab import Compression, Mode
-from .factory import factory_kwargs, is_factory_spec, recorded_spec
+from sarcompile.train.typed_models import TYPED_MODELS
+from sarcompile.ir.vocab import Compression, Mode
+from sarcompile.train.factory import factory_kwargs, is_factory_spec, recorded_spec
 
 ONE_TYPE_MODELS = ("sage", "gcn", "gin", "gat")
 
@@ -271,7 +271,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--batch-norm", action="store_true", help="distributed batch norm after each hidden layer")
     ap.add_argument("--residual", action="store_true", help="add each layer's input to its output where widths match")
     typed = ap.add_argument_group(
-        "heterogeneous graphs", "--model rgcn or hgt on a typed partition (see sarcompile.hetero_models)"
+        "heterogeneous graphs", "--model rgcn or hgt on a typed partition (see sarcompile.train.typed_models)"
     )
     typed.add_argument("--target", metavar="TYPE",
                        help="the node type to predict (default: the one type with labels y and the masks)")

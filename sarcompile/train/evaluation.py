@@ -13,14 +13,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..data.checkpoint import CHECKPOINTS, REPLICATED, latest_checkpoint, read_state
-from ..errors import CheckpointError, PartitionError
-from ..hetero import HeteroGraph
-from ..hetero_models import TYPED_MODELS
-from ..data.validate import check_node_data
-from . import tasks
-from .config import MASKS, NODE_KEYS, ONE_TYPE_MODELS, TrainConfig
-from .model import build_model, call_model
+from sarcompile.data.checkpoint import CHECKPOINTS, REPLICATED, latest_checkpoint, read_state
+from sarcompile.errors import CheckpointError, PartitionError
+from sarcompile.graph.hetero import HeteroGraph
+from sarcompile.train.typed_models import TYPED_MODELS
+from sarcompile.data.validate import check_node_data
+from sarcompile.train import tasks
+from sarcompile.train.config import MASKS, NODE_KEYS, ONE_TYPE_MODELS, TrainConfig
+from sarcompile.train.model import build_model, call_model
 
 
 def _metrics(model: nn.Module, graph, x, y: torch.Tensor, masks: dict[str, torch.Tensor],

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
-from ..errors import GraphError
+from sarcompile.errors import GraphError
 
 
 def is_factory_spec(model: str) -> bool:

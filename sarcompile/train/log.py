@@ -11,11 +11,11 @@ from typing import Any
 
 import torch
 
-from ..data.partitioning import _atomic_write
-from ..errors import RunDirError
-from ..runtime import cpu_cache
-from ..runtime.comm import TIME_LEDGER, global_sum, stats
-from ..runtime.memory import (
+from sarcompile.data.partitioning import _atomic_write
+from sarcompile.errors import RunDirError
+from sarcompile.dist import cpu_cache
+from sarcompile.runtime.comm import TIME_LEDGER, global_sum, stats
+from sarcompile.dist.memory import (
     MMAP_THRESHOLD,
     MemoryProbe,
     active_allocator,
@@ -23,7 +23,7 @@ from ..runtime.memory import (
     find_allocator,
     huge_pages_requested,
 )
-from .config import ALWAYS_LOGGED, PHASES, TASKS, TrainConfig
+from sarcompile.train.config import ALWAYS_LOGGED, PHASES, TASKS, TrainConfig
 
 
 RUN_NAME = "run.json"  # the run's id, in its run directory; every log record carries it
@@ -182,7 +182,7 @@ def _report(records: list[dict[str, Any]], probe: MemoryProbe, rank: int, world_
 def gather_peaks(probe: MemoryProbe, rank: int, world_size: int, floor: int, estimate: int) -> list[dict[str, int]]:
     """Every worker's memory, on every rank (one all-reduce): ``peak_above_floor_bytes``
     (its resident peak during ``probe`` above ``floor``, the resident size after the
-    imports: :func:`~sarcompile.runtime.memory.floor_bytes`), ``estimate_bytes`` (the
+    imports: :func:`~sarcompile.dist.memory.floor_bytes`), ``estimate_bytes`` (the
     plan's estimate of that peak) and ``added_bytes`` (the peak above the probe's start)."""
     keys = ("peak_above_floor_bytes", "estimate_bytes", "added_bytes")
     mem = global_sum(_own_row(rank, world_size, [probe.peak_bytes - floor, estimate, probe.added_bytes]))

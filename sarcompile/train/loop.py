@@ -20,8 +20,8 @@ import torch.distributed as dist
 from torch import nn
 from tqdm import tqdm
 
-from .. import errors
-from ..data.checkpoint import (
+from sarcompile import errors
+from sarcompile.data.checkpoint import (
     CHECKPOINT_NAME,
     checkpoint_dir,
     latest_checkpoint,
@@ -31,18 +31,18 @@ from ..data.checkpoint import (
     shard_optimizer_rows,
     shard_state,
 )
-from ..compiler import distribute
-from ..errors import (
+from sarcompile.compile.distribute import distribute
+from sarcompile.errors import (
     CheckpointError,
     PartitionError,
     RunDirError,
     SarcompileError,
     TrainingError,
 )
-from ..hetero import parse_relation_key
-from ..data.partitioning import load_partition, read_manifest
-from ..data.rundir import lock_dir, lock_file, remove_stale_temps
-from ..runtime.comm import (
+from sarcompile.graph.hetero import parse_relation_key
+from sarcompile.data.partitioning import load_partition, read_manifest
+from sarcompile.data.rundir import lock_dir, lock_file, remove_stale_temps
+from sarcompile.runtime.comm import (
     TIME_LEDGER,
     global_max,
     global_sum,
@@ -50,10 +50,10 @@ from ..runtime.comm import (
     stats,
     sync_gradients,
 )
-from ..runtime.link import link_states, load_link_states
-from ..runtime.memory import MemoryProbe, floor_bytes
-from ..tables import table_type
-from .checkpoints import (
+from sarcompile.runtime.link import link_states, load_link_states
+from sarcompile.dist.memory import MemoryProbe, floor_bytes
+from sarcompile.graph.tables import table_type
+from sarcompile.train.checkpoints import (
     BackgroundWriter,
     _agreed,
     _broadcast,
@@ -65,10 +65,10 @@ from .checkpoints import (
     load_sharded,
     read_sharded,
 )
-from . import tasks
-from .config import FORMAT, RESUME_KEYS, TASKS, TYPED_KEYS, TrainConfig, _as_config, _out_dir
-from .evaluation import _check_model_kind, _metrics, _node_tensors
-from .log import (
+from sarcompile.train import tasks
+from sarcompile.train.config import FORMAT, RESUME_KEYS, TASKS, TYPED_KEYS, TrainConfig, _as_config, _out_dir
+from sarcompile.train.evaluation import _check_model_kind, _metrics, _node_tensors
+from sarcompile.train.log import (
     RUN_NAME,
     _comm_record,
     _comm_row,
@@ -81,7 +81,7 @@ from .log import (
     _run_id,
     _time_row,
 )
-from .model import GNN, build_model, call_model
+from sarcompile.train.model import GNN, build_model, call_model
 
 
 def train(config: TrainConfig | Mapping[str, Any] | argparse.Namespace | Sequence[str]) -> list[dict[str, Any]]:
@@ -445,7 +445,7 @@ def _check_layer_paths(net: nn.Module, paths: list[str] | None) -> None:
 
 def _shard_own_tables(model, opt, graph, x, target: str | None) -> None:
     """On resume, a model of one's own: its node tables are found where it is compiled (by
-    use, see sarcompile.tables), and each worker then keeps its own rows; the optimizer's
+    use, see sarcompile.graph.tables), and each worker then keeps its own rows; the optimizer's
     per-row state, loaded whole, must follow. One forward in eval mode compiles it first."""
     net = model.original
     before = {id(p) for p in net.parameters() if table_type(p) is not None}

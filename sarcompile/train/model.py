@@ -1,6 +1,6 @@
 """The models the trainer builds: :class:`GNN` (SAGE, GCN, GIN or GAT layers over a one-type
 graph); :func:`build_model`, which also builds the typed models of
-:mod:`sarcompile.hetero_models` and a user's own (``--model MODULE:FACTORY``); and
+:mod:`sarcompile.train.typed_models` and a user's own (``--model MODULE:FACTORY``); and
 :func:`call_model`, which calls any of them in its own convention.
 """
 
@@ -17,11 +17,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .. import nn as scnn
-from ..errors import GraphError
-from ..hetero_models import TYPED_MODELS, build_typed
-from .config import MODEL_KEYS, MODELS, TrainConfig, _as_mapping
-from .factory import build_from_factory, is_factory_spec
+from sarcompile import nn as scnn
+from sarcompile.errors import GraphError
+from sarcompile.train.typed_models import TYPED_MODELS, build_typed
+from sarcompile.train.config import MODEL_KEYS, MODELS, TrainConfig, _as_mapping
+from sarcompile.train.factory import build_from_factory, is_factory_spec
 
 
 class GNN(nn.Module):
@@ -105,7 +105,7 @@ def build_model(config: Mapping[str, Any] | TrainConfig | argparse.Namespace | N
     namespace with the fields below); keyword arguments add to or override it. Needs
     ``in_dim`` and ``num_classes``; ``model``, ``layers``, ``hidden``, ``heads``,
     ``dropout``, ``batch_norm`` and ``residual`` default as on the command line. A typed
-    model (``rgcn``, ``hgt``: :mod:`sarcompile.hetero_models`) needs ``num_classes``,
+    model (``rgcn``, ``hgt``: :mod:`sarcompile.train.typed_models`) needs ``num_classes``,
     ``target``, ``node_counts``, ``edge_types`` and ``in_dims`` instead of ``in_dim``, and
     takes ``embed_dim`` (default: the target's feature width). Call ``torch.manual_seed``
     first for reproducible initial weights (the trainer seeds with ``--seed``). A

@@ -31,10 +31,10 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from ..data.validate import class_ids_problem
-from ..errors import PartitionError
-from ..runtime.comm import global_max, global_sum
-from .config import MASKS, TASKS
+from sarcompile.data.validate import class_ids_problem
+from sarcompile.errors import PartitionError
+from sarcompile.runtime.comm import global_max, global_sum
+from sarcompile.train.config import MASKS, TASKS
 
 
 def labels(y: torch.Tensor, task: str, where: str) -> tuple[torch.Tensor, torch.Tensor]:

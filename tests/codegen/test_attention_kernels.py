@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 from sarcompile.codegen import torch_kernels as T
 from sarcompile.codegen import triton_kernels as K
 from sarcompile.codegen.attention_gen import AttentionBackwardSpec, AttentionForwardSpec
-from sarcompile.ir.graph import Block
+from sarcompile.graph.graph import Block
 
 pytestmark = pytest.mark.interpreter
 

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from sarcompile.codegen import torch_kernels as T
 from sarcompile.codegen import triton_kernels as K
-from sarcompile.ir.graph import Block, Graph
+from sarcompile.graph.graph import Block, Graph
 
 pytest.importorskip("triton")
 pytestmark = pytest.mark.interpreter

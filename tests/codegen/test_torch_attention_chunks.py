@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sarcompile.codegen import torch_kernels as T
-from sarcompile.ir.graph import Block
+from sarcompile.graph.graph import Block
 
 DT = torch.float64
 

@@ -23,7 +23,7 @@ from test_torch_attention_chunks import block_from
 import sarcompile as sc
 from sarcompile.codegen import cpu_spmm
 from sarcompile.codegen import torch_kernels as T
-from sarcompile.ir import graph as graph_module
+from sarcompile.graph import graph as graph_module
 
 DT = torch.float64
 SETTINGS = settings(max_examples=25, deadline=None)

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 import sarcompile as sc
-from sarcompile.data.shard import PartData, ShardGraph, split_graph
+from sarcompile.graph.shard import PartData, ShardGraph, split_graph
 
 DT = torch.float64
 

@@ -12,7 +12,7 @@ from torch import nn
 from torch_geometric.data import Data
 
 import sarcompile as sc
-from sarcompile.data.shard import PartData, ShardGraph
+from sarcompile.graph.shard import PartData, ShardGraph
 
 
 class DataGCN(nn.Module):

@@ -16,7 +16,7 @@ from torch import nn
 from torch_geometric.utils import add_self_loops, degree, dropout_edge, scatter
 
 import sarcompile as sc
-from sarcompile.data.shard import PartData, ShardGraph, split_graph
+from sarcompile.graph.shard import PartData, ShardGraph, split_graph
 from plain_models import PlainMean, PlainScatter
 from strategies import graphs
 

@@ -22,7 +22,7 @@ from strategies import graphs
 from torch import nn
 
 import sarcompile as sc
-from sarcompile.data.shard import ShardGraph, split_graph
+from sarcompile.graph.shard import ShardGraph, split_graph
 
 TOL = 1e-9  # float64: the only differences are summation order
 SETTINGS = settings(max_examples=15, deadline=None, suppress_health_check=list(HealthCheck))

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import sarcompile as sc
-from sarcompile.data.shard import ShardGraph, split_graph
+from sarcompile.graph.shard import ShardGraph, split_graph
 
 TOL = 1e-9
 N = 19

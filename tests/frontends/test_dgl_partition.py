@@ -21,8 +21,8 @@ from dgl.data.utils import load_graphs
 from torch import nn
 
 import sarcompile as sc
-from sarcompile.cli import main
-from sarcompile.frontends.dgl_partition import convert_dgl_partition
+from sarcompile.cli.main import main
+from sarcompile.data.dgl_import import convert_dgl_partition
 
 N, E, F_IN, CLASSES = 60, 240, 5, 3
 TOL = 1e-9

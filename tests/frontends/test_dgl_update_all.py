@@ -19,7 +19,7 @@ from strategies import graphs
 from torch import nn
 
 import sarcompile as sc
-from sarcompile.data.shard import ShardGraph, split_graph
+from sarcompile.graph.shard import ShardGraph, split_graph
 
 DT = torch.float64
 TOL = 1e-9

@@ -19,7 +19,7 @@ from torch_geometric import nn as gnn
 from torch_geometric.nn.conv.gcn_conv import gcn_norm
 
 import sarcompile as sc
-from sarcompile.data.shard import ShardGraph, split_graph
+from sarcompile.graph.shard import ShardGraph, split_graph
 from sarcompile.errors import CompileError
 from strategies import graphs
 

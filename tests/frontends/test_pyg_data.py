@@ -11,7 +11,7 @@ from torch_geometric.data import Data
 
 import sarcompile as sc
 from pyg_data_models import make_data_model, run_data_worker
-from sarcompile.data.shard import split_graph
+from sarcompile.graph.shard import split_graph
 
 DT = torch.float64
 N = 15

@@ -1,4 +1,4 @@
-"""PyG layers over edge types (sarcompile/frontends/pyg_edge_types.py) and the
+"""PyG layers over edge types (sarcompile/frontends/pyg/edge_types.py) and the
 ``edge_subset`` op they use: its graph on a worker's shard against the one on the whole
 graph, the layers against eager PyG on one machine (with option variants), and the zoo's
 cases on 1, 2 and 3 gloo workers."""
@@ -17,8 +17,8 @@ import torch_geometric.nn as gnn  # noqa: E402
 import sarcompile as sc  # noqa: E402
 from sarcompile import ops  # noqa: E402
 from sarcompile.errors import CompileError, GraphError  # noqa: E402
-from sarcompile.ir.graph import SUBSET_CACHE  # noqa: E402
-from sarcompile.data.shard import ShardGraph, split_graph  # noqa: E402
+from sarcompile.graph.graph import SUBSET_CACHE  # noqa: E402
+from sarcompile.graph.shard import ShardGraph, split_graph  # noqa: E402
 from pyg_models import FeaturelessRGCN, run_relational_worker  # noqa: E402
 
 DT = torch.float64

@@ -1,4 +1,4 @@
-"""PyG's graph utilities while a layer is traced (sarcompile/frontends/pyg_utils.py): the
+"""PyG's graph utilities while a layer is traced (sarcompile/frontends/pyg/utils.py): the
 general lowering of message functions with several node tensors, ``index`` and PyG's
 ``softmax`` / ``scatter`` / ``degree``, the self-loop utilities, ``gcn_norm`` and
 ``get_laplacian``, checked against eager PyG on one machine on graphs with isolated
@@ -327,7 +327,7 @@ def test_edge_dropout_runs_the_layer_on_the_kept_edges_and_refuses_what_pairs_or
         sc.distribute(WithFeatures())(x, g)
 
 
-# -- t[mask] = value inside a layer (sarcompile/frontends/pyg_assign.py) ----------------------------
+# -- t[mask] = value inside a layer (sarcompile/frontends/pyg/assign.py) ----------------------------
 MASKED = {
     "tutorial GCNConv": lambda: TutorialGCNConv(4, 3),
     "tutorial GCNConv without self-loops (degree 0: inf zeroed)": lambda: TutorialGCNConv(4, 3, loops=False),

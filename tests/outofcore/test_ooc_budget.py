@@ -1,11 +1,11 @@
-"""sarcompile.outofcore.budget: sizes as users write them, and what a limit allows."""
+"""sarcompile.data.outofcore.budget: sizes as users write them, and what a limit allows."""
 
 from __future__ import annotations
 
 import pytest
 
 from sarcompile.errors import PartitionError
-from sarcompile.outofcore.budget import MARGIN, Budget, parse_size
+from sarcompile.data.outofcore.budget import MARGIN, Budget, parse_size
 
 
 @pytest.mark.parametrize("text, expected", [("8GiB", 8 * 2**30), ("1.5GB", 1_500_000_000), ("512 MiB", 512 * 2**20),

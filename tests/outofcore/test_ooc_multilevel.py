@@ -1,4 +1,4 @@
-"""sarcompile.outofcore.adjacency and .multilevel: the buckets hold exactly METIS's graph, and
+"""sarcompile.data.outofcore.adjacency and .multilevel: the buckets hold exactly METIS's graph, and
 the multilevel partition is valid on any graph and close to METIS's on graphs with blocks."""
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import sarcompile as sc
-from sarcompile.outofcore import open_edges
-from sarcompile.outofcore.adjacency import build_buckets
-from sarcompile.outofcore.budget import MARGIN, Budget
-from sarcompile.outofcore.multilevel import IMBALANCE, multilevel_partition, refine
+from sarcompile.data.outofcore import open_edges
+from sarcompile.data.outofcore.adjacency import build_buckets
+from sarcompile.data.outofcore.budget import MARGIN, Budget
+from sarcompile.data.outofcore.multilevel import IMBALANCE, multilevel_partition, refine
 from sarcompile.data.partitioning import _symmetric_csr, assign
-from sarcompile.synthetic_stream import write_sbm
+from sarcompile.data.synthetic_stream import write_sbm
 
 
 @st.composite

@@ -1,4 +1,4 @@
-"""sarcompile.outofcore.ogb: OGB datasets read from their raw files in chunks give the very
+"""sarcompile.data.outofcore.ogb: OGB datasets read from their raw files in chunks give the very
 partition directory that load_ogb + sc.partition give (tiny datasets in OGB's formats)."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from test_datasets import write_ogbn_arxiv, write_ogbn_papers100m, write_ogbn_pr
 from test_ooc_partition import assert_same_directory
 
 import sarcompile as sc
-from sarcompile.cli import main
+from sarcompile.cli.main import main
 from sarcompile.errors import DatasetError
-from sarcompile.outofcore.ogb import partition_ogb
+from sarcompile.data.outofcore.ogb import partition_ogb
 
 WRITERS = {"ogbn-arxiv": write_ogbn_arxiv, "ogbn-products": write_ogbn_products,
            "ogbn-papers100M": write_ogbn_papers100m}

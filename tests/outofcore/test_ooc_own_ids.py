@@ -19,9 +19,9 @@ from test_hetero_datasets import NUM_NODES as MAG_NODES
 from test_hetero_datasets import write_ogbn_mag
 
 import sarcompile as sc
-from sarcompile.cli import main
+from sarcompile.cli.main import main
 from sarcompile.errors import DatasetError, GraphError, PartitionError
-from sarcompile.outofcore.ogb import partition_ogb
+from sarcompile.data.outofcore.ogb import partition_ogb
 
 # Own ids are always read out of core; the limit is not what these tests are about, and the
 # test process may already hold well over 1 GiB from earlier tests (pytest-xdist workers).

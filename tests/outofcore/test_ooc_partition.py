@@ -1,4 +1,4 @@
-"""sarcompile.outofcore.partition_files and `sarcompile partition --edges SRC.npy,DST.npy`:
+"""sarcompile.data.outofcore.partition_files and `sarcompile partition --edges SRC.npy,DST.npy`:
 the same directory sc.partition writes for the same assignment, within a memory limit."""
 
 from __future__ import annotations
@@ -18,15 +18,15 @@ from test_ooc_multilevel import edge_lists
 from train_jobs import curve, run_train, train_job
 
 import sarcompile as sc
-from sarcompile.cli import main
+from sarcompile.cli.main import main
 from sarcompile.errors import GraphError, PartitionError, RunDirError
-from sarcompile.outofcore import open_edges, partition_files
-from sarcompile.outofcore.budget import MARGIN, current_rss
-from sarcompile.outofcore.partition import MULTILEVEL
+from sarcompile.data.outofcore import open_edges, partition_files
+from sarcompile.data.outofcore.budget import MARGIN, current_rss
+from sarcompile.data.outofcore.partition import MULTILEVEL
 from sarcompile.data.partitioning import read_manifest, read_part
 from sarcompile.data.rundir import lock_dir
-from sarcompile.runtime.memory import mapped_bytes
-from sarcompile.synthetic_stream import write_sbm
+from sarcompile.dist.memory import mapped_bytes
+from sarcompile.data.synthetic_stream import write_sbm
 
 
 def _write(d, n, src, dst, node_data):
@@ -271,7 +271,7 @@ def test_peak_rss_stays_under_the_limit(tmp_path):
     take the whole graph."""
     g = write_sbm(tmp_path, num_nodes=200_000, avg_degree=10, num_blocks=8, p_in=0.9, seed=3)
     script = textwrap.dedent(f"""
-        from sarcompile.outofcore import budget, open_edges, partition_files
+        from sarcompile.data.outofcore import budget, open_edges, partition_files
         edges = open_edges({str(g.files['src'])!r}, {str(g.files['dst'])!r}, 200_000)
         tight = budget.current_rss() + 160 * 2**20
         m = partition_files(edges, 8, {str(tmp_path / 'a')!r}, memory_limit=tight)

@@ -1,4 +1,4 @@
-"""sarcompile.outofcore.sources: .npy files read a chunk at a time, as np.load reads them whole."""
+"""sarcompile.data.outofcore.sources: .npy files read a chunk at a time, as np.load reads them whole."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from sarcompile.errors import GraphError
-from sarcompile.outofcore import DiskArray, open_edges
+from sarcompile.data.outofcore import DiskArray, open_edges
 
 
 @pytest.mark.parametrize("dtype", [np.int32, np.int64, np.float32, np.bool_])

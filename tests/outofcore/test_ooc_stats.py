@@ -1,4 +1,4 @@
-"""sarcompile.outofcore.edge_stats and `sarcompile estimate`: the estimate of a graph read
+"""sarcompile.data.outofcore.edge_stats and `sarcompile estimate`: the estimate of a graph read
 from its edge files is the estimate of the same graph in memory."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from hypothesis import HealthCheck, given, settings
 from test_ooc_multilevel import edge_lists
 
 import sarcompile as sc
-from sarcompile.cli import main
-from sarcompile.estimate import GraphStats
-from sarcompile.outofcore import edge_stats, open_edges
+from sarcompile.cli.main import main
+from sarcompile.compile.estimate import GraphStats
+from sarcompile.data.outofcore import edge_stats, open_edges
 from sarcompile.train import GNN
 
 

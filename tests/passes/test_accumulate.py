@@ -15,7 +15,7 @@ from torch import fx, nn
 
 import sarcompile as sc
 from sarcompile import ops
-from sarcompile.passes.accumulate import accumulate
+from sarcompile.compile.passes.accumulate import accumulate
 
 DT = torch.float64
 

@@ -10,10 +10,10 @@ from sarcompile.errors import CompileError
 from sarcompile.ir import ops
 from sarcompile.ir.probe import Input
 from sarcompile.ir.vocab import Residency
-from sarcompile.passes.dropout import STREAM, dropout
-from sarcompile.passes.lower import lower
-from sarcompile.passes.residency import residency
-from sarcompile.trace import trace
+from sarcompile.compile.passes.dropout import STREAM, dropout
+from sarcompile.compile.passes.lower import lower
+from sarcompile.compile.passes.residency import residency
+from sarcompile.compile.trace import trace
 
 from cases import assert_workers_match, case_on_edges, payloads, run_worker, single_machine
 

@@ -14,9 +14,9 @@ from torch import fx, nn
 
 import sarcompile as sc
 from sarcompile.ir.ops import edge_dropout, edge_softmax, sddmm, spmm
-from sarcompile.passes.fuse import fuse
-from sarcompile.passes.lower import lower
-from sarcompile.trace import trace
+from sarcompile.compile.passes.fuse import fuse
+from sarcompile.compile.passes.lower import lower
+from sarcompile.compile.trace import trace
 
 DT = torch.float64
 N, F_IN, HEADS, C = 14, 4, 2, 3

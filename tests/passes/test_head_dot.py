@@ -12,9 +12,9 @@ from torch import nn
 
 import sarcompile as sc
 from sarcompile.codegen import torch_kernels as T
-from sarcompile.passes import head_dot as hd
-from sarcompile.passes.lower import lower
-from sarcompile.trace import trace
+from sarcompile.compile.passes import head_dot as hd
+from sarcompile.compile.passes.lower import lower
+from sarcompile.compile.trace import trace
 
 DT = torch.float64
 

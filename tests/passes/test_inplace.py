@@ -10,9 +10,9 @@ from oracle import check_same
 from torch import fx, nn
 
 import sarcompile as sc
-from sarcompile.passes.inplace import add_into, elu_into, inplace, relu_into
-from sarcompile.passes.lower import lower
-from sarcompile.trace import trace
+from sarcompile.compile.passes.inplace import add_into, elu_into, inplace, relu_into
+from sarcompile.compile.passes.lower import lower
+from sarcompile.compile.trace import trace
 
 DT = torch.float64
 

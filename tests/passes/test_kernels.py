@@ -5,13 +5,13 @@ import torch
 from torch import nn
 
 import sarcompile as sc
-from sarcompile.passes.context import CompileOptions
-from sarcompile.passes.fuse import fuse
-from sarcompile.passes.kernels import kernels
-from sarcompile.passes.lower import lower
-from sarcompile.passes.partition import partition
-from sarcompile.passes.strategy import strategy
-from sarcompile.trace import trace
+from sarcompile.compile.passes.context import CompileOptions
+from sarcompile.compile.passes.fuse import fuse
+from sarcompile.compile.passes.kernels import kernels
+from sarcompile.compile.passes.lower import lower
+from sarcompile.compile.passes.partition import partition
+from sarcompile.compile.passes.strategy import strategy
+from sarcompile.compile.trace import trace
 
 
 class Net(nn.Module):

@@ -12,9 +12,9 @@ from oracle import Sage, check_same
 from torch import fx, nn
 
 import sarcompile as sc
-from sarcompile.passes.linear_first import linear_first
-from sarcompile.passes.lower import lower
-from sarcompile.trace import trace
+from sarcompile.compile.passes.linear_first import linear_first
+from sarcompile.compile.passes.lower import lower
+from sarcompile.compile.trace import trace
 
 DT = torch.float64
 

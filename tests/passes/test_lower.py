@@ -4,11 +4,11 @@ import torch.fx as fx
 from torch import nn
 
 import sarcompile as sc
-from sarcompile.compiler import CallShape, compile_program
+from sarcompile.compile.distribute import CallShape, compile_program
 from sarcompile.ir.lowering import register_lowering
-from sarcompile.passes.context import CompileOptions
-from sarcompile.passes.lower import lower
-from sarcompile.trace import trace
+from sarcompile.compile.passes.context import CompileOptions
+from sarcompile.compile.passes.lower import lower
+from sarcompile.compile.trace import trace
 
 
 def _graph(n=12, e=40, seed=0):

@@ -3,12 +3,12 @@ import torch
 from torch import nn
 
 import sarcompile as sc
-from sarcompile.passes.context import CompileOptions
+from sarcompile.compile.passes.context import CompileOptions
 from sarcompile.ir.vocab import Strategy
-from sarcompile.passes.lower import lower
-from sarcompile.passes.partition import partition
-from sarcompile.passes.strategy import strategy
-from sarcompile.trace import trace
+from sarcompile.compile.passes.lower import lower
+from sarcompile.compile.passes.partition import partition
+from sarcompile.compile.passes.strategy import strategy
+from sarcompile.compile.trace import trace
 
 
 class Mixed(nn.Module):
@@ -72,7 +72,7 @@ def test_direct_is_refused_where_backward_reads_remote_inputs():
 
 
 def test_direct_on_a_shard_by_hand_is_refused_where_backward_reads_remote_inputs():
-    from sarcompile.data.shard import ShardGraph
+    from sarcompile.graph.shard import ShardGraph
 
     g = sc.Graph.from_edges(torch.tensor([0, 1]), torch.tensor([1, 0]), 2)
     w = torch.ones(2, requires_grad=True)

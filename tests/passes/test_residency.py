@@ -9,9 +9,9 @@ import torch.nn.functional as F
 from torch import nn
 
 import sarcompile as sc
-from sarcompile.compiler import CallShape, compile_program
+from sarcompile.compile.distribute import CallShape, compile_program
 from sarcompile.errors import CompileError
-from sarcompile.passes.context import CompileOptions
+from sarcompile.compile.passes.context import CompileOptions
 from sarcompile.ir.vocab import Residency
 
 DT = torch.float64

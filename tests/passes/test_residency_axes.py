@@ -12,9 +12,9 @@ from cases import case_on_edges, gather_rows, make_model, payloads, single_machi
 from torch import nn
 
 import sarcompile as sc
-from sarcompile.compiler import CallShape, compile_program
+from sarcompile.compile.distribute import CallShape, compile_program
 from sarcompile.errors import CompileError
-from sarcompile.passes.context import CompileOptions
+from sarcompile.compile.passes.context import CompileOptions
 
 DT = torch.float64
 TOL = 1e-9

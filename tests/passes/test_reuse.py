@@ -12,12 +12,12 @@ from oracle import Sage, check_same
 from torch import fx, nn
 
 import sarcompile as sc
-from sarcompile.passes.linear_first import linear_first
-from sarcompile.passes.lower import lower
-from sarcompile.passes.reuse import reuse
+from sarcompile.compile.passes.linear_first import linear_first
+from sarcompile.compile.passes.lower import lower
+from sarcompile.compile.passes.reuse import reuse
 from sarcompile.runtime.ops import _SarSpmm
 from sarcompile.runtime.reuse import KEPT
-from sarcompile.trace import trace
+from sarcompile.compile.trace import trace
 from test_linear_first import graph
 
 DT = torch.float64

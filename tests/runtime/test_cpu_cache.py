@@ -1,4 +1,4 @@
-"""The caching allocator for torch's large CPU tensors (sarcompile.runtime.cpu_cache):
+"""The caching allocator for torch's large CPU tensors (sarcompile.dist.cpu_cache):
 tensors never share memory and keep their values through any sequence of allocations and
 frees, on several threads and across a fork; a freed block serves the next request of its
 size; the bytes held never exceed the most ever in use at once (exact figures in a fresh
@@ -18,8 +18,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sarcompile.runtime import cpu_cache
-from sarcompile.runtime.memory import MMAP_THRESHOLD
+from sarcompile.dist import cpu_cache
+from sarcompile.dist.memory import MMAP_THRESHOLD
 
 pytestmark = pytest.mark.skipif(not cpu_cache.enabled(), reason="no C++ compiler: the cache is not used here")
 

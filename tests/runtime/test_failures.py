@@ -17,7 +17,7 @@ def _worker(rank: int, store_path: str, behaviour: str, results) -> None:
     import torch.distributed as dist
 
     import sarcompile as sc
-    from sarcompile.data.shard import ShardGraph, split_graph
+    from sarcompile.graph.shard import ShardGraph, split_graph
 
     dist.init_process_group("gloo", store=dist.FileStore(store_path, 2), rank=rank, world_size=2)
     # Both ranks past gloo's connection handshake: init returning on rank 1 does not mean rank
@@ -65,7 +65,7 @@ def test_peer_failure_raises_comm_error_within_timeout(behaviour):
     assert took < 15, f"took {took:.1f}s with a 5 s timeout"
 
 
-# -- agreed failure (sarcompile.runtime.failure), on a FileStore and a HashStore ----------------------
+# -- agreed failure (sarcompile.dist.failure), on a FileStore and a HashStore ----------------------
 def _agreeing_worker(rank: int, store_path: str, behaviour: str, err_path: str) -> None:
     import signal
     import sys
@@ -77,8 +77,8 @@ def _agreeing_worker(rank: int, store_path: str, behaviour: str, err_path: str) 
 
     import sarcompile as sc
     from sarcompile.errors import PartitionError
-    from sarcompile.runtime import failure
-    from sarcompile.data.shard import ShardGraph, split_graph
+    from sarcompile.dist import failure
+    from sarcompile.graph.shard import ShardGraph, split_graph
 
     dist.init_process_group("gloo", store=dist.FileStore(store_path, 2), rank=rank, world_size=2)
     failure.start(dist.distributed_c10d._get_default_store(), rank, 2)
@@ -139,7 +139,7 @@ def test_watchdog_on_a_hash_store(capsys):
     followed (exit 3 after the lag), and a changed parent exits 5."""
     import torch.distributed as dist
 
-    from sarcompile.runtime import failure
+    from sarcompile.dist import failure
 
     store = dist.HashStore()
     codes: list[int] = []
@@ -173,7 +173,7 @@ def test_a_stopped_peer_is_published_as_lost_and_a_finished_one_is_not(capsys):
     the stall window (exit 4, the window in the words), one that said it finished is not."""
     import torch.distributed as dist
 
-    from sarcompile.runtime import failure
+    from sarcompile.dist import failure
 
     codes: list[int] = []
     finished_store = dist.HashStore()
@@ -237,7 +237,7 @@ def test_a_worker_that_cannot_reach_the_store_still_leaves_in_bounded_time(monke
     import threading
 
     import sarcompile as sc
-    from sarcompile.runtime import failure
+    from sarcompile.dist import failure
 
     store = _UnreachableStore()
     codes: list[int] = []
@@ -333,7 +333,7 @@ def test_a_sigtermed_worker_whose_wait_failed_prints_the_cause_a_peer_published(
     published, and names it."""
     import torch.distributed as dist
 
-    from sarcompile.runtime import failure
+    from sarcompile.dist import failure
 
     store = dist.HashStore()
     failure.Watchdog(store, 1, 2).publish({"kind": "terminated", "rank": 1, "by": 1, "message": "SIGTERM"})
@@ -355,6 +355,6 @@ def test_a_sigtermed_worker_whose_wait_failed_prints_the_cause_a_peer_published(
 
 
 def failure_codes() -> dict[str, int]:
-    from sarcompile.runtime import failure
+    from sarcompile.dist import failure
 
     return {name: getattr(failure, name) for name in failure.__all__ if name.startswith("EXIT_")}

@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from sarcompile.runtime import memory
-from sarcompile.runtime.memory import MemoryProbe
+from sarcompile.dist import memory
+from sarcompile.dist.memory import MemoryProbe
 
 
 def test_probe_sees_a_large_temporary_and_resets_between_uses():

@@ -1,10 +1,10 @@
-"""The exchange's buffer pool (sarcompile.runtime.pool), against plain bookkeeping of what
+"""The exchange's buffer pool (sarcompile.dist.pool), against plain bookkeeping of what
 was lent and given back."""
 
 import torch
 from hypothesis import given, settings, strategies as st
 
-from sarcompile.runtime.pool import BufferPool, size_class
+from sarcompile.dist.pool import BufferPool, size_class
 
 
 @given(st.integers(1, 1 << 40))

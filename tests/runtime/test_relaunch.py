@@ -1,4 +1,4 @@
-"""``sarcompile.runtime.relaunch``: every start of the workers meets in a namespace of the
+"""``sarcompile.dist.relaunch``: every start of the workers meets in a namespace of the
 launcher's store of its own, agreed through the store, whatever the earlier starts left
 there (tickets never answered, or answered and never confirmed); a worker missing at the
 start is named within the timeout; under ``torchrun --max-restarts 1`` (standalone, static
@@ -19,7 +19,7 @@ import pytest
 import torch.distributed as dist
 
 from sarcompile.errors import CommError
-from sarcompile.runtime.relaunch import PREFIX, generation_store
+from sarcompile.dist.relaunch import PREFIX, generation_store
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from strategies import graphs
 
 import sarcompile as sc
-from sarcompile.data.shard import split_graph
+from sarcompile.graph.shard import split_graph
 
 TOL = 1e-9
 CHANGES = ["first", "same", "double", "same", "new", "same"]
