@@ -722,7 +722,7 @@ class LitHGT(LightningModule):
         return self.model(x_dict, edge_index_dict)
 
 
-# --- the harness's own checks (run by tests/test_models_sweep.py, not in the sweep) --------
+# --- the harness's own checks (run by tests/benchmarks/test_models_sweep.py, not in the sweep) --------
 class WrongOnWorkers(nn.Module):
     """Deliberately wrong: it scales its input by 2 where a process group is up (on the
     workers), so the sweep must report it WRONG there, in eval (against eager) and in train

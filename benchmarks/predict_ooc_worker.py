@@ -5,7 +5,7 @@ worker touched written to ``RECORD_DIR/rank-R.json``::
     torchrun --standalone --nproc-per-node 8 benchmarks/predict_ooc_worker.py RECORD_DIR \\
         --run-dir RUN --parts P --out PRED
 
-tests/test_predict.py calls :func:`touched_predict` on its gloo workers.
+tests/predict/test_predict.py calls :func:`touched_predict` on its gloo workers.
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
 """sarcompile: compile a single-machine PyTorch GNN into exact distributed full-batch
 training with Sequential Aggregation and Rematerialization (SAR)."""
 
-from sarcompile.dist import memory as _memory
-
-_memory.request_huge_pages()  # first: torch reads its huge-page switch at its first allocation
-
-from sarcompile import nn  # noqa: E402
+from sarcompile import nn
 from sarcompile.ir import ops
 from sarcompile.compile.distribute import DistributedModule, distribute
 from sarcompile.data.datasets import Dataset, HeteroDataset, load_ogb, load_ogb_mag

@@ -400,7 +400,7 @@ def test_ctrl_c_while_a_worker_is_blocked_in_a_wait(parts, job):
 
 
 def test_bad_timeout_value_names_the_variable(tmp_path):
-    """(Every bad value is checked in tests/runtime/test_failures.py; this is the command line.)"""
+    """(Every bad value is checked in tests/dist/test_failures.py; this is the command line.)"""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "SARCOMPILE_TIMEOUT": "-5"}
     done = subprocess.run([sys.executable, "-m", "sarcompile.train", "--parts", str(tmp_path)], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=120, check=False)

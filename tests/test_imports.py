@@ -25,6 +25,9 @@ What counts as an edge (the conventions of import-linter / grimp):
 from __future__ import annotations
 
 import ast
+import os
+import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,37 +37,60 @@ import pytest
 PACKAGE = "sarcompile"
 ROOT = Path(__file__).resolve().parent.parent / PACKAGE
 
-# The compiler: the driver, the tracer, the lowering registry (passes.lower today; a module of
-# its own if it moves), the plan and the estimate.
-_COMPILER = (
-    "sarcompile.compile.distribute",
-    "sarcompile.compile.trace",
-    "sarcompile.compile.passes.lower",
-    "sarcompile.ir.lowering",
-    "sarcompile.plan.plan",
-    "sarcompile.compile.estimate",
-)
-# The IR (the package sarcompile.ir, all of it) and a worker's shard of the graph.
-_IR = ("sarcompile.ir", "sarcompile.graph.shard")
+# The layers, bottom first: a module imports only from its own layer and the ones below
+# (issue 56). A name covers the module and, for a package, everything under it; the most
+# specific name decides (``sarcompile.nn`` sits above ``sarcompile.ir``). The front-ends sit
+# above the compiler: they register rules and graph views with ``sarcompile.ir.lowering``,
+# and the compiler loads them by name (``sarcompile.compile.libraries``), which is not an edge.
+LAYERS: list[tuple[str, ...]] = [
+    ("sarcompile.errors", "sarcompile.logs"),  # what every layer may use
+    ("sarcompile.graph",),  # Graph, ShardGraph, HeteroGraph, frames, node tables
+    ("sarcompile.ir",),  # the ops, their vocabulary and the lowering registry
+    ("sarcompile.nn",),  # graph layers written with the IR ops
+    ("sarcompile.codegen",),  # kernels, and native code built on first use
+    ("sarcompile.dist",),  # process group policy beneath the runtime: failures, memory, restarts
+    ("sarcompile.runtime",),  # the exchange rounds, links and each op's shard implementation
+    ("sarcompile.data",),  # datasets and all partitioning: typed, out-of-core, DGL's
+    ("sarcompile.plan",),  # what a compiled model will do on N workers
+    ("sarcompile.compile",),  # distribute, tracing, the passes
+    ("sarcompile.frontends",),  # PyG's, DGL's and plain torch's lowering rules
+    ("sarcompile.train",),
+    ("sarcompile.predict",),
+    ("sarcompile.cli",),
+    ("sarcompile", "sarcompile.__main__"),  # the public names, re-exported
+]
 
-# PyG's front-ends (they import torch_geometric), and the plain-torch one with the markers it
-# shares with them, which must work in a program that imports no GNN library. (DGL's are left
-# out: the tracer imports one lazily, only where dgl is imported; test_plain.py runs a compile
-# and finds neither library imported.)
-_PYG_FRONTENDS = tuple(f"{PACKAGE}.frontends.{p.stem}" for p in sorted((ROOT / "frontends").glob("pyg*.py")))
+# Walls inside a layer, which the order cannot say.
+_PYG_FRONTENDS = ("sarcompile.frontends.pyg",)
 _PLAIN_FRONTEND = ("sarcompile.frontends.plain", "sarcompile.frontends.edge_index")
-
-# (rule, modules it applies to, modules they must not import). A name covers the module and,
-# when it is a package, everything under it. Checked twice: direct imports (each violation is one
-# line), and chains through other modules (importing the module would load the forbidden one).
 WALLS: list[tuple[str, tuple[str, ...], tuple[str, ...]]] = [
-    ("the runtime imports no pass", ("sarcompile.runtime",), ("sarcompile.compile.passes",)),
-    ("the runtime imports no front-end", ("sarcompile.runtime",), ("sarcompile.frontends",)),
-    ("the runtime does not import the compiler", ("sarcompile.runtime",), _COMPILER),
-    ("codegen does not import the runtime", ("sarcompile.codegen",), ("sarcompile.runtime",)),
-    ("the IR does not import the runtime", _IR, ("sarcompile.runtime",)),
     ("the plain-torch front-end imports no PyG front-end", _PLAIN_FRONTEND, _PYG_FRONTENDS),
 ]
+
+# The modules that may sit at the top of the package, beside its packages.
+TOP_LEVEL_AT_MOST = 6
+
+
+def layer_of(module: str, layers=None) -> int | None:
+    """The index in ``layers`` of the most specific name that covers ``module``."""
+    best = None
+    for i, names in enumerate(LAYERS if layers is None else layers):
+        for n in names:
+            covers = module == n or (module.startswith(n + ".") and "." in n)
+            if covers and (best is None or len(n) > best[1]):
+                best = (i, len(n))
+    return None if best is None else best[0]
+
+
+def layer_report(nodes: set[str], edges: list[Edge], layers=None) -> list[str]:
+    """One line per import up the layer order, and one per module no layer covers."""
+    layers = LAYERS if layers is None else layers
+    report = [f"{m} is in no layer: add it to LAYERS" for m in sorted(nodes) if layer_of(m, layers) is None]
+    for e in edges:
+        a, b = layer_of(e.src, layers), layer_of(e.dst, layers)
+        if a is not None and b is not None and b > a:
+            report.append(f"{layers[a][0]} imports from {layers[b][0]}, a layer above it: {e}")
+    return report
 
 
 # ----------------------------------------------------------------------------------- analyser
@@ -297,6 +323,48 @@ def test_no_import_cycle(graph):
     assert not report, "imports inside functions count too\n\n" + "\n\n".join(report)
 
 
+def test_layers(graph):
+    nodes, edges = graph
+    report = layer_report(nodes, edges)
+    assert not report, f"{len(report)} import(s) against the layer order:\n" + "\n".join(report)
+
+
+def test_layer_names_are_real(graph):
+    nodes, _ = graph
+    for names in LAYERS:
+        for n in names:
+            assert any(m == n or m.startswith(n + ".") for m in nodes), f"layer name {n} names no module"
+
+
+def test_the_top_of_the_package_is_small():
+    top = sorted(p.name for p in ROOT.glob("*.py"))
+    assert len(top) <= TOP_LEVEL_AT_MOST, f"{len(top)} modules at the top of sarcompile/: {top}; put them in a layer"
+
+
+def test_every_package_has_its_tests():
+    tests = Path(__file__).resolve().parent
+    packages = sorted(p.parent.name for p in ROOT.glob("*/__init__.py"))
+    missing = [p for p in packages if not (tests / p).is_dir()]
+    assert not missing, f"tests/<package>/ is missing for {missing}: tests mirror the package layout"
+
+
+def test_importing_the_library_changes_nothing_in_the_process():
+    """No environment variable set, no thread started, torch's CPU allocator left alone."""
+    code = (
+        "import os, sys, threading, torch\n"
+        "env = dict(os.environ); threads = threading.active_count()\n"
+        "import sarcompile\n"
+        "assert dict(os.environ) == env, sorted(set(os.environ.items()) ^ set(env.items()))\n"
+        "assert threading.active_count() == threads, threading.enumerate()\n"
+        "from sarcompile.dist import cpu_cache\n"
+        "assert not cpu_cache.installed(), 'the caching allocator was installed by an import'\n"
+        "print('ok')\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "THP_MEM_ALLOC_ENABLE"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+
+
 def test_walls(graph):
     _, edges = graph
     report = wall_report(edges)
@@ -319,6 +387,42 @@ def test_wall_names_are_real(graph):
 
 # ----------------------------------------------------------------------- the analyser, tested
 
+# The analyser is tested on small made-up packages, with walls of their own (these).
+# The compiler: the driver, the tracer, the lowering registry (passes.lower today; a module of
+# its own if it moves), the plan and the estimate.
+_FAKE_COMPILER = (
+    "sarcompile.compiler",
+    "sarcompile.trace",
+    "sarcompile.passes.lower",
+    "sarcompile.ir.lowering",
+    "sarcompile.plan",
+    "sarcompile.estimate",
+)
+# The IR (the package sarcompile.ir, all of it) and a worker's shard of the graph.
+_FAKE_IR = ("sarcompile.ir", "sarcompile.data.shard")
+
+# PyG's front-ends (they import torch_geometric), and the plain-torch one with the markers it
+# shares with them, which must work in a program that imports no GNN library. (DGL's are left
+# out: the tracer imports one lazily, only where dgl is imported; test_plain.py runs a compile
+# and finds neither library imported.)
+_FAKE_PYG = ("sarcompile.frontends.pyg",)
+_FAKE_PLAIN = ("sarcompile.frontends.plain", "sarcompile.frontends.edge_index")
+
+# (rule, modules it applies to, modules they must not import). A name covers the module and,
+# when it is a package, everything under it. Checked twice: direct imports (each violation is one
+# line), and chains through other modules (importing the module would load the forbidden one).
+_FAKE_WALLS: list[tuple[str, tuple[str, ...], tuple[str, ...]]] = [
+    ("the runtime imports no pass", ("sarcompile.runtime",), ("sarcompile.passes",)),
+    ("the runtime imports no front-end", ("sarcompile.runtime",), ("sarcompile.frontends",)),
+    ("the runtime does not import the compiler", ("sarcompile.runtime",), _FAKE_COMPILER),
+    ("codegen does not import the runtime", ("sarcompile.codegen",), ("sarcompile.runtime",)),
+    ("the IR does not import the runtime", _FAKE_IR, ("sarcompile.runtime",)),
+    ("the plain-torch front-end imports no PyG front-end", _FAKE_PLAIN, _FAKE_PYG),
+]
+
+
+
+
 
 def _write(root: Path, files: dict[str, str]) -> Path:
     for name, text in files.items():
@@ -331,47 +435,67 @@ def _write(root: Path, files: dict[str, str]) -> Path:
 _CLEAN = {
     "sarcompile/__init__.py": "from .ir.graph import Graph\nfrom . import runtime\n",
     "sarcompile/ir/__init__.py": "",
-    "sarcompile/graph/graph.py": "import os\nfrom typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+    "sarcompile/ir/graph.py": "import os\nfrom typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
     "    from ..runtime.shard import Shard\nclass Graph:\n    pass\n",
     "sarcompile/runtime/__init__.py": "from .shard import Shard\n",
     "sarcompile/runtime/shard.py": "from ..ir.graph import Graph\nimport sarcompile.errors\n",
     "sarcompile/errors.py": "",
-    "sarcompile/compile/passes/__init__.py": "",
-    "sarcompile/compile/passes/lower.py": "from . import fuse\nfrom ..ir import graph\nfrom sarcompile.runtime import shard\n",
-    "sarcompile/compile/passes/fuse.py": "",
+    "sarcompile/passes/__init__.py": "",
+    "sarcompile/passes/lower.py": "from . import fuse\nfrom ..ir import graph\nfrom sarcompile.runtime import shard\n",
+    "sarcompile/passes/fuse.py": "",
 }
 
 
 def test_analyser_passes_a_clean_package(tmp_path):
     nodes, edges = import_edges(_write(tmp_path, _CLEAN))
     assert {(e.src, e.dst) for e in edges} == {
-        ("sarcompile", "sarcompile.graph.graph"),
+        ("sarcompile", "sarcompile.ir.graph"),
         ("sarcompile", "sarcompile.runtime"),
         ("sarcompile.runtime", "sarcompile.runtime.shard"),
-        ("sarcompile.runtime.shard", "sarcompile.graph.graph"),
+        ("sarcompile.runtime.shard", "sarcompile.ir.graph"),
         ("sarcompile.runtime.shard", "sarcompile.errors"),
-        ("sarcompile.compile.passes.lower", "sarcompile.compile.passes.fuse"),  # `from . import fuse`: the submodule
-        ("sarcompile.compile.passes.lower", "sarcompile.graph.graph"),
-        ("sarcompile.compile.passes.lower", "sarcompile.runtime.shard"),
+        ("sarcompile.passes.lower", "sarcompile.passes.fuse"),  # `from . import fuse`: the submodule
+        ("sarcompile.passes.lower", "sarcompile.ir.graph"),
+        ("sarcompile.passes.lower", "sarcompile.runtime.shard"),
     }  # and not graph -> runtime.shard: that one is under TYPE_CHECKING
     assert cycle_report(nodes, edges) == []
-    assert wall_report(edges) == []
-    assert indirect_wall_report(edges) == []
+    assert wall_report(edges, _FAKE_WALLS) == []
+    assert indirect_wall_report(edges, _FAKE_WALLS) == []
+
+
+def test_analyser_catches_an_import_up_the_layers(tmp_path):
+    files = {
+        "sarcompile/__init__.py": "from .graph import core\n",
+        "sarcompile/errors.py": "",
+        "sarcompile/graph/__init__.py": "",
+        "sarcompile/graph/core.py": "from ..errors import *\ndef f():\n    from ..runtime import rounds\n",
+        "sarcompile/runtime/__init__.py": "",
+        "sarcompile/runtime/rounds.py": "from ..graph import core\n",
+        "sarcompile/stray.py": "",
+    }
+    layers = [("sarcompile.errors",), ("sarcompile.graph",), ("sarcompile.runtime",), ("sarcompile",)]
+    nodes, edges = import_edges(_write(tmp_path, files))
+    report = layer_report(nodes, edges, layers)
+    assert report == [
+        "sarcompile.stray is in no layer: add it to LAYERS",
+        "sarcompile.graph imports from sarcompile.runtime, a layer above it: sarcompile/graph/core.py:3: "
+        "from ..runtime import rounds    (sarcompile.graph.core -> sarcompile.runtime.rounds)",
+    ], report
 
 
 def test_analyser_catches_a_cycle_through_a_function_level_import(tmp_path):
     files = dict(_CLEAN)
-    files["sarcompile/graph/graph.py"] += "    def shard(self):\n        from ..runtime.shard import Shard\n"
+    files["sarcompile/ir/graph.py"] += "    def shard(self):\n        from ..runtime.shard import Shard\n"
     nodes, edges = import_edges(_write(tmp_path, files))
     report = cycle_report(nodes, edges)
     assert len(report) == 1, report
-    assert "sarcompile.graph.graph, sarcompile.runtime.shard" in report[0]
-    assert "sarcompile/graph/graph.py:8: from ..runtime.shard import Shard" in report[0]
+    assert "sarcompile.ir.graph, sarcompile.runtime.shard" in report[0]
+    assert "sarcompile/ir/graph.py:8: from ..runtime.shard import Shard" in report[0]
     assert "sarcompile/runtime/shard.py:1: from ..ir.graph import Graph" in report[0]
-    walls = wall_report(edges)
+    walls = wall_report(edges, _FAKE_WALLS)
     assert walls == [
-        "the IR does not import the runtime: sarcompile/graph/graph.py:8: from ..runtime.shard import Shard"
-        "    (sarcompile.graph.graph -> sarcompile.runtime.shard)"
+        "the IR does not import the runtime: sarcompile/ir/graph.py:8: from ..runtime.shard import Shard"
+        "    (sarcompile.ir.graph -> sarcompile.runtime.shard)"
     ]
 
 
@@ -379,14 +503,14 @@ def test_analyser_catches_self_imports_and_walls_in_methods(tmp_path):
     files = dict(_CLEAN)
     files["sarcompile/errors.py"] = "import sarcompile.errors\n"
     files["sarcompile/runtime/shard.py"] += (
-        "class S:\n    def go(self):\n        from ..passes import lower\n        import sarcompile.frontends.pyg.convs\n"
+        "class S:\n    def go(self):\n        from ..passes import lower\n        import sarcompile.frontends.pyg\n"
     )
     files["sarcompile/frontends/__init__.py"] = ""
-    files["sarcompile/frontends/pyg/convs.py"] = ""
+    files["sarcompile/frontends/pyg.py"] = ""
     nodes, edges = import_edges(_write(tmp_path, files))
     report = cycle_report(nodes, edges)
     assert any(r.startswith("import cycle among 1 module(s): sarcompile.errors") for r in report), report
-    walls = wall_report(edges)
+    walls = wall_report(edges, _FAKE_WALLS)
     assert [w.split(":")[0] for w in walls] == [
         "the runtime imports no pass",
         "the runtime imports no front-end",
@@ -396,13 +520,13 @@ def test_analyser_catches_self_imports_and_walls_in_methods(tmp_path):
 
 def test_analyser_catches_a_wall_crossed_through_another_module(tmp_path):
     files = dict(_CLEAN)
-    files["sarcompile/graph/graph.py"] += "    def fused(self):\n        from ..passes import fuse\n"
+    files["sarcompile/ir/graph.py"] += "    def fused(self):\n        from ..passes import fuse\n"
     nodes, edges = import_edges(_write(tmp_path, files))
-    assert cycle_report(nodes, edges) == [] and wall_report(edges) == []
-    report = indirect_wall_report(edges)
+    assert cycle_report(nodes, edges) == [] and wall_report(edges, _FAKE_WALLS) == []
+    report = indirect_wall_report(edges, _FAKE_WALLS)
     assert len(report) == 2, report  # runtime/__init__ (three hops) and runtime.shard (two)
     assert report[1] == (
-        "the runtime imports no pass: sarcompile.runtime.shard reaches sarcompile.compile.passes.fuse; the shortest chain:\n"
-        "    sarcompile/runtime/shard.py:1: from ..ir.graph import Graph    (sarcompile.runtime.shard -> sarcompile.graph.graph)\n"
-        "    sarcompile/graph/graph.py:8: from ..passes import fuse    (sarcompile.graph.graph -> sarcompile.compile.passes.fuse)"
+        "the runtime imports no pass: sarcompile.runtime.shard reaches sarcompile.passes.fuse; the shortest chain:\n"
+        "    sarcompile/runtime/shard.py:1: from ..ir.graph import Graph    (sarcompile.runtime.shard -> sarcompile.ir.graph)\n"
+        "    sarcompile/ir/graph.py:8: from ..passes import fuse    (sarcompile.ir.graph -> sarcompile.passes.fuse)"
     )

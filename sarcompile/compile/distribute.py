@@ -38,7 +38,7 @@ from sarcompile import logs
 from sarcompile.compile.data_argument import data_graph, is_data, with_graph
 from sarcompile.errors import CompileError, GraphError
 from sarcompile.graph.frames import copy_dgl_frames
-from sarcompile.frontends import load_available
+from sarcompile.compile.libraries import load_available
 from sarcompile.graph.graph import Graph
 from sarcompile.graph.hetero import HeteroGraph, HeteroShard, parse_relation_key
 from sarcompile.compile.leaves import (ATTRIBUTE, TYPED_GRAPHS, ArgLayout, Constant, argument_name, call_arguments, has_frames, is_plain,
@@ -65,7 +65,8 @@ from sarcompile.compile.passes.strategy import strategy
 from sarcompile.plan.plan import Plan, TypedWorkerStats, WorkerStats, build_plan, worker_stats
 from sarcompile.ir.probe import Input
 from sarcompile.graph.shard import ShardGraph
-from sarcompile.graph.tables import NODES, compile_with_tables, input_type, shard_rows, shard_tables, table_type
+from sarcompile.compile.tables import compile_with_tables, input_type
+from sarcompile.graph.tables import NODES, shard_rows, shard_tables, table_type
 from sarcompile.compile.trace import generated_wraps_dropped, trace
 from sarcompile.ir.vocab import Residency
 from sarcompile.nn import LAYER_STREAMS, RandomStream

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from sarcompile.graph.graph import Graph
+from sarcompile.graph.stats import GraphStats
 from sarcompile.graph.hetero import HeteroGraph
 from sarcompile.plan.plan import MemoryEstimate, Plan, TypedWorkerStats, WorkerStats, _size, _table
 from sarcompile.ir.vocab import Mode
@@ -87,25 +88,6 @@ class EstimateTable:
         fig.tight_layout()
         fig.savefig(path, dpi=100)
         plt.close(fig)
-
-
-@dataclass(frozen=True)
-class GraphStats:
-    """What the random-partition model reads of a graph: its sizes and out-degree histogram
-    (``out_degree_counts[d]``: source nodes with ``d`` out-edges). :func:`graph_stats`
-    takes them from a graph in memory, :func:`sarcompile.data.outofcore.edge_stats` from edge
-    files in one streaming pass."""
-
-    num_nodes: int
-    num_edges: int
-    self_loops: int
-    out_degree_counts: torch.Tensor
-
-    @classmethod
-    def of(cls, g: Graph) -> "GraphStats":
-        out_degree = torch.bincount(g.src, minlength=g.num_src_nodes)
-        loops = 0 if g.bipartite else int((g.src == g.dst).sum())
-        return cls(g.num_nodes, g.num_edges, loops, torch.bincount(out_degree))
 
 
 def model_workers(

@@ -28,9 +28,9 @@ from torch.fx import _symbolic_trace
 from torch import nn
 
 from sarcompile.errors import CompileError, SarcompileError
-from sarcompile.ir.lowering import function_homes, function_lowerings, lowering_for, trace_contexts
+from sarcompile.ir.lowering import function_homes, function_lowerings, graph_view, lowering_for, trace_contexts
 from sarcompile.graph.hetero import TracedHetero
-from sarcompile.compile.leaves import ArgLayout, frame_inputs, rebuilt_arguments
+from sarcompile.compile.leaves import ArgLayout, rebuilt_arguments
 from sarcompile.compile.model_state import refuse_state_updates, settled_trace
 from sarcompile.compile.source_lines import source_line, user_file, user_frame
 from sarcompile.nn import NodeDropout, RandomStream
@@ -44,7 +44,8 @@ __all__ = ["SarTracer", "ShapeTracer", "UNKNOWN", "generated_wraps_dropped", "tr
 class SarTracer(fx.Tracer):
     """fx's tracer, with sarcompile's layers as leaves. With ``graph_input`` (the position
     after ``self``, or the name, of the graph argument) and DGL imported, the graph is
-    traced as a :class:`~sarcompile.frontends.dgl.graph.GraphProxy`, so code calling
+    traced as the DGL front-end's :class:`~sarcompile.frontends.dgl.graph.GraphProxy` (its
+    graph view, :func:`~sarcompile.ir.lowering.register_graph_view`), so code calling
     ``g.update_all`` becomes IR ops. ``constants``: forward's arguments (by name) that it
     is traced with as values, not proxies (plain Python arguments, see
     :func:`~sarcompile.compile.leaves.is_plain`); each keeps its placeholder, unused, so the
@@ -182,8 +183,9 @@ class SarTracer(fx.Tracer):
             params = list(inspect.signature(root_fn).parameters.values())[1 if is_module else 0:]
             args, kwargs, attributes = rebuilt_arguments(params, self.layouts,
                                                          lambda name: self.create_proxy("placeholder", name, (), {}))
-            if "dgl" in sys.modules:  # DGL code reads a graph as a DGL graph (frames, update_all)
-                args, kwargs, attributes = self._as_dgl((args, kwargs, attributes))
+            view = graph_view()
+            if view is not None:  # DGL code reads a graph as a DGL graph (frames, update_all)
+                args, kwargs, attributes = view[0](self, (args, kwargs, attributes))
             for path, value in attributes.items():  # until the trace ends, as _swap_functions does
                 owner, _, name = path.rpartition(".")
                 frame = vars(self.root.get_submodule(owner))
@@ -191,7 +193,7 @@ class SarTracer(fx.Tracer):
                 frame[name] = value
             return _with_keywords(root_fn, kwargs), ([self.root] if is_module else []) + args
         fn, args = super().create_args_for_root(root_fn, is_module, concrete_args)
-        dgl = self.graph_input is not None and "dgl" in sys.modules
+        view = graph_view() if self.graph_input is not None else None
         args = list(args)
         first = 1 if is_module else 0
         for i in range(first, len(args)):
@@ -200,10 +202,8 @@ class SarTracer(fx.Tracer):
                 continue
             if a.node.target in self.constants:
                 args[i] = self.constants[a.node.target]
-            elif dgl and self.is_graph(a.node):
-                from sarcompile.frontends.dgl.graph import GraphProxy
-
-                args[i] = GraphProxy(a.node, self)
+            elif view is not None and self.is_graph(a.node):
+                args[i] = view[1](self, a.node)
         return fn, args
 
     def is_graph(self, node: fx.Node) -> bool:
@@ -215,23 +215,6 @@ class SarTracer(fx.Tracer):
             return node.target in self.graph_leaves
         placeholders = [n for n in self.graph.nodes if n.op == "placeholder"]
         return self.graph_input in (node.target, placeholders.index(node))
-
-    def _as_dgl(self, value: Any) -> Any:
-        """``value`` (an argument rebuilt from its leaves, or a container of them) with each
-        graph in it as DGL code reads it: a typed graph as a DGL heterograph, a one-type
-        graph leaf as a DGL graph, each with the fields of its frames the call gave."""
-        from sarcompile.frontends.dgl.graph import Frames, GraphProxy
-        from sarcompile.frontends.dgl.hetero import HeteroGraphProxy
-
-        if isinstance(value, TracedHetero):
-            return HeteroGraphProxy(value, self, Frames(value.node_types, value.edge_types, frame_inputs(value)))
-        if isinstance(value, fx.Proxy) and value.node.target in self.graph_leaves:
-            return GraphProxy(value.node, self, Frames(initial=frame_inputs(value)))
-        if isinstance(value, (list, tuple)):
-            return type(value)(self._as_dgl(v) for v in value)
-        if isinstance(value, dict):
-            return {k: self._as_dgl(v) for k, v in value.items()}
-        return value
 
     def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
         if isinstance(m, nn.Embedding) and f"{qualname}.weight" in self.tables:

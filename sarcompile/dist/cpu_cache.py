@@ -28,7 +28,7 @@ is C++ (below), compiled against the running torch's headers on first use with `
 compiler, a failed build (one warning) or ``SARCOMPILE_CPU_CACHE=0``, tensors stay with
 torch's allocator and results are the same.
 
-    >>> from sarcompile.runtime import cpu_cache, memory
+    >>> from sarcompile.dist import cpu_cache, memory
     >>> if cpu_cache.install(memory.MMAP_THRESHOLD):
     ...     x = torch.empty(1 << 20); del x   # 4 MiB: kept idle, not unmapped
     ...     assert cpu_cache.stats().idle_bytes >= 4 << 20

@@ -49,6 +49,7 @@ __all__ = [
     "allocator_tuned",
     "find_allocator",
     "floor_bytes",
+    "apply_policy",
     "huge_pages_requested",
     "malloc_stats",
     "mapped_bytes",
@@ -270,10 +271,11 @@ def request_huge_pages() -> bool:
     """Ask torch for huge pages where :func:`tune_allocator` will fix glibc's thresholds
     (``SARCOMPILE_MALLOC``). Fixed thresholds give each large tensor a fresh mapping,
     faulted in a page at a time: with 4 KiB pages that cost N=4 epochs 18-25%
-    (benchmarks/vs_dgl.py); with 2 MiB pages, 512 times fewer faults. ``import
-    sarcompile`` calls it before any tensor exists, as torch reads the variable once; a
-    tensor made before (``import torch`` alone makes none) or a value the user set leaves
-    torch as it is. Returns whether it set the variable."""
+    (benchmarks/vs_dgl.py); with 2 MiB pages, 512 times fewer faults. torch reads the
+    variable once, at its first allocation, so :func:`apply_policy` (``sc.init()``) calls
+    this first; a tensor made before (``import torch`` alone makes none) or a value the
+    user set leaves torch as it is. Importing sarcompile does not call it: importing a
+    library changes nothing in the process. Returns whether it set the variable."""
     global _huge_pages
     try:
         with warnings.catch_warnings():  # a bad or deprecated setting is named by sc.init(), once
@@ -286,6 +288,16 @@ def request_huge_pages() -> bool:
     os.environ[HUGE_PAGES_ENV] = "1"
     _huge_pages = True
     return True
+
+
+def apply_policy() -> None:
+    """The memory policy of ``SARCOMPILE_MALLOC``, applied once per process by ``sc.init()``
+    (and so by the trainer's and predict's entry points, before their first tensor): huge
+    pages asked of torch (:func:`request_huge_pages`), then glibc's thresholds fixed and the
+    caching allocator installed (:func:`tune_allocator`). The trainer's start line names
+    what was applied."""
+    request_huge_pages()
+    tune_allocator()
 
 
 def huge_pages_requested() -> bool:

@@ -3,7 +3,8 @@ them compile unchanged.
 
 Each front-end is a module that registers rules with
 :func:`sarcompile.ir.lowering.register_lowering` when imported. None of the GNN libraries
-is a dependency of sarcompile: :func:`load_available` imports a front-end only when its
+is a dependency of sarcompile: the compiler imports a front-end (by name,
+:func:`sarcompile.compile.libraries.load_available`) only when its
 library is already imported by the user's program (it must be, for a model built with
 it to exist), and the compiler calls it before every compile. The plain-torch front-end's
 library is torch itself, so it is loaded for every compile, in a program that imports no
@@ -31,27 +32,3 @@ front-end                       library              layers
                                                      edge_softmax), HeteroGraphConv
 ==============================  ===================  ========================================
 """
-
-from __future__ import annotations
-
-import importlib
-import sys
-
-__all__ = ["load_available"]
-
-# library module name -> the front-end modules that register its rules (torch: always imported)
-_FRONTENDS = {
-    "torch": ("sarcompile.frontends.plain",),
-    "torch_geometric": ("sarcompile.frontends.pyg.convs", "sarcompile.frontends.pyg.edge_types",
-                        "sarcompile.frontends.pyg.hetero", "sarcompile.frontends.pyg.hetero_convs",
-                        "sarcompile.frontends.pyg.typed_rows", "sarcompile.frontends.pyg.reversible"),
-    "dgl": ("sarcompile.frontends.dgl.layers", "sarcompile.frontends.dgl.hetero"),
-}
-
-
-def load_available() -> None:
-    """Import the front-end of every supported library the program has imported."""
-    for library, frontends in _FRONTENDS.items():
-        for frontend in frontends:
-            if library in sys.modules and frontend not in sys.modules:
-                importlib.import_module(frontend)

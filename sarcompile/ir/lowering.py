@@ -29,6 +29,7 @@ _HOMES: list[ModuleType | str] = []  # modules whose attributes are swapped too
 _HOMES_FOUND: dict[str, Any] = {}  # function_homes' last answer, and the sizes it was found for
 _DECLARED: dict[Callable, Any] = {}  # row-local helpers -> their output residency (see declare)
 _CONTEXTS: list[Callable[[], ContextManager]] = []  # entered around every trace (see register_trace_context)
+_GRAPH_VIEWS: list[tuple[Callable[[Any, Any], Any], Callable[[Any, Any], Any]]] = []  # see register_graph_view
 
 
 def register_lowering(layer_type: type, rule: Callable[[nn.Module], nn.Module]) -> None:
@@ -107,3 +108,19 @@ def register_trace_context(context: Callable[[], ContextManager]) -> None:
 def trace_contexts() -> tuple[Callable[[], ContextManager], ...]:
     """The contexts registered with :func:`register_trace_context`, in order."""
     return tuple(_CONTEXTS)
+
+
+def register_graph_view(
+    call_values: Callable[[Any, Any], Any], argument: Callable[[Any, Any], Any]
+) -> None:
+    """How a library's code reads a graph input while it is traced (DGL's: a DGL graph with
+    frames), registered by that library's front-end as it registers its rules, so the tracer
+    imports no front-end. ``call_values(tracer, value)``: ``value`` (a call's arguments) with
+    each graph in it as the library reads it; ``argument(tracer, node)``: the graph
+    placeholder ``node`` as an argument of one of the library's lowered functions."""
+    _GRAPH_VIEWS[:] = [(call_values, argument)]
+
+
+def graph_view() -> tuple[Callable[[Any, Any], Any], Callable[[Any, Any], Any]] | None:
+    """The graph view registered with :func:`register_graph_view`, if a front-end did."""
+    return _GRAPH_VIEWS[0] if _GRAPH_VIEWS else None

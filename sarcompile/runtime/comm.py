@@ -99,8 +99,9 @@ def init(backend: str | None = None, timeout_s: float | None = None) -> tuple[in
     On more than one worker it also starts the failure watchdog
     (:mod:`sarcompile.dist.failure`): a worker that fails makes every other one exit
     within seconds, and under torchrun a worker dies with its agent. On any number of
-    workers it fixes glibc's mmap threshold, so freed tensors leave the resident set
-    (:func:`~sarcompile.dist.memory.tune_allocator`, ``SARCOMPILE_MALLOC``).
+    workers it applies the memory policy: glibc's mmap threshold fixed, so freed tensors
+    leave the resident set, and huge pages asked of torch where its first tensor is still
+    to come (:func:`~sarcompile.dist.memory.apply_policy`, ``SARCOMPILE_MALLOC``).
 
     Under ``torchrun --max-restarts K`` the restarted workers meet again by themselves:
     they agree on a namespace of torchrun's store of their own, where nothing the killed
@@ -115,8 +116,8 @@ def init(backend: str | None = None, timeout_s: float | None = None) -> tuple[in
     """
     if dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
-    # Before the big allocations: glibc's thresholds apply to what comes after.
-    memory.tune_allocator()
+    # Before the big allocations: torch's huge pages and glibc's thresholds apply to what comes after.
+    memory.apply_policy()
     backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
     limit = timeout() if timeout_s is None else _check_timeout(timeout_s, "timeout_s")
     stall = stall_timeout()

@@ -2,7 +2,7 @@
 a model with dropout exact against eager in eval and against the compiled one-machine run in
 train, and a typed model with per-edge inputs, on one machine and 2 gloo workers. Runs only
 where DGL is installed (``scripts/test.sh`` runs it in the torch 2.2 environment of
-``scripts/dgl_env.sh``); tests/test_models_sweep.py checks the harness itself."""
+``scripts/dgl_env.sh``); tests/benchmarks/test_models_sweep.py checks the harness itself."""
 
 from __future__ import annotations
 

@@ -239,5 +239,5 @@ def test_block_diagonal_rgcn_is_exact_on_one_machine():
     torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-9)
 
 
-# (These layers run on 1, 2 and 3 workers in tests/test_pyg_zoo.py, with every case the saved
+# (These layers run on 1, 2 and 3 workers in tests/benchmarks/test_pyg_zoo.py, with every case the saved
 # sweep calls exact.)

@@ -256,7 +256,7 @@ def _update(w, edge_index, value):
 
 def test_arma_is_refused_naming_its_node_axis():
     # (The layers built on the utilities are run on 1, 2 and 3 workers by
-    # tests/test_pyg_zoo.py, with every case the saved sweep calls exact.)
+    # tests/benchmarks/test_pyg_zoo.py, with every case the saved sweep calls exact.)
     from test_pyg_zoo import _zoo
 
     zoo = _zoo()

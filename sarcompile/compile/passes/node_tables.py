@@ -17,7 +17,7 @@ other lookup of a table's rows is left for the ``residency`` pass to refuse (it 
 by position). Values are unchanged.
 
 A table found by use is tentative (``meta["input"].alternatives`` holds ``const``, see
-:func:`sarcompile.graph.tables.compile_with_tables`): its own-id lookups are rewritten as a table's,
+:func:`sarcompile.compile.tables.compile_with_tables`): its own-id lookups are rewritten as a table's,
 then how it is read is decided by its use. One whose rows are read by position (``t[i]``,
 ``F.embedding`` by other ids) is a constant; the others start as their types' rows, and
 while the example run (on the first of :data:`~sarcompile.ir.probe.PROBES`) fails, the

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from sarcompile.compile.estimate import GraphStats
+from sarcompile.graph.stats import GraphStats
 from sarcompile.data.outofcore.sources import EdgeFiles
 
 __all__ = ["edge_stats"]

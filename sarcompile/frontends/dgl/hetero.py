@@ -45,7 +45,8 @@ from torch import nn
 
 from sarcompile.errors import CompileError, GraphError
 from sarcompile.graph.hetero import Relation, TracedHetero
-from sarcompile.ir.lowering import register_function_lowering, register_lowering
+from sarcompile.compile.leaves import frame_inputs
+from sarcompile.ir.lowering import register_function_lowering, register_graph_view, register_lowering
 from sarcompile.ir.ops import edge_reduce, edge_softmax, gather_dst
 from sarcompile.frontends.dgl.graph import Frames, GraphProxy, _is_all, _reduce_of, _ALL, refusal
 
@@ -427,3 +428,23 @@ class DGLHeteroGraphConv(nn.Module):
 
 
 register_lowering(HeteroGraphConv, DGLHeteroGraphConv)
+
+
+def _dgl_values(tracer: Any, value: Any) -> Any:
+    """``value`` (an argument rebuilt from its leaves, or a container of them) with each
+    graph in it as DGL code reads it: a typed graph as a DGL heterograph, a one-type
+    graph leaf as a DGL graph, each with the fields of its frames the call gave."""
+    if isinstance(value, TracedHetero):
+        return HeteroGraphProxy(value, tracer, Frames(value.node_types, value.edge_types, frame_inputs(value)))
+    if isinstance(value, fx.Proxy) and value.node.target in tracer.graph_leaves:
+        return GraphProxy(value.node, tracer, Frames(initial=frame_inputs(value)))
+    if isinstance(value, (list, tuple)):
+        return type(value)(_dgl_values(tracer, v) for v in value)
+    if isinstance(value, dict):
+        return {k: _dgl_values(tracer, v) for k, v in value.items()}
+    return value
+
+
+# The tracer reads graph inputs through this view wherever dgl is imported (this module is
+# loaded then: sarcompile.compile.frontends), without importing a front-end itself.
+register_graph_view(_dgl_values, lambda tracer, node: GraphProxy(node, tracer))

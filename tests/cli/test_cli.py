@@ -168,7 +168,7 @@ def test_plan_command_prints_the_plan(tmp_path, capsys):
 
     g = sc.Graph.from_edges(torch.randint(0, 200, (900,)), torch.randint(0, 200, (900,)), 200)
     sc.partition(g, 2, tmp_path / "parts", node_data={"x": torch.randn(200, 32)})
-    spec = str(Path(__file__).resolve().parents[1] / "examples" / "train_sage.py") + ":SAGE"
+    spec = str(Path(__file__).resolve().parents[2] / "examples" / "train_sage.py") + ":SAGE"
     args = '{"in_dim": 32, "hidden": 16, "num_classes": 4, "dropout": 0.5}'
     assert main(["plan", spec, "--parts", str(tmp_path / "parts"), "--args", args, "--stage", "fuse",
                  "--dot", str(tmp_path / "plan.dot"), "--show-kernels"]) == 0
@@ -210,7 +210,7 @@ def test_plan_show_kernels_gpu_prints_each_kernels_resources(tmp_path, capsys):
 
 
 def test_explain_says_how_each_layer_is_lowered_or_why_it_is_refused(tmp_path, capsys):
-    spec = str(Path(__file__).resolve().parents[1] / "examples" / "train_sage.py") + ":SAGE"
+    spec = str(Path(__file__).resolve().parents[2] / "examples" / "train_sage.py") + ":SAGE"
     args = '{"in_dim": 8, "hidden": 16, "num_classes": 4, "dropout": 0.5}'
     assert main(["explain", spec, "--features", "8", "--args", args]) == 0
     assert capsys.readouterr().out.splitlines() == [
@@ -250,7 +250,7 @@ def test_plan_command_names_bad_arguments_widths_and_stages(tmp_path, capsys):
     g = sc.Graph.from_edges(torch.randint(0, 200, (900,)), torch.randint(0, 200, (900,)), 200)
     parts = tmp_path / "parts"
     sc.partition(g, 2, parts, node_data={"x": torch.randn(200, 32)})
-    spec = str(Path(__file__).resolve().parents[1] / "examples" / "train_sage.py") + ":SAGE"
+    spec = str(Path(__file__).resolve().parents[2] / "examples" / "train_sage.py") + ":SAGE"
     good = '{"in_dim": 32, "hidden": 16, "num_classes": 4, "dropout": 0.5}'
 
     def error(*argv) -> str:

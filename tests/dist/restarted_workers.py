@@ -1,4 +1,4 @@
-"""Run by tests/runtime/test_relaunch.py under ``torchrun --max-restarts 1``: on the first
+"""Run by tests/dist/test_relaunch.py under ``torchrun --max-restarts 1``: on the first
 start rank 1 kills itself after an all-reduce and rank 0 fails in the next one (publishing
 its failure); on the restart rank 0 comes late, so rank 1 would read the first start's
 keys first if the starts shared a namespace. Prints each start's generation and sum."""

@@ -92,7 +92,7 @@ def test_torchrun_restarts_a_job_whose_worker_was_killed(tmp_path, rendezvous):
         "c10d": ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{_free_port()}", "--rdzv-id", "job1"],
     }[rendezvous]
     args = [sys.executable, "-m", "torch.distributed.run", *launch, "--nproc-per-node", "2", "--max-restarts", "1",
-            str(ROOT / "tests" / "runtime" / "restarted_workers.py")]
+            str(ROOT / "tests" / "dist" / "restarted_workers.py")]
     done = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=150, check=False)
     assert done.returncode == 0, f"{done.stdout}\n{done.stderr}"
     # (the two workers' lines may interleave in the one pipe)

@@ -58,7 +58,7 @@ def test_a_preloaded_allocator_is_seen_and_glibc_left_alone(name):
     path = memory.find_allocator(name)
     if path is None:
         pytest.skip(f"{name} is not installed here")
-    code = ("from sarcompile.runtime import memory; import torch; torch.ones(1 << 20).sum(); "
+    code = ("from sarcompile.dist import memory; import torch; torch.ones(1 << 20).sum(); "
             "print(memory.active_allocator(), memory.malloc_stats(), memory.tune_allocator())")
     env = {**os.environ, "LD_PRELOAD": path, "SARCOMPILE_MALLOC": "auto"}
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
@@ -73,7 +73,7 @@ def test_a_preloaded_allocator_is_seen_and_glibc_left_alone(name):
 # hblkhd), and what tune_allocator returned.
 _MAPPED = """
 import ctypes, torch
-from sarcompile.runtime import memory
+from sarcompile.dist import memory
 tuned = memory.tune_allocator()
 big = torch.ones(6 << 20); del big
 x = torch.ones(1 << 20)
@@ -119,7 +119,12 @@ def test_tune_allocator_names_bad_and_deprecated_settings(monkeypatch):
 # A fresh process per case: torch reads its huge-page switch at its first allocation.
 _HUGE = """
 import os, re, sarcompile, torch
-from sarcompile.runtime import memory
+from sarcompile.dist import memory
+assert "THP_MEM_ALLOC_ENABLE" not in os.environ or os.environ.get("USER_SET") == "1", "import alone set it"
+try:
+    memory.apply_policy()  # what sc.init() runs first
+except ValueError:
+    pass  # a bad SARCOMPILE_MALLOC: sc.init() names it (tested above)
 x = torch.ones(4 << 20)  # 16 MiB, touched
 start, end = x.data_ptr(), x.data_ptr() + x.numel() * x.element_size()
 huge, inside = 0, False
@@ -151,10 +156,10 @@ def _huge(**env: str) -> list[str]:
     ({}, ["1", "True"]),  # no torchrun: sc.init() starts a one-worker group, and tunes it alike
     ({"WORLD_SIZE": "4", "SARCOMPILE_MALLOC": "off"}, ["None", "False"]),
     ({"SARCOMPILE_MALLOC": "lean"}, ["1", "True"]),
-    ({"WORLD_SIZE": "4", "THP_MEM_ALLOC_ENABLE": "0"}, ["0", "False"]),  # the user's value is kept
-    ({"WORLD_SIZE": "4", "SARCOMPILE_MALLOC": "small"}, ["None", "False"]),  # sc.init() names it, not the import
+    ({"WORLD_SIZE": "4", "THP_MEM_ALLOC_ENABLE": "0", "USER_SET": "1"}, ["0", "False"]),  # the user's value is kept
+    ({"WORLD_SIZE": "4", "SARCOMPILE_MALLOC": "small"}, ["None", "False"]),  # a bad value: sc.init() names it
 ])
-def test_import_asks_torch_for_huge_pages_where_glibcs_thresholds_are_fixed(env, expected):
+def test_the_policy_asks_torch_for_huge_pages_where_glibcs_thresholds_are_fixed(env, expected):
     if "LD_PRELOAD" in os.environ or memory._libc() is None:
         pytest.skip("needs glibc and no preloaded allocator")
     got = _huge(**env)

@@ -25,7 +25,7 @@ from sarcompile.predict.run import _rows
 from sarcompile.data.synthetic import mag_like
 from sarcompile.train import load_trained
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 OWN = str(ROOT / "examples" / "own_model.py")
 bench = import_script(ROOT / "benchmarks" / "predict_ooc.py")
 

@@ -27,7 +27,7 @@ from sarcompile.runtime.link import WIRE_SCALE
 from sarcompile.dist.memory import active_allocator
 from sarcompile.train import build_model, evaluate, load_trained, parse_args
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _sbm(*args):

@@ -21,7 +21,7 @@ from sarcompile.errors import RunDirError
 from sarcompile.data.partitioning import load_partition, read_manifest
 from sarcompile.data.rundir import LOCK_NAME, lock_dir, lock_file, remove_stale_temps
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def small_graph(n: int = 40) -> tuple[sc.Graph, dict[str, torch.Tensor]]:

@@ -266,7 +266,7 @@ def test_a_worker_that_cannot_reach_the_store_still_leaves_in_bounded_time(monke
 _SIGTERMED = """
 import ctypes, sys, threading
 import sarcompile as sc
-from sarcompile.runtime import failure
+from sarcompile.dist import failure
 
 cut = threading.Event()
 

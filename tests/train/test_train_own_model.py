@@ -23,7 +23,7 @@ from sarcompile.train import load_trained
 from sarcompile.train.model import call_model
 from sarcompile.train.tasks import _rocauc
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 OWN = str(ROOT / "examples" / "own_model.py")
 N = 240
 

@@ -11,7 +11,7 @@ from test_ooc_multilevel import edge_lists
 
 import sarcompile as sc
 from sarcompile.cli.main import main
-from sarcompile.compile.estimate import GraphStats
+from sarcompile.graph.stats import GraphStats
 from sarcompile.data.outofcore import edge_stats, open_edges
 from sarcompile.train import GNN
 

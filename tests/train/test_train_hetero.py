@@ -35,7 +35,7 @@ from sarcompile.data.partitioning import read_manifest
 from sarcompile.data.synthetic import mag_like
 from sarcompile.train import build_model, evaluate, load_trained
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MODELS = {"rgcn": RGCN, "hgt": HGT}
 
 

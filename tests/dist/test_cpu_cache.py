@@ -101,7 +101,7 @@ def test_a_freed_block_serves_the_next_request_of_its_size():
 # In a fresh process, where nothing else is in use: the figures exactly.
 _BOUND = """
 import torch
-from sarcompile.runtime import cpu_cache, memory
+from sarcompile.dist import cpu_cache, memory
 assert cpu_cache.install(memory.MMAP_THRESHOLD)
 MiB = 1 << 20
 def stats():
@@ -172,7 +172,7 @@ def test_a_forked_child_allocates_and_frees():
     assert deadline_ok and os.waitstatus_to_exitcode(status) == 0
 
 
-_INIT = "import sarcompile as sc; from sarcompile.runtime import cpu_cache; sc.init(); print(cpu_cache.installed())"
+_INIT = "import sarcompile as sc; from sarcompile.dist import cpu_cache; sc.init(); print(cpu_cache.installed())"
 
 
 @pytest.mark.parametrize("mode, want", [("auto", "True"), ("off", "False")])

@@ -20,7 +20,7 @@ import sarcompile.data.synthetic_stream as stream
 from sarcompile.errors import GraphError
 from sarcompile.data.synthetic_stream import write_papers100m_like, write_sbm
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 N = 20_000
 EDGE_FILES = {"src", "dst", "block"}
 NODE_FILES = {"x", "y", "train_mask", "val_mask", "test_mask"}

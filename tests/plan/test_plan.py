@@ -37,7 +37,7 @@ def _graph() -> sc.Graph:
 
 
 def _golden(name: str, text: str) -> None:
-    """Compare with tests/golden/NAME; SARCOMPILE_UPDATE_GOLDEN=1 rewrites it."""
+    """Compare with tests/plan/golden/NAME; SARCOMPILE_UPDATE_GOLDEN=1 rewrites it."""
     path = GOLDEN / name
     if os.environ.get("SARCOMPILE_UPDATE_GOLDEN"):
         path.write_text(text + "\n")
