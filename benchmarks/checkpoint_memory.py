@@ -24,43 +24,26 @@ share + 10%. Exit status 1 if either fails.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import os
 import shutil
 import statistics
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
-from checkpoint_overlap import _cpu  # (this directory is on the path: the script's)
+from harness import ROOT, launch, partition, results_dir, write_result  # (this directory is on the path)
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results" / "checkpoint_memory.json"
 WORKER = ROOT / "benchmarks" / "checkpoint_memory_worker.py"
 PEAK_RATIO = 1.2  # a worker's peak against the median worker's
 SHARE_SLACK = 1.1  # what a resume may add, against the worker's share
 
 
-def _commit() -> str:
-    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                          check=False).stdout.strip()
-
-
 def _train(n: int, parts: Path, out: Path, record: Path, epochs: int, a: argparse.Namespace,
            resume: bool) -> list[dict]:
     """Train (or resume) on ``n`` workers; every worker's record, by rank."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(n), str(WORKER),
-           str(record), "--parts", str(parts), "--out", str(out), "--model", "rgcn", "--hidden", "64",
-           "--embed-dim", "64", "--epochs", str(epochs), "--seed", "0", "--no-progress", "--checkpoint-every", "1"]
-    if resume:
-        cmd += ["--resume", "auto"]
-    print("$ " + " ".join(cmd[1:]), flush=True)
-    env = {**os.environ, "OMP_NUM_THREADS": str(a.threads), "PYTHONPATH": str(ROOT)}
-    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, check=False)
-    if done.returncode:
-        sys.exit(f"training failed (exit {done.returncode}):\n{done.stdout}\n{done.stderr}")
+    args = [str(WORKER), str(record), "--parts", str(parts), "--out", str(out), "--model", "rgcn", "--hidden", "64",
+            "--embed-dim", "64", "--epochs", str(epochs), "--seed", "0", "--no-progress", "--checkpoint-every", "1",
+            *(["--resume", "auto"] if resume else [])]
+    launch(args, n, {"OMP_NUM_THREADS": str(a.threads), "PYTHONPATH": str(ROOT)}, timeout=a.timeout, echo=True)
     return [json.loads((record / f"rank-{r}.json").read_text()) for r in range(n)]
 
 
@@ -80,15 +63,11 @@ def measure(a: argparse.Namespace, work: Path) -> dict:
     parts = {}
     for n in (4, 2):
         parts[n] = work / f"parts{n}"
-        cmd = [sys.executable, "-m", "sarcompile", "partition", "--synthetic", "mag", "--scale", str(a.scale),
-               "--parts", str(n), "--out", str(parts[n])]
-        print("$ " + " ".join(cmd[1:]), flush=True)
-        subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True)
+        partition(["--synthetic", "mag", "--scale", str(a.scale)], n, parts[n], echo=True)
     trained = _train(4, parts[4], work / "run", work / "rec-train", a.epochs, a, resume=False)
     peaks = [r["peak_bytes"] for r in trained]
     median = statistics.median(peaks)
-    result = {"machine": _cpu(), "date": datetime.date.today().isoformat(), "commit": _commit(),
-              "scale": a.scale, "epochs": a.epochs, "threads_per_worker": a.threads,
+    result = {"scale": a.scale, "epochs": a.epochs, "threads_per_worker": a.threads,
               "model": "rgcn --hidden 64 --embed-dim 64 --checkpoint-every 1",
               "checkpoint_bytes": sum(f.stat().st_size for f in (work / "run" / "checkpoints").rglob(
                   f"epoch-{a.epochs:06d}/**/*") if f.is_file()),
@@ -129,7 +108,8 @@ def main() -> int:
     ap.add_argument("--scale", type=float, default=4.0)
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS per worker")
-    ap.add_argument("--json", type=Path, default=RESULTS)
+    ap.add_argument("--timeout", type=float, default=3600, help="seconds one training run may take")
+    ap.add_argument("--json", type=Path, default=results_dir() / "checkpoint_memory.json")
     ap.add_argument("--table", action="store_true", help="print the markdown table of --json and stop")
     a = ap.parse_args()
     if a.table:
@@ -137,7 +117,7 @@ def main() -> int:
         return 0
     with tempfile.TemporaryDirectory() as tmp:
         result = measure(a, Path(tmp))
-    a.json.write_text(json.dumps(result, indent=1) + "\n")
+    write_result(a.json.stem, result, a.json.parent)
     print(table(result))
     ok = result["pass_peak"] and result["pass_resume"]
     print("PASS" if ok else "FAIL: " + ", ".join(k for k in ("pass_peak", "pass_resume") if not result[k]))

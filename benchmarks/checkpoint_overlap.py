@@ -18,41 +18,26 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import re
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _cpu() -> str:
-    out = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
-    fields = dict(line.split(":", 1) for line in out.splitlines() if ":" in line)
-    return f"{fields.get('Model name', platform.processor()).strip()}, {fields.get('CPU(s)', '?').strip()} CPUs"
+from harness import launch, partition, results_dir, write_result  # (this directory is on the path: the script's)
 
 
 def _run(parts: Path, out: Path, a: argparse.Namespace, every: int) -> dict:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(a.workers),
-           "-m", "sarcompile.train", "--parts", str(parts), "--out", str(out), "--model", "rgcn", "--hidden", "64",
-           "--embed-dim", "64", "--epochs", str(a.epochs), "--seed", "0", "--no-progress",
-           "--checkpoint-every", str(every)]
-    env = {**os.environ, "OMP_NUM_THREADS": str(a.threads)}
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     seen = []  # the wall clock when each epoch's line appears
-    lines = []
-    for line in proc.stdout:
-        lines.append(line)
+
+    def on_line(line: str) -> None:
         if line.startswith("epoch "):
             seen.append(time.perf_counter())
-    err = proc.stderr.read()
-    if proc.wait():
-        sys.exit(f"training failed:\n{''.join(lines)}\n{err}")
+
+    lines = launch(["-m", "sarcompile.train", "--parts", str(parts), "--out", str(out), "--model", "rgcn", "--hidden",
+                    "64", "--embed-dim", "64", "--epochs", str(a.epochs), "--seed", "0", "--no-progress",
+                    "--checkpoint-every", str(every)], a.workers, {"OMP_NUM_THREADS": str(a.threads)},
+                   timeout=a.timeout, on_line=on_line).stdout.splitlines()
     records = [json.loads(x) for x in (out / "log.jsonl").read_text().splitlines()]
     ledger = next((x for x in lines if x.startswith("checkpoints:")), "")
     copy, wait = (float(v) for v in re.findall(r"([\d.]+) s", ledger)[:2]) if ledger else (0.0, 0.0)
@@ -69,17 +54,17 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--keep", type=int, default=2, help=argparse.SUPPRESS)
-    ap.add_argument("--json", default=str(ROOT / "benchmarks" / "results" / "checkpoint_overlap.json"))
+    ap.add_argument("--timeout", type=float, default=3600, help="seconds one training run may take")
+    ap.add_argument("--json", type=Path, default=results_dir() / "checkpoint_overlap.json")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         parts = Path(tmp) / "parts"
-        subprocess.run([sys.executable, "-m", "sarcompile", "partition", "--synthetic", "mag", "--scale", str(a.scale),
-                        "--parts", str(a.workers), "--out", str(parts)], cwd=ROOT, check=True, capture_output=True)
+        partition(["--synthetic", "mag", "--scale", str(a.scale)], a.workers, parts)
         runs = {"none": [], "every_1": []}
         for i in range(a.repeats):
             for name, every in (("none", 0), ("every_1", 1)) if i % 2 == 0 else (("every_1", 1), ("none", 0)):
                 runs[name].append(_run(parts, Path(tmp) / f"{name}{i}", a, every))
-    result = {"machine": _cpu(), "scale": a.scale, "workers": a.workers, "threads_per_worker": a.threads,
+    result = {"scale": a.scale, "workers": a.workers, "threads_per_worker": a.threads,
               "epochs": a.epochs, "repeats": a.repeats, "model": "rgcn --hidden 64 --embed-dim 64"}
     for name, rs in runs.items():
         result[name] = {
@@ -91,8 +76,8 @@ def main() -> None:
     result["checkpoint_mib"] = runs["every_1"][0]["checkpoint_mib"]
     for key in ("median_train_s", "median_epoch_wall_s"):
         result[f"{key}_ratio"] = result["every_1"][key] / result["none"][key]
-    Path(a.json).write_text(json.dumps(result, indent=1) + "\n")
-    print(json.dumps(result, indent=1))
+    path = write_result(a.json.stem, result, a.json.parent)
+    print(path.read_text())
 
 
 if __name__ == "__main__":

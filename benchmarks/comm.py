@@ -47,18 +47,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-import torch
-
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
+from harness import LaunchError, commit, figure, launch, partition, results_dir, sbm_file, write_result
 
 # name -> (average degree after symmetrising, fraction of edges inside a class, std of the
 # Gaussian noise added to the features). The dense graph has fewer same-class edges: with
@@ -76,17 +70,6 @@ CONFIGS = {
 }
 LINK_BITS_PER_S = 10e9  # the modelled slow link
 FEATURE_PHASES = ("forward", "backward")
-
-
-def _graph_file(path: Path, nodes: int, degree: int, p_in: float, noise: float, features: int) -> None:
-    sys.path.insert(0, str(ROOT / "examples"))
-    from make_graph import sbm
-
-    data = sbm(nodes, 16, degree / 2, p_in, features, seed=0)  # symmetrised: degree on average
-    gen = torch.Generator().manual_seed(1)
-    x = data["x"] + noise * torch.randn(data["x"].shape, generator=gen)
-    data["x"] = (x - x.mean(0)) / x.std(0)  # standardised: raw values ~noise wide slow Adam down
-    torch.save(data, path)
 
 
 def _summarise(records: list[dict]) -> dict:
@@ -124,7 +107,7 @@ def run(a: argparse.Namespace, save, rows: list[dict]) -> list[dict]:
     """Every (graph, model, config) not yet in ``rows``, in turn; ``save(rows)`` after each,
     so a long run that is stopped keeps what it measured and a rerun goes on from there."""
     done_before = {(r["graph"], r["model"], r["config"]) for r in rows}
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "SARCOMPILE_TIMEOUT": "900"}
+    env = {"OMP_NUM_THREADS": "1", "SARCOMPILE_TIMEOUT": "900"}
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         for name in a.graphs:
@@ -132,38 +115,28 @@ def run(a: argparse.Namespace, save, rows: list[dict]) -> list[dict]:
             if not todo:
                 continue
             graph, parts = tmp / f"{name}.pt", tmp / f"parts_{name}"
-            _graph_file(graph, a.nodes, *GRAPHS[name], a.features)
-            subprocess.run([sys.executable, "-m", "sarcompile", "partition", "--edges", str(graph), "--parts",
-                            str(a.workers), "--out", str(parts)], check=True, capture_output=True, env=env)
+            degree, p_in, noise = GRAPHS[name]
+            sbm_file(graph, a.nodes, degree / 2, p_in=p_in, features=a.features, noise=noise)  # degree on average
+            partition(["--edges", str(graph)], a.workers, parts, env=env)
             for model, config in todo:
                 out = tmp / f"run_{name}_{model}_{config}"
-                cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-                       str(a.workers), "-m", "sarcompile.train", "--parts", str(parts), "--model", model,
-                       "--layers", str(a.layers), "--hidden", str(a.hidden), "--epochs", str(a.epochs),
-                       "--checkpoint-every", "0", "--no-progress", "--out", str(out), *CONFIGS[config]]
                 t0 = time.perf_counter()
-                done = subprocess.run(cmd, check=False, capture_output=True, text=True, env=env, timeout=a.timeout)
-                log = out / "log.jsonl"
-                if done.returncode != 0 or not log.exists():  # keep going; say what failed
-                    tail = "\n".join(done.stderr.strip().splitlines()[-15:])
-                    print(f"{name} {model} {config}: FAILED (exit {done.returncode})\n{tail}", flush=True)
+                try:  # keep going after a failure; say what failed
+                    launch(["-m", "sarcompile.train", "--parts", str(parts), "--model", model, "--layers",
+                            str(a.layers), "--hidden", str(a.hidden), "--epochs", str(a.epochs), "--checkpoint-every",
+                            "0", "--no-progress", "--out", str(out), *CONFIGS[config]], a.workers, env,
+                           timeout=a.timeout)
+                except LaunchError as e:
+                    print(f"{name} {model} {config}: FAILED: {e}", flush=True)
                     continue
+                log = out / "log.jsonl"
                 records = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
                 row = {"graph": name, "model": model, "config": config, "args": CONFIGS[config],
-                       "commit": _commit(), "wall_s": round(time.perf_counter() - t0, 1), **_summarise(records)}
+                       "commit": commit(mark_dirty=True), "wall_s": round(time.perf_counter() - t0, 1), **_summarise(records)}
                 rows.append(row)
                 save(rows)
                 print(_line(row, rows), flush=True)
     return rows
-
-
-def _commit() -> str:
-    """The checkout measured: its commit, with ``+dirty`` if sarcompile/ has changes."""
-    def git(*args: str) -> str:
-        return subprocess.run(["git", "-C", str(ROOT), *args], check=True, capture_output=True, text=True).stdout
-
-    head, dirty = git("rev-parse", "--short", "HEAD").strip(), git("status", "--porcelain", "sarcompile").strip()
-    return head + ("+dirty" if dirty else "")
 
 
 def _exact(rows: list[dict], row: dict) -> dict | None:
@@ -237,40 +210,34 @@ def table(rows: list[dict], config: dict) -> str:
 
 
 def _plot(rows: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib import colormaps
     from matplotlib.ticker import NullFormatter
 
     panels = [(g, m) for g in GRAPHS for m in MODELS
               if any((r["graph"], r["model"]) == (g, m) for r in rows)]
     if not panels:
         return
-    colors = dict(zip(CONFIGS, plt.get_cmap("tab10").colors))
-    fig, axes = plt.subplots(2, len(panels), figsize=(4.5 * len(panels), 7), squeeze=False)
-    for col, (g, m) in enumerate(panels):
-        mine = [r for r in _sorted(rows) if (r["graph"], r["model"]) == (g, m)]
-        ax = axes[0][col]
-        for r in mine:
-            ax.scatter(r["feature_bytes"] / 2**20, 100 * r["test_acc"], color=colors.get(r["config"]),
-                       label=r["config"])
-        ax.set_xscale("log")
-        ax.xaxis.set_minor_formatter(NullFormatter())  # the decades only: minor labels overlap
-        ax.set_xlabel("features + gradients sent per step (MiB)")
-        ax.set_ylabel("final test accuracy (%)")
-        ax.set_title(f"{m}, {g} graph")
-        ax = axes[1][col]
-        xs = range(len(mine))
-        ax.bar([x - 0.2 for x in xs], [r["train_s"] for r in mine], width=0.4, label="step (measured)")
-        ax.bar([x + 0.2 for x in xs], [r["modelled_10g_s"] for r in mine], width=0.4, label="step at 10 Gbit/s")
-        ax.set_xticks(list(xs), [r["config"] for r in mine], rotation=45, fontsize=7)
-        ax.set_ylabel("seconds")
-    axes[0][0].legend(fontsize=7)
-    axes[1][0].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    colors = dict(zip(CONFIGS, colormaps["tab10"].colors))
+    with figure(path, len(panels), rows=2) as axes:
+        for col, (g, m) in enumerate(panels):
+            mine = [r for r in _sorted(rows) if (r["graph"], r["model"]) == (g, m)]
+            ax = axes[col]
+            for r in mine:
+                ax.scatter(r["feature_bytes"] / 2**20, 100 * r["test_acc"], color=colors.get(r["config"]),
+                           label=r["config"])
+            ax.set_xscale("log")
+            ax.xaxis.set_minor_formatter(NullFormatter())  # the decades only: minor labels overlap
+            ax.set_xlabel("features + gradients sent per step (MiB)")
+            ax.set_ylabel("final test accuracy (%)")
+            ax.set_title(f"{m}, {g} graph")
+            ax = axes[len(panels) + col]
+            xs = range(len(mine))
+            ax.bar([x - 0.2 for x in xs], [r["train_s"] for r in mine], width=0.4, label="step (measured)")
+            ax.bar([x + 0.2 for x in xs], [r["modelled_10g_s"] for r in mine], width=0.4, label="step at 10 Gbit/s")
+            ax.set_xticks(list(xs), [r["config"] for r in mine], rotation=45, fontsize=7)
+            ax.set_ylabel("seconds")
+        axes[0].legend(fontsize=7)
+        axes[len(panels)].legend(fontsize=7)
 
 
 def main() -> None:
@@ -293,15 +260,12 @@ def main() -> None:
     if a.quick:
         a.nodes, a.epochs, a.workers, a.graphs, a.models = 1000, 3, 2, ["sbm"], ["sage"]
         a.configs, a.name = ["exact", "1bit"], "comm_quick"
-    out = HERE / "results"
-    out.mkdir(exist_ok=True)
+    out = results_dir()
     sizes = ("nodes", "features", "workers", "layers", "hidden", "epochs")
     config = {k: getattr(a, k) for k in sizes}
 
     def save(rows: list[dict]) -> None:
-        tmp = out / f".{a.name}.json.tmp"
-        tmp.write_text(json.dumps({"config": config, "graphs": GRAPHS, "rows": _sorted(rows)}, indent=1))
-        tmp.replace(out / f"{a.name}.json")  # never a half-written results file
+        write_result(a.name, {"config": config, "graphs": GRAPHS, "rows": _sorted(rows)})
         _plot(rows, out / f"{a.name}.png")
 
     # Resume: rows measured by an earlier run with the same sizes are kept, not redone.

@@ -16,12 +16,11 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+from harness import launch, results_dir, write_result  # (this directory is on the path: the script's)
 
 
 def one_process() -> dict:
@@ -57,11 +56,11 @@ def one_process() -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--processes", type=int, default=5)
-    ap.add_argument("--out", default=str(HERE / "results" / "compile_time.json"))
+    ap.add_argument("--out", type=Path, default=results_dir() / "compile_time.json")
     a = ap.parse_args()
     runs = []
     for _ in range(a.processes):
-        done = subprocess.run([sys.executable, __file__, "--one"], capture_output=True, text=True, check=True)
+        done = launch([__file__, "--one"], timeout=600)
         runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
     first = statistics.median(r["first_s"] for r in runs)
     later = statistics.median(t for r in runs for t in r["later_s"])
@@ -72,12 +71,8 @@ def main() -> None:
           f"a 3-layer GAT {1000 * gat:.1f} ms")
     print("stages of a later compile, planned for 4 workers (median ms): "
           + ", ".join(f"{k} {1000 * v:.1f}" for k, v in stages.items()))
-    out = Path(a.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"first_s": first, "later_s": later, "gat_s": gat, "stages_s": stages, "runs": runs},
-                              indent=1))
-    tmp.replace(out)
+    out = write_result(a.out.stem, {"first_s": first, "later_s": later, "gat_s": gat, "stages_s": stages, "runs": runs},
+                       a.out.parent)
     print(f"wrote {out}")
 
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import json
 import os
 import platform
 import statistics
@@ -37,10 +36,10 @@ from pathlib import Path
 
 import torch
 
+from harness import figure, results_dir, write_result  # (this directory is on the path: the script's)
 from sarcompile.codegen import native
 from sarcompile.dist.memory import active_allocator
 
-HERE = Path(__file__).resolve().parent
 
 _PEAK_SOURCE = r"""
 #include <immintrin.h>
@@ -164,22 +163,15 @@ def table(summary: dict) -> str:
 
 
 def _plot(summary: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     rows = summary["products"]
-    fig, ax = plt.subplots(figsize=(9, 0.45 * len(rows) + 1.5))
-    ax.barh([f"{r['product']} ({r['engine']})" for r in rows], [r["gflops"] for r in rows])
-    if summary["peak"]:
-        ax.axvline(summary["peak"]["all_threads_gflops"], color="k", linestyle="--", label="FMA peak")
-        ax.legend(loc="lower right")
-    ax.invert_yaxis()
-    ax.set_xlabel("GFLOP/s (median)")
-    ax.set_title(f"{summary['cpu']}, {summary['threads']} threads, {summary['rows']:,} rows")
-    fig.tight_layout()
-    fig.savefig(path)
+    with figure(path, size=(9, 0.45 * len(rows) + 1.5)) as (ax,):
+        ax.barh([f"{r['product']} ({r['engine']})" for r in rows], [r["gflops"] for r in rows])
+        if summary["peak"]:
+            ax.axvline(summary["peak"]["all_threads_gflops"], color="k", linestyle="--", label="FMA peak")
+            ax.legend(loc="lower right")
+        ax.invert_yaxis()
+        ax.set_xlabel("GFLOP/s (median)")
+        ax.set_title(f"{summary['cpu']}, {summary['threads']} threads, {summary['rows']:,} rows")
 
 
 def main() -> None:
@@ -187,17 +179,15 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=100_000)
     ap.add_argument("--repeats", type=int, default=9)
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
-    ap.add_argument("--out", default=str(HERE / "results" / "dense_rate"))
+    ap.add_argument("--out", type=Path, default=results_dir() / "dense_rate", help="results path, without .json")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     summary = {"cpu": _cpu_name(), "threads": a.threads, "rows": a.rows, "torch": torch.__version__,
                "allocator": active_allocator(), "peak": peak(a.threads), "products": products(a.rows, a.repeats)}
     print(table(summary))
-    out = Path(a.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(summary, indent=1))
+    out = write_result(a.out.name.removesuffix(".json"), summary, a.out.parent)
     _plot(summary, out.with_suffix(".png"))
-    print(f"wrote {out.with_suffix('.json')} and {out.with_suffix('.png')}")
+    print(f"wrote {out} and {out.with_suffix('.png')}")
 
 
 def _cpu_name() -> str:

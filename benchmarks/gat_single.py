@@ -13,23 +13,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-HERE = Path(__file__).resolve().parent
-
-
-def graph(nodes: int, degree: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    gen = torch.Generator().manual_seed(seed)
-    dst = torch.arange(nodes).repeat_interleave(degree)
-    src = torch.randint(0, nodes, (nodes * degree,), generator=gen)
-    return src, dst
+from harness import figure, launch, random_graph, write_result  # (this directory is on the path)
 
 
 def run_engine(engine: str, nodes: int, degree: int, heads: int, channels: int, repeats: int) -> dict:
@@ -37,7 +27,7 @@ def run_engine(engine: str, nodes: int, degree: int, heads: int, channels: int, 
 
     torch.manual_seed(0)
     torch.set_num_threads(1)  # both engines on one core: comparable and quieter
-    src, dst = graph(nodes, degree)
+    src, dst = random_graph(nodes, degree)
     x = torch.randn(nodes, channels, requires_grad=True)
     if engine == "pyg":
         from torch_geometric.nn import GATConv
@@ -86,12 +76,11 @@ def main() -> None:
         return
     results = {}
     for engine in ("pyg", "sarcompile"):
-        cmd = [sys.executable, __file__, "--engine", engine, "--nodes", str(a.nodes), "--degree", str(a.degree),
-               "--heads", str(a.heads), "--channels", str(a.channels), "--repeats", str(a.repeats)]
+        args = [__file__, "--engine", engine, "--nodes", str(a.nodes), "--degree", str(a.degree), "--heads",
+                str(a.heads), "--channels", str(a.channels), "--repeats", str(a.repeats)]
         # Freed tensors leave the resident set at once with a fixed mmap threshold (see
         # benchmarks/scaling.py), so the peak measures what the step itself holds.
-        env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072", "MALLOC_TRIM_THRESHOLD_": "131072"}
-        done = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env)
+        done = launch(args, env={"MALLOC_MMAP_THRESHOLD_": "131072", "MALLOC_TRIM_THRESHOLD_": "131072"})
         results[engine] = json.loads(done.stdout.strip().splitlines()[-1])
     pyg, ours = results["pyg"], results["sarcompile"]
     summary = {
@@ -101,11 +90,8 @@ def main() -> None:
         "time_ratio_sarcompile_over_pyg": ours["median_s"] / pyg["median_s"],
         "memory_ratio_sarcompile_over_pyg": ours["peak_bytes"] / pyg["peak_bytes"],
     }
-    out_dir = HERE / "results"
-    out_dir.mkdir(exist_ok=True)
     name = "gat_single_quick" if a.quick else "gat_single"
-    (out_dir / f"{name}.json").write_text(json.dumps(summary, indent=2))
-    _plot(summary, out_dir / f"{name}.png")
+    _plot(summary, write_result(name, summary).with_suffix(".png"))
     print(f"GAT layer, {a.nodes} nodes, {a.nodes * a.degree} edges, {a.heads} heads x {a.channels}, "
           f"forward+backward, median of {a.repeats}, 1 thread")
     print(f"{'engine':<12} {'median time':>12} {'peak memory':>12}")
@@ -116,21 +102,15 @@ def main() -> None:
 
 
 def _plot(summary: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     engines = list(summary["results"])
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(8, 3.2))
-    ax1.bar(engines, [summary["results"][e]["median_s"] for e in engines], color=["tab:gray", "tab:blue"])
-    ax1.set_ylabel("forward+backward (s, median)")
-    ax2.bar(engines, [summary["results"][e]["peak_bytes"] / 2**20 for e in engines], color=["tab:gray", "tab:blue"])
-    ax2.set_ylabel("peak memory (MiB)")
     c = summary["config"]
-    fig.suptitle(f"GAT layer: {c['nodes']} nodes, {c['edges']} edges, {c['heads']} heads x {c['channels']}")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    with figure(path, 2, size=(4, 3.2),
+                title=f"GAT layer: {c['nodes']} nodes, {c['edges']} edges, {c['heads']} heads x {c['channels']}"
+                ) as (ax1, ax2):
+        ax1.bar(engines, [summary["results"][e]["median_s"] for e in engines], color=["tab:gray", "tab:blue"])
+        ax1.set_ylabel("forward+backward (s, median)")
+        ax2.bar(engines, [summary["results"][e]["peak_bytes"] / 2**20 for e in engines], color=["tab:gray", "tab:blue"])
+        ax2.set_ylabel("peak memory (MiB)")
 
 
 if __name__ == "__main__":

@@ -56,7 +56,7 @@ from torch import nn
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "examples"))  # the examples' models, imported unchanged
-from kernels import graph
+from harness import random_graph, results_dir, write_result
 from train_pyg import Net
 from train_sage import SAGE
 
@@ -252,7 +252,7 @@ def main() -> None:
                    help="largest error allowed, relative to each reference tensor's largest magnitude")
     for key in SIZES["full"]:
         p.add_argument(f"--{key}", type=int, default=None, help=f"default {SIZES['full'][key]} ({SIZES['small'][key]} with --small)")
-    p.add_argument("--out", default=str(HERE / "results" / "gpu_models.json"))
+    p.add_argument("--out", type=Path, default=results_dir() / "gpu_models.json")
     a = p.parse_args()
     for key, value in SIZES["small" if a.small else "full"].items():
         if getattr(a, key) is None:
@@ -261,7 +261,7 @@ def main() -> None:
     if device.type == "cuda" and not torch.cuda.is_available():
         sys.exit("gpu_models: no CUDA device: run on a GPU machine, or pass --device cpu --small to check the script")
 
-    src, dst = graph(a.nodes, a.degree)
+    src, dst = random_graph(a.nodes, a.degree)
     gen = torch.Generator().manual_seed(1)
     data = {
         "src": src, "dst": dst,
@@ -281,9 +281,7 @@ def main() -> None:
         **{k: getattr(a, k) for k in ("features", "hidden", "classes", "heads", "repeats", "tolerance")},
         "rows": rows,
     }
-    out = Path(a.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(summary, indent=2))
+    out = write_result(a.out.stem, summary, a.out.parent)
     print(table(summary))
     failed = [r["model"] for r in rows if not r.get("exact", {}).get("passed", False)]
     if failed:

@@ -21,11 +21,10 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
+from harness import figure, partition, results_dir, write_result
 from turns import Run, run_all
 from vs_dgl import MiB, launcher, make_graph
 
@@ -45,8 +44,7 @@ def measure(a: argparse.Namespace) -> list[dict]:
             runs = []
             for nodes in a.nodes:
                 parts, out = tmp / f"parts{nodes}_{n}", tmp / f"run{nodes}_{n}.json"
-                subprocess.run([sys.executable, "-m", "sarcompile", "partition", "--edges", str(tmp / f"graph{nodes}.pt"),
-                                "--parts", str(n), "--out", str(parts)], check=True, capture_output=True, env=base)
+                partition(["--edges", str(tmp / f"graph{nodes}.pt")], n, parts, base_env=base)
                 cmd = launcher(n) + [str(HERE / "vs_dgl_worker.py"), "--engine", "sarcompile", "--model", "sage",
                                      "--parts", str(parts), "--out", str(out), "--hidden", "256",
                                      "--epochs", str(a.epochs)]
@@ -88,25 +86,18 @@ def table(rows: list[dict]) -> str:
 
 
 def plot(rows: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.5))
-    for n in dict.fromkeys(r["workers"] for r in rows):
-        mine = [r for r in rows if r["workers"] == n]
-        left.plot([r["nodes"] for r in mine], [1e6 * r["epoch_s"] / r["edges"] for r in mine], marker="o",
-                  label=f"N={n}")
-        right.plot([r["nodes"] for r in mine], [r["peak_bytes"] / r["nodes"] * n for r in mine], marker="o",
-                   label=f"N={n}")
-    left.set(xscale="log", xlabel="nodes", ylabel="epoch s per M edges", title="time per edge")
-    right.set(xscale="log", xlabel="nodes", ylabel="peak bytes per node (all workers)", title="memory per node")
-    for ax in (left, right):
-        ax.set_ylim(bottom=0)
-        ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    with figure(path, 2, size=(5, 3.5), dpi=120) as (left, right):
+        for n in dict.fromkeys(r["workers"] for r in rows):
+            mine = [r for r in rows if r["workers"] == n]
+            left.plot([r["nodes"] for r in mine], [1e6 * r["epoch_s"] / r["edges"] for r in mine], marker="o",
+                      label=f"N={n}")
+            right.plot([r["nodes"] for r in mine], [r["peak_bytes"] / r["nodes"] * n for r in mine], marker="o",
+                       label=f"N={n}")
+        left.set(xscale="log", xlabel="nodes", ylabel="epoch s per M edges", title="time per edge")
+        right.set(xscale="log", xlabel="nodes", ylabel="peak bytes per node (all workers)", title="memory per node")
+        for ax in (left, right):
+            ax.set_ylim(bottom=0)
+            ax.legend()
 
 
 def main() -> None:
@@ -119,14 +110,10 @@ def main() -> None:
     ap.add_argument("--no-interleave", dest="interleave", action="store_false",
                     help="run each size start to end, one after the other, instead of epoch by epoch in turns")
     ap.add_argument("--timeout", type=float, default=3600)
-    ap.add_argument("--out", default=str(HERE / "results" / "growth.json"))
+    ap.add_argument("--out", type=Path, default=results_dir() / "growth.json")
     a = ap.parse_args()
     rows = measure(a)
-    out = Path(a.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"config": vars(a), "rows": rows}, indent=1))
-    tmp.replace(out)
+    out = write_result(a.out.stem, {"config": {**vars(a), "out": str(a.out)}, "rows": rows}, a.out.parent)
     plot(rows, out.with_suffix(".png"))
     print(table(rows))
     print(f"wrote {out} and {out.with_suffix('.png')}")

@@ -27,16 +27,9 @@ from pathlib import Path
 
 import torch
 
-HERE = Path(__file__).resolve().parent
+from harness import figure, random_graph, results_dir, write_result  # (this directory is on the path)
+
 ENGINES = ("triton", "torch", "pyg")
-
-
-def graph(nodes: int, degree: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """Every node gets ``degree`` in-edges from uniformly random sources."""
-    gen = torch.Generator().manual_seed(seed)
-    dst = torch.arange(nodes).repeat_interleave(degree)
-    src = torch.randint(0, nodes, (nodes * degree,), generator=gen)
-    return src, dst
 
 
 def layer(model: str, engine: str, channels: int, heads: int) -> torch.nn.Module:
@@ -99,11 +92,11 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=10)
     p.add_argument("--models", nargs="+", default=["sage", "gat"])
     p.add_argument("--engines", nargs="+", default=list(ENGINES))
-    p.add_argument("--out", default=str(HERE / "results" / "kernels"))
+    p.add_argument("--out", type=Path, default=results_dir() / "kernels", help="results path, without .json")
     a = p.parse_args()
     if a.device == "cuda" and not torch.cuda.is_available():
         sys.exit("no CUDA device: run on a GPU machine, or pass --device cpu with TRITON_INTERPRET=1 to check the script")
-    src, dst = graph(a.nodes, a.degree)
+    src, dst = random_graph(a.nodes, a.degree)
     rows = []
     for model in a.models:
         for engine in a.engines:
@@ -124,9 +117,7 @@ def main() -> None:
         "repeats": a.repeats,
         "rows": rows,
     }
-    out = Path(a.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(summary, indent=2))
+    out = write_result(a.out.name.removesuffix(".json"), summary, a.out.parent)
     print(table(summary))
     _plot(summary, out.with_suffix(".png"))
 
@@ -155,21 +146,13 @@ def table(summary: dict) -> str:
 
 
 def _plot(summary: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     ok = [r for r in summary["rows"] if "error" not in r]
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     labels = [f"{r['model']}\n{r['engine']}" for r in ok]
-    axes[0].bar(labels, [r["time_s"] * 1e3 for r in ok])
-    axes[0].set_ylabel("forward + backward (ms, median)")
-    axes[1].bar(labels, [(r["peak_bytes"] or 0) / 2**20 for r in ok])
-    axes[1].set_ylabel("peak memory above baseline (MiB)")
-    fig.suptitle(f"{summary['device']}: {summary['edges']:,} edges")
-    fig.tight_layout()
-    fig.savefig(path)
+    with figure(path, 2, size=(5, 4), title=f"{summary['device']}: {summary['edges']:,} edges") as (time_ax, peak_ax):
+        time_ax.bar(labels, [r["time_s"] * 1e3 for r in ok])
+        time_ax.set_ylabel("forward + backward (ms, median)")
+        peak_ax.bar(labels, [(r["peak_bytes"] or 0) / 2**20 for r in ok])
+        peak_ax.set_ylabel("peak memory above baseline (MiB)")
 
 
 if __name__ == "__main__":

@@ -26,18 +26,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "benchmarks" / "results" / "ooc_partition.json"
+from harness import ROOT, figure, partition, results_dir, write_result  # (this directory is on the path)
+
+RESULTS = results_dir() / "ooc_partition.json"
 PARTS = 8
 DEGREE = 20
 LIMITS = {1_000_000: "1GiB", 4_000_000: "2GiB", 16_000_000: "8GiB", 20_000_000: "8GiB"}
@@ -86,11 +85,9 @@ def main() -> None:
 def run(g, limit: str, out: Path) -> dict:
     """One ``sarcompile partition`` in a fresh process: method, cut, peak RSS, seconds."""
     src, dst = g.edges()
-    cmd = [sys.executable, "-m", "sarcompile", "partition", "--edges", f"{src},{dst}", "--num-nodes",
-           str(g.num_nodes), "--parts", str(PARTS), "--memory-limit", limit, "--out", str(out)]
-    start = time.perf_counter()
-    done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
-    seconds = time.perf_counter() - start
+    done = partition(["--edges", f"{src},{dst}", "--num-nodes", str(g.num_nodes), "--memory-limit", limit], PARTS, out,
+                     {"PYTHONPATH": str(ROOT)}, check=False, timeout=4 * 3600)
+    seconds = done.seconds
     if done.returncode != 0:
         print(done.stderr[-2000:], file=sys.stderr)
         return {"limit": limit, "error": done.stderr.strip().splitlines()[-1] if done.stderr else "failed"}
@@ -113,9 +110,7 @@ def random_cut(g, parts: int) -> int:
 def save(path: Path, rows: list[dict], family: str) -> None:
     meta = {"command": f"python benchmarks/ooc_partition.py --family {family}", "family": family, "parts": PARTS,
             "created": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
-    os.replace(tmp, path)
+    write_result(path.stem, {"meta": meta, "rows": rows}, path.parent)
 
 
 def table(data: dict) -> str:
@@ -133,26 +128,21 @@ def table(data: dict) -> str:
 
 
 def plot(path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     rows = json.loads(path.read_text())["rows"]
-    fig, (cut, mem) = plt.subplots(1, 2, figsize=(10, 4))
     nodes = [r["nodes"] for r in rows]
-    cut.plot(nodes, [r["ooc"]["cut"] / r["edges"] for r in rows], "o-", label="out of core")
     done = [r for r in rows if r["metis"] and "cut" in r["metis"]]
-    cut.plot([r["nodes"] for r in done], [r["metis"]["cut"] / r["edges"] for r in done], "s--", label="METIS, whole graph")
-    cut.plot(nodes, [r["random_cut"] / r["edges"] for r in rows], ":", label="random")
-    cut.set(xscale="log", xlabel="nodes (degree 20, 8 parts)", ylabel="edge cut (fraction of edges)")
-    cut.legend()
-    mem.plot(nodes, [r["ooc"]["peak_mib"] / 1024 for r in rows], "o-", label="out of core (peak RSS)")
-    mem.plot([r["nodes"] for r in done], [r["metis"]["peak_mib"] / 1024 for r in done], "s--", label="METIS, whole graph")
-    mem.set(xscale="log", xlabel="nodes", ylabel="GiB")
-    mem.legend()
-    fig.tight_layout()
-    fig.savefig(path.with_suffix(".png"), dpi=120)
+    with figure(path.with_suffix(".png"), 2, size=(5, 4), dpi=120) as (cut, mem):
+        cut.plot(nodes, [r["ooc"]["cut"] / r["edges"] for r in rows], "o-", label="out of core")
+        cut.plot([r["nodes"] for r in done], [r["metis"]["cut"] / r["edges"] for r in done], "s--",
+                 label="METIS, whole graph")
+        cut.plot(nodes, [r["random_cut"] / r["edges"] for r in rows], ":", label="random")
+        cut.set(xscale="log", xlabel="nodes (degree 20, 8 parts)", ylabel="edge cut (fraction of edges)")
+        cut.legend()
+        mem.plot(nodes, [r["ooc"]["peak_mib"] / 1024 for r in rows], "o-", label="out of core (peak RSS)")
+        mem.plot([r["nodes"] for r in done], [r["metis"]["peak_mib"] / 1024 for r in done], "s--",
+                 label="METIS, whole graph")
+        mem.set(xscale="log", xlabel="nodes", ylabel="GiB")
+        mem.legend()
 
 
 if __name__ == "__main__":

@@ -26,19 +26,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
 import re
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "benchmarks" / "results" / "predict_ooc.json"
+from harness import ROOT, launch, provenance, results_dir, write_result  # (this directory is on the path)
+
 PARTS = 8
 FAULT_AROUND = 64 * 1024  # Linux maps this much of the page cache around a faulting page of a file
 # A worker's summary line: "worker 3: peak 812 MiB above the imports (plan's estimate 790 MiB), ..."
@@ -53,7 +51,8 @@ def main() -> None:
     p.add_argument("--hidden", type=int, default=16)
     p.add_argument("--limit", default="2GiB", help="the partitioner's --memory-limit")
     p.add_argument("--work", type=Path, default=Path("/tmp/predict_ooc"), help="graph, parts, run (deleted)")
-    p.add_argument("--out", type=Path, default=RESULTS)
+    p.add_argument("--timeout", type=float, default=7200, help="seconds each step may take")
+    p.add_argument("--out", type=Path, default=results_dir() / "predict_ooc.json")
     p.add_argument("--table", action="store_true", help="print the markdown table of --out and stop")
     args = p.parse_args()
     if args.table:
@@ -71,24 +70,21 @@ def main() -> None:
     parts, run_dir, pred = args.work / "parts", args.work / "run", args.work / "pred"
     src, dst = g.edges()
     node_data = [f"--node-data={k}={v}" for k, v in g.files.items() if k not in ("src", "dst", "block")]  # x, y, the masks
-    step(seconds, "partition", [sys.executable, "-m", "sarcompile", "partition", "--edges", f"{src},{dst}",
-                                "--num-nodes", str(g.num_nodes), "--parts", str(PARTS), "--memory-limit", args.limit,
-                                "--out", str(parts), *node_data])
+    step(seconds, "partition", ["-m", "sarcompile", "partition", "--edges", f"{src},{dst}", "--num-nodes",
+                                str(g.num_nodes), "--parts", str(PARTS), "--memory-limit", args.limit, "--out",
+                                str(parts), *node_data], None, args.timeout)
     shutil.rmtree(args.work / "graph")  # (the parts hold it now)
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={PARTS}"]
-    trained = step(seconds, "train", [*torchrun, "-m", "sarcompile.train", "--parts", str(parts), "--out",
-                                      str(run_dir), "--epochs", "1", "--hidden", str(args.hidden), "--no-progress"])
+    trained = step(seconds, "train", ["-m", "sarcompile.train", "--parts", str(parts), "--out", str(run_dir),
+                                      "--epochs", "1", "--hidden", str(args.hidden), "--no-progress"], PARTS, args.timeout)
     train_peaks = {int(r): (int(peak), int(est)) for r, peak, est in PEAK.findall(trained)}
     records = args.work / "records"
-    step(seconds, "predict", [*torchrun, str(ROOT / "benchmarks" / "predict_ooc_worker.py"), str(records),
-                              "--run-dir", str(run_dir), "--parts", str(parts), "--out", str(pred)])
+    step(seconds, "predict", [str(ROOT / "benchmarks" / "predict_ooc_worker.py"), str(records), "--run-dir",
+                              str(run_dir), "--parts", str(parts), "--out", str(pred)], PARTS, args.timeout)
     manifest = json.loads((parts / "manifest.json").read_text())
     ranks = [check(json.loads((records / f"rank-{r}.json").read_text()), manifest, train_peaks[r])
              for r in range(PARTS)]
     result = {
-        "meta": {"command": f"python benchmarks/predict_ooc.py --nodes {args.nodes}", "date":
-                 time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": commit(), "machine": machine(),
-                 "python": platform.python_version()},
+        "meta": {**provenance(), "python": platform.python_version()},  # per row: the rows come from several runs
         "graph": {"nodes": g.num_nodes, "edges": g.num_edges, "degree": args.degree, "features": args.features,
                   "edge_cut": manifest["edge_cut"], "method": manifest["method"], "memory_limit": args.limit},
         "model": {"model": "sage", "layers": 2, "hidden": args.hidden, "epochs": 1},
@@ -98,21 +94,18 @@ def main() -> None:
     }
     rows = json.loads(args.out.read_text())["rows"] if args.out.exists() else []
     rows = [r for r in rows if r["graph"]["nodes"] != g.num_nodes] + [result]
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"rows": sorted(rows, key=lambda r: r["graph"]["nodes"])}, indent=1) + "\n")
+    write_result(args.out.stem, {"rows": sorted(rows, key=lambda r: r["graph"]["nodes"])}, args.out.parent)
     shutil.rmtree(args.work)
     print(table({"rows": [result]}))
     sys.exit(0 if result["ok"] else 1)
 
 
-def step(seconds: dict[str, float], name: str, cmd: list[str]) -> str:
-    """Run ``cmd`` from the repository root; its stdout. Stops the benchmark on failure."""
-    start = time.perf_counter()
-    done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
-    seconds[name] = time.perf_counter() - start
+def step(seconds: dict[str, float], name: str, args: list[str], nproc: int | None, timeout: float) -> str:
+    """Run ``args`` (:func:`harness.launch`) and record its seconds; its stdout. A failure
+    stops the benchmark with harness.LaunchError, which names the command."""
+    done = launch(args, nproc, {"PYTHONPATH": str(ROOT)}, timeout=timeout)
+    seconds[name] = done.seconds
     print(f"{name}: {seconds[name]:.0f} s", flush=True)
-    if done.returncode != 0:
-        sys.exit(f"{name} failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
     return done.stdout
 
 
@@ -155,23 +148,6 @@ def check(rec: dict, manifest: dict, train: tuple[int, int]) -> dict:
     }
     out["ok"] = all(out["checks"].values())
     return out
-
-
-def commit() -> str:
-    done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
-    return done.stdout.strip() or "unknown"
-
-
-def machine() -> str:
-    """The CPU model and count (lscpu), and the memory."""
-    try:
-        info = dict(line.split(":", 1) for line in subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-                    .splitlines() if ":" in line)
-        cpu = f"{info.get('Model name', '?').strip()}, {info.get('CPU(s)', '?').strip()} CPUs"
-    except OSError:
-        cpu = platform.processor() or "unknown CPU"
-    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    return f"{cpu}, {mem:.0f} GiB"
 
 
 def table(data: dict) -> str:

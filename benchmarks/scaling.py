@@ -15,25 +15,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-import torch
-
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
+
+from harness import LaunchError, figure, launch, partition, results_dir, sbm_file, write_result
 
 
 def _graph_file(path: Path, nodes: int, degree: int) -> None:
-    sys.path.insert(0, str(ROOT / "examples"))
-    from make_graph import sbm
-
-    data = sbm(nodes, 16, degree / 2, 0.7, 64, seed=0)  # symmetrised: in-degree = degree on average
-    torch.save(data, path)
+    sbm_file(path, nodes, degree / 2)  # symmetrised: in-degree = degree on average
 
 
 def run(a: argparse.Namespace, save, rows: list[dict]) -> list[dict]:
@@ -43,7 +36,7 @@ def run(a: argparse.Namespace, save, rows: list[dict]) -> list[dict]:
     # A fixed mmap threshold makes glibc hand every large tensor back to the OS when it is
     # freed; with the default (adaptive) one, freed memory stays resident and a step's
     # measured peak depends on what earlier steps happened to leave behind.
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "SARCOMPILE_TIMEOUT": "900",
+    env = {"OMP_NUM_THREADS": "1", "SARCOMPILE_TIMEOUT": "900",
            "MALLOC_MMAP_THRESHOLD_": "131072", "MALLOC_TRIM_THRESHOLD_": "131072"}
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
@@ -55,19 +48,16 @@ def run(a: argparse.Namespace, save, rows: list[dict]) -> list[dict]:
                 if not todo:
                     continue
                 parts = tmp / f"parts{degree}_{n}"
-                subprocess.run([sys.executable, "-m", "sarcompile", "partition", "--edges", str(graph), "--parts",
-                                str(n), "--out", str(parts)], check=True, capture_output=True, env=env)
+                partition(["--edges", str(graph)], n, parts, env=env)
                 for model, mode in todo:
                     out = tmp / "run.json"
-                    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-                           str(n), str(HERE / "scaling_worker.py"), "--parts", str(parts), "--model", model,
-                           "--mode", mode, "--hidden", str(a.hidden), "--epochs", str(a.epochs), "--out", str(out)]
                     out.unlink(missing_ok=True)
-                    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=a.timeout)
-                    if done.returncode != 0 or not out.exists():  # keep going; say what failed
-                        tail = "\n".join(done.stderr.strip().splitlines()[-15:])
-                        print(f"deg {degree} {model} N={n} {mode}: FAILED (exit {done.returncode})\n{tail}",
-                              flush=True)
+                    try:  # keep going after a failure; say what failed
+                        launch([str(HERE / "scaling_worker.py"), "--parts", str(parts), "--model", model, "--mode",
+                                mode, "--hidden", str(a.hidden), "--epochs", str(a.epochs), "--out", str(out)],
+                               n, env, timeout=a.timeout)
+                    except LaunchError as e:
+                        print(f"deg {degree} {model} N={n} {mode}: FAILED: {e}", flush=True)
                         continue
                     workers = json.loads(out.read_text())
                     row = {"degree": degree, "model": model, "workers": n, "mode": mode, "per_worker": workers}
@@ -89,8 +79,7 @@ def reestimate(a: argparse.Namespace, save, rows: list[dict]) -> None:
             _graph_file(graph, a.nodes, degree)
             for n in sorted({r["workers"] for r in rows if r["degree"] == degree}):
                 parts = tmp / f"parts{degree}_{n}"
-                subprocess.run([sys.executable, "-m", "sarcompile", "partition", "--edges", str(graph), "--parts",
-                                str(n), "--out", str(parts)], check=True, capture_output=True)
+                partition(["--edges", str(graph)], n, parts)
                 for row in rows:
                     if (row["degree"], row["workers"]) == (degree, n):
                         estimates = build(str(parts), row["model"], row["mode"], a.hidden)[2]
@@ -133,31 +122,24 @@ def table(rows: list[dict]) -> str:
 
 
 def _plot(rows: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     panels = sorted({(r["degree"], r["model"]) for r in rows})
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 3.5), squeeze=False)
-    for ax, (degree, model) in zip(axes[0], panels):
-        for mode, color in zip(("sar", "stash", "oneshot"), ("tab:blue", "tab:orange", "tab:gray")):
-            pts = sorted((r["workers"], r) for r in rows if (r["degree"], r["model"], r["mode"]) == (degree, model, mode))
-            if not pts:
-                continue
-            ns = [p[0] for p in pts]
-            measured = [max(w["measured_added_bytes"] for w in p[1]["per_worker"]) / 2**20 for p in pts]
-            estimated = [max(_estimated_added(w) for w in p[1]["per_worker"]) / 2**20 for p in pts]
-            ax.plot(ns, measured, marker="o", color=color, label=f"{mode} measured")
-            ax.plot(ns, estimated, marker="x", linestyle="--", color=color, label=f"{mode} estimated")
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("workers")
-        ax.set_ylabel("memory a step adds per worker (MiB)")
-        ax.set_title(f"{model}, in-degree ~{degree}")
-    axes[0][0].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    with figure(path, len(panels)) as axes:
+        for ax, (degree, model) in zip(axes, panels):
+            for mode, color in zip(("sar", "stash", "oneshot"), ("tab:blue", "tab:orange", "tab:gray")):
+                pts = sorted(((r["workers"], r) for r in rows
+                              if (r["degree"], r["model"], r["mode"]) == (degree, model, mode)), key=lambda p: p[0])
+                if not pts:
+                    continue
+                ns = [p[0] for p in pts]
+                measured = [max(w["measured_added_bytes"] for w in p[1]["per_worker"]) / 2**20 for p in pts]
+                estimated = [max(_estimated_added(w) for w in p[1]["per_worker"]) / 2**20 for p in pts]
+                ax.plot(ns, measured, marker="o", color=color, label=f"{mode} measured")
+                ax.plot(ns, estimated, marker="x", linestyle="--", color=color, label=f"{mode} estimated")
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("workers")
+            ax.set_ylabel("memory a step adds per worker (MiB)")
+            ax.set_title(f"{model}, in-degree ~{degree}")
+        axes[0].legend(fontsize=7)
 
 
 def main() -> None:
@@ -175,15 +157,12 @@ def main() -> None:
     ap.add_argument("--reestimate", action="store_true",
                     help="recompute the estimates of the rows already in results/NAME.json; measure nothing")
     a = ap.parse_args()
-    out = HERE / "results"
-    out.mkdir(exist_ok=True)
+    out = results_dir()
 
     config = {k: v for k, v in vars(a).items() if k not in ("reestimate", "table")}
 
     def save(rows: list[dict]) -> None:
-        tmp = out / f".{a.name}.json.tmp"
-        tmp.write_text(json.dumps({"config": config, "rows": rows}, indent=1))
-        tmp.replace(out / f"{a.name}.json")  # never a half-written results file
+        write_result(a.name, {"config": config, "rows": rows})
         _plot(rows, out / f"{a.name}.png")
 
     # Resume: rows measured by an earlier run with the same sizes are kept, not redone.

@@ -34,9 +34,10 @@ import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
+from harness import ROOT, command, launch  # (this directory is on the path: the script's)
+
 sys.path.insert(0, str(ROOT / "tests"))
+TIMEOUT = 3600  # seconds any one step may take
 
 KEYS = ("loss", "train_acc", "val_acc", "test_acc")  # what the log holds per epoch
 
@@ -50,19 +51,14 @@ def _train_args(parts: Path, out: Path, a: argparse.Namespace) -> list[str]:
             "--dropout", "0.5", "--lr", "0.01", "--epochs", str(a.epochs), "--seed", "0", "--no-progress"]
 
 
-def _torchrun(n: int) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(n)]
-
-
 def _records(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
 
 
-def _run(args: list[str], what: str) -> None:
-    print(f"$ {' '.join(args[1:] if args[0] == sys.executable else args)}", flush=True)
-    done = subprocess.run(args, cwd=ROOT, env=_env(), capture_output=True, text=True, check=False)
-    if done.returncode:
-        sys.exit(f"{what} failed (exit {done.returncode}):\n{done.stdout}\n{done.stderr}")
+def _run(args: list[str], nproc: int | None = None) -> None:
+    """Run ``args`` (:func:`harness.launch`: a failure stops the benchmark, naming the
+    command) and print its output but the epoch lines."""
+    done = launch(args, nproc, _env(), timeout=TIMEOUT, echo=True)
     print("\n".join(f"    {line}" for line in done.stdout.splitlines() if not line.startswith("epoch ")), flush=True)
 
 
@@ -84,7 +80,7 @@ def _worker_pid(agent: int, rank: int) -> int | None:
 def _killed_and_resumed(parts: Path, out: Path, a: argparse.Namespace) -> int:
     """Train on N workers, SIGKILL worker 1 once epoch --kill-at is logged, resume to the
     end; returns the epoch of the checkpoint the resume started from."""
-    args = [*_torchrun(a.workers), *_train_args(parts, out, a), "--checkpoint-every", "1"]
+    args = command([*_train_args(parts, out, a), "--checkpoint-every", "1"], a.workers)
     print(f"$ {' '.join(args[1:])}    # then SIGKILL worker 1 after epoch {a.kill_at}", flush=True)
     agent = subprocess.Popen(args, cwd=ROOT, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     log = out / "log.jsonl"
@@ -103,7 +99,7 @@ def _killed_and_resumed(parts: Path, out: Path, a: argparse.Namespace) -> int:
     print(f"    killed worker 1 (pid {pid}) mid-run, after {len(log.read_text().splitlines())} logged epochs; "
           f"torchrun exited "
           f"{agent.returncode}; the checkpoint holds epoch {saved}", flush=True)
-    _run([*_torchrun(a.workers), *_train_args(parts, out, a), "--checkpoint-every", "1", "--resume"], "the resume")
+    _run([*_train_args(parts, out, a), "--checkpoint-every", "1", "--resume"], a.workers)
     return saved
 
 
@@ -172,15 +168,14 @@ def _acceptance(work: Path, a: argparse.Namespace) -> int:
     times["generate + write OGB files"] = time.perf_counter() - start
     for n in (1, a.workers):
         t0 = time.perf_counter()
-        _run([sys.executable, "-m", "sarcompile", "partition", "--dataset", "ogbn-mag", "--root", str(work / "ogb"),
-              "--parts", str(n), "--out", str(work / f"parts{n}")], f"partitioning into {n}")
+        _run(["-m", "sarcompile", "partition", "--dataset", "ogbn-mag", "--root", str(work / "ogb"), "--parts", str(n),
+              "--out", str(work / f"parts{n}")])
         times[f"partition ({n} part{'s' if n > 1 else ''})"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    _run([sys.executable, *_train_args(work / "parts1", work / "run1", a)], "training on 1 worker")
+    _run(_train_args(work / "parts1", work / "run1", a))
     times["train, 1 worker"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    _run([*_torchrun(a.workers), *_train_args(work / f"parts{a.workers}", work / "runN", a)],
-         f"training on {a.workers} workers")
+    _run(_train_args(work / f"parts{a.workers}", work / "runN", a), a.workers)
     times[f"train, {a.workers} workers"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     saved = _killed_and_resumed(work / f"parts{a.workers}", work / "killed", a)

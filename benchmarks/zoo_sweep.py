@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, Callable, Collection
 
 import torch
+from harness import commit, write_result
 from torch import nn
 from zoo_pool import Pool, describe_error, start_server
 
@@ -489,24 +490,6 @@ def summary(records: list[Record], header: str, groups: dict[str, str], *, colum
     return "\n".join(lines).rstrip()
 
 
-def sarcompile_version() -> str:
-    """The commit the imported sarcompile package comes from, '+dirty' when sarcompile/ has
-    uncommitted changes there."""
-    import subprocess
-
-    import sarcompile as sc
-
-    pkg = Path(sc.__file__).resolve().parent
-    try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=pkg, capture_output=True, text=True,
-                              timeout=10, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "."], cwd=pkg, capture_output=True,
-                               text=True, timeout=10, check=True).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    return head + ("+dirty" if dirty else "")
-
-
 # --- the command line ----------------------------------------------------------------------
 def main(argv: list[str] | None, *, doc: str, script: str, results: Path, frontend: str,
          cases: Callable[[], dict], sweep: Callable[..., list[Record]], table: Callable[[list[Record], dict], str],
@@ -553,7 +536,7 @@ def main(argv: list[str] | None, *, doc: str, script: str, results: Path, fronte
             "command": "python " + " ".join(shlex.quote(a) for a in [
                 os.path.relpath(script) if not os.path.isabs(sys.argv[0]) else script, *sys.argv[1:]]),
             "seconds": time.monotonic() - t,
-            "sarcompile": sarcompile_version(),
+            "sarcompile": commit(mark_dirty=True) or "unknown",
             "torch": torch.__version__.split("+")[0],
             frontend: library.__version__,
             **describe(),
@@ -563,8 +546,7 @@ def main(argv: list[str] | None, *, doc: str, script: str, results: Path, fronte
             "counts": counts(records),
         }
         if out is not None:
-            out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text(json.dumps({"meta": meta, "records": [r.__dict__ for r in records]}, indent=1) + "\n")
+            write_result(out.stem, {"meta": meta, "records": [r.__dict__ for r in records]}, out.parent)
             out.with_suffix(".md").write_text(table(records, meta) + "\n")
             print(f"wrote {out} and {out.with_suffix('.md')}", file=sys.stderr)
     if args.table:
