@@ -47,27 +47,20 @@ from pathlib import Path
 
 import torch
 
-from sarcompile.runtime.comm import TIME_LEDGER
+from harness import command, figure, partition, results_dir, sbm_file, write_result
 from sarcompile.dist.memory import find_allocator
+from sarcompile.runtime.comm import TIME_LEDGER
 from turns import Run, run_all
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-RESULTS = HERE / "results"
 MiB = 2**20
 
 
 def make_graph(path: Path, nodes: int, edges: int, features: int, classes: int) -> None:
     """A learnable SBM graph with ``edges`` directed edges in all: both directions of
     ``(edges - nodes) / 2`` random pairs, plus one self-loop per node."""
-    sys.path.insert(0, str(ROOT / "examples"))
-    from make_graph import sbm
-
-    data = sbm(nodes, classes, (edges - nodes) / 2 / nodes, 0.7, features, seed=0)
-    loops = torch.arange(nodes)
-    data["src"] = torch.cat([data["src"], loops])
-    data["dst"] = torch.cat([data["dst"], loops])
-    torch.save(data, path)
+    sbm_file(path, nodes, (edges - nodes) / 2 / nodes, classes=classes, features=features, self_loops=True)
 
 
 def make_mag(path: Path, scale: float, features: int, classes: int) -> None:
@@ -99,9 +92,7 @@ def dgl_python() -> str:
 
 def launcher(n: int) -> list[str]:
     """How a run on ``n`` workers starts: one plain process, or torchrun on this machine."""
-    if n == 1:
-        return [sys.executable]
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(n)]
+    return command([], None if n == 1 else n)
 
 
 # --allocator values that are sarcompile's own SARCOMPILE_MALLOC setting (DGL runs as is).
@@ -136,9 +127,7 @@ def measure(a: argparse.Namespace) -> list[dict]:
             graphs["sbm"] = tmp / "graph.pt"
             make_graph(graphs["sbm"], a.nodes, a.edges, a.features, a.classes)
             for n in a.workers:
-                subprocess.run([sys.executable, "-m", "sarcompile", "partition", "--edges", str(graphs["sbm"]),
-                                "--parts", str(n), "--out", str(tmp / f"sbm{n}")], check=True, capture_output=True,
-                               env=base)
+                partition(["--edges", str(graphs["sbm"])], n, tmp / f"sbm{n}", base_env=base)
         if "rgcn" in a.models:
             graphs["mag"] = tmp / "mag.pt"
             make_mag(graphs["mag"], a.mag_scale, a.features, a.classes)
@@ -277,30 +266,22 @@ def time_ledger(rows: list[dict]) -> str:
 
 
 def plot(rows: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     models = list(dict.fromkeys(r["model"] for r in rows))
-    fig, axes = plt.subplots(1, len(models), figsize=(5 * len(models), 3.5), squeeze=False)
-    for ax, model in zip(axes[0], models):
-        for allocator in dict.fromkeys(r["allocator"] for r in rows):
-            mine = [r for r in rows if r["model"] == model and r["allocator"] == allocator]
-            ours = sorted((r["workers"], peak(r) / MiB) for r in mine if r["engine"] == "sarcompile")
-            line_ = ax.plot([p[0] for p in ours], [p[1] for p in ours], marker="o",
-                            label=f"sarcompile ({allocator}), per worker")[0]
-            for r in mine:
-                if r["engine"] == "dgl":
-                    ax.axhline(peak(r) / MiB, color=line_.get_color(), linestyle="--", label=f"DGL ({allocator})")
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("workers")
-        ax.set_ylabel("peak above floor (MiB)")
-        ax.set_title(model)
-        ax.legend(fontsize="small")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    with figure(path, len(models), size=(5, 3.5)) as axes:
+        for ax, model in zip(axes, models):
+            for allocator in dict.fromkeys(r["allocator"] for r in rows):
+                mine = [r for r in rows if r["model"] == model and r["allocator"] == allocator]
+                ours = sorted((r["workers"], peak(r) / MiB) for r in mine if r["engine"] == "sarcompile")
+                line_ = ax.plot([p[0] for p in ours], [p[1] for p in ours], marker="o",
+                                label=f"sarcompile ({allocator}), per worker")[0]
+                for r in mine:
+                    if r["engine"] == "dgl":
+                        ax.axhline(peak(r) / MiB, color=line_.get_color(), linestyle="--", label=f"DGL ({allocator})")
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("workers")
+            ax.set_ylabel("peak above floor (MiB)")
+            ax.set_title(model)
+            ax.legend(fontsize="small")
 
 
 def main() -> None:
@@ -330,16 +311,12 @@ def main() -> None:
                     help="run each engine start to end, one after the other, instead of epoch by epoch in turns")
     ap.add_argument("--skip-dgl", action="store_true", help="sarcompile only (no DGL environment)")
     ap.add_argument("--timeout", type=float, default=1800)
-    ap.add_argument("--out", default=str(RESULTS / "vs_dgl.json"))
+    ap.add_argument("--out", type=Path, default=results_dir() / "vs_dgl.json")
     a = ap.parse_args()
     rows = measure(a)
-    out = Path(a.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     config = {k: getattr(a, k) for k in ("nodes", "edges", "features", "classes", "hidden", "epochs", "threads",
                                          "allocator", "mag_scale", "rgcn_hidden", "blocks_in_flight", "repeat", "interleave")}
-    tmp = out.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"config": config, "rows": rows}, indent=1))
-    tmp.replace(out)
+    out = write_result(a.out.stem, {"config": config, "rows": rows}, a.out.parent)
     plot(rows, out.with_suffix(".png"))
     print(table(rows))
     print(ledger(rows))
