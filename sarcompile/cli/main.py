@@ -31,6 +31,7 @@ from rich.text import Text
 
 from sarcompile.codegen.gpu_compile import ARCHS
 from sarcompile.data.datasets import MAG, SUPPORTED, HeteroDataset, load_ogb, load_ogb_mag
+from sarcompile.compile.passes import PIPELINE
 from sarcompile.errors import CompileError, DatasetError, GraphError, PartitionError, SarcompileError
 from sarcompile.graph.graph import Graph
 from sarcompile.graph.hetero import HeteroGraph
@@ -189,7 +190,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--args", default="{}", metavar="JSON", help="keyword arguments for FACTORY, as a JSON object")
     p.add_argument("--mode", choices=Mode.values(), default=str(Mode.SAR), help="execution mode (default: sar)")
     p.add_argument("--optimizer", choices=("adam", "sgd"), help="count this optimizer's state in the estimate")
-    p.add_argument("--stage", metavar="PASS", help="also print the program after this pass (e.g. fuse, strategy)")
+    p.add_argument("--stage", metavar="PASS", help="also print the program after this pass: trace, "
+                   + ", ".join(step.name for step in PIPELINE))
     p.add_argument(
         "--show-kernels",
         action="store_true",

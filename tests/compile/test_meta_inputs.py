@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 import sarcompile as sc
-from sarcompile.compile.distribute import CallShape
+from sarcompile.compile.call_shape import CallShape
 
 N, D = 30, 8
 

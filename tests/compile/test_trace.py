@@ -9,7 +9,8 @@ from cases import assert_workers_match, case_on_edges, make_model, payloads, run
 from torch import nn
 
 import sarcompile as sc
-from sarcompile.compile.distribute import CallShape, compile_program
+from sarcompile.compile.call_shape import CallShape
+from sarcompile.compile.pipeline import compile_program
 from sarcompile.errors import CompileError
 from sarcompile.compile.passes.context import CompileOptions
 from sarcompile.ir.probe import PROBES, Input

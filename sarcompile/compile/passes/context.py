@@ -1,14 +1,17 @@
-"""What every pass may read: the user's compile options."""
+"""What every pass may read: the user's compile options, and where the program runs."""
 
 from __future__ import annotations
 
 import importlib.util
 from dataclasses import dataclass, field
+from typing import Callable
+
+from torch import nn
 
 from sarcompile.errors import CompileError
 from sarcompile.ir.vocab import Compression, Executor, Mode, Strategy
 
-__all__ = ["CompileOptions"]
+__all__ = ["CompileOptions", "PassContext"]
 
 
 @dataclass(frozen=True)
@@ -82,3 +85,13 @@ class CompileOptions:
     def exact(self) -> bool:
         """No opt-in approximation: every exchange is exact and synchronous."""
         return self.staleness == 1 and self.bounded_staleness is None and self.compress is None
+
+
+@dataclass(frozen=True)
+class PassContext(CompileOptions):
+    """What the pipeline gives every pass: the user's options, and where the program runs.
+    A pass called with bare :class:`CompileOptions` (as tests do) compiles for one machine
+    with a fresh random stream."""
+
+    distributed: bool = False  # the program is for N workers (partition, strategy, communication run)
+    stream: Callable[[], nn.Module] | None = None  # makes the dropout masks' RandomStream (passes/dropout.py)

@@ -31,7 +31,6 @@ left to the residency pass, which refuses it on N workers.
 
 from __future__ import annotations
 
-from typing import Callable
 
 import torch
 import torch.fx as fx
@@ -44,7 +43,7 @@ from sarcompile.ir.rng import site_salt
 from sarcompile.ir.vocab import Residency
 from sarcompile.nn import RandomStream
 from sarcompile.compile.source_lines import source_line
-from sarcompile.compile.passes.context import CompileOptions
+from sarcompile.compile.passes.context import CompileOptions, PassContext
 
 __all__ = ["dropout", "STREAM"]
 
@@ -122,12 +121,13 @@ def _refuse(node: fx.Node, what: str, fix: str) -> CompileError:
     return CompileError(f"{what}{', at ' + line if line else ''}. {fix}")
 
 
-def dropout(gm: fx.GraphModule, ctx: CompileOptions | None = None,
-            stream: Callable[[], nn.Module] | None = None) -> fx.GraphModule:
+def dropout(gm: fx.GraphModule, ctx: CompileOptions | None = None) -> fx.GraphModule:
     """Rewrite every training-mode dropout of node or edge rows (see the module docstring).
-    ``stream`` makes the :class:`~sarcompile.nn.RandomStream` the salt is read from (the
-    compiled model's own, kept across recompiles so the sequence of masks goes on); by
-    default a new one seeded from ``torch.initial_seed()``."""
+    ``ctx.stream`` (a :class:`~sarcompile.compile.passes.context.PassContext`'s) makes the
+    :class:`~sarcompile.nn.RandomStream` the salt is read from (the compiled model's own,
+    kept across recompiles so the sequence of masks goes on); by default a new one seeded
+    from ``torch.initial_seed()``."""
+    stream = ctx.stream if isinstance(ctx, PassContext) else None
     graph = gm.graph
     # Every dropout in training is a site, numbered in program order, those of rows or not:
     # a value read as rows on one machine and as a constant on a worker shifts no other site.

@@ -60,7 +60,7 @@ How residency flows:
 Shapes. Which axis ``dim=-1`` or ``...`` is depends on the number of dims, so the pass
 runs the program once on a small made-up graph (the first of :data:`sarcompile.ir.probe.PROBES`)
 with inputs of the call's trailing shapes (``placeholder.meta["input"]``, an :class:`Input` the
-compiler sets from the call, see :class:`sarcompile.compile.distribute.CallShape`) and records each
+compiler sets from the call, see :class:`sarcompile.compile.call_shape.CallShape`) and records each
 value's shape; buffers, the RNG and gradients are left as they were. Without an example
 (or if the probe fails) a decision that needs a shape is refused, saying so. Inputs
 without ``meta["input"]`` get their residency from their name: ``g`` / ``graph`` /
@@ -94,6 +94,7 @@ import torch
 import torch.fx as fx
 from torch import nn
 
+from sarcompile.compile.passes.context import CompileOptions, PassContext
 from sarcompile.errors import CompileError, SarcompileError
 from sarcompile.ir.opdef import Halo, Push
 from sarcompile.ir.ops import registry
@@ -1383,11 +1384,13 @@ def _fmt(idx: Any) -> str:
 
 
 # -- the pass ----------------------------------------------------------------------------------
-def residency(gm: fx.GraphModule, ctx=None, *, distributed: bool = False) -> fx.GraphModule:
+def residency(gm: fx.GraphModule, ctx: CompileOptions | None = None) -> fx.GraphModule:
     """Give every node ``meta["residency"]``; refuse what mixes rows (see the module
-    docstring). The program is unchanged. ``distributed``: the program is for N workers,
-    where torch's dropout (``nn.Dropout`` in training) is refused too: each worker would
-    draw its own mask; on one machine it draws what the eager model draws."""
+    docstring). The program is unchanged. On N workers (``ctx.distributed``, a
+    :class:`~sarcompile.compile.passes.context.PassContext`'s) torch's dropout
+    (``nn.Dropout`` in training) is refused too: each worker would draw its own mask; on
+    one machine it draws what the eager model draws."""
+    distributed = isinstance(ctx, PassContext) and ctx.distributed
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     specs = [n.meta.get("input") for n in placeholders]
     missing = [str(n.target) for n, s in zip(placeholders, specs) if s is None]

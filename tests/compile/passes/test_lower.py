@@ -4,7 +4,8 @@ import torch.fx as fx
 from torch import nn
 
 import sarcompile as sc
-from sarcompile.compile.distribute import CallShape, compile_program
+from sarcompile.compile.call_shape import CallShape
+from sarcompile.compile.pipeline import compile_program
 from sarcompile.ir.lowering import register_lowering
 from sarcompile.compile.passes.context import CompileOptions
 from sarcompile.compile.passes.lower import lower

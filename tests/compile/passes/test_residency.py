@@ -9,7 +9,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import sarcompile as sc
-from sarcompile.compile.distribute import CallShape, compile_program
+from sarcompile.compile.call_shape import CallShape
+from sarcompile.compile.pipeline import compile_program
 from sarcompile.errors import CompileError
 from sarcompile.compile.passes.context import CompileOptions
 from sarcompile.ir.vocab import Residency

@@ -12,7 +12,8 @@ from cases import case_on_edges, gather_rows, make_model, payloads, single_machi
 from torch import nn
 
 import sarcompile as sc
-from sarcompile.compile.distribute import CallShape, compile_program
+from sarcompile.compile.call_shape import CallShape
+from sarcompile.compile.pipeline import compile_program
 from sarcompile.errors import CompileError
 from sarcompile.compile.passes.context import CompileOptions
 
