@@ -12,7 +12,7 @@ the models without them).
 
 The passes, as :data:`PIPELINE` lists them:
 
-node_tables, lower, fuse, linear_first, residency, row_reductions, dropout, partition,
+node_tables, lower, fuse, linear_first, residency, row_reductions, dropout, sar,
 strategy, communication, kernels, reuse, inplace, linear_groups, accumulate, head_dot
 """
 
@@ -36,7 +36,7 @@ from sarcompile.compile.passes.linear_first import linear_first
 from sarcompile.compile.passes.linear_groups import linear_groups
 from sarcompile.compile.passes.lower import lower
 from sarcompile.compile.passes.node_tables import node_tables
-from sarcompile.compile.passes.partition import partition
+from sarcompile.compile.passes.sar import sar
 from sarcompile.compile.passes.residency import listing, residency
 from sarcompile.compile.passes.reuse import reuse
 from sarcompile.compile.passes.row_reductions import row_reductions
@@ -70,7 +70,7 @@ PIPELINE: tuple[Pass, ...] = (
     Pass("residency", residency, When.ALWAYS, True, listing),  # node/edge/graph/param per value; refuses row mixing
     Pass("row_reductions", row_reductions, When.ALWAYS, True),  # a mean over every node -> node_mean (a collective)
     Pass("dropout", dropout, When.ALWAYS, True),  # dropout of rows -> masks keyed by node / edge id
-    Pass("partition", partition, When.WORKERS, True),  # ops that read remote rows -> sequential aggregation
+    Pass("sar", sar, When.WORKERS, True),  # ops that read remote rows -> sequential aggregation
     Pass("strategy", strategy, When.WORKERS, True),  # direct / remat / stash / oneshot per op
     Pass("communication", communication, When.WORKERS, True),  # opt-in stale / compressed exchange per op
     Pass("kernels", kernels, When.ALWAYS, True),  # executor per op: generated Triton or torch kernels

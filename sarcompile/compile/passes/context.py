@@ -93,5 +93,5 @@ class PassContext(CompileOptions):
     A pass called with bare :class:`CompileOptions` (as tests do) compiles for one machine
     with a fresh random stream."""
 
-    distributed: bool = False  # the program is for N workers (partition, strategy, communication run)
+    distributed: bool = False  # the program is for N workers (sar, strategy, communication run)
     stream: Callable[[], nn.Module] | None = None  # makes the dropout masks' RandomStream (passes/dropout.py)

@@ -1,6 +1,6 @@
 """Pass ``strategy``: decide, per partitioned op, how its backward gets remote inputs.
 
-Contract. Expects the output of the partition pass. Guarantees every op that exchanges
+Contract. Expects the output of the ``sar`` pass. Guarantees every op that exchanges
 halo rows has ``kwargs["strategy"]`` in ``direct | remat | stash | oneshot``
 (:class:`~sarcompile.ir.vocab.Strategy`) and ``meta["strategy_reason"]`` saying why:
 

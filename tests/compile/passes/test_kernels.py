@@ -9,7 +9,7 @@ from sarcompile.compile.passes.context import CompileOptions
 from sarcompile.compile.passes.fuse import fuse
 from sarcompile.compile.passes.kernels import kernels
 from sarcompile.compile.passes.lower import lower
-from sarcompile.compile.passes.partition import partition
+from sarcompile.compile.passes.sar import sar
 from sarcompile.compile.passes.strategy import strategy
 from sarcompile.compile.trace import trace
 
@@ -40,7 +40,7 @@ def test_single_machine_program_names_its_executor(executor):
 
 def test_partitioned_program_keeps_strategies_and_gets_executors():
     options = CompileOptions(executor="torch")
-    gm = kernels(strategy(partition(fuse(lower(trace(Net()))), options), options), options)
+    gm = kernels(strategy(sar(fuse(lower(trace(Net()))), options), options), options)
     for n in gm.graph.nodes:
         if n.target in (sc.spmm, sc.ops.attention):
             assert n.kwargs["executor"] == "torch" and n.kwargs["strategy"] in ("direct", "remat")

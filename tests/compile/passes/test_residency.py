@@ -227,7 +227,7 @@ def test_row_wise_model_on_two_workers_compiles():
     torch.manual_seed(0)
     program = compiled(RowWise().double(), G, X, partitioned=True)
     names = [name for name, _ in program.stages]
-    assert names.index("residency") < names.index("partition")
+    assert names.index("residency") < names.index("sar")
 
 
 def test_residency_of_every_value():

@@ -6,7 +6,7 @@ import sarcompile as sc
 from sarcompile.compile.passes.context import CompileOptions
 from sarcompile.ir.vocab import Strategy
 from sarcompile.compile.passes.lower import lower
-from sarcompile.compile.passes.partition import partition
+from sarcompile.compile.passes.sar import sar
 from sarcompile.compile.passes.strategy import strategy
 from sarcompile.compile.trace import trace
 
@@ -26,15 +26,15 @@ class Mixed(nn.Module):
 
 def _compile(options: CompileOptions):
     gm = lower(trace(Mixed()))
-    return strategy(partition(gm, options), options)
+    return strategy(sar(gm, options), options)
 
 
 def _ops(gm):
     return [(n.target.__name__, n.kwargs["strategy"]) for n in gm.graph.nodes if "ir_op" in n.meta]
 
 
-def test_partition_marks_communicating_ops_only():
-    gm = partition(lower(trace(Mixed())), CompileOptions())
+def test_sar_marks_communicating_ops_only():
+    gm = sar(lower(trace(Mixed())), CompileOptions())
     marked = [n.target for n in gm.graph.nodes if "ir_op" in n.meta]
     assert marked == [sc.spmm, sc.sddmm, sc.spmm, sc.sddmm]
     # remat until the strategy pass decides: it never leaves a gradient without its inputs
@@ -112,7 +112,7 @@ def test_instance_norm_is_rejected_at_compile_time():
             return self.bn(self.c(g, x))
 
     with pytest.raises(sc.CompileError, match="'bn' .*InstanceNorm1d.*sc.nn.BatchNorm"):
-        partition(lower(trace(BN())), CompileOptions())
+        sar(lower(trace(BN())), CompileOptions())
 
 
 def test_value_dependent_control_flow_fails_with_a_clear_error():
@@ -144,7 +144,7 @@ def test_a_traced_value_used_as_a_python_number_names_the_line(model, line):
     g = sc.Graph.from_edges(torch.tensor([0]), torch.tensor([1]), 2)
     with pytest.raises(sc.CompileError, match="used as a Python number") as info:
         sc.distribute(model())(g, torch.randn(2, 3))
-    assert line in str(info.value) and "test_partition_strategy.py:" in str(info.value)
+    assert line in str(info.value) and "test_sar_strategy.py:" in str(info.value)
 
 
 class _BranchOnValues(nn.Module):
@@ -169,7 +169,7 @@ def test_control_flow_error_names_the_layer_and_the_line():
         sc.distribute(Outer())(g, torch.randn(2, 3))
     message = str(info.value)
     assert "in layer 'head' (_BranchOnValues)" in message
-    assert "test_partition_strategy.py:" in message and "`if x.mean() > 0:" in message
+    assert "test_sar_strategy.py:" in message and "`if x.mean() > 0:" in message
 
 
 def test_model_call_without_graph_argument():

@@ -1,4 +1,4 @@
-"""Pass ``partition``: IR ops on the global graph -> sequential-aggregation ops on a shard.
+"""Pass ``sar``: IR ops on the global graph -> sequential-aggregation ops on a shard.
 
 Contract. Expects a lowered (and fused) GraphModule, IR ops as ``call_function`` nodes.
 Guarantees that every IR op whose definition exchanges halo rows (``spmm``, ``sddmm``,
@@ -25,7 +25,7 @@ from sarcompile.ir.opdef import PASS_KEYWORDS, definition
 from sarcompile.ir.vocab import Exchange, Strategy
 from sarcompile.compile.passes.context import CompileOptions
 
-__all__ = ["partition"]
+__all__ = ["sar"]
 
 # Layers that reduce over the node dimension: on a worker they would see only its nodes.
 _NODE_REDUCING = (nn.modules.batchnorm._BatchNorm, nn.modules.instancenorm._InstanceNorm)
@@ -35,7 +35,7 @@ _NODE_REDUCING = (nn.modules.batchnorm._BatchNorm, nn.modules.instancenorm._Inst
 _FIRST_STRATEGY = {Exchange.HALO: Strategy.REMAT, Exchange.ALLREDUCE: Strategy.ALLREDUCE, Exchange.PUSH: Strategy.PUSH}
 
 
-def partition(gm: fx.GraphModule, ctx: CompileOptions) -> fx.GraphModule:
+def sar(gm: fx.GraphModule, ctx: CompileOptions) -> fx.GraphModule:
     for node in gm.graph.nodes:
         if node.op == "call_module" and isinstance(gm.get_submodule(node.target), _NODE_REDUCING):
             kind = type(gm.get_submodule(node.target)).__name__
