@@ -18,7 +18,7 @@ from sarcompile.graph.hetero import HeteroGraph, parse_relation_key
 from sarcompile.compile.leaves import (ATTRIBUTE, TYPED_GRAPHS, ArgLayout, Constant, argument_name, call_arguments, has_frames, is_plain,
                      layout_of, leaves_of_call, needs_leaves, takes_varargs, with_frames)
 from sarcompile.data.manifest import read_manifest
-from sarcompile.compile.passes.residency import GRAPH_NAMES
+from sarcompile.compile.residency_rules import GRAPH_NAMES
 from sarcompile.plan.sizes import TypedWorkerStats
 from sarcompile.ir.probe import Input
 from sarcompile.graph.shard import ShardGraph

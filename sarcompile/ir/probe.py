@@ -11,6 +11,9 @@ A typed graph's probe (inputs whose :attr:`Input.of` names a node type or a rela
 gives each node type a row count of its own (:meth:`Probe.type_rows`), and each relation a
 graph between its two types' rows, so a program that lined up two types' rows would fail
 on the probe as it would on a worker.
+
+:class:`Recorder` runs a program on such inputs and records what the compiler and the
+planner learn from it: every value's shape and every IR op's arguments.
 """
 
 from __future__ import annotations
@@ -21,11 +24,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.fx as fx
 
 from sarcompile.graph.graph import Graph, probe_graph, probe_relation
+from sarcompile.ir.opdef import definition
 from sarcompile.ir.vocab import Residency
 
-__all__ = ["Input", "Probe", "PROBES", "ROW_COUNTS", "example"]
+__all__ = ["Input", "Probe", "PROBES", "ROW_COUNTS", "Recorder", "example", "summary"]
 
 
 @dataclass(frozen=True)
@@ -139,3 +144,32 @@ def example(spec: Input, probe: Probe, device: torch.device) -> Any:
     if dtype.is_floating_point:
         return torch.randn(shape, generator=gen, dtype=dtype).to(device)
     return torch.zeros(shape, dtype=dtype, device=device)
+
+
+class Recorder(fx.Interpreter):
+    """Runs a program, recording every value's shape (``shapes``, see :func:`summary`) and
+    each IR op's arguments by name with its ``"result"`` (``ir_args``). After a failure
+    they hold what was computed before it."""
+
+    def __init__(self, gm: fx.GraphModule):
+        super().__init__(gm)
+        self.shapes: dict[fx.Node, Any] = {}
+        self.ir_args: dict[fx.Node, dict[str, Any]] = {}
+
+    def run_node(self, n: fx.Node) -> Any:
+        out = super().run_node(n)
+        self.shapes[n] = summary(out)
+        op = definition(n)
+        if op is not None:
+            args, kwargs = self.fetch_args_kwargs_from_env(n)
+            self.ir_args[n] = {**op.bind(args, kwargs), "result": out}
+        return out
+
+
+def summary(v: Any) -> Any:
+    """A tensor's shape, a list of summaries for a tuple or list, or the type of anything else."""
+    if isinstance(v, torch.Tensor):
+        return tuple(v.shape)
+    if isinstance(v, (tuple, list)) and not isinstance(v, torch.Size):
+        return [summary(x) for x in v]
+    return type(v)

@@ -42,8 +42,8 @@ import torch.nn.functional as F
 from sarcompile.errors import CompileError
 from sarcompile.ir.probe import PROBES, example
 from sarcompile.ir.vocab import Residency
+from sarcompile.compile.example_run import run_example
 from sarcompile.compile.passes.context import CompileOptions
-from sarcompile.compile.passes.residency import _run_probe  # the residency pass's example run
 
 __all__ = ["node_tables"]
 
@@ -136,11 +136,11 @@ def _failure(gm: fx.GraphModule, placeholders: list[fx.Node], constant: set[fx.N
     inputs = [example(replace(s, residency=Residency.CONST) if n in constant else s, PROBES[0], _device(gm))
               for n, s in zip(placeholders, specs)]
     try:
-        rec, why = _run_probe(gm, inputs, gm)
+        rec, why = run_example(gm, inputs, gm)
     except CompileError:
         return -1
     nodes = list(gm.graph.nodes)
-    return next((i for i, n in enumerate(nodes) if n not in rec.seen), len(nodes)) if why else len(nodes)
+    return next((i for i, n in enumerate(nodes) if n not in rec.shapes), len(nodes)) if why else len(nodes)
 
 
 def _by_position(user: fx.Node, table: fx.Node) -> bool:
