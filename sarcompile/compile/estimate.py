@@ -24,7 +24,8 @@ import torch
 from sarcompile.graph.graph import Graph
 from sarcompile.graph.stats import GraphStats
 from sarcompile.graph.hetero import HeteroGraph
-from sarcompile.plan.plan import MemoryEstimate, Plan, TypedWorkerStats, WorkerStats, _size, _table
+from sarcompile.plan.plan import MemoryEstimate, Plan, _size, _table
+from sarcompile.plan.sizes import TypedWorkerStats, WorkerStats
 from sarcompile.ir.vocab import Mode
 
 __all__ = ["Estimate", "EstimateTable", "GraphStats", "estimate", "model_workers"]

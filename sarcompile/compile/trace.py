@@ -1,252 +1,36 @@
-"""Tracing a user model into a ``torch.fx`` GraphModule whose graph layers are single nodes.
+"""Tracing a user model into a ``torch.fx`` GraphModule whose graph layers are single nodes: :func:`trace`.
 
-Known graph layers are kept as leaves (``call_module``) so the lower pass can rewrite each
-one by rule; everything else is traced through. IR ops written directly in user code
-become single ``call_function`` nodes by themselves (see :func:`sarcompile.ir.ops.ir_op`).
-Library functions with a function rule (:func:`sarcompile.ir.lowering.register_function_lowering`)
-are replaced by their IR-op versions while tracing.
+:func:`trace` runs a :class:`ShapeTracer`: the layers-as-leaves tracer
+(:class:`~sarcompile.compile.sar_tracer.SarTracer`) that also computes values on example
+inputs, so that shapes known when compiling are Python constants while row counts stay
+symbolic. What a failed trace reports is :mod:`sarcompile.compile.trace_errors`'s;
+assignments into part of a traced tensor are :mod:`sarcompile.compile.assignments`'.
 """
 
 from __future__ import annotations
 
 import builtins
-import contextlib
-import functools
 import inspect
 import itertools
-import operator
-import os
-import sys
-import traceback
 from collections.abc import Mapping, Sequence
-from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.fx as fx
-from torch.fx import _symbolic_trace
 from torch import nn
 
 from sarcompile.errors import CompileError, SarcompileError
-from sarcompile.ir.lowering import function_homes, function_lowerings, graph_view, lowering_for, trace_contexts
-from sarcompile.graph.hetero import TracedHetero
-from sarcompile.compile.leaves import ArgLayout, rebuilt_arguments
+from sarcompile.ir.lowering import lowering_for
+from sarcompile.compile.assignments import assign, check_assignments
+from sarcompile.compile.leaves import ArgLayout
 from sarcompile.compile.model_state import refuse_state_updates, settled_trace
-from sarcompile.compile.source_lines import source_line, user_file, user_frame
-from sarcompile.nn import NodeDropout, RandomStream
+from sarcompile.compile.sar_tracer import SarTracer
+from sarcompile.compile.trace_errors import LengthUnknown, failure, where
 from sarcompile.ir.probe import PROBES, ROW_COUNTS, Input, example
 from sarcompile.ir.vocab import Residency
 from sarcompile.runtime.comm import offline
 
-__all__ = ["SarTracer", "ShapeTracer", "UNKNOWN", "generated_wraps_dropped", "trace"]
-
-
-class SarTracer(fx.Tracer):
-    """fx's tracer, with sarcompile's layers as leaves. With ``graph_input`` (the position
-    after ``self``, or the name, of the graph argument) and DGL imported, the graph is
-    traced as the DGL front-end's :class:`~sarcompile.frontends.dgl.graph.GraphProxy` (its
-    graph view, :func:`~sarcompile.ir.lowering.register_graph_view`), so code calling
-    ``g.update_all`` becomes IR ops. ``constants``: forward's arguments (by name) that it
-    is traced with as values, not proxies (plain Python arguments, see
-    :func:`~sarcompile.compile.leaves.is_plain`); each keeps its placeholder, unused, so the
-    program takes the same arguments as forward. ``graph_leaves``: in a call traced leaf
-    by leaf (``layouts``), the leaves that are one-type graphs, traced as DGL graphs too;
-    a graph the model keeps (``self.g``, an ``attr`` layout) is set on its module while
-    tracing, so forward reads the program's input there."""
-
-    def __init__(self, graph_input: int | str | None = None, layouts: tuple[ArgLayout, ...] = (),
-                 tables: Mapping[str, Input] | None = None, constants: Mapping[str, Any] | None = None,
-                 graph_leaves: frozenset[str] = frozenset()):
-        super().__init__()
-        self.graph_input = graph_input
-        self.graph_leaves = graph_leaves
-        self.constants = dict(constants or {})
-        self.layouts = layouts  # a call with dicts or a typed graph: one placeholder per leaf
-        self.tables = dict(tables or {})  # node tables (parameter name -> its input): inputs, not get_attr
-        self._table_proxies: dict[str, fx.Proxy] = {}
-        self.helpers: list[str] = []  # modules added to the root while tracing, see add_helper_module
-        self._swapped: list[tuple[dict, str, Any]] = []  # (module globals, name, original), see _swap_functions
-
-    def create_node(self, *args, **kwargs) -> fx.Node:
-        node = super().create_node(*args, **kwargs)
-        # Where in the user's code the node comes from, for the residency pass to name the
-        # line it refuses. fx's own record_stack_traces would symbolize a whole stack per
-        # node, and its first use imports torch._dynamo: a second on every fresh compile.
-        node.meta["user_frame"] = user_frame(sys._getframe(1))
-        return node
-
-    def trace(self, root, concrete_args=None):
-        try:
-            for name in _FACTORIES:
-                original = getattr(torch, name)
-                self._swapped.append((vars(torch), name, original))
-                setattr(torch, name, _sized_factory(original))
-            for frame in _homes_binding_originals():
-                self._swap_in(frame)
-            self._swap_functions(getattr(root, "forward", root))
-            for cls in type(root).__mro__ if isinstance(root, nn.Module) else ():  # a layer's message() etc.
-                if cls.__module__ in sys.modules:
-                    self._swap_in(vars(sys.modules[cls.__module__]))
-            with contextlib.ExitStack() as contexts:  # the front-ends' (see register_trace_context)
-                for context in trace_contexts():
-                    contexts.enter_context(context())
-                return super().trace(root, concrete_args)
-        finally:
-            for frame, name, original in reversed(self._swapped):
-                frame[name] = original
-            self._swapped.clear()
-
-    def call_module(self, m, forward, args, kwargs):
-        if isinstance(m, torch.jit.ScriptModule):
-            raise _TorchScript(self.path_of_module(m))
-        self._swap_functions(getattr(m, "forward", None))
-        if any(isinstance(v, (dict, TracedHetero)) for v in (*args, *kwargs.values())):
-            # A layer over dicts or a typed graph (PyG's HGTConv(x_dict, edge_index_dict)) cannot be
-            # one node (a node's arguments are values, not a typed graph): what it lowers to is
-            # traced in its place, referring to the layer's own parameters.
-            lowered = lowering_for(m)
-            if lowered is not None and lowered is not m:
-                paths = getattr(self, "submodule_paths", None) or {}
-                for sub in lowered.children():  # its own state (HANConv's dropout stream), for the program to call
-                    if sub not in paths and sub is not m:
-                        self.add_helper_module(sub)
-                self._swap_functions(lowered.forward)
-                return lowered.forward(*args, **kwargs)
-        return super().call_module(m, forward, args, kwargs)
-
-    def getattr(self, attr, attr_val, parameter_proxy_cache):
-        if isinstance(attr_val, nn.Parameter) and self.tables:
-            path = next((n for n, p in self.root.named_parameters() if p is attr_val), None)
-            if path in self.tables:
-                return self.table_proxy(path)
-        return super().getattr(attr, attr_val, parameter_proxy_cache)
-
-    def table_proxy(self, path: str) -> fx.Proxy:
-        """The program input standing for node table ``path`` (see :mod:`sarcompile.graph.tables`):
-        a placeholder after the call's, so a worker passes its own rows of the table."""
-        if path not in self._table_proxies:
-            first = next((n for n in self.graph.nodes if n.op != "placeholder"), None)
-            # (inserting_before(None) would insert at the start, before the call's inputs)
-            with self.graph.inserting_before(first) if first is not None else contextlib.nullcontext():
-                proxy = self.create_proxy("placeholder", "table__" + path.replace(".", "_"), (), {})
-            proxy.node.meta["input"] = self.tables[path]
-            proxy.node.meta["table"] = path
-            self._table_proxies[path] = proxy
-        return self._table_proxies[path]
-
-    def _swap_functions(self, fn: Any) -> None:
-        """Point the names that ``fn``'s module binds to a function with a rule at its
-        replacement, until the trace ends: how fx itself wraps functions (``autowrap``),
-        but calling the IR-op version rather than recording the library's function."""
-        frame = getattr(fn, "__globals__", None)
-        if frame:
-            self._swap_in(frame)
-
-    def _swap_in(self, frame: dict) -> None:
-        rules = function_lowerings()
-        if not rules:
-            return
-        for name in _bound_originals(frame, rules):
-            value = frame.get(name)
-            rule = rules.get(id(value))
-            if rule is not None and rule[0] is value:
-                self._swapped.append((frame, name, value))
-                frame[name] = rule[1]
-
-    def add_helper_module(self, module: nn.Module) -> nn.Module:
-        """Attach ``module`` (e.g. a DGL builtin message function) to the root, so an IR op
-        can take it as an argument; :func:`trace` detaches it from the user's model again."""
-        name = f"_sc_helper_{len(self.helpers)}"
-        self.root.add_module(name, module)
-        self.helpers.append(name)
-        if getattr(self, "submodule_paths", None) is not None:  # fx's cache of module paths
-            self.submodule_paths[module] = name
-        return module
-
-    def path_of_module(self, mod: nn.Module) -> str:
-        """A module made inside forward (DGL's ``EdgeWeightNorm("both")(g, w)``) is not
-        reachable from the root: attach it as a helper, if it holds no state (one made with
-        parameters draws them anew each call, which a compiled program cannot repeat)."""
-        try:
-            return super().path_of_module(mod)
-        except NameError:
-            if any(True for _ in itertools.chain(mod.parameters(), mod.buffers())):
-                raise CompileError(
-                    f"{type(mod).__name__} is not a submodule of the model traced (made inside forward?) and has "
-                    "parameters or buffers of its own, which each call would make anew; make it in __init__"
-                ) from None
-            self.add_helper_module(mod)
-            return super().path_of_module(mod)
-
-    def create_args_for_root(self, root_fn, is_module, concrete_args=None):
-        if self.layouts:  # one placeholder per leaf; forward gets its dicts and typed graph back
-            params = list(inspect.signature(root_fn).parameters.values())[1 if is_module else 0:]
-            args, kwargs, attributes = rebuilt_arguments(params, self.layouts,
-                                                         lambda name: self.create_proxy("placeholder", name, (), {}))
-            view = graph_view()
-            if view is not None:  # DGL code reads a graph as a DGL graph (frames, update_all)
-                args, kwargs, attributes = view[0](self, (args, kwargs, attributes))
-            for path, value in attributes.items():  # until the trace ends, as _swap_functions does
-                owner, _, name = path.rpartition(".")
-                frame = vars(self.root.get_submodule(owner))
-                self._swapped.append((frame, name, frame[name]))
-                frame[name] = value
-            return _with_keywords(root_fn, kwargs), ([self.root] if is_module else []) + args
-        fn, args = super().create_args_for_root(root_fn, is_module, concrete_args)
-        view = graph_view() if self.graph_input is not None else None
-        args = list(args)
-        first = 1 if is_module else 0
-        for i in range(first, len(args)):
-            a = args[i]
-            if not isinstance(a, fx.Proxy):
-                continue
-            if a.node.target in self.constants:
-                args[i] = self.constants[a.node.target]
-            elif view is not None and self.is_graph(a.node):
-                args[i] = view[1](self, a.node)
-        return fn, args
-
-    def is_graph(self, node: fx.Node) -> bool:
-        """Whether ``node`` is a placeholder of a graph the call gave: a graph leaf of a call
-        traced leaf by leaf, else the graph argument (``graph_input``, by name or position)."""
-        if node.op != "placeholder":
-            return False
-        if self.layouts:
-            return node.target in self.graph_leaves
-        placeholders = [n for n in self.graph.nodes if n.op == "placeholder"]
-        return self.graph_input in (node.target, placeholders.index(node))
-
-    def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
-        if isinstance(m, nn.Embedding) and f"{qualname}.weight" in self.tables:
-            return False  # traced through, so its lookup reads the table's input
-        try:
-            lowered = lowering_for(m)
-        except CompileError as e:  # a rule refused the layer: say which one
-            raise CompileError(f"layer {qualname!r}: {e}") from None
-        # Dropout modules keep their step counters: they must run, not be traced through.
-        if lowered is not None or isinstance(m, (NodeDropout, RandomStream)):
-            return True
-        return super().is_leaf_module(m, qualname)
-
-    def create_arg(self, a):
-        # A submodule passed to an IR op (message_passing's message function) becomes a
-        # get_attr node, so the op receives the module itself when the program runs.
-        if isinstance(a, nn.Module):
-            return self.create_node("get_attr", self.path_of_module(a), (), {})
-        return super().create_arg(a)
-
-
-def _with_keywords(fn: Callable, kwargs: dict[str, Any]) -> Callable:
-    """``fn`` called with ``kwargs`` too (fx calls the root with positional arguments only);
-    a function, with ``fn``'s annotations, as fx reads them."""
-    if not kwargs:
-        return fn
-
-    @functools.wraps(fn)
-    def call(*args):
-        return fn(*args, **kwargs)
-
-    return call
+__all__ = ["ShapeTracer", "UNKNOWN", "trace"]
 
 
 # -- shapes are constants ---------------------------------------------------------------------
@@ -276,7 +60,7 @@ class _ShapeProxy(fx.Proxy):
             length = self.tracer.known_length(self.node)
             if length is not None:
                 return length
-        raise _LengthUnknown(f"len({self})")
+        raise LengthUnknown(f"len({self})")
 
     def __setitem__(self, index: Any, value: Any) -> None:
         """``h[mask] = v``, ``h[:, a:b] = v``: see :func:`assign`; while a front-end gives
@@ -288,176 +72,6 @@ class _ShapeProxy(fx.Proxy):
             assign(self, index, value)
         else:
             raise TypeError("'Proxy' object does not support item assignment")
-
-
-# -- assignments into part of a traced tensor ---------------------------------------------------
-_VIEW_METHODS = frozenset({"view", "view_as", "reshape", "reshape_as", "transpose", "t", "permute", "unsqueeze",
-                           "squeeze", "expand", "expand_as", "narrow", "select", "unbind", "split", "chunk",
-                           "flatten", "unflatten", "detach", "movedim", "diagonal", "as_strided", "swapaxes"})
-_VIEW_ATTRIBUTES = frozenset({"T", "mT", "H", "mH", "data", "real"})
-
-
-def _is_view(node: fx.Node) -> bool:
-    """Whether ``node`` may be a view of its first input (shares its storage), so that an
-    assignment into one would change the other eagerly. Indexing by a tensor copies."""
-    if node.op == "call_method":
-        return node.target in _VIEW_METHODS or (node.target == "__getitem__" and not _tensor_index(node.args[1]))
-    if node.op == "call_function":
-        if node.target is builtins.getattr:
-            return node.args[1] in _VIEW_ATTRIBUTES
-        if node.target is operator.getitem:
-            return not _tensor_index(node.args[1])
-        return getattr(node.target, "__name__", None) in _VIEW_METHODS
-    return False
-
-
-def _tensor_index(index: Any) -> bool:
-    items = index if isinstance(index, tuple) else (index,)
-    return any(isinstance(i, (fx.Node, torch.Tensor)) for i in items)
-
-
-def assign(h: fx.Proxy, index: Any, value: Any) -> None:
-    """``h[index] = value`` as eager computes it, where that is row-local: ``h`` becomes the
-    new tensor (its proxy is rebound to the node computing it, as the tensor eagerly is the
-    same object after the assignment). ``index`` is a boolean mask of ``h``'s leading dims
-    (``h[mask] = 0``, ``h[h < 0] = 0``; the value a number, a tensor broadcasting to the
-    dims after the mask's, or ``other[mask]``), lowered to ``masked_fill`` / ``torch.where``;
-    or all rows and a position along one feature dim (``h[:, 0] = v``, ``h[..., a:b] = v``),
-    lowered to ``torch.cat`` of the pieces. Refused (an :class:`_Assignment` saying how to
-    write it) where ``h`` is an input or parameter (the caller's tensor would change), a view
-    of another value or viewed by one (the view would see the change), where rows are picked
-    by position, or where the value has one row per selected row."""
-    tracer: ShapeTracer = h.tracer
-    node = h.node
-    if node.op in ("placeholder", "get_attr"):
-        raise _Assignment("an assignment into part of a forward argument or a parameter, which would change the "
-                          "caller's tensor (or the model's); assign into a copy (`x = x.clone()` first) or compute "
-                          "the new tensor: torch.where(mask, v, x)")
-    shape = _example_shape(tracer, node)
-    if isinstance(index, fx.Proxy):
-        new = _masked(tracer, h, shape, index, value)
-    else:
-        new = _columns(tracer, h, shape, index, value)
-    tracer.assignments.append((node, new.node))
-    h.node = new.node
-
-
-def check_assignments(graph: fx.Graph, assignments: Sequence[tuple[fx.Node, fx.Node]]) -> None:
-    """After the trace: refuse an assignment (``(h before, h after)``, see :func:`assign`)
-    whose tensor shares its storage with another that is read after it (a view of ``h``
-    taken before, or the tensor ``h`` is a view of, or another view of that), which eagerly
-    sees the change and the program would not; or where ``h`` is a view of an input or a
-    parameter (the caller's tensor would change)."""
-    order = {n: i for i, n in enumerate(graph.nodes)}
-    for before, after in assignments:
-        root = before
-        while _is_view(root) and isinstance(root.args[0], fx.Node):
-            root = root.args[0]
-        if root.op in ("placeholder", "get_attr"):
-            raise _Assignment("an assignment into part of a view of a forward argument or a parameter (a slice or "
-                              "reshape of it), which would change the caller's tensor (or the model's); assign into "
-                              "a copy (`.clone()` first) or compute the new tensor with torch.where(mask, v, h)",
-                              after)
-        family, todo = set(), [root]
-        while todo:
-            n = todo.pop()
-            if n not in family:
-                family.add(n)
-                todo.extend(u for u in n.users if _is_view(u))
-        if any(order[u] > order[after] for n in family for u in n.users):
-            raise _Assignment("an assignment into part of a tensor that shares its storage with another read after "
-                              "it (a slice, view, reshape or transpose of it taken before the assignment, or the "
-                              "tensor it is a view of): eagerly that one sees the change, a traced program cannot; "
-                              "assign before taking views, into a copy (`.clone()`), or compute the new tensor with "
-                              "torch.where(mask, v, h)", after)
-
-
-_POSITION = ("an assignment into rows picked by position (`h[0] = v`, `h[:k] = v`, `h[idx] = v`): each worker holds "
-             "its own rows, so positions differ between workers; assign by a boolean mask of the rows "
-             "(`h[mask] = v`) or compute the new tensor with torch.where(mask, v, h)")
-
-
-def _example_shape(tracer: ShapeTracer, node: fx.Node) -> torch.Size | None:
-    """``node``'s shape on the first probe, if its examples are tensors of one number of dims."""
-    values = tracer.value(node)
-    if not values or not all(isinstance(v, torch.Tensor) for v in values) or len({v.dim() for v in values}) != 1:
-        return None
-    return values[0].shape
-
-
-def _masked(tracer: ShapeTracer, h: fx.Proxy, shape: torch.Size | None, mask: fx.Proxy, value: Any) -> fx.Proxy:
-    """``h[mask] = value`` for a boolean ``mask`` of ``h``'s leading dims."""
-    masks, hs = tracer.value(mask.node), tracer.value(h.node)
-    if shape is None or not masks or not all(isinstance(m, torch.Tensor) for m in masks):
-        raise _Assignment("an assignment into part of a traced tensor whose shape or index is not known when "
-                          "compiling; compute the new tensor instead, e.g. with torch.where(mask, v, h)")
-    if any(m.dtype != torch.bool for m in masks):
-        raise _Assignment(_POSITION)
-    if any(m.dim() > x.dim() or m.shape != x.shape[:m.dim()] for m, x in zip(masks, hs)):
-        raise _Assignment("an assignment `h[mask] = v` whose mask is not shaped as h's leading dims; give a "
-                          "boolean mask of h's rows (or of h's shape), or use torch.where(mask, v, h)")
-    rest = len(shape) - masks[0].dim()
-    given = mask.node
-    for _ in range(rest):
-        mask = mask.unsqueeze(-1)
-    if isinstance(value, fx.Proxy) and value.node.target is operator.getitem and value.node.args[1] is given:
-        tracer.unused_reads.append(value.node)  # (h[mask] alone picks rows: gone unless used elsewhere)
-        return torch.where(mask, tracer.proxy(value.node.args[0]).type_as(h), h)  # h[mask] = other[mask]
-    if isinstance(value, torch.Tensor) and value.dim() == 0:
-        return h.masked_fill(mask, value)
-    if isinstance(value, (fx.Proxy, torch.Tensor)):
-        values = tracer.value(value.node) or () if isinstance(value, fx.Proxy) else (value,)
-        dims = {v.dim() for v in values if isinstance(v, torch.Tensor)}
-        if len(dims) != 1 or dims.pop() > rest:
-            raise _Assignment("an assignment `h[mask] = v` whose value has one row per row selected (such as "
-                              "`h[mask] = f(h[mask])`), how many differs between workers; compute it for all rows "
-                              "and select: h = torch.where(mask.unsqueeze(-1), f(h), h)")
-        return torch.where(mask, value.type_as(h), h)
-    return h.masked_fill(mask, value)
-
-
-def _columns(tracer: ShapeTracer, h: fx.Proxy, shape: torch.Size | None, index: Any, value: Any) -> fx.Proxy:
-    """``h[:, a:b] = value`` (or ``h[:, k]``, ``h[..., k]``): all rows, a position along one
-    feature dim, the pieces beside it kept."""
-    items = list(index) if isinstance(index, tuple) else [index]
-    if shape is None:
-        raise _Assignment("an assignment into part of a traced tensor whose shape is not known when compiling; "
-                          "compute the new tensor instead, with torch.cat of its pieces along the feature dim")
-    if Ellipsis in items:
-        at = items.index(Ellipsis)
-        items[at:at + 1] = [slice(None)] * (len(shape) - len(items) + 1)
-    whole = slice(None)
-    picked = [d for d, i in enumerate(items) if not (isinstance(i, slice) and i == whole)]
-    if not picked or picked[0] == 0 or len(picked) > 1 or len(items) > len(shape) \
-            or any(isinstance(i, (fx.Proxy, torch.Tensor)) for i in items):
-        raise _Assignment(_POSITION if not picked or picked[0] == 0 else
-                          "an assignment into part of a traced tensor along more than one feature dim, or by a "
-                          "tensor index; compute the new tensor instead, with torch.cat of its pieces along the "
-                          "feature dim or torch.where")
-    d, at = picked[0], items[picked[0]]
-    size = shape[d]
-    if isinstance(at, int):
-        a = at % size if -size <= at < size else None
-        if a is None:
-            raise IndexError(f"index {at} is out of bounds for dimension {d} with size {size}")
-        b = a + 1
-    elif isinstance(at, slice) and at.step in (None, 1):
-        a, b, _ = at.indices(size)
-        b = max(a, b)
-    else:
-        raise _Assignment("an assignment into a strided slice of a traced tensor; compute the new tensor instead, "
-                          "with torch.cat of its pieces along the feature dim or torch.where")
-
-    def part(lo: int, hi: int) -> fx.Proxy:
-        return h[(whole,) * d + (slice(lo, hi),)]
-
-    piece = part(a, b)
-    if isinstance(value, fx.Proxy):
-        value = value.type_as(h).expand_as(h[tuple(items)] if isinstance(at, int) else piece)
-        value = value.unsqueeze(d) if isinstance(at, int) else value
-    else:
-        value = torch.full_like(piece, value)
-    return torch.cat([part(0, a), value, part(b, size)], dim=d)
 
 
 class ShapeTracer(SarTracer):
@@ -739,22 +353,6 @@ def examples_for(names: Sequence[str], inputs: Mapping[str, Input], device: torc
     """Per probe, an example value for each of the program's inputs ``names`` (:data:`UNKNOWN`
     where ``inputs`` says nothing)."""
     return [[example(inputs[n], probe, device) if n in inputs else UNKNOWN for n in names] for probe in PROBES]
-# torch 2.2's functions taking sizes take no traced size (torch.ones(g.num_edges(), 1) and
-# torch.reshape(x, x.shape + (1,)) raise a TypeError); while tracing, a call given a traced
-# value is recorded as a node, as newer torch records it.
-_FACTORIES = ("ones", "zeros", "full", "empty", "rand", "randn", "reshape", "arange")
-
-
-def _sized_factory(original: Callable) -> Callable:
-    @functools.wraps(original)
-    def factory(*args, **kwargs):
-        flat = [b for a in (*args, *kwargs.values()) for b in (a if isinstance(a, (tuple, list)) else (a,))]
-        proxy = next((a for a in flat if isinstance(a, fx.Proxy)), None)
-        if proxy is None:
-            return original(*args, **kwargs)
-        return proxy.tracer.create_proxy("call_function", original, args, kwargs)
-
-    return factory
 
 
 def _with_own_forward(model: nn.Module) -> nn.Module:
@@ -809,7 +407,7 @@ def trace(
         except SarcompileError:
             raise
         except Exception as e:  # TraceError, or the model's own error: say where, why and what to do
-            raise CompileError(f"cannot trace {name}{_where(tracer, e)}: {_failure(e)}") from None
+            raise CompileError(f"cannot trace {name}{where(tracer, e)}: {failure(e)}") from None
         finally:  # the GraphModule holds the helper modules now; the user's model must not
             for helper in tracer.helpers:
                 delattr(tracer.root, helper)
@@ -819,165 +417,3 @@ def trace(
                                                         constants=constants, graph_leaves=graphs), once)
     refuse_state_updates(gm.graph, name)
     return gm
-
-
-_CONTROL_FLOW = ("sarcompile traces forward() once with symbolic tensors, so Python control flow may not depend on "
-                 "tensor values or row counts (feature sizes, dim() and the plain Python arguments of the call are "
-                 "known when compiling); move such logic into a submodule that stays a leaf or make it static.")
-
-
-class _LengthUnknown(Exception):
-    """``len()`` of a traced tensor whose first axis is not known when compiling."""
-
-
-class _Assignment(Exception):
-    """An assignment into part of a traced tensor that is not row-local (the message says why
-    and how to write it); ``node``: one traced from its line, where the traceback has none."""
-
-    def __init__(self, message: str, node: fx.Node | None = None):
-        super().__init__(message)
-        self.node = node
-
-
-class _TorchScript(Exception):
-    """A TorchScript module called while tracing (its path is the message)."""
-
-
-def _failure(e: Exception) -> str:
-    """What went wrong while tracing, and what the user can do about it, by the kind of
-    failure: only Python control flow on a traced value gets the control-flow advice."""
-    text = str(e)
-    if isinstance(e, fx.proxy.TraceError) and "cannot be iterated" in text:
-        return ("a per-node tensor was iterated along its rows (a Python loop over `x`, over torch.split(x, k) or "
-                "x.unbind(0), or `*x`), whose row count is not known when compiling and differs between workers; "
-                "compute it for all rows at once with tensor operations. A loop over a parameter's rows, or over a "
-                f"feature dim (x.unbind(1), torch.split(x, k, dim=1), x.t()), compiles. {_CONTROL_FLOW}")
-    if isinstance(e, fx.proxy.TraceError):  # bool() of a traced value: control flow
-        return f"{text}. {_CONTROL_FLOW}"
-    if isinstance(e, _Assignment):
-        return text
-    if isinstance(e, TypeError) and "does not support item assignment" in text:
-        return ("an assignment into part of a traced tensor (`h[:, 0] = v`), which torch.fx cannot record; compute "
-                "the new tensor instead, e.g. with torch.where(mask, v, h), torch.cat of its pieces along the feature "
-                "dim, or h * keep")
-    if isinstance(e, _TorchScript):
-        return (f"layer {text!r} is a TorchScript module (torch.jit.script or torch.jit.trace), which torch.fx cannot "
-                "trace into, so sarcompile cannot see what it computes; give the model the nn.Module it was "
-                "scripted from")
-    if isinstance(e, RuntimeError) and "Expected a value of type" in text and "Proxy" in text:
-        return ("a TorchScript function (torch.jit.script) was called with a traced tensor; torch.fx cannot trace "
-                "into TorchScript, so sarcompile cannot see what it computes. Call the Python function it was "
-                "scripted from")
-    if isinstance(e, TypeError) and "Proxy'" in text:  # the model's Python asked a traced value for a number
-        return (f"a traced tensor (or its shape) was used as a Python number ({e}). sarcompile traces forward() "
-                "once with symbolic tensors, whose values and row counts are not known (and differ between "
-                "workers); keep the value a tensor (e.g. `x * x.max()` rather than `x * float(x.max())`) and loop "
-                "over constants, not over rows.")
-    if isinstance(e, _LengthUnknown) or (isinstance(e, RuntimeError) and "'len' is not supported" in text):
-        return ("len() of a traced tensor, whose first axis is its row count: not known when compiling, and not "
-                "the same on every worker. Use x.size(0) where a size is needed (it stays symbolic), x.dim() or "
-                "len(x.shape) for the number of axes, or x.size(k) of a feature axis")
-    if isinstance(e, KeyError):
-        key = e.args[0] if e.args else None
-        if isinstance(key, fx.Proxy):
-            return (f"a dict or ModuleDict was indexed by a traced value ({key}), whose value is not known when "
-                    "compiling; index it by a Python value (a str, int or bool argument of forward is traced as "
-                    "its value, and each value compiles a program of its own)")
-        return (f"KeyError {text}: forward asked for a key that what it indexes does not hold when traced (a dict "
-                "argument holds the keys of the call, a graph's frames the fields set on the graph it is called "
-                "with and those forward stored). Check the key against what the model is called with")
-    if isinstance(e, AttributeError):
-        return (f"AttributeError: {text}. While tracing, forward gets a symbolic tensor for each tensor argument and "
-                "sarcompile's graph (a sarcompile Graph, or a DGL-style view of it when DGL is imported) for the "
-                "graph; read what else it needs before the call and pass it as an argument")
-    return (f"{type(e).__name__}: {text}, raised by forward while sarcompile traced it on example inputs shaped as "
-            "the call's; the model raises it eagerly on such inputs too, or it needs a value that tracing does not "
-            "know (a tensor's contents): compute that value before the call and pass it as an argument")
-
-
-def _where(tracer: fx.Tracer, error: BaseException) -> str:
-    """`` in layer 'conv2' (MyConv), at file.py:12: `if x.sum() > 0:` `` -- the module fx was
-    inside and the innermost line of user code in the traceback."""
-    stack = list(getattr(tracer, "module_stack", {}).values())  # (path, type) per module entered
-    layer = ""
-    if stack and stack[-1][0]:
-        path, kind = stack[-1]
-        layer = f" in layer {path!r} ({getattr(kind, '__name__', kind)})"
-    if isinstance(error, _Assignment) and error.node is not None:
-        line = source_line(error.node)
-        return layer + (f", at {line}" if line else "")
-    return layer + user_line(error)
-
-
-def user_line(error: BaseException) -> str:
-    """``, at file.py:12: `code` `` for the innermost frame of ``error``'s traceback that is
-    the user's (:func:`~sarcompile.compile.source_lines.user_file`), else neither torch's nor
-    sarcompile's (a PyG layer's, where only library code ran); empty if there is none."""
-    ours = (str(Path(__file__).resolve().parents[1]) + os.sep, str(Path(fx.__file__).resolve().parents[1]) + os.sep)
-    frames = [f for f in traceback.extract_tb(error.__traceback__) if not f.filename.startswith(ours)]
-    frames = [f for f in frames if user_file(f.filename)] or frames
-    if not frames:
-        return ""
-    f = frames[-1]
-    return f", at {Path(f.filename).name}:{f.lineno}: `{(f.line or '').strip()}`"
-
-
-# -- fx's table of wrapped functions -----------------------------------------------------------
-@contextlib.contextmanager
-def generated_wraps_dropped():
-    """Within: what fx's generated code adds to its table of ``torch.fx.wrap``'ed functions
-    is dropped again on the way out. Each recompile of a GraphModule calling a wrapped
-    function registers it anew, keyed by that code's fresh globals, and fx never removes
-    an entry, while every trace patches every entry: tracing got slower with each program
-    compiled in a process (a sweep of 150 models spent a third of its time there). A
-    module's own ``torch.fx.wrap`` calls (an import within) are kept."""
-    table = _symbolic_trace._wrapped_fns_to_patch
-    before = set(table)
-    try:
-        yield
-    finally:
-        for key in [k for k in table if k not in before and not _module_globals(table[k])]:
-            del table[key]
-
-
-def _module_globals(frame: dict) -> bool:
-    """Whether ``frame`` is a loaded module's own globals (not, say, fx's generated code's)."""
-    module = sys.modules.get(frame.get("__name__", ""))
-    return module is not None and vars(module) is frame
-
-
-# -- which names to swap -----------------------------------------------------------------------
-# A module's names bound to a function with a rule, found by scanning its globals: every
-# trace swaps those of each home module (every loaded module of a package such as
-# torch_geometric, some 600), so a scan is kept until the module or the rules change size.
-# Only modules' own globals are kept (they live as long as the process); any other dict,
-# such as the globals of fx's generated code, is scanned each time.
-_BOUND: dict[int, tuple[dict, int, int, list[str]]] = {}
-
-
-def _bound_originals(frame: dict, rules: dict[int, tuple[Callable, Callable]]) -> list[str]:
-    """The names in ``frame`` bound to a function with a rule, to check and swap."""
-    kept = _BOUND.get(id(frame))
-    if kept is not None and kept[0] is frame and kept[1] == len(frame) and kept[2] == len(rules):
-        return kept[3]
-    names = [name for name, value in list(frame.items()) if id(value) in rules]
-    if _module_globals(frame):
-        _BOUND[id(frame)] = (frame, len(frame), len(rules), names)
-    return names
-
-
-_HOMES_BINDING: dict[str, Any] = {}
-
-
-def _homes_binding_originals() -> list[dict]:
-    """The globals of the home modules (:func:`function_homes`) that bind a function with a
-    rule: every trace swaps those, and a few of some 600 modules do. Kept while the homes,
-    the rules and the homes' sizes stay the same (as :func:`_bound_originals` keeps one
-    module's names)."""
-    homes, rules, kept = function_homes(), function_lowerings(), _HOMES_BINDING
-    if kept.get("homes") is not homes:  # (function_homes gives a new list when they change)
-        kept.update(homes=homes, frames=[vars(m) for m in homes], sizes=None)
-    sizes = (len(rules), sum(map(len, kept["frames"])))
-    if kept["sizes"] != sizes:
-        kept.update(sizes=sizes, binding=[f for f in kept["frames"] if _bound_originals(f, rules)])
-    return kept["binding"]

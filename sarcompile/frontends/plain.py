@@ -48,7 +48,7 @@ from sarcompile.errors import CompileError
 from sarcompile.ir.lowering import declare
 from sarcompile.ir.ops import edge_reduce, edge_reduce_src
 from sarcompile.compile.source_lines import where_line
-from sarcompile.compile.trace import _is_view
+from sarcompile.compile.assignments import _is_view
 from sarcompile.frontends.edge_index import EdgeEnd, _edge_axis, _examples, _in_degree, _ones_per_edge, gather, tensor_rule
 
 __all__: list[str] = []

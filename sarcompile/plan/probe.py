@@ -1,6 +1,6 @@
 """The example shard a plan runs the program on once, and how its sizes map onto each worker's.
 
-:func:`sarcompile.plan.plan.build_plan` learns every row width, saved tensor and op argument from
+:func:`sarcompile.plan.build.build_plan` learns every row width, saved tensor and op argument from
 one run of the partitioned program on a small one-worker shard. The shard's sizes are all
 distinct numbers, so a saved tensor with an axis of the probe's node count scales with
 each worker's node count, one with an axis of an edge count with that graph's edges.

@@ -7,7 +7,7 @@ import torch
 
 import sarcompile as sc
 from sarcompile.compile.estimate import model_workers
-from sarcompile.plan.plan import worker_stats
+from sarcompile.plan.sizes import worker_stats
 from cases import MixModel
 
 

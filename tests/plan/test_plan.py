@@ -224,7 +224,7 @@ def test_graph_estimate_counts_the_index_tensors_a_step_builds():
 
 
 def test_round_peak_counts_the_buffers_each_round_holds():
-    from sarcompile.plan.plan import _round_peak
+    from sarcompile.plan.memory import _round_peak
 
     blocks, sends = [10, 30, 20], [1, 2, 3]
     # Fetch: the block visited, the next one arriving and the rows gathered for it.

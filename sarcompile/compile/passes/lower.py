@@ -24,7 +24,8 @@ from sarcompile.errors import CompileError, SarcompileError
 from sarcompile.compile.leaves import ArgLayout, layout_of, leaves_of_call
 from sarcompile.ir.lowering import lowering_for
 from sarcompile.compile.model_state import refuse_state_updates, settled_trace
-from sarcompile.compile.trace import UNKNOWN, ShapeTracer, user_line
+from sarcompile.compile.trace import UNKNOWN, ShapeTracer
+from sarcompile.compile.trace_errors import user_line
 from sarcompile.compile.source_lines import source_line, user_file
 
 __all__ = ["lower"]

@@ -31,7 +31,7 @@ import torch.fx
 from sarcompile.errors import CompileError
 from sarcompile.ir.lowering import declare
 from sarcompile.compile.source_lines import where_line
-from sarcompile.compile.trace import _is_view
+from sarcompile.compile.assignments import _is_view
 from sarcompile.frontends.edge_index import _examples
 
 __all__ = ["assign_where", "assignments_settled"]

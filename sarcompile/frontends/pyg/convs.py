@@ -76,7 +76,8 @@ from torch_geometric import nn as gnn
 from torch_geometric.nn.conv import MessagePassing
 
 from sarcompile.errors import CompileError
-from sarcompile.compile.trace import ShapeTracer, user_line
+from sarcompile.compile.trace import ShapeTracer
+from sarcompile.compile.trace_errors import user_line
 from sarcompile.nn import RandomStream, layer_stream
 from sarcompile.ir.ops import batch_norm, edge_dropout, edge_reduce, edge_softmax, gather_dst, gather_src, gather_table, message_passing, sddmm, spmm
 from sarcompile.ir.lowering import declare, register_lowering

@@ -6,7 +6,7 @@ the relations' outputs stacked into one ``[relations, nodes, channels]`` tensor 
 -- which mixes the rows of different types. The rules below compute the same values
 relation by relation with IR ops, referring to the layers' own parameters, as the rules
 of :mod:`sarcompile.frontends.pyg.convs` do. Called inside a model, such a layer is traced in
-place of the call (see :class:`sarcompile.compile.trace.SarTracer`).
+place of the call (see :class:`sarcompile.compile.sar_tracer.SarTracer`).
 
 =====================  =======================================================================
 PyG layer              lowered to

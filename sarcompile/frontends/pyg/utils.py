@@ -37,7 +37,7 @@ from sarcompile.ir.ops import edge_max, edge_reduce, edge_reduce_src, edge_softm
 from sarcompile.ir.vocab import Residency
 from sarcompile.runtime import comm
 from sarcompile.compile.source_lines import where_line
-from sarcompile.compile.trace import assign
+from sarcompile.compile.assignments import assign
 from sarcompile.frontends.edge_index import (EdgeEnd, EdgeIndex, LoopMask, _edge_axis, _graph_argument, _in_degree, _loop_mask, _LoopRows,
                          _ones_per_edge, _patched, as_edge_index, in_forward)
 from sarcompile.frontends.pyg.assign import assign_where
