@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import sarcompile as sc
-from sarcompile.data.partitioning import read_manifest
+from sarcompile.data.manifest import read_manifest
 from sarcompile.runtime import comm
 from sarcompile.dist.memory import MemoryProbe
 

@@ -244,7 +244,7 @@ def run_sarcompile(a, turns: Turns) -> list[dict]:
     import torch.distributed as dist
 
     import sarcompile as sc
-    from sarcompile.data.partitioning import read_manifest
+    from sarcompile.data.manifest import read_manifest
     from sarcompile.runtime import comm
     from sarcompile.dist import cpu_cache
     from sarcompile.runtime.comm import stats

@@ -21,9 +21,10 @@ from sarcompile.compile.estimate import EstimateTable, estimate
 from sarcompile.graph.graph import Graph
 from sarcompile.graph.hetero import HeteroGraph, HeteroShard
 from sarcompile.ir.ops import edge_softmax, sddmm, spmm
-from sarcompile.data.partitioning import Manifest, Partition, load_partition, load_whole_graph, partition, read_node_ids
+from sarcompile.data.manifest import Manifest
+from sarcompile.data.loading import Partition, load_partition, load_whole_graph, read_node_ids
+from sarcompile.data.partitioning import partition
 from sarcompile.data.outofcore import partition_files
-from sarcompile.data import typed_partition as _typed_partitions  # noqa: F401  registers typed partitioning (partitioning.typed)
 from sarcompile.plan.plan import MemoryEstimate, OpPlan, Plan
 from sarcompile.predict.files import read_predictions
 from sarcompile.runtime import ops as _shard_implementations  # noqa: F401  registers each IR op's shard implementation

@@ -41,7 +41,8 @@ import torch
 
 from sarcompile.errors import PartitionError
 from sarcompile.graph.graph import Graph
-from sarcompile.data.partitioning import Manifest, partition
+from sarcompile.data.manifest import Manifest
+from sarcompile.data.partitioning import partition
 
 __all__ = ["convert_dgl_partition"]
 

@@ -60,7 +60,7 @@ from pathlib import Path
 import numpy as np
 
 from sarcompile.errors import GraphError
-from sarcompile.data.partitioning import _create_temp, _fsync_dir
+from sarcompile.data.rundir import _create_temp, _fsync_dir
 from sarcompile.data.synthetic import PARETO_ALPHA, SEPARATION, SPLIT
 from sarcompile.data.validate import MASKS
 

@@ -15,7 +15,8 @@ A typed part file holds ``{"global_ids": {type: ids}, "node_data": {type: {name:
 "relations": {key: part}}``; the manifest records per type the node count and node
 tensors, per relation the edge count, halo sizes and edge cut (``Manifest.node_types``,
 ``Manifest.edge_types``), and its ``halo_sizes`` sum the relations'. Writing, locking,
-checksums and validation are :mod:`sarcompile.data.partitioning`'s.
+checksums and validation are :mod:`sarcompile.data.part_files`' and :mod:`sarcompile.data.validate`'s;
+reading a typed part back is :mod:`sarcompile.data.loading`'s.
 """
 
 from __future__ import annotations
@@ -31,19 +32,19 @@ import torch
 
 from sarcompile.errors import GraphError, PartitionError
 from sarcompile.graph.graph import Graph
-from sarcompile.graph.hetero import HeteroGraph, HeteroShard, parse_relation_key, relation_key
-from sarcompile.data.partitioning import METHODS, Manifest, Partition, PartInfo, _as_part, _check_halos, _check_node_data, _check_num_parts, _contiguous, _given_assignment, _hash_tensor, _metis, describe_node_data, now, part_self_loops, read_part_file, typed, write_directory
-from sarcompile.dist.memory import release_free
+from sarcompile.graph.hetero import HeteroGraph, relation_key
+from sarcompile.graph.shard import PartData, local_rows, split_graph
+from sarcompile.data.assign import METHODS, _check_num_parts, _contiguous, _given_assignment, _metis
+from sarcompile.data.manifest import Manifest, PartInfo, _hash_tensor, describe_node_data, now, part_self_loops
 from sarcompile.data.node_ids import check_ids
-from sarcompile.graph.shard import PartData, ShardGraph, local_rows, split_graph
-from sarcompile.data.validate import check_node_data
+from sarcompile.data.part_files import write_directory
+from sarcompile.data.validate import check_node_data, check_node_tensors
 
 # How far above an even share of its type a part may be after balancing (METIS's own
 # default imbalance is 3% of the node count).
 BALANCE_SLACK = 0.05
 
-__all__ = ["balance_types", "assign_typed", "partition_typed", "load_typed", "load_whole_typed", "read_typed",
-           "typed_graph_sha256"]
+__all__ = ["balance_types", "assign_typed", "partition_typed", "typed_graph_sha256"]
 
 
 def assign_typed(
@@ -131,7 +132,7 @@ def _check_typed_node_data(g: HeteroGraph, node_data: dict | None, allow_nonfini
             raise GraphError(f"node_data[{ntype!r}] must be a dict of name -> tensor, got {type(tensors).__name__} "
                              "(a typed graph takes node_data={'paper': {'x': X, ...}})")
         where = f"node_data[{ntype!r}]"
-        checked[ntype] = _check_node_data(tensors, g.num_nodes(ntype), where, f"type {ntype!r}")
+        checked[ntype] = check_node_tensors(tensors, g.num_nodes(ntype), where, f"type {ntype!r}")
         check_node_data(checked[ntype], allow_nonfinite=allow_nonfinite, where=where)
     return checked
 
@@ -234,7 +235,7 @@ def _info(g: HeteroGraph, relations: dict, ids: dict, r: int, num_parts: int) ->
 
 
 def typed_graph_sha256(g: HeteroGraph, node_data: dict[str, dict[str, torch.Tensor]]) -> str:
-    """:func:`sarcompile.data.partitioning.graph_sha256` for a typed graph: its types and
+    """:func:`sarcompile.data.manifest.graph_sha256` for a typed graph: its types and
     counts, every relation's edges in order, and every type's node tensors."""
     h = hashlib.sha256(b"sarcompile-hetero-graph 1\n")
     h.update(json.dumps([[t, g.num_nodes(t)] for t in g.node_types]).encode())
@@ -248,70 +249,3 @@ def typed_graph_sha256(g: HeteroGraph, node_data: dict[str, dict[str, torch.Tens
             h.update(json.dumps([ntype, key, str(t.dtype), list(t.shape)]).encode())
             _hash_tensor(h, t)
     return h.hexdigest()
-
-
-# -- reading ---------------------------------------------------------------------------------
-def read_typed(out_dir: str | os.PathLike, manifest: Manifest, rank: int) -> tuple[Path, dict, dict]:
-    """(path, saved dict, relations as PartData by triple), checked against the manifest."""
-    path, saved = read_part_file(out_dir, manifest, rank)
-    if set(saved) != {"global_ids", "node_data", "relations"}:
-        raise PartitionError(f"part file '{path}' is not a typed part (keys {sorted(saved)}); re-run partition")
-    ids = saved["global_ids"]
-    if set(ids) != set(manifest.node_types):
-        raise PartitionError(f"part file '{path}' has node types {sorted(ids)} but the manifest "
-                             f"{sorted(manifest.node_types)}; re-run partition")
-    relations = {}
-    for key, info in manifest.edge_types.items():
-        if key not in saved["relations"]:
-            raise PartitionError(f"part file '{path}' has no relation {key}; re-run partition")
-        rel = parse_relation_key(key)
-        part = _as_part({**saved["relations"][key], "global_ids": ids[rel[2]], "node_data": {}}, path)
-        _check_halos(part, info["halo_sizes"], rank, path, f" of relation {key}")
-        relations[rel] = part
-    return path, saved, relations
-
-
-def load_typed(out_dir: str | os.PathLike, manifest: Manifest, rank: int, allow_nonfinite: bool) -> Partition:
-    """Worker ``rank``'s share of a typed partition (see :func:`sarcompile.load_partition`)."""
-    path, saved, parts = read_typed(out_dir, manifest, rank)
-    ids = saved["global_ids"]
-    for ntype, tensors in saved["node_data"].items():
-        check_node_data(
-            tensors, ids=ids[ntype], allow_nonfinite=allow_nonfinite, error=PartitionError,
-            where=f"part file '{path}': node_data[{ntype!r}]", fix="re-run partition with corrected node data",
-        )
-    world = manifest.num_parts
-    shards = {}
-    for rel, part in parts.items():
-        src_ids = ids[rel[0]] if rel[0] != rel[2] else None
-        shards[rel] = ShardGraph.from_part(part, rank, world, manifest.node_types[rel[2]]["num_nodes"],
-                                           manifest.edge_types[relation_key(rel)]["num_edges"], src_ids)
-    del parts  # the file's edge lists: the shards' blocks replace them
-    release_free()
-    num_global = {t: info["num_nodes"] for t, info in manifest.node_types.items()}
-    graph = HeteroShard(rank, world, ids, shards, num_global)
-    return Partition(graph, saved["node_data"], ids, rank, manifest)
-
-
-def load_whole_typed(out_dir: str | os.PathLike, manifest: Manifest) -> tuple[HeteroGraph, dict[str, dict]]:
-    """The typed graph (each relation's edges in their original order) and its node
-    tensors per type, from every part: the single-machine reference."""
-    counts = {t: info["num_nodes"] for t, info in manifest.node_types.items()}
-    edges = {parse_relation_key(k): (torch.empty(info["num_edges"], dtype=torch.long),
-                                     torch.empty(info["num_edges"], dtype=torch.long))
-             for k, info in manifest.edge_types.items()}
-    node_data: dict[str, dict[str, torch.Tensor]] = {t: {} for t in counts}
-    for r in range(manifest.num_parts):
-        _, saved, parts = read_typed(out_dir, manifest, r)
-        for rel, part in parts.items():
-            src, dst = edges[rel]
-            src[part.edge_ids] = part.edge_src_gid
-            dst[part.edge_ids] = part.global_ids[part.edge_dst_local]
-        for ntype, tensors in saved["node_data"].items():
-            for key, rows in tensors.items():
-                whole = node_data[ntype].setdefault(key, rows.new_empty((counts[ntype], *rows.shape[1:])))
-                whole[saved["global_ids"][ntype]] = rows
-    return HeteroGraph.from_edges(edges, counts), node_data
-
-
-typed.partition, typed.load, typed.load_whole = partition_typed, load_typed, load_whole_typed

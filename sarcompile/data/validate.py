@@ -157,3 +157,23 @@ def _id(ids: torch.Tensor | None, row: int) -> int:
 
 def _dtype(t: torch.Tensor) -> str:
     return str(t.dtype).removeprefix("torch.")
+
+
+def check_node_tensors(
+    node_data: dict[str, torch.Tensor] | None, num_nodes: int, where: str = "node_data", owner: str = "the graph"
+) -> dict[str, torch.Tensor]:
+    """Node tensors as detached CPU tensors with one row per node, checked before any work.
+    ``where`` names the container in messages, ``owner`` what has ``num_nodes`` nodes."""
+    checked = {}
+    for key, t in (node_data or {}).items():
+        if not isinstance(key, str):
+            raise GraphError(f"{where} keys must be strings, got {key!r}")
+        if not isinstance(t, torch.Tensor):
+            raise GraphError(f"{where}[{key!r}] must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() == 0 or t.shape[0] != num_nodes:
+            raise GraphError(
+                f"{where}[{key!r}] has shape {tuple(t.shape)} but {owner} has {num_nodes} nodes; "
+                "node tensors need one row per node"
+            )
+        checked[key] = t.detach().cpu()
+    return checked

@@ -23,8 +23,11 @@ import torch
 from sarcompile.errors import CompileError
 from sarcompile.graph.graph import Graph
 from sarcompile.graph.hetero import HeteroGraph, HeteroShard, Relation, parse_relation_key, relation_key
-from sarcompile.data.typed_partition import assign_typed, read_typed
-from sarcompile.data.partitioning import assign, part_self_loops, read_manifest, read_part
+from sarcompile.data.typed_partition import assign_typed
+from sarcompile.data.part_files import read_typed
+from sarcompile.data.assign import assign
+from sarcompile.data.manifest import part_self_loops, read_manifest
+from sarcompile.data.part_files import read_part
 from sarcompile.graph.shard import PartData, ShardGraph, split_graph
 
 __all__ = ["WorkerStats", "TypedWorkerStats", "worker_stats", "shard_stats"]

@@ -42,7 +42,8 @@ import numpy as np
 import torch
 
 from sarcompile.data.node_ids import ids_file_name, open_ids
-from sarcompile.data.partitioning import Manifest, _atomic_write, _create_temp, _fsync_dir, _sha256
+from sarcompile.data.manifest import Manifest
+from sarcompile.data.rundir import _atomic_write, _create_temp, _fsync_dir, _sha256
 from sarcompile.errors import PartitionError, PredictionError
 
 __all__ = ["FORMAT", "MANIFEST_NAME", "copy_user_ids", "is_ours", "read_predictions", "read_predictions_manifest",

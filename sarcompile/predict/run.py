@@ -18,7 +18,9 @@ from tqdm import tqdm
 from sarcompile import errors
 from sarcompile.compile.distribute import DistributedModule, distribute
 from sarcompile.data.checkpoint import latest_checkpoint, recorded_identity
-from sarcompile.data.partitioning import Manifest, _atomic_write, load_partition, now, read_manifest
+from sarcompile.data.manifest import Manifest, now, read_manifest
+from sarcompile.data.rundir import _atomic_write
+from sarcompile.data.loading import load_partition
 from sarcompile.data.rundir import DirLock, lock_dir, remove_stale_temps
 from sarcompile.errors import CheckpointError, PartitionError, PredictionError, SarcompileError
 from sarcompile.runtime.comm import init

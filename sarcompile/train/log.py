@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from sarcompile.data.partitioning import _atomic_write
+from sarcompile.data.rundir import _atomic_write
 from sarcompile.errors import RunDirError
 from sarcompile.dist import cpu_cache
 from sarcompile.runtime.comm import TIME_LEDGER, global_sum, stats

@@ -40,7 +40,8 @@ from sarcompile.errors import (
     TrainingError,
 )
 from sarcompile.graph.hetero import parse_relation_key
-from sarcompile.data.partitioning import load_partition, read_manifest
+from sarcompile.data.loading import load_partition
+from sarcompile.data.manifest import read_manifest
 from sarcompile.data.rundir import lock_dir, lock_file, remove_stale_temps
 from sarcompile.runtime.comm import (
     TIME_LEDGER,

@@ -12,10 +12,12 @@ import pytest
 import torch
 
 from commands import run
-from sarcompile.cli.main import load_edge_file, main
+from sarcompile.cli.edge_files import load_edge_file
+from sarcompile.cli.main import main
 from sarcompile.codegen.gpu_compile import compiler_available
 from sarcompile.errors import GraphError
-from sarcompile.data.partitioning import load_partition, read_manifest
+from sarcompile.data.loading import load_partition
+from sarcompile.data.manifest import read_manifest
 
 SRC = torch.tensor([0, 1, 2, 3, 4, 5, 5, 0])
 DST = torch.tensor([1, 2, 0, 4, 5, 3, 5, 4])
@@ -272,7 +274,7 @@ def test_plan_command_names_bad_arguments_widths_and_stages(tmp_path, capsys):
 def test_dataset_end_to_end(tmp_path):
     from test_datasets import write_ogbn_arxiv
 
-    from sarcompile.data.partitioning import load_whole_graph
+    from sarcompile.data.loading import load_whole_graph
 
     written = write_ogbn_arxiv(tmp_path / "ogb")
     out = tmp_path / "parts"

@@ -12,10 +12,14 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import sarcompile.data.partitioning as P
+import sarcompile.data.part_files as part_files
 from sarcompile.errors import GraphError, PartitionError
 from sarcompile.graph.graph import Graph
-from sarcompile.data.partitioning import METHODS, Manifest, assign, load_partition, partition, read_manifest, summary
+from sarcompile.data.assign import METHODS, _symmetric_csr, assign
+from sarcompile.data.manifest import Manifest, read_manifest, summary
+from sarcompile.data.loading import load_partition
+from sarcompile.data.partitioning import partition
+from sarcompile.data.rundir import _atomic_write, _sha256
 
 
 def messy_graph(num_nodes: int, num_edges: int, seed: int) -> Graph:
@@ -194,7 +198,7 @@ def test_given_assignment_is_checked(parts, match, tmp_path):
 
 def test_symmetric_csr_drops_loops_and_duplicates():
     g = Graph.from_edges(torch.tensor([0, 0, 1, 2, 2]), torch.tensor([1, 1, 0, 2, 0]), 4)
-    xadj, adjncy = P._symmetric_csr(g)
+    xadj, adjncy = _symmetric_csr(g)
     assert xadj.tolist() == [0, 2, 3, 4, 4]
     assert adjncy.tolist() == [1, 2, 0, 0]
 
@@ -234,7 +238,7 @@ def test_manifest_contents(written):
     for r, info in enumerate(m.parts):
         path = written / info.file
         assert info.file == f"part-{r}.pt" and info.bytes == path.stat().st_size
-        assert info.sha256 == P._sha256(path)
+        assert info.sha256 == _sha256(path)
     assert Manifest.from_json(m.to_json()) == m
     assert not list(written.glob(".*.tmp"))
     text = summary(m)
@@ -328,14 +332,14 @@ def test_halo_mismatch_is_caught(written):
 
 def test_interrupted_repartition_does_not_load(written, monkeypatch):
     """A run that dies after rewriting some parts must not leave the old manifest behind."""
-    real = P._write_part
+    real = part_files._write_part
 
     def dies_at_rank_1(out, rank, part):
         if rank == 1:
             raise RuntimeError("simulated crash")
         return real(out, rank, part)
 
-    monkeypatch.setattr(P, "_write_part", dies_at_rank_1)
+    monkeypatch.setattr(part_files, "_write_part", dies_at_rank_1)
     g = messy_graph(30, 80, seed=6)
     with pytest.raises(RuntimeError, match="simulated crash"):
         partition(g, 3, written, method="contiguous")
@@ -353,7 +357,7 @@ def test_failed_write_keeps_old_file(tmp_path, monkeypatch):
         raise OSError("disk full")
 
     with pytest.raises(OSError, match="disk full"):
-        P._atomic_write(path, fails)
+        _atomic_write(path, fails)
     assert path.read_bytes() == b"old"
     assert [p.name for p in tmp_path.iterdir()] == ["f.bin"]
 
@@ -372,7 +376,7 @@ def test_repartition_replaces_everything(written):
 def test_graph_sha256_tells_adjacency_values_apart():
     """Two sparse adjacencies with the same edges and other values are other graphs (a resume
     must not mix them up); one of ones without self-loops is the graph of its edges."""
-    from sarcompile.data.partitioning import graph_sha256
+    from sarcompile.data.manifest import graph_sha256
 
     dst, src = torch.tensor([0, 1, 2, 2]), torch.tensor([1, 2, 0, 1])
     adj = lambda values: torch.sparse_coo_tensor(torch.stack([dst, src]), values, (3, 3)).to_sparse_csr()  # noqa: E731

@@ -18,7 +18,8 @@ import torch
 import sarcompile as sc
 from sarcompile.data.checkpoint import load_checkpoint, save_checkpoint
 from sarcompile.errors import RunDirError
-from sarcompile.data.partitioning import load_partition, read_manifest
+from sarcompile.data.loading import load_partition
+from sarcompile.data.manifest import read_manifest
 from sarcompile.data.rundir import LOCK_NAME, lock_dir, lock_file, remove_stale_temps
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -183,7 +184,7 @@ def test_lock_refusal_is_fast(tmp_path):
 
 
 def test_a_file_where_a_directory_belongs_is_named_as_such(tmp_path):
-    from sarcompile.data.partitioning import read_manifest
+    from sarcompile.data.manifest import read_manifest
     from sarcompile.errors import PartitionError
 
     f = tmp_path / "afile"

@@ -8,10 +8,11 @@ import pytest
 import torch
 
 import sarcompile as sc
-import sarcompile.data.partitioning as P
 from sarcompile.cli.main import main
 from sarcompile.errors import GraphError, PartitionError
-from sarcompile.data.partitioning import load_partition
+from sarcompile.data.loading import load_partition
+from sarcompile.data.manifest import read_manifest
+from sarcompile.data.rundir import _sha256
 from sarcompile.graph.shard import PartData
 
 N = 30
@@ -87,8 +88,8 @@ def _rewrite_part(out, rank: int, **node_data: torch.Tensor) -> None:
     for key, value in node_data.items():
         part.node_data[key] = value(part)
     torch.save(part.to_dict(), path)
-    m = P.read_manifest(out)
-    m.parts[rank].sha256 = P._sha256(path)
+    m = read_manifest(out)
+    m.parts[rank].sha256 = _sha256(path)
     (out / "manifest.json").write_text(m.to_json())
 
 

@@ -139,32 +139,32 @@ def test_watchdog_on_a_hash_store(capsys):
     followed (exit 3 after the lag), and a changed parent exits 5."""
     import torch.distributed as dist
 
-    from sarcompile.dist import failure
+    from sarcompile.dist import failure_protocol, watchdog
 
     store = dist.HashStore()
     codes: list[int] = []
-    wd = failure.Watchdog(store, 0, 2, exit=codes.append)
+    wd = watchdog.Watchdog(store, 0, 2, exit=codes.append)
     first = {"kind": "error", "rank": 1, "by": 1, "message": "boom"}
     assert wd.publish(first) == first
     assert wd.publish({"kind": "error", "rank": 0, "by": 0, "message": "later"}) == first  # the first stands
-    store.add(failure.EXITING, 1)
+    store.add(failure_protocol.EXITING, 1)
     t0 = time.monotonic()
     wd.start()
     deadline = time.monotonic() + 10
     while not codes and time.monotonic() < deadline:
         time.sleep(0.05)
     wd.stop()
-    assert codes == [failure.EXIT_PEER_FAILED]
-    assert failure.POLL_S + failure.EXIT_LAG_S - 0.1 < time.monotonic() - t0 < 5
-    assert store.add(failure.ACKS, 0) == 1
+    assert codes == [failure_protocol.EXIT_PEER_FAILED]
+    assert failure_protocol.POLL_S + failure_protocol.EXIT_LAG_S - 0.1 < time.monotonic() - t0 < 5
+    assert store.add(failure_protocol.ACKS, 0) == 1
     assert "[rank 0] error: rank 1 failed: boom" in capsys.readouterr().err
 
-    orphan = failure.Watchdog(dist.HashStore(), 1, 2, parent=os.getppid() + 100000, exit=codes.append).start()
+    orphan = watchdog.Watchdog(dist.HashStore(), 1, 2, parent=os.getppid() + 100000, exit=codes.append).start()
     deadline = time.monotonic() + 5
     while len(codes) < 2 and time.monotonic() < deadline:
         time.sleep(0.05)
     orphan.stop()
-    assert codes[1:] == [failure.EXIT_AGENT_GONE]
+    assert codes[1:] == [failure_protocol.EXIT_AGENT_GONE]
     assert "rank 1's launcher (the torchrun agent) is gone" in capsys.readouterr().err
 
 
@@ -173,26 +173,26 @@ def test_a_stopped_peer_is_published_as_lost_and_a_finished_one_is_not(capsys):
     the stall window (exit 4, the window in the words), one that said it finished is not."""
     import torch.distributed as dist
 
-    from sarcompile.dist import failure
+    from sarcompile.dist import failure_protocol, watchdog
 
     codes: list[int] = []
     finished_store = dist.HashStore()
-    failure.Watchdog(finished_store, 1, 2).start().stop()  # beat, then finished
-    quiet = failure.Watchdog(finished_store, 0, 2, exit=codes.append, stall_s=1.0).start()
-    time.sleep(1.0 + 3 * failure.STALL_CHECK_S)
+    watchdog.Watchdog(finished_store, 1, 2).start().stop()  # beat, then finished
+    quiet = watchdog.Watchdog(finished_store, 0, 2, exit=codes.append, stall_s=1.0).start()
+    time.sleep(1.0 + 3 * failure_protocol.STALL_CHECK_S)
     quiet.stop()
-    assert codes == [] and finished_store.add(failure.PUBLISHED, 0) == 0
+    assert codes == [] and finished_store.add(failure_protocol.PUBLISHED, 0) == 0
 
     store = dist.HashStore()
-    watcher = failure.Watchdog(store, 0, 2, exit=codes.append, stall_s=1.0)
+    watcher = watchdog.Watchdog(store, 0, 2, exit=codes.append, stall_s=1.0)
     t0 = time.monotonic()
     watcher.start()
     while not codes and time.monotonic() - t0 < 10:
         time.sleep(0.05)
     took = time.monotonic() - t0
     watcher.stop()
-    assert codes == [failure.EXIT_PEER_LOST]
-    assert 1.0 < took < 1.0 + 3 * failure.STALL_CHECK_S, took
+    assert codes == [failure_protocol.EXIT_PEER_LOST]
+    assert 1.0 < took < 1.0 + 3 * failure_protocol.STALL_CHECK_S, took
     record = watcher.record()
     assert (record["kind"], record["rank"], record["by"], record["window"]) == ("lost", 1, 0, 1.0)
     err = capsys.readouterr().err
@@ -237,25 +237,25 @@ def test_a_worker_that_cannot_reach_the_store_still_leaves_in_bounded_time(monke
     import threading
 
     import sarcompile as sc
-    from sarcompile.dist import failure
+    from sarcompile.dist import failure, failure_protocol, watchdog
 
     store = _UnreachableStore()
     codes: list[int] = []
-    wd = failure.Watchdog(store, 2, 4, exit=codes.append)
+    wd = watchdog.Watchdog(store, 2, 4, exit=codes.append)
     monkeypatch.setattr(failure, "_active", wd)
     t0 = time.monotonic()
     reporter = threading.Thread(target=failure.report,
                                 args=(sc.CommError("spmm(mean): worker 0 did not answer within 5s"),),
                                 kwargs={"rank": 2, "distributed": True}, daemon=True)
     reporter.start()
-    deadline = t0 + failure.LEAVE_LIMIT_S + 5
+    deadline = t0 + failure_protocol.LEAVE_LIMIT_S + 5
     while not codes and time.monotonic() < deadline:
         time.sleep(0.05)
     took = time.monotonic() - t0
     store.released.set()  # the store answers (with errors) again: the reporter finishes its way out
     reporter.join(timeout=30)
-    assert codes[:1] == [failure.EXIT_PEER_LOST], codes
-    assert failure.LEAVE_LIMIT_S - 0.5 < took < failure.LEAVE_LIMIT_S + 2
+    assert codes[:1] == [failure_protocol.EXIT_PEER_LOST], codes
+    assert failure_protocol.LEAVE_LIMIT_S - 0.5 < took < failure_protocol.LEAVE_LIMIT_S + 2
     err = capsys.readouterr().err
     assert "[rank 2] error: spmm(mean): worker 0 did not answer within 5s" in err and "could not be reached" in err
 
@@ -333,28 +333,28 @@ def test_a_sigtermed_worker_whose_wait_failed_prints_the_cause_a_peer_published(
     published, and names it."""
     import torch.distributed as dist
 
-    from sarcompile.dist import failure
+    from sarcompile.dist import failure_protocol, watchdog
 
     store = dist.HashStore()
-    failure.Watchdog(store, 1, 2).publish({"kind": "terminated", "rank": 1, "by": 1, "message": "SIGTERM"})
+    watchdog.Watchdog(store, 1, 2).publish({"kind": "terminated", "rank": 1, "by": 1, "message": "SIGTERM"})
     codes: list[int] = []
-    wd = failure.Watchdog(store, 0, 2, exit=codes.append)
-    wd.pending = ("spmm(mean) backward: gradients to worker 1: a peer worker went away", failure.EXIT_PEER_LOST)
+    wd = watchdog.Watchdog(store, 0, 2, exit=codes.append)
+    wd.pending = ("spmm(mean) backward: gradients to worker 1: a peer worker went away", failure_protocol.EXIT_PEER_LOST)
     wd._terminated()
-    assert codes == [failure.EXIT_PEER_FAILED]
+    assert codes == [failure_protocol.EXIT_PEER_FAILED]
     assert capsys.readouterr().err == "[rank 0] error: rank 1 was stopped by SIGTERM\n"
-    computing = failure.Watchdog(store, 0, 2, exit=codes.append)  # no wait failed yet: the same cause
+    computing = watchdog.Watchdog(store, 0, 2, exit=codes.append)  # no wait failed yet: the same cause
     computing._terminated()
-    assert codes == [failure.EXIT_PEER_FAILED] * 2
+    assert codes == [failure_protocol.EXIT_PEER_FAILED] * 2
     assert capsys.readouterr().err == "[rank 0] error: rank 1 was stopped by SIGTERM\n"
-    own = failure.Watchdog(dist.HashStore(), 0, 2, exit=codes.append)  # nothing published: its own error
-    own.pending = ("spmm(mean): worker 1 went away", failure.EXIT_PEER_LOST)
+    own = watchdog.Watchdog(dist.HashStore(), 0, 2, exit=codes.append)  # nothing published: its own error
+    own.pending = ("spmm(mean): worker 1 went away", failure_protocol.EXIT_PEER_LOST)
     own._terminated()
-    assert codes[2:] == [failure.EXIT_PEER_LOST]
+    assert codes[2:] == [failure_protocol.EXIT_PEER_LOST]
     assert "[rank 0] error: spmm(mean): worker 1 went away (stopped by SIGTERM" in capsys.readouterr().err
 
 
 def failure_codes() -> dict[str, int]:
-    from sarcompile.dist import failure
+    from sarcompile.dist import failure_protocol
 
-    return {name: getattr(failure, name) for name in failure.__all__ if name.startswith("EXIT_")}
+    return {name: getattr(failure_protocol, name) for name in failure_protocol.__all__ if name.startswith("EXIT_")}

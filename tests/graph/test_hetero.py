@@ -12,7 +12,7 @@ import sarcompile as sc
 from sarcompile.errors import GraphError, PartitionError
 from sarcompile.graph.hetero import relation_key
 from sarcompile.data.typed_partition import assign_typed, balance_types
-from sarcompile.data.partitioning import assign
+from sarcompile.data.assign import assign
 
 TOL = 1e-9  # float64: only the order of summation differs
 SETTINGS = settings(max_examples=15, deadline=None, suppress_health_check=list(HealthCheck))

@@ -155,7 +155,7 @@ def test_partition_without_remote_in_edges(pool):
 
 
 def test_metis_partitions(pool):
-    from sarcompile.data.partitioning import assign
+    from sarcompile.data.assign import assign
 
     gen = torch.Generator().manual_seed(3)
     n = 60

@@ -31,7 +31,7 @@ from sarcompile.data.checkpoint import latest_checkpoint, read_state
 from sarcompile.cli.main import main as cli
 from sarcompile.graph.hetero import parse_relation_key
 from sarcompile.train.typed_models import HGT, RGCN
-from sarcompile.data.partitioning import read_manifest
+from sarcompile.data.manifest import read_manifest
 from sarcompile.data.synthetic import mag_like
 from sarcompile.train import build_model, evaluate, load_trained
 

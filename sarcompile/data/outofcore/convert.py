@@ -12,7 +12,7 @@ from sarcompile.data.datasets import _labels
 from sarcompile.errors import DatasetError, GraphError
 from sarcompile.data.outofcore.sources import DiskArray, EdgeFiles, csv_header
 
-__all__ = ["ScratchWriter", "csv_edges", "csv_own_edges", "read_csv"]
+__all__ = ["ScratchWriter", "csv_edge_arrays", "csv_edges", "csv_own_edges", "read_csv"]
 
 
 class ScratchWriter:
@@ -67,17 +67,27 @@ def csv_edges(path: str | Path, num_nodes: int, writer: ScratchWriter) -> EdgeFi
     """The edges of a CSV edge file (two integer columns; an optional header names them
     ``src,dst`` or ``dst,src``), converted a chunk at a time."""
     path, order = _csv_start(path, own_ids=False)
-
-    def pairs() -> Iterator[np.ndarray]:
-        try:
-            yield from _csv_pairs(path, order, np.int64, writer.chunk_rows)
-        except GraphError:
-            raise
-        except (ValueError, OverflowError) as e:
-            raise GraphError(f"'{path}' is not a CSV of integer src,dst pairs ({e})") from None
-
-    src, dst = writer.edges(pairs())
+    src, dst = writer.edges(_int_pairs(path, order, writer.chunk_rows))
     return EdgeFiles(src, dst, num_nodes)
+
+
+def csv_edge_arrays(path: str | Path, chunk_rows: int = 1 << 20) -> tuple[np.ndarray, np.ndarray]:
+    """The edges of a CSV edge file as two int64 arrays (src, dst), read whole: the file
+    read as :func:`csv_edges` reads it, for a graph partitioned in memory."""
+    path, order = _csv_start(path, own_ids=False)
+    edges = np.concatenate(list(_int_pairs(path, order, chunk_rows)))  # pandas: no rows is EmptyDataError
+    return np.ascontiguousarray(edges[:, 0]), np.ascontiguousarray(edges[:, 1])
+
+
+def _int_pairs(path: Path, order: list[str] | None, chunk_rows: int) -> Iterator[np.ndarray]:
+    """:func:`_csv_pairs` of int64 node ids, a field that is not one named as such."""
+    _check_integer_text(path, order is not None)
+    try:
+        yield from _csv_pairs(path, order, np.int64, chunk_rows)
+    except GraphError:
+        raise
+    except (ValueError, OverflowError) as e:
+        raise GraphError(f"'{path}' is not a CSV of integer src,dst pairs ({e})") from None
 
 
 def csv_own_edges(path: str | Path, writer: ScratchWriter) -> tuple[EdgeFiles, np.ndarray]:
@@ -100,6 +110,32 @@ def csv_own_edges(path: str | Path, writer: ScratchWriter) -> tuple[EdgeFiles, n
         ids, dtype = _sorted_unique(_csv_pairs(path, order, str, chunk), chunk), str
     src, dst = writer.edges(np.searchsorted(ids, rows) for rows in _csv_pairs(path, order, dtype, chunk))
     return EdgeFiles(src, dst, len(ids)), ids
+
+
+# The bytes of a CSV of integers (quotes: pandas reads "3" as 3).
+_INTEGER_BYTES = np.zeros(256, dtype=bool)
+_INTEGER_BYTES[list(b"0123456789+-, \t\r\n\"")] = True
+
+
+def _check_integer_text(path: Path, header: bool, block: int = 1 << 24) -> None:
+    """Refuse a field that is not written as an integer: pandas reads ``1e3`` or ``1.0``
+    as an int64 (it parses a float and keeps it when integral), but node ids are
+    integers. One pass over the file in ``block``-byte reads (bounded memory)."""
+    with open(path, "rb") as f:
+        first = f.readline() if header else f.read(3)
+        if not header and first != b"\xef\xbb\xbf":  # a byte-order mark is no field
+            f.seek(0)
+        line = int(header) + 1
+        while data := f.read(block):
+            bad = np.flatnonzero(~_INTEGER_BYTES[np.frombuffer(data, dtype=np.uint8)])
+            if bad.size:
+                at = int(bad[0])
+                line += data.count(b"\n", 0, at)
+                start = data.rfind(b"\n", 0, at) + 1
+                end = data.find(b"\n", at)
+                text = data[start:end if end >= 0 else len(data)].decode("utf-8", "replace").strip()
+                raise GraphError(f"'{path}' is not a CSV of integer src,dst pairs (line {line}: {text!r})")
+            line += data.count(b"\n")
 
 
 def _csv_start(path: str | Path, own_ids: bool) -> tuple[Path, list[str] | None]:

@@ -25,7 +25,7 @@ from sarcompile.data.datasets import SPLIT_OF_MASK, _check_files, _mask, _meta, 
     read_ogb_mapping
 from sarcompile.data.node_ids import Ids
 from sarcompile.errors import DatasetError
-from sarcompile.data.partitioning import Manifest
+from sarcompile.data.manifest import Manifest
 from sarcompile.data.outofcore.adjacency import build_buckets
 from sarcompile.data.outofcore.convert import ScratchWriter, read_csv
 from sarcompile.data.outofcore.partition import locked_scratch, start_budget, write_partition

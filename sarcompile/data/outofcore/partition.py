@@ -14,7 +14,9 @@ import torch
 
 from sarcompile.errors import GraphError, PartitionError
 from sarcompile.graph.graph import Graph
-from sarcompile.data.partitioning import METHODS, Manifest, PartInfo, _check_num_parts, assign, chunked_graph_sha256, describe_node_data, now, write_locked
+from sarcompile.data.assign import METHODS, _check_num_parts, assign
+from sarcompile.data.manifest import Manifest, PartInfo, chunked_graph_sha256, describe_node_data, now
+from sarcompile.data.part_files import write_locked
 from sarcompile.data.rundir import lock_dir
 from sarcompile.data.outofcore.adjacency import build_buckets
 from sarcompile.data.outofcore.budget import Budget, parse_size

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from sarcompile.errors import GraphError
-from sarcompile.data.partitioning import PartInfo
+from sarcompile.data.manifest import PartInfo
 from sarcompile.graph.shard import PartData, local_rows
 from sarcompile.data.validate import check_node_data
 from sarcompile.data.outofcore.sources import DiskArray, EdgeFiles

@@ -14,7 +14,7 @@ from sarcompile.data.outofcore import open_edges
 from sarcompile.data.outofcore.adjacency import build_buckets
 from sarcompile.data.outofcore.budget import MARGIN, Budget
 from sarcompile.data.outofcore.multilevel import IMBALANCE, multilevel_partition, refine
-from sarcompile.data.partitioning import _symmetric_csr, assign
+from sarcompile.data.assign import _symmetric_csr, assign
 from sarcompile.data.synthetic_stream import write_sbm
 
 

@@ -23,7 +23,8 @@ from sarcompile.errors import GraphError, PartitionError, RunDirError
 from sarcompile.data.outofcore import open_edges, partition_files
 from sarcompile.data.outofcore.budget import MARGIN, current_rss
 from sarcompile.data.outofcore.partition import MULTILEVEL
-from sarcompile.data.partitioning import read_manifest, read_part
+from sarcompile.data.manifest import read_manifest
+from sarcompile.data.part_files import read_part
 from sarcompile.data.rundir import lock_dir
 from sarcompile.dist.memory import mapped_bytes
 from sarcompile.data.synthetic_stream import write_sbm
