@@ -20,7 +20,7 @@ from torch import nn
 
 import sarcompile as sc
 from sarcompile.data.manifest import read_manifest
-from sarcompile.runtime import comm
+from sarcompile.dist.traffic import stats
 from sarcompile.dist.memory import MemoryProbe
 
 
@@ -89,7 +89,7 @@ def main() -> None:
     step()  # warm-up: compiling, caches, optimizer state
     times, added, peak, traffic = [], [], [], []
     for _ in range(a.epochs):
-        comm.stats.reset()
+        stats.reset()
         dist.barrier()
         t0 = time.perf_counter()
         with MemoryProbe() as probe:
@@ -97,7 +97,7 @@ def main() -> None:
         times.append(time.perf_counter() - t0)
         added.append(probe.added_bytes)
         peak.append(probe.peak_bytes)
-        traffic.append(comm.stats.as_dict())
+        traffic.append(stats.as_dict())
     mine = {
         "rank": rank,
         "step_s": statistics.median(times),

@@ -49,7 +49,7 @@ import torch
 
 from harness import command, figure, partition, results_dir, sbm_file, write_result
 from sarcompile.dist.memory import find_allocator
-from sarcompile.runtime.comm import TIME_LEDGER
+from sarcompile.dist.traffic import TIME_LEDGER
 from turns import Run, run_all
 
 HERE = Path(__file__).resolve().parent

@@ -28,7 +28,9 @@ from sarcompile.data.outofcore import partition_files
 from sarcompile.plan.plan import MemoryEstimate, OpPlan, Plan
 from sarcompile.predict.files import read_predictions
 from sarcompile.runtime import ops as _shard_implementations  # noqa: F401  registers each IR op's shard implementation
-from sarcompile.runtime.comm import empty_cache, global_max, global_sum, init, shutdown, sync_gradients
+from sarcompile.dist.buffers import empty_cache
+from sarcompile.dist.collectives import global_max, global_sum, sync_gradients
+from sarcompile.dist.process_group import init, shutdown
 from sarcompile.train.checkpoints import load_checkpoint, save_checkpoint
 
 __version__ = "0.1.0"

@@ -16,7 +16,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import sarcompile as sc
-from sarcompile.runtime import comm
+from sarcompile.dist import traffic
+from sarcompile.dist.buffers import pool
 from sarcompile.graph.shard import PartData, ShardGraph, split_graph
 
 
@@ -325,9 +326,9 @@ def run_worker(rank: int, world_size: int, payload: dict[str, Any]) -> Result:
     dm.train(payload["train"])
     x = part.node_data["x"].clone().requires_grad_(True)
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    default_min_bytes = comm.pool.min_bytes
+    default_min_bytes = pool.min_bytes
     if payload.get("pool_min_bytes") is not None:  # small graphs' buffers through the pool too
-        comm.pool.min_bytes = payload["pool_min_bytes"]
+        pool.min_bytes = payload["pool_min_bytes"]
     try:
         for _ in range(payload.get("steps", 1)):
             model.zero_grad(set_to_none=True)
@@ -335,8 +336,8 @@ def run_worker(rank: int, world_size: int, payload: dict[str, Any]) -> Result:
             out, stats = _step(dm, shard, x, part.node_data["w"], params)
             sc.sync_gradients(model)
     finally:
-        comm.pool.min_bytes = default_min_bytes
-        comm.pool.clear()
+        pool.min_bytes = default_min_bytes
+        pool.clear()
     stats.update(edges_with_loops=shard.with_self_loops().num_edges, edges=shard.num_edges)
     grads = {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
     return Result(out.detach(), x.grad, grads, stats, {k: b.clone() for k, b in model.named_buffers()})
@@ -344,10 +345,10 @@ def run_worker(rank: int, world_size: int, payload: dict[str, Any]) -> Result:
 
 def _step(dm, shard: ShardGraph, x: torch.Tensor, w: torch.Tensor, params: set[int]) -> tuple[torch.Tensor, dict]:
     """One forward and backward; the output and what the exchange did."""
-    comm.stats.reset()
-    comm.live.reset_peak()
-    comm.pool.reset_peak()
-    allocations = comm.pool.allocations
+    traffic.stats.reset()
+    traffic.live.reset_peak()
+    pool.reset_peak()
+    allocations = pool.allocations
     saved: list[tuple[int, ...]] = []  # shapes of everything autograd keeps for backward
     saved_storage: dict[int, int] = {}  # bytes kept for backward, per storage, parameters and x aside
     elsewhere = params | {x.untyped_storage().data_ptr()}  # (the plan counts them as such)
@@ -360,19 +361,19 @@ def _step(dm, shard: ShardGraph, x: torch.Tensor, w: torch.Tensor, params: set[i
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         out = dm(shard, x)
-    forward_peak = comm.live.peak
+    forward_peak = traffic.live.peak
     (out * w).sum().backward()
     return out, {
-        **comm.stats.as_dict(),
+        **traffic.stats.as_dict(),
         "forward_peak_blocks": forward_peak,
-        "peak_blocks": comm.live.peak,
+        "peak_blocks": traffic.live.peak,
         "saved_shapes": saved,
         "saved_bytes": sum(saved_storage.values()),
-        "peak_block_bytes": comm.live.peak_bytes,
-        "pool_allocations": comm.pool.allocations - allocations,
-        "pool_held_bytes": comm.pool.held_bytes,
-        "pool_lent_bytes": comm.pool.lent_bytes,
-        "pool_peak_lent": comm.pool.peak_lent,
+        "peak_block_bytes": traffic.live.peak_bytes,
+        "pool_allocations": pool.allocations - allocations,
+        "pool_held_bytes": pool.held_bytes,
+        "pool_lent_bytes": pool.lent_bytes,
+        "pool_peak_lent": pool.peak_lent,
     }
 
 
@@ -523,13 +524,13 @@ def run_reused_steps(rank: int, world_size: int, payload: dict[str, Any]) -> lis
             x[changed] *= 2
         elif change == "new":
             x = x.clone()
-        comm.stats.reset()
+        traffic.stats.reset()
         model.zero_grad(set_to_none=True)
         out = dm(shard, x)
         (out * part.node_data["w"]).sum().backward()
         sc.sync_gradients(model)
         grads = {k: p.grad.clone() for k, p in model.named_parameters()}
-        steps.append({"out": out.detach().clone(), "grads": grads, "bytes": comm.stats.as_dict()})
+        steps.append({"out": out.detach().clone(), "grads": grads, "bytes": traffic.stats.as_dict()})
     return steps
 
 
@@ -543,11 +544,11 @@ def run_iterations(rank: int, world_size: int, payload: dict[str, Any]) -> dict[
     dm = sc.distribute(model, **payload["options"])
     steps = []
     for t in range(payload["steps"]):
-        comm.stats.reset()
+        traffic.stats.reset()
         x = (part.node_data["x"] * (t + 1)).requires_grad_(True)
         out = dm(shard, x)
         (out * part.node_data["w"]).sum().backward()
-        steps.append({"out": out.detach(), "x_grad": x.grad, "bytes": comm.stats.as_dict()})
+        steps.append({"out": out.detach(), "x_grad": x.grad, "bytes": traffic.stats.as_dict()})
     links = {}
     for s in [shard, *shard._derived.values()]:
         for site, state in s.links.items():

@@ -151,10 +151,10 @@ def counted_step(model, g, data: dict, ids: dict) -> dict:
     bytes received per phase, bytes autograd keeps for backward in the forward pass
     (parameters, node tables and the features aside, by storage: the plan counts them as
     such) and the most remote bytes alive at once."""
-    from sarcompile.runtime import comm
+    from sarcompile.dist import traffic
 
-    comm.stats.reset()
-    comm.live.reset_peak()
+    traffic.stats.reset()
+    traffic.live.reset_peak()
     kept: dict[int, int] = {}
 
     def counting(x: dict):
@@ -170,8 +170,8 @@ def counted_step(model, g, data: dict, ids: dict) -> dict:
         return torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
 
     result = step(model, g, data, ids, around=counting)
-    return {**result, "received": comm.stats.as_dict()["received"], "saved_bytes": sum(kept.values()),
-            "peak_block_bytes": comm.live.peak_bytes}
+    return {**result, "received": traffic.stats.as_dict()["received"], "saved_bytes": sum(kept.values()),
+            "peak_block_bytes": traffic.live.peak_bytes}
 
 
 def run_worker(rank: int, world_size: int, payload: dict) -> dict:

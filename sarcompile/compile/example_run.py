@@ -13,7 +13,7 @@ from torch import nn
 
 from sarcompile.errors import CompileError
 from sarcompile.ir.probe import Recorder
-from sarcompile.runtime.comm import offline
+from sarcompile.dist.collectives import offline
 
 __all__ = ["run_example"]
 

@@ -28,7 +28,7 @@ from sarcompile.compile.sar_tracer import SarTracer
 from sarcompile.compile.trace_errors import LengthUnknown, failure, where
 from sarcompile.ir.probe import PROBES, ROW_COUNTS, Input, example
 from sarcompile.ir.vocab import Residency
-from sarcompile.runtime.comm import offline
+from sarcompile.dist.collectives import offline
 
 __all__ = ["ShapeTracer", "UNKNOWN", "trace"]
 

@@ -22,7 +22,7 @@ from torch.utils._pytree import tree_leaves
 from sarcompile import logs
 from sarcompile.ir.opdef import AllReduce, Halo, OpDef, Push, definition
 from sarcompile.ir.vocab import Strategy
-from sarcompile.runtime.comm import offline
+from sarcompile.dist.collectives import offline
 from sarcompile.plan.memory import KERNEL_CODE_BYTES, optimizer_factor, remote_peak, scale_saved, workspace
 from sarcompile.plan.plan import Kernel, MemoryEstimate, NodeTable, OpPlan, Plan, _size
 from sarcompile.plan.probe import probe_for

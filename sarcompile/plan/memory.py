@@ -72,7 +72,7 @@ class Exchange:
 def _round_peak(blocks: list[int], sends: list[int], fetch: bool, push: bool, in_flight: int = 1,
                 over_block: bool = False) -> int:
     """Most bytes alive at once over one exchange's rounds, in the order
-    ``comm._sync_rounds`` keeps. Round k visits its block, with the next ``in_flight``
+    ``rounds._sync_rounds`` keeps. Round k visits its block, with the next ``in_flight``
     blocks arriving meanwhile, each with the rows sent for it gathered into their own
     buffer (with none in flight, a block's rows go out while it arrives). When gradients go
     back, the visit makes the block's gradient (written over the block if ``over_block``).

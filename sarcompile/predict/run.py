@@ -23,7 +23,7 @@ from sarcompile.data.rundir import _atomic_write
 from sarcompile.data.loading import load_partition
 from sarcompile.data.rundir import DirLock, lock_dir, remove_stale_temps
 from sarcompile.errors import CheckpointError, PartitionError, PredictionError, SarcompileError
-from sarcompile.runtime.comm import init
+from sarcompile.dist.process_group import init
 from sarcompile.dist.memory import MemoryProbe, floor_bytes
 from sarcompile.train.typed_models import TYPED_MODELS
 from sarcompile.train.checkpoints import _agreed, _broadcast, _checkpoint_group, check_trainer_state, checkpoint_timeout, \

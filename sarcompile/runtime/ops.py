@@ -33,7 +33,10 @@ from sarcompile.graph.graph import Block
 from sarcompile.ir.rng import edge_keep
 from sarcompile.graph.shard import ShardGraph
 from sarcompile.ir.vocab import LinkPolicy, Strategy
-from sarcompile.runtime.comm import Columns, global_max, global_sum, pool, run_rounds
+from sarcompile.dist.buffers import pool
+from sarcompile.dist.collectives import global_max, global_sum
+from sarcompile.runtime.columns import Columns
+from sarcompile.runtime.rounds import run_rounds
 from sarcompile.runtime.link import LinkState, Wire
 from sarcompile.runtime.reuse import reused
 

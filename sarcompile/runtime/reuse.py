@@ -25,7 +25,7 @@ from typing import Callable, Hashable
 import torch
 
 from sarcompile.graph.shard import ShardGraph
-from sarcompile.runtime.comm import global_max
+from sarcompile.dist.collectives import global_max
 
 __all__ = ["reused", "KEPT"]
 

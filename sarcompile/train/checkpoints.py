@@ -27,7 +27,8 @@ from torch import nn
 from sarcompile.compile.distribute import DistributedModule
 from sarcompile.data import checkpoint as files
 from sarcompile.errors import CheckpointError, CommError
-from sarcompile.runtime.comm import global_sum, timeout
+from sarcompile.dist.collectives import global_sum
+from sarcompile.dist.process_group import timeout
 from sarcompile.graph.tables import follow_rows, table_rows, table_type
 from sarcompile.train.config import (
     CHECKPOINT_TIMEOUT_ENV,

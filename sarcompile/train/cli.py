@@ -10,7 +10,7 @@ from typing import Any
 import torch.distributed as dist
 
 from sarcompile.dist import failure
-from sarcompile.runtime.comm import shutdown
+from sarcompile.dist.process_group import shutdown
 from sarcompile.train.checkpoints import _distributed
 from sarcompile.train.config import parse_args
 from sarcompile.train.loop import train

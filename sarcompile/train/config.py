@@ -73,7 +73,7 @@ RESUME_KEYS = MODEL_KEYS + OWN_MODEL_KEYS + TYPED_KEYS + ("lr", "weight_decay", 
 COMPRESS = Compression.values()
 
 
-# Phases of sarcompile.runtime.comm.stats gathered per epoch, in this order; the first
+# Phases of sarcompile.dist.traffic.stats gathered per epoch, in this order; the first
 # three are always logged, the others only when some worker sent or received something.
 PHASES = ("forward", "backward", "allreduce", "batch_norm")
 

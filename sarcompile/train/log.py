@@ -14,7 +14,8 @@ import torch
 from sarcompile.data.rundir import _atomic_write
 from sarcompile.errors import RunDirError
 from sarcompile.dist import cpu_cache
-from sarcompile.runtime.comm import TIME_LEDGER, global_sum, stats
+from sarcompile.dist.collectives import global_sum
+from sarcompile.dist.traffic import TIME_LEDGER, stats
 from sarcompile.dist.memory import (
     MMAP_THRESHOLD,
     MemoryProbe,

@@ -43,14 +43,9 @@ from sarcompile.graph.hetero import parse_relation_key
 from sarcompile.data.loading import load_partition
 from sarcompile.data.manifest import read_manifest
 from sarcompile.data.rundir import lock_dir, lock_file, remove_stale_temps
-from sarcompile.runtime.comm import (
-    TIME_LEDGER,
-    global_max,
-    global_sum,
-    init,
-    stats,
-    sync_gradients,
-)
+from sarcompile.dist.collectives import global_max, global_sum, sync_gradients
+from sarcompile.dist.process_group import init
+from sarcompile.dist.traffic import TIME_LEDGER, stats
 from sarcompile.runtime.link import link_states, load_link_states
 from sarcompile.dist.memory import MemoryProbe, floor_bytes
 from sarcompile.graph.tables import table_type

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 
 from sarcompile.data.validate import class_ids_problem
 from sarcompile.errors import PartitionError
-from sarcompile.runtime.comm import global_max, global_sum
+from sarcompile.dist.collectives import global_max, global_sum
 from sarcompile.train.config import MASKS, TASKS
 
 

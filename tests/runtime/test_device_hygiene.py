@@ -1,4 +1,4 @@
-"""No tensor in ``sarcompile/runtime/`` or ``sarcompile/codegen/`` is made on a hard-coded
+"""No tensor in ``sarcompile/runtime/``, ``sarcompile/codegen/`` or ``sarcompile/dist/`` is made on a hard-coded
 device (issue 55): a source check, so that a new one fails CI before a GPU run meets it.
 
 Every call of a torch tensor factory there (``torch.zeros``, ``torch.empty``, ...; the
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2] / "sarcompile"
-PACKAGES = ("runtime", "codegen")
+PACKAGES = ("runtime", "codegen", "dist")
 
 # torch functions that make a tensor (or a generator) on the default device unless told
 FACTORIES = {
@@ -30,10 +30,10 @@ ALLOWED: dict[tuple[str, str, str], str] = {
     ("runtime/link.py", "Wire.encode", "torch.Generator"):
         "stochastic rounding's noise is drawn on the CPU so that a seed gives the same noise on every device",
     ("runtime/link.py", "Wire.encode", "torch.rand"): "(the same noise, drawn with that CPU generator)",
-    ("runtime/pool.py", "BufferPool.take", "torch.empty"): "the pool lends CPU storages only (others get torch.empty)",
-    ("runtime/pool.py", "BufferPool._make", "torch.empty"): "(a storage of that CPU-only pool)",
-    ("runtime/memory.py", "floor_bytes", "torch.zeros"): "warms up the CPU optimizer: it measures this process's RSS",
-    ("runtime/memory.py", "floor_bytes", "torch.ones"): "(the same)",
+    ("dist/pool.py", "BufferPool.take", "torch.empty"): "the pool lends CPU storages only (others get torch.empty)",
+    ("dist/pool.py", "BufferPool._make", "torch.empty"): "(a storage of that CPU-only pool)",
+    ("dist/memory.py", "floor_bytes", "torch.zeros"): "warms up the CPU optimizer: it measures this process's RSS",
+    ("dist/memory.py", "floor_bytes", "torch.ones"): "(the same)",
     ("codegen/cpu_spmm.py", "_build", ".cpu()"): "native.cpu() describes the host CPU the C kernel is built for",
 }
 
@@ -67,7 +67,7 @@ def findings() -> list[tuple[str, str, str, int]]:
     """(file, enclosing function, construct, line) of every hard-coded device in the packages."""
     out = []
     for package in PACKAGES:
-        for path in sorted((ROOT / package).glob("*.py")):
+        for path in sorted((ROOT / package).rglob("*.py")):
             rel = str(path.relative_to(ROOT))
 
             def walk(node: ast.AST, scope: list[str]) -> None:

@@ -14,9 +14,9 @@ The c10d work-around for hosts whose name resolves to loopback (``--local-addr``
 ``--rdzv-conf is_host=``, README "Several machines") is checked by hand with
 ``scripts/two_hosts.py --rdzv --local-addr`` (it adds ~25 s; left out of the suite).
 
-Needs root and ``ip netns`` (CI runs as root); otherwise every test but the first is
-skipped, naming why. Namespaces, their processes and the veth pair are removed whatever
-happens.
+Needs root and ``ip netns`` (CI runs as root); otherwise every test is skipped, naming
+why. Namespaces, their processes and the veth pair are removed whatever happens. (The
+interface choice's cases that need no namespaces: tests/dist/test_interface.py.)
 """
 
 from __future__ import annotations
@@ -100,23 +100,6 @@ def _assert_same_curve(got: list[dict], one_process: list[dict]) -> None:
     for a, b in zip(got, one_process):
         for k in KEYS:
             assert math.isclose(a[k], b[k], rel_tol=1e-5, abs_tol=1e-5), (k, got, one_process)
-
-
-def test_choose_interface_leaves_loopback_and_user_choices_alone(monkeypatch):
-    """(No namespaces needed.) The routed choice itself is what the two-host runs prove."""
-    from sarcompile.runtime.comm import choose_interface, route_interface
-
-    monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
-    for addr in ("127.0.0.1", "localhost", "::1"):
-        monkeypatch.setenv("MASTER_ADDR", addr)
-        assert route_interface(addr) is None and choose_interface() is None
-        assert "GLOO_SOCKET_IFNAME" not in os.environ
-    monkeypatch.setenv("MASTER_ADDR", "10.77.0.1")
-    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "mine")
-    assert choose_interface() is None and os.environ["GLOO_SOCKET_IFNAME"] == "mine"
-    monkeypatch.setenv("MASTER_ADDR", "no-such-host.invalid")
-    monkeypatch.delenv("GLOO_SOCKET_IFNAME")
-    assert choose_interface() is None and "GLOO_SOCKET_IFNAME" not in os.environ
 
 
 def test_c10d_rendezvous_matches_one_process(parts, one_process, tmp_path):

@@ -45,7 +45,7 @@ from sarcompile.nn import layer_stream
 from sarcompile.ir.ops import edge_dropout, edge_reduce, edge_reduce_src, edge_softmax, gather_dst, gather_src, sddmm, spmm
 from sarcompile.ir.lowering import declare, register_lowering
 from sarcompile.ir.vocab import Residency
-from sarcompile.runtime import comm
+from sarcompile.dist.collectives import global_sum, is_offline
 from sarcompile.graph.shard import ShardGraph
 
 __all__ = ["out_degrees"]
@@ -77,7 +77,7 @@ def check_edge_weights(graph: Graph | ShardGraph, weight: torch.Tensor, positive
     if weight.dim() != 1:
         raise GraphError("dgl.nn.EdgeWeightNorm normalises one scalar weight per edge, got a weight of shape "
                          f"{tuple(weight.shape)} (DGL raises here too)")
-    if positive and not comm.is_offline() and int(comm.global_sum((weight <= 0).sum().reshape(1))[0]):
+    if positive and not is_offline() and int(global_sum((weight <= 0).sum().reshape(1))[0]):
         raise GraphError('dgl.nn.EdgeWeightNorm(norm="both") got a non-positive edge weight, whose square root '
                          "or inverse it would take (DGL raises here too)")
     return weight
@@ -93,9 +93,9 @@ def require_in_edges(graph: Graph | ShardGraph, feat: torch.Tensor, layer: str) 
 
 def check_in_edges(graph: Graph | ShardGraph, layer: str = "a DGL layer") -> None:
     """DGL's ``if (g.in_degrees() == 0).any(): raise DGLError(...)``, on all workers together."""
-    if comm.is_offline():  # the planner's probe runs on a made-up graph; only real graphs are checked
+    if is_offline():  # the planner's probe runs on a made-up graph; only real graphs are checked
         return
-    zero = int(comm.global_sum((graph.in_degrees() == 0).sum().reshape(1))[0])
+    zero = int(global_sum((graph.in_degrees() == 0).sum().reshape(1))[0])
     if zero:
         raise GraphError(
             f"{layer}: {zero} node(s) have no in-edge, so their output would be invalid (DGL raises here "

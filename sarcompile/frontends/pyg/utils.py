@@ -35,7 +35,7 @@ from sarcompile.graph.graph import Graph
 from sarcompile.ir.lowering import declare, register_function_lowering, register_trace_context
 from sarcompile.ir.ops import edge_max, edge_reduce, edge_reduce_src, edge_softmax, edge_subset, gather_dst, gather_src
 from sarcompile.ir.vocab import Residency
-from sarcompile.runtime import comm
+from sarcompile.dist.collectives import global_max
 from sarcompile.compile.source_lines import where_line
 from sarcompile.compile.assignments import assign
 from sarcompile.frontends.edge_index import (EdgeEnd, EdgeIndex, LoopMask, _edge_axis, _graph_argument, _in_degree, _loop_mask, _LoopRows,
@@ -154,7 +154,7 @@ def _seen_nodes(graph: Any) -> int:
         else:
             ends = [graph.global_ids[graph.dst_index]] + [b.src_gids[b.col] for b in graph.blocks]
             local = torch.cat(ends).max() if graph.num_edges else torch.tensor(-1)
-            _SEEN[graph] = int(comm.global_max(local.reshape(1))) + 1
+            _SEEN[graph] = int(global_max(local.reshape(1))) + 1
     return _SEEN[graph]
 
 

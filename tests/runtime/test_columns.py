@@ -1,10 +1,10 @@
-"""runtime.comm's pieces that need no process group: Columns' row gathers."""
+"""runtime/columns.py: Columns' row gathers, against the concatenated tensor."""
 
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sarcompile.runtime.comm import Columns
+from sarcompile.runtime.columns import Columns
 
 
 @settings(max_examples=40, deadline=None)
