@@ -15,7 +15,7 @@ import sarcompile as sc
 from sarcompile.compile.passes.linear_first import linear_first
 from sarcompile.compile.passes.lower import lower
 from sarcompile.compile.passes.reuse import reuse
-from sarcompile.runtime.ops import _SarSpmm
+from sarcompile.runtime.ops.spmm import _SarSpmm
 from sarcompile.runtime.reuse import KEPT
 from sarcompile.compile.trace import trace
 from test_linear_first import graph
