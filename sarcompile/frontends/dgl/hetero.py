@@ -48,7 +48,9 @@ from sarcompile.graph.hetero import Relation, TracedHetero
 from sarcompile.compile.leaves import frame_inputs
 from sarcompile.ir.lowering import register_function_lowering, register_graph_view, register_lowering
 from sarcompile.ir.ops import edge_reduce, edge_softmax, gather_dst
-from sarcompile.frontends.dgl.graph import Frames, GraphProxy, _is_all, _reduce_of, _ALL, refusal
+from sarcompile.frontends.dgl.frames import Frames, refusal
+from sarcompile.frontends.dgl.graph import GraphProxy
+from sarcompile.frontends.dgl.messages import _ALL, _is_all, _reduce_of
 
 __all__ = ["HeteroGraphProxy", "cross_reduce"]
 
