@@ -26,6 +26,7 @@ from sarcompile.codegen.gpu_compile import ARCHS
 from sarcompile.cli.model_commands import run_estimate, run_explain, run_plan
 from sarcompile.cli.partition import run_partition
 from sarcompile.data.datasets import MAG, SUPPORTED
+from sarcompile.compile.passes import PIPELINE
 from sarcompile.errors import SarcompileError
 from sarcompile.data.assign import METHODS
 from sarcompile.dist import memory
@@ -181,7 +182,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--args", default="{}", metavar="JSON", help="keyword arguments for FACTORY, as a JSON object")
     p.add_argument("--mode", choices=Mode.values(), default=str(Mode.SAR), help="execution mode (default: sar)")
     p.add_argument("--optimizer", choices=("adam", "sgd"), help="count this optimizer's state in the estimate")
-    p.add_argument("--stage", metavar="PASS", help="also print the program after this pass (e.g. fuse, strategy)")
+    p.add_argument("--stage", metavar="PASS", help="also print the program after this pass: trace, "
+                   + ", ".join(step.name for step in PIPELINE))
     p.add_argument(
         "--show-kernels",
         action="store_true",
