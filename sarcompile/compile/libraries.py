@@ -14,7 +14,8 @@ __all__ = ["load_available"]
 # library module name -> the front-end modules that register its rules (torch: always imported)
 _FRONTENDS = {
     "torch": ("sarcompile.frontends.plain",),
-    "torch_geometric": ("sarcompile.frontends.pyg.convs", "sarcompile.frontends.pyg.edge_types",
+    "torch_geometric": ("sarcompile.frontends.pyg.convs", "sarcompile.frontends.pyg.attention",
+                        "sarcompile.frontends.pyg.message_passing", "sarcompile.frontends.pyg.edge_types",
                         "sarcompile.frontends.pyg.hetero", "sarcompile.frontends.pyg.hetero_convs",
                         "sarcompile.frontends.pyg.typed_rows", "sarcompile.frontends.pyg.reversible"),
     "dgl": ("sarcompile.frontends.dgl.layers", "sarcompile.frontends.dgl.hetero"),

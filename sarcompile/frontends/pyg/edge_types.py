@@ -8,7 +8,7 @@ each ``propagate`` runs over it as over the whole graph. ``FastRGCNConv`` keeps 
 edge and picks each edge's weight by its type (``weight[edge_type]``), normalising by the
 number of in-edges of the same type (``scatter(one_hot(edge_type), index)[index]``);
 ``RGATConv`` too (``index_select(weight, 0, edge_type)``). All go through the general
-MessagePassing lowering (:func:`~sarcompile.frontends.pyg.convs._lower_message_passing`);
+MessagePassing lowering (:func:`~sarcompile.frontends.pyg.message_passing._lower_message_passing`);
 ``RGCNConv``, ``FastRGCNConv`` and ``RGATConv`` with, while they are traced:
 
 * ``torch_geometric.backend.use_segment_matmul = False``: ``RGCNConv`` would choose
@@ -44,7 +44,8 @@ from sarcompile.ir.lowering import declare, register_lowering
 from sarcompile.ir.ops import edge_reduce, gather_table
 from sarcompile.ir.vocab import Residency
 from sarcompile.frontends.edge_index import EdgeIndex, as_edge_index
-from sarcompile.frontends.pyg.convs import _lower_message_passing, _name
+from sarcompile.frontends.pyg.message_passing import _lower_message_passing
+from sarcompile.frontends.pyg.standin import _name
 from sarcompile.frontends.pyg.utils import _reduce_name, handles
 
 __all__: list[str] = []

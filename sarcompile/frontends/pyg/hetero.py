@@ -5,10 +5,11 @@ traced leaf by leaf (:mod:`sarcompile.compile.leaves`): ``x_dict`` is a dict of 
 the typed graph serves as ``edge_index_dict`` (a relation by its triple, ``.get``,
 ``in``), so ``HeteroConv.forward`` and the code ``to_hetero`` generates run as they are,
 calling each relation's conv with ``(x_src, x_dst)`` where the two types differ (the
-bipartite forms of the conv rules in :mod:`sarcompile.frontends.pyg.convs`). ``HeteroConv`` may be
-the model itself, ``forward(*args_dict, **kwargs_dict)``: keyword dicts of edge tensors
-(``edge_attr_dict``, ``edge_weight_dict``, keyed by relation, in each relation's edge order)
-reach the convs of the relations they hold.
+bipartite forms of the rules in :mod:`sarcompile.frontends.pyg.convs` and
+:mod:`sarcompile.frontends.pyg.attention`). ``HeteroConv`` may be the model itself,
+``forward(*args_dict, **kwargs_dict)``: keyword dicts of edge tensors (``edge_attr_dict``,
+``edge_weight_dict``, keyed by relation, in each relation's edge order) reach the convs of
+the relations they hold.
 
 What this module replaces is the one step that would read as mixing rows:
 ``HeteroConv``'s grouping of the outputs into one destination type,

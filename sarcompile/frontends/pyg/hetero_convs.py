@@ -36,7 +36,8 @@ from torch_geometric import nn as gnn
 from sarcompile.errors import CompileError
 from sarcompile.ir.lowering import register_lowering
 from sarcompile.ir.ops import edge_dropout, edge_reduce, edge_softmax, gather_dst, node_mean, sddmm, spmm
-from sarcompile.frontends.pyg.convs import _check_common, _refuse, _StandIn, _stream
+from sarcompile.frontends.pyg.attention import _stream
+from sarcompile.frontends.pyg.standin import _check_common, _refuse, _StandIn
 
 __all__ = ["softmax_across"]
 

@@ -27,7 +27,7 @@ from torch_geometric.nn import GroupAddRev
 
 from sarcompile.errors import CompileError
 from sarcompile.ir.lowering import register_lowering
-from sarcompile.frontends.pyg.convs import _StandIn
+from sarcompile.frontends.pyg.standin import _StandIn
 
 __all__: list[str] = []
 

@@ -15,7 +15,7 @@ from torch_geometric import nn as gnn
 
 from sarcompile.errors import CompileError
 from sarcompile.ir.lowering import register_lowering
-from sarcompile.frontends.pyg.convs import _check_common, _StandIn
+from sarcompile.frontends.pyg.standin import _check_common, _StandIn
 
 __all__: list[str] = []
 
