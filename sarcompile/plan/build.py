@@ -21,6 +21,7 @@ from torch.utils._pytree import tree_leaves
 
 from sarcompile import logs
 from sarcompile.ir.opdef import AllReduce, Halo, OpDef, Push, definition
+from sarcompile.ir.probe import Recorder
 from sarcompile.ir.vocab import Strategy
 from sarcompile.dist.collectives import offline
 from sarcompile.plan.memory import KERNEL_CODE_BYTES, optimizer_factor, remote_peak, scale_saved, workspace
@@ -73,7 +74,7 @@ def build_plan(
         op = definition(node)
         if op is None:
             continue
-        args = probe.seen[node.name]
+        args = probe.ir_args[node]
         strategy = node.kwargs.get("strategy", Strategy.LOCAL)
         row = OpPlan(node.name, _layer(node), op.describe(args), strategy, node.meta.get("strategy_reason", ""), 0,
                      [0] * n, [0] * n, [0] * n, op.saved(args), rows=_rows(op, args))
@@ -134,8 +135,8 @@ def build_plan(
     kernels = [
         Kernel(node.name, role, spec.name, spec.render("cuda"), spec)
         for node in gm.graph.nodes
-        if node.name in probe.seen
-        for role, spec in definition(node).kernels(probe.seen[node.name])
+        if node in probe.ir_args
+        for role, spec in definition(node).kernels(probe.ir_args[node])
     ]
     warned = [node.meta["comm_warning"] for node in gm.graph.nodes if "comm_warning" in node.meta]
     tables = [NodeTable(path, ntype, row, [w.nodes.get(ntype, 0) * row for w in workers])
@@ -166,22 +167,14 @@ def _rows(op: OpDef, args: dict[str, Any]) -> str:
     return f"{'+'.join(given)} -> {op.output}"
 
 
-class _Probe(fx.Interpreter):
-    """Runs the program once on a small shard; records each IR op's bound arguments and
-    every tensor autograd saves for backward (by storage, so shared ones count once)."""
+class _Probe(Recorder):
+    """Runs the program once on a small shard; records each IR op's bound arguments
+    (:class:`~sarcompile.ir.probe.Recorder`'s ``ir_args``) and every tensor autograd saves
+    for backward (by storage, so shared ones count once)."""
 
     def __init__(self, gm: fx.GraphModule):
         super().__init__(gm)
-        self.seen: dict[str, dict[str, Any]] = {}
         self.saved: dict[int, tuple[int, tuple[int, ...]]] = {}  # storage -> (bytes, shape)
-
-    def run_node(self, n: fx.Node) -> Any:
-        result = super().run_node(n)
-        op = definition(n)
-        if op is not None:
-            args, kwargs = self.fetch_args_kwargs_from_env(n)
-            self.seen[n.name] = {**op.bind(args, kwargs), "result": result}
-        return result
 
     def run_and_record(self, args: list[Any], counted: list[torch.Tensor]) -> None:
         """Run on ``args``; ``counted``: inputs the estimate counts under another name --

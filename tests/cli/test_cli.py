@@ -272,7 +272,7 @@ def test_plan_command_names_bad_arguments_widths_and_stages(tmp_path, capsys):
 
 # -- OGB datasets ----------------------------------------------------------------------------
 def test_dataset_end_to_end(tmp_path):
-    from test_datasets import write_ogbn_arxiv
+    from ogb_files import write_ogbn_arxiv
 
     from sarcompile.data.loading import load_whole_graph
 
@@ -300,7 +300,7 @@ def test_dataset_end_to_end(tmp_path):
 
 
 def test_dataset_no_symmetrize_keeps_stored_edges(tmp_path, capsys):
-    from test_datasets import write_ogbn_arxiv
+    from ogb_files import write_ogbn_arxiv
 
     written = write_ogbn_arxiv(tmp_path / "ogb")
     args = ["--root", str(written.root), "--parts", "2", "--out", str(tmp_path / "out"), "--no-symmetrize"]

@@ -17,7 +17,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from strategies import graphs
-from test_gat import compare_gat_with_pyg, make_gat
+from gat_cases import compare_gat_with_pyg, make_gat
 from test_torch_attention_chunks import block_from
 
 import sarcompile as sc

@@ -3,8 +3,6 @@ read back through ogb and compared with the values written, recomputed here by b
 
 from __future__ import annotations
 
-import gzip
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -13,90 +11,7 @@ import torch
 
 from sarcompile.data.datasets import load_ogb, symmetrize_edges
 from sarcompile.errors import DatasetError
-
-NUM_NODES = 60
-
-
-@dataclass
-class Written:
-    """What a fixture wrote: the directed edges and node values as stored on disk."""
-
-    root: Path
-    edges: np.ndarray  # [E, 2]
-    x: np.ndarray
-    y: np.ndarray  # -1 where unlabelled
-    split: dict[str, np.ndarray]
-
-    def symmetric_edge_set(self) -> set[tuple[int, int]]:
-        return {(int(u), int(v)) for u, v in self.edges} | {(int(v), int(u)) for u, v in self.edges}
-
-
-def random_values(seed: int, num_classes: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, np.ndarray]]:
-    """Directed edges with a self-loop, a repeated edge and a reciprocal pair; features that are
-    exact in decimal (so CSV round-trips them), labels and a split covering every node."""
-    rng = np.random.default_rng(seed)
-    edges = rng.integers(0, NUM_NODES, size=(150, 2))
-    edges = np.concatenate([edges, [[5, 5], edges[0], edges[1, ::-1]]])
-    x = rng.integers(-16, 16, size=(NUM_NODES, 4)) / 8
-    y = rng.integers(0, num_classes, size=NUM_NODES)
-    order = rng.permutation(NUM_NODES)
-    split = {"train": order[:30], "valid": order[30:45], "test": order[45:]}
-    return edges, x, y, split
-
-
-def write_csv_gz(path: Path, rows: np.ndarray) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    rows = rows.reshape(len(rows), -1)
-    with gzip.open(path, "wt") as f:  # OGB's CSVs have no header
-        f.writelines(",".join(str(v) for v in row) + "\n" for row in rows.tolist())
-
-
-def write_ogbn_arxiv(root: Path, seed: int = 0) -> Written:
-    """A 60-node ogbn-arxiv laid out as OGB's arxiv.zip extracts (csv format)."""
-    return write_csv_format(root / "ogbn_arxiv", "time", 40, seed, extra={"node_year": np.full(NUM_NODES, 2020)})
-
-
-def write_ogbn_products(root: Path, seed: int = 2) -> Written:
-    """A 60-node ogbn-products (csv format, one direction per edge: ogb adds the reverse)."""
-    return write_csv_format(root / "ogbn_products", "sales_ranking", 47, seed, extra={})
-
-
-def write_csv_format(folder: Path, split_name: str, num_classes: int, seed: int, extra: dict) -> Written:
-    edges, x, y, split = random_values(seed, num_classes)
-    raw = folder / "raw"
-    write_csv_gz(raw / "edge.csv.gz", edges)
-    write_csv_gz(raw / "num-node-list.csv.gz", np.array([NUM_NODES]))
-    write_csv_gz(raw / "num-edge-list.csv.gz", np.array([len(edges)]))
-    write_csv_gz(raw / "node-feat.csv.gz", x)
-    write_csv_gz(raw / "node-label.csv.gz", y)
-    for name, values in extra.items():
-        write_csv_gz(raw / f"{name}.csv.gz", values)
-    for part, index in split.items():
-        write_csv_gz(folder / "split" / split_name / f"{part}.csv.gz", index)
-    (folder / "RELEASE_v1.txt").write_text("")
-    return Written(folder.parent, edges, x, y, split)
-
-
-def write_ogbn_papers100m(root: Path, seed: int = 1) -> Written:
-    """A 60-node ogbn-papers100M in OGB's binary format, with NaN labels for unlabelled
-    nodes and the split as a ``split_dict.pt`` (ogb's shortcut file) holding numpy arrays."""
-    edges, x, y, split = random_values(seed, num_classes=172)
-    y[::3] = -1
-    folder = root / "ogbn_papers100M"
-    (folder / "raw").mkdir(parents=True)
-    np.savez(
-        folder / "raw" / "data.npz",
-        edge_index=edges.T.copy(),
-        num_nodes_list=np.array([NUM_NODES]),
-        num_edges_list=np.array([len(edges)]),
-        node_feat=x.astype(np.float16),
-        node_year=np.full((NUM_NODES, 1), 2020),
-    )
-    np.savez(folder / "raw" / "node-label.npz", node_label=np.where(y < 0, np.nan, y).astype(np.float32)[:, None])
-    (folder / "split" / "time").mkdir(parents=True)
-    torch.save(split, folder / "split" / "time" / "split_dict.pt")
-    (folder / "RELEASE_v1.txt").write_text("")
-    return Written(root, edges, x, y, split)
+from ogb_files import NUM_NODES, Written, write_csv_gz, write_ogbn_arxiv, write_ogbn_papers100m, write_ogbn_products
 
 
 @pytest.fixture

@@ -30,6 +30,7 @@ from torch_geometric.utils import (  # noqa: E402
 )
 
 import sarcompile as sc  # noqa: E402
+from commands import ROOT, import_script  # noqa: E402
 from pyg_models import MaskedUpdates, TutorialGCNConv  # noqa: E402
 
 DT = torch.float64
@@ -257,9 +258,7 @@ def _update(w, edge_index, value):
 def test_arma_is_refused_naming_its_node_axis():
     # (The layers built on the utilities are run on 1, 2 and 3 workers by
     # tests/benchmarks/test_pyg_zoo.py, with every case the saved sweep calls exact.)
-    from test_pyg_zoo import _zoo
-
-    zoo = _zoo()
+    zoo = import_script(ROOT / "benchmarks" / "pyg_zoo.py")
     arma = zoo.sweep(["ARMAConv"], world_sizes=(1,), log=lambda s: None)[0]
     assert arma.outcome == zoo.REFUSED and "node_dim" in arma.detail, arma
 

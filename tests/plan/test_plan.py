@@ -78,7 +78,7 @@ def test_node_features_a_layer_keeps_count_once_as_node_data():
 def test_stages_are_readable_python():
     plan = sc.distribute(Small()).plan(_graph(), 2, x=torch.zeros(1, 8), method="contiguous")
     assert [s for s, _ in plan.stages] == ["trace", "lower", "fuse", "linear_first", "residency", "row_reductions",
-                                           "dropout", "partition", "strategy", "communication", "kernels", "reuse",
+                                           "dropout", "sar", "strategy", "communication", "kernels", "reuse",
                                            "inplace", "linear_groups", "accumulate", "head_dot"]
     assert "# node" in plan.stage("residency") and "# graph" in plan.stage("residency")
     compile(plan.stage("residency"), "<plan>", "exec")  # still Python: residencies are comments

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from test_datasets import write_ogbn_arxiv, write_ogbn_papers100m, write_ogbn_products
+from ogb_files import write_ogbn_arxiv, write_ogbn_papers100m, write_ogbn_products
 from test_ooc_partition import assert_same_directory
 
 import sarcompile as sc

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_datasets import write_ogbn_arxiv, write_ogbn_products
-from test_hetero_datasets import NUM_NODES as MAG_NODES
-from test_hetero_datasets import write_ogbn_mag
+from ogb_files import write_ogbn_arxiv, write_ogbn_products
+from ogb_mag_files import NUM_NODES as MAG_NODES
+from ogb_mag_files import write_ogbn_mag
 
 import sarcompile as sc
 from sarcompile.cli.main import main
