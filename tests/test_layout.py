@@ -138,7 +138,6 @@ UNTESTED: dict[str, str] = {
     "runtime/ops/message.py": "only end to end: message_passing on workers (tests/runtime/test_distributed.py)",
     "runtime/rounds.py": "only end to end: every multi-worker test (test_halo.py stubs it out)",
     "train/cli.py": "only end to end, as `python -m sarcompile.train` in tests/train",
-    "train/factory.py": "only end to end: MODULE:FACTORY models in tests/train/test_train_own_model.py",
     "train/log.py": "only end to end: the JSONL log read back in tests/train/test_train.py",
 }
 
