@@ -23,6 +23,7 @@ from sarcompile.compile.libraries import load_available
 from sarcompile.ir.lowering import has_lowering
 from sarcompile.compile.passes import PIPELINE, When
 from sarcompile.compile.passes.context import CompileOptions, PassContext
+from sarcompile.ir.node_info import info, set_info
 from sarcompile.ir.probe import Input
 from sarcompile.compile.tables import compile_with_tables, input_type
 from sarcompile.graph.tables import NODES
@@ -130,9 +131,9 @@ def _pipeline(model: nn.Module, options: CompileOptions, partitioned: bool, call
     constants = dict(call.constants)
     for node in gm.graph.nodes:  # what the residency pass starts from
         if node.op == "placeholder" and node.target in inputs:
-            node.meta["input"] = inputs[node.target]
+            set_info(node, input=inputs[node.target])
         if node.op == "placeholder" and node.target in constants:  # (unused: forward was traced with it)
-            node.meta["constant"] = constants[node.target].value
+            set_info(node, constant=(constants[node.target].value,))
     stages = [("trace", gm.stage_code())] if keep else []
     seconds = {"trace": time.perf_counter() - start}
     ctx = PassContext(**{f.name: getattr(options, f.name) for f in fields(CompileOptions)},
@@ -149,6 +150,6 @@ def _pipeline(model: nn.Module, options: CompileOptions, partitioned: bool, call
     if "passes" in logs.ON:
         for name, code in stages:
             logs.log("passes", f"{type(model).__name__} after {name} ({seconds[name] * 1e3:.1f} ms):\n{code.strip()}")
-    order = {n.meta["table"]: input_type(n.meta["input"]) for n in gm.graph.nodes
-             if n.op == "placeholder" and "table" in n.meta}
+    order = {info(n).table: input_type(info(n).input) for n in gm.graph.nodes
+             if n.op == "placeholder" and info(n).table is not None}
     return Program(gm, stages, order, seconds)

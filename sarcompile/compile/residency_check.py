@@ -1,5 +1,5 @@
 """The residency checker: one walk over a program that gives every value its
-:class:`~sarcompile.compile.residency_values.Val` (``meta["residency"]``) and refuses what
+:class:`~sarcompile.compile.residency_values.Val` (``info(node).residency``) and refuses what
 mixes rows, as :mod:`sarcompile.compile.passes.residency` states.
 
 IR ops declare their rows, and a ``message_passing``'s message function is traced and
@@ -29,6 +29,7 @@ from sarcompile.compile.trace import ShapeTracer
 from sarcompile.errors import CompileError, SarcompileError
 from sarcompile.graph.shard import DERIVED_GRAPHS
 from sarcompile.ir.lowering import declared_helpers
+from sarcompile.ir.node_info import info, set_info
 from sarcompile.ir.opdef import Halo, Push
 from sarcompile.ir.ops import registry
 from sarcompile.ir.probe import PROBES, Input, summary
@@ -48,11 +49,11 @@ class Checker(DimRules):
                 self.prefer_attention(nodes[i + 1:])
                 raise
             self.vals[node] = v
-            node.meta["residency"] = v.res
+            set_info(node, residency=v.res)
             if v.of is not None:  # a typed graph's node type or relation
-                node.meta["rows_of"] = v.of
+                set_info(node, rows_of=v.of)
             if v.per_row and v.axis:  # rows off dim 0 (after torch.stack(xs)): only row-local torch code reads it
-                node.meta["row_axis"] = v.axis
+                set_info(node, row_axis=v.axis)
 
     def prefer_attention(self, later: list[fx.Node]) -> None:
         """Code before a global attention (PyG's to_dense_batch) is refused first; name the
@@ -65,7 +66,7 @@ class Checker(DimRules):
 
     def visit(self, node: fx.Node) -> Val:
         if node.op == "placeholder":
-            spec = node.meta.get("input")
+            spec = info(node).input
             if spec is not None:
                 return Val(spec.residency, of=spec.of)
             name = str(node.target)
@@ -174,7 +175,7 @@ class Checker(DimRules):
         seen = {n: summary(v[0]) for n, v in tracer.values.items()} if examples is not None else None
         why = "" if examples is not None else "no example run"
         for i, ph in enumerate(placeholders):  # x_j, x_i, edge_attr: one row per edge
-            ph.meta["input"] = Input(CONST if (no_edge and i == 2) else EDGE)
+            set_info(ph, input=Input(CONST if (no_edge and i == 2) else EDGE))
         checker = Checker(body, seen, why, inside=where, distributed=self.distributed)
         checker.run()
         out = checker.vals[next(n for n in body.graph.nodes if n.op == "output")]

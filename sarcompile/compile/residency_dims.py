@@ -19,6 +19,7 @@ import torch.fx as fx
 from sarcompile.compile.residency_rules import ALONG, DROPS, RETURNS_SEQ, verb
 from sarcompile.compile.residency_values import (CONST, CONST_VAL, NODE, PARAM, PARAM_VAL, ROWS, CheckerBase, Val,
                                                  w_axis)
+from sarcompile.ir.node_info import set_info
 
 
 class DimRules(CheckerBase):
@@ -356,7 +357,7 @@ class DimRules(CheckerBase):
             return False
         if self.axis(node, x, dims[0]) != 0 or self.arg(node, 3, "dtype") is not None:
             return False
-        node.meta["reduces_rows"] = (x, bool(self.arg(node, 2, "keepdim", False)))
+        set_info(node, reduces_rows=(x, bool(self.arg(node, 2, "keepdim", False))))
         return True
 
     def dropped(self, node, name, x, dims: list[int]) -> int:

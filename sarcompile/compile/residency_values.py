@@ -18,6 +18,7 @@ import torch.fx as fx
 from sarcompile.compile.residency_rules import name_of
 from sarcompile.compile.source_lines import source_line
 from sarcompile.errors import CompileError
+from sarcompile.ir.node_info import info
 from sarcompile.ir.probe import Input
 from sarcompile.ir.vocab import Residency
 
@@ -74,8 +75,8 @@ CONST_VAL, PARAM_VAL, GRAPH_VAL = Val(CONST), Val(PARAM), Val(GRAPH)
 
 def layer_of(node: fx.Node, gm: fx.GraphModule | None) -> str:
     """``layer 'conv1' (GPSConv)``: the lowered layer, else the innermost module fx was in."""
-    if node.meta.get("layer"):
-        return f"layer {node.meta['layer']!r} ({node.meta.get('layer_type', '?')})"
+    if info(node).layer:
+        return f"layer {info(node).layer!r} ({info(node).layer_type or '?'})"
     stack = node.meta.get("nn_module_stack") or {}
     if stack:
         path, kind = list(stack.values())[-1]
@@ -165,8 +166,8 @@ class CheckerBase:
     def ndim(self, node: fx.Node, a: Any, what: str) -> int:
         s = self.shape(a)
         if s is None and self.why and self.inside == "":
-            inputs = ", ".join(f"{n.target} {shape_words(n.meta['input'])}" for n in self.gm.graph.nodes
-                               if n.op == "placeholder" and getattr(n.meta.get("input"), "shape", None) is not None)
+            inputs = ", ".join(f"{n.target} {shape_words(info(n).input)}" for n in self.gm.graph.nodes
+                               if n.op == "placeholder" and getattr(info(n).input, "shape", None) is not None)
             failed = next((n for n in self.gm.graph.nodes if n not in self.seen and n.op != "output"), node)
             line = source_line(failed)
             raise CompileError(

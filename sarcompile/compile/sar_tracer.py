@@ -32,6 +32,7 @@ from sarcompile.compile.leaves import ArgLayout, rebuilt_arguments
 from sarcompile.compile.source_lines import user_frame
 from sarcompile.compile.trace_errors import TorchScriptCalled
 from sarcompile.nn import NodeDropout, RandomStream
+from sarcompile.ir.node_info import set_info
 from sarcompile.ir.probe import Input
 
 __all__ = ["SarTracer"]
@@ -68,7 +69,7 @@ class SarTracer(fx.Tracer):
         # Where in the user's code the node comes from, for the residency pass to name the
         # line it refuses. fx's own record_stack_traces would symbolize a whole stack per
         # node, and its first use imports torch._dynamo: a second on every fresh compile.
-        node.meta["user_frame"] = user_frame(sys._getframe(1))
+        set_info(node, user_frame=user_frame(sys._getframe(1)))
         return node
 
     def trace(self, root, concrete_args=None):
@@ -125,8 +126,7 @@ class SarTracer(fx.Tracer):
             # (inserting_before(None) would insert at the start, before the call's inputs)
             with self.graph.inserting_before(first) if first is not None else contextlib.nullcontext():
                 proxy = self.create_proxy("placeholder", "table__" + path.replace(".", "_"), (), {})
-            proxy.node.meta["input"] = self.tables[path]
-            proxy.node.meta["table"] = path
+            set_info(proxy.node, input=self.tables[path], table=path)
             self._table_proxies[path] = proxy
         return self._table_proxies[path]
 

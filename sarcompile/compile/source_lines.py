@@ -20,6 +20,8 @@ from typing import Any
 
 import torch.fx as fx
 
+from sarcompile.ir.node_info import info
+
 __all__ = ["called_by_sarcompile", "calling_line", "source_line", "user_file", "user_frame", "where_line"]
 
 # Packages a model is built on, whose lines a refusal does not name (as their top-level
@@ -95,8 +97,8 @@ def _line(where: tuple[str, int] | None) -> str:
 
 def source_line(node: fx.Node) -> str:
     """``file.py:12: `code``` of the user's line the node was traced from (its
-    ``meta["user_frame"]``, see :func:`user_frame`), or ''."""
-    return _line(node.meta.get("user_frame"))
+    ``info(node).user_frame``, see :func:`user_frame`), or ''."""
+    return _line(info(node).user_frame)
 
 
 def calling_line() -> str:

@@ -15,6 +15,7 @@ from torch import nn
 from sarcompile import logs
 from sarcompile.errors import CompileError
 from sarcompile.graph.tables import NODES, find_node_tables
+from sarcompile.ir.node_info import info
 from sarcompile.ir.probe import Input
 from sarcompile.ir.vocab import Residency
 
@@ -134,8 +135,8 @@ class _Compiles:
         except CompileError as e:
             program, error = None, e
         # how the node_tables pass read each, where it ran (it leaves no alternatives)
-        read = {node.meta["table"]: node.meta["input"].residency for node in (traced[0].graph.nodes if traced else ())
-                if node.op == "placeholder" and node.meta.get("table") in choice
-                and not node.meta["input"].alternatives}
+        read = {info(node).table: info(node).input.residency for node in (traced[0].graph.nodes if traced else ())
+                if node.op == "placeholder" and info(node).table in choice
+                and not info(node).input.alternatives}
         rows = {path for path, res in read.items() if res is Residency.NODE}
         return program, rows, set(read) - rows, error

@@ -26,6 +26,7 @@ from sarcompile.compile.leaves import ArgLayout
 from sarcompile.compile.model_state import refuse_state_updates, settled_trace
 from sarcompile.compile.sar_tracer import SarTracer
 from sarcompile.compile.trace_errors import LengthUnknown, failure, where
+from sarcompile.ir.node_info import set_info
 from sarcompile.ir.probe import PROBES, ROW_COUNTS, Input, example
 from sarcompile.ir.vocab import Residency
 from sarcompile.dist.collectives import offline
@@ -90,7 +91,7 @@ class ShapeTracer(SarTracer):
     query, a reshape's ``-1``, or as an argument of a layer left as a leaf (which the lower
     pass traces on it), at the end of the trace; with ``every_value``, every one. Most of a
     layer's body is never asked for (a compile took 7-12% less). ``values`` holds those
-    computed (one per probe), also kept as ``node.meta["example"]``; buffers, the RNG and
+    computed (one per probe), also kept as ``info(node).example``; buffers, the RNG and
     gradients are as before."""
 
     def __init__(self, examples: Sequence[Sequence[Any]] | None, graph_input: int | str | None = None,
@@ -243,7 +244,7 @@ class ShapeTracer(SarTracer):
             values = self._compute(kind, target, n)
             if values is not None:
                 self.values[n] = values
-                n.meta["example"] = values
+                set_info(n, example=values)
         return self.values.get(node)
 
     def _output(self) -> None:

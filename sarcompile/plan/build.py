@@ -20,6 +20,7 @@ import torch.fx as fx
 from torch.utils._pytree import tree_leaves
 
 from sarcompile import logs
+from sarcompile.ir.node_info import info
 from sarcompile.ir.opdef import AllReduce, Halo, OpDef, Push, definition
 from sarcompile.ir.probe import Recorder
 from sarcompile.ir.vocab import Strategy
@@ -58,7 +59,8 @@ def build_plan(
         tables (parameters) and features (node data). A prediction's program takes the
         same arguments as training's."""
         args = shape.inputs()
-        tables = [a for a, n in zip(args, (n for n in gm.graph.nodes if n.op == "placeholder")) if "table" in n.meta]
+        tables = [a for a, n in zip(args, (n for n in gm.graph.nodes if n.op == "placeholder"))
+                  if info(n).table is not None]
         return args, tables + shape.features(args)
 
     with offline():  # the probes run on this process alone
@@ -76,7 +78,7 @@ def build_plan(
             continue
         args = probe.ir_args[node]
         strategy = node.kwargs.get("strategy", Strategy.LOCAL)
-        row = OpPlan(node.name, _layer(node), op.describe(args), strategy, node.meta.get("strategy_reason", ""), 0,
+        row = OpPlan(node.name, _layer(node), op.describe(args), strategy, info(node).strategy_reason or "", 0,
                      [0] * n, [0] * n, [0] * n, op.saved(args), rows=_rows(op, args))
         ops.append(row)
         if isinstance(op.exchange, AllReduce):  # a collective, no halo
@@ -138,7 +140,7 @@ def build_plan(
         if node in probe.ir_args
         for role, spec in definition(node).kernels(probe.ir_args[node])
     ]
-    warned = [node.meta["comm_warning"] for node in gm.graph.nodes if "comm_warning" in node.meta]
+    warned = [info(node).comm_warning for node in gm.graph.nodes if info(node).comm_warning is not None]
     tables = [NodeTable(path, ntype, row, [w.nodes.get(ntype, 0) * row for w in workers])
               for path, ntype, row in shape.tables]
     seconds = {**(compile_seconds or {}), "plan": time.perf_counter() - start}
@@ -155,8 +157,8 @@ def build_plan(
 def _layer(node: fx.Node) -> str:
     """The layer an op came from: set by the lower pass for lowered layers, else the
     innermost module fx traced through (e.g. a BatchNorm)."""
-    if node.meta.get("layer"):
-        return node.meta["layer"]
+    if info(node).layer:
+        return info(node).layer
     stack = list((node.meta.get("nn_module_stack") or {}).values())
     return stack[-1][0] if stack else ""
 

@@ -28,6 +28,7 @@ from sarcompile.graph.graph import Graph, probe_graph, probe_relation, tile_coun
 from sarcompile.graph.hetero import Relation
 from sarcompile.graph.shard import DERIVED_GRAPHS, ShardGraph
 from sarcompile.plan.sizes import TypedWorkerStats, WorkerStats
+from sarcompile.ir.node_info import info
 from sarcompile.ir.vocab import Residency
 
 __all__ = ["ShardProbe", "TypedShardProbe", "graph_bytes", "probe_for"]
@@ -48,7 +49,7 @@ def probe_for(gm: fx.GraphModule, x: Any) -> "ShardProbe | TypedShardProbe":
 
 
 def _spec(node: fx.Node) -> Any:
-    return node.meta.get("input")
+    return info(node).input
 
 
 def graph_input(node: fx.Node) -> fx.Node | None:
@@ -183,7 +184,7 @@ class ShardProbe:
 
 
 def _halo_graph(node: fx.Node) -> fx.Node | None:
-    op = node.meta.get("ir_op")
+    op = info(node).ir_op
     return None if op is None or op.exchange is None else graph_input(node)
 
 
@@ -195,8 +196,8 @@ def _one_type_graph(node: fx.Node) -> bool:
 def _default(node: fx.Node) -> Any:
     """The value a plain Python argument was traced with, an optional input's default, or a
     refusal naming it."""
-    if "constant" in node.meta:
-        return node.meta["constant"]
+    if info(node).constant is not None:
+        return info(node).constant[0]
     if node.args:
         return node.args[0]
     raise CompileError(
@@ -234,7 +235,8 @@ class TypedShardProbe:
             for rel, e in self.edges.items()
         }
         # (parameter path, node type, bytes of one row) of each node table
-        self.tables = [(n.meta["table"], _spec(n).of, _row_bytes(_spec(n))) for n in placeholders if "table" in n.meta]
+        self.tables = [(info(n).table, _spec(n).of, _row_bytes(_spec(n))) for n in placeholders
+                       if info(n).table is not None]
 
     def inputs(self) -> list[Any]:
         inputs = []
@@ -257,11 +259,11 @@ class TypedShardProbe:
         types ``x`` gives features for (not node tables: those are parameters)."""
         placeholders = [n for n in self.gm.graph.nodes if n.op == "placeholder"]
         return [a for a, n in zip(inputs, placeholders) if (spec := _spec(n)) is not None
-                and spec.residency is Residency.NODE and "table" not in n.meta and spec.of in self.x]
+                and spec.residency is Residency.NODE and info(n).table is None and spec.of in self.x]
 
     def _rows(self, node: fx.Node, spec: Any) -> torch.Tensor:
         """An example tensor for a per-node, per-edge or constant input."""
-        example = self.x.get(spec.of) if spec.residency is Residency.NODE and "table" not in node.meta else None
+        example = self.x.get(spec.of) if spec.residency is Residency.NODE and info(node).table is None else None
         dtype = example.dtype if example is not None else (spec.dtype or torch.get_default_dtype())
         tail = tuple(example.shape[1:]) if example is not None else tuple(spec.shape[1:])
         rows = {Residency.NODE: lambda: self.counts[spec.of], Residency.EDGE: lambda: self.edges[spec.of]}
@@ -269,7 +271,7 @@ class TypedShardProbe:
             return torch.zeros(spec.shape, dtype=dtype, device=self.device)
         t = torch.zeros((rows[spec.residency](), *tail), dtype=dtype, device=self.device)
         # A node table is a parameter; features require grad as the example does.
-        grad = "table" in node.meta or (example is not None and example.requires_grad)
+        grad = info(node).table is not None or (example is not None and example.requires_grad)
         return t.requires_grad_(grad and dtype.is_floating_point)
 
     def sizes(self, w: TypedWorkerStats) -> dict[int, int]:

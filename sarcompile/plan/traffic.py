@@ -13,6 +13,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
+from sarcompile.ir.node_info import info
 from sarcompile.ir.opdef import OpDef
 from sarcompile.runtime.link import Wire
 from sarcompile.plan.memory import Exchange
@@ -34,7 +35,7 @@ def halo_traffic(row: OpPlan, node: fx.Node, op: OpDef, args: dict[str, Any], wo
     refetch = strategy.refetches and op.exchange.reads_remote_in_backward(args, wants)
     wire_row = width
     row.reused = bool(node.kwargs.get("reuse")) and not wants
-    policy = None if row.reused else node.meta.get("comm")  # (a kept result is made exactly, once)
+    policy = None if row.reused else info(node).comm  # (a kept result is made exactly, once)
     if policy is not None:  # bytes of a step that exchanges; stale caches stay for backward
         sent = args[op.exchange.sends[0]]
         wire_row = Wire(policy, 0).wire_bytes(1, width // sent.element_size(), sent.dtype) if policy.bits else width

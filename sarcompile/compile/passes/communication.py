@@ -5,13 +5,13 @@ Contract. Expects the output of the strategy pass. With exact options (``stalene
 it gives every op that exchanges halo rows (not batch norm's all-reduce) and that belongs
 to a layer in ``compress_layers`` (every layer when None) a keyword ``comm``: the
 :class:`~sarcompile.ir.vocab.LinkPolicy` of that *site*, a typed value numbered in program
-order, and records the policy in ``meta["comm"]``. Values are unchanged on one
+order, and records the policy in ``info(node).comm``. Values are unchanged on one
 machine; on workers they become approximate by design (see :mod:`sarcompile.runtime.link`).
 
 Some ops are known to suffer (staleness and 1-bit features wreck attention: a 4-layer GAT
 on Reddit fell from 86.6% to 23.8% accuracy with pipelined stale features): an op whose
 definition carries an ``approximate_warning`` and gets a reduced link is reported in
-``meta["comm_warning"]`` and with a warning naming ``compress_layers`` as the way to leave
+``info(node).comm_warning`` and with a warning naming ``compress_layers`` as the way to leave
 it exact.
 """
 
@@ -21,6 +21,7 @@ import warnings
 
 from torch import fx
 
+from sarcompile.ir.node_info import info, set_info
 from sarcompile.ir.vocab import Exchange, LinkPolicy
 from sarcompile.compile.passes.context import CompileOptions
 
@@ -32,10 +33,10 @@ def communication(gm: fx.GraphModule, ctx: CompileOptions) -> fx.GraphModule:
         return gm
     site = 0
     for node in gm.graph.nodes:
-        op = node.meta.get("ir_op")
+        op = info(node).ir_op
         if op is None or op.kind is not Exchange.HALO:
             continue
-        layer = node.meta.get("layer", "")
+        layer = info(node).layer or ""
         if ctx.compress_layers is not None and not any(_within(layer, c) for c in ctx.compress_layers):
             continue
         policy = LinkPolicy(
@@ -48,13 +49,13 @@ def communication(gm: fx.GraphModule, ctx: CompileOptions) -> fx.GraphModule:
         )
         site += 1
         node.kwargs = {**node.kwargs, "comm": policy}
-        node.meta["comm"] = policy
+        set_info(node, comm=policy)
         if op.approximate_warning:
             msg = (
                 f"{node.name} (layer {layer or '-'}): {op.approximate_warning}; keep it exact with "
                 "compress_layers=[...] listing only the other layers"
             )
-            node.meta["comm_warning"] = msg
+            set_info(node, comm_warning=msg)
             warnings.warn(msg, stacklevel=2)
     gm.recompile()
     return gm

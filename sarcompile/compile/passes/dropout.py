@@ -1,7 +1,7 @@
 """Pass ``dropout``: every training-mode dropout of node or edge rows draws a mask keyed by id.
 
-Contract. Expects a GraphModule after ``residency`` (every node has ``meta["residency"]``,
-typed rows ``meta["rows_of"]``). Finds each dropout the model applies in training,
+Contract. Expects a GraphModule after ``residency`` (every node has ``info(node).residency``,
+typed rows ``info(node).rows_of``). Finds each dropout the model applies in training,
 
     F.dropout(x, p, training=True)   torch.dropout(x, p, True)   nn.Dropout(p) in training
 
@@ -39,6 +39,7 @@ from torch import nn
 
 from sarcompile.errors import CompileError
 from sarcompile.ir import ops
+from sarcompile.ir.node_info import info, inherit, set_info
 from sarcompile.ir.rng import site_salt
 from sarcompile.ir.vocab import Residency
 from sarcompile.nn import RandomStream
@@ -49,7 +50,9 @@ __all__ = ["dropout", "STREAM"]
 
 STREAM = "dropout_stream"  # the submodule the salt is read from
 
-_KEPT_META = ("layer", "layer_type", "nn_module_stack", "user_frame", "residency", "rows_of", "row_axis")
+# What a dropout's new nodes keep of its record, and of fx's own meta
+_KEPT = ("layer", "layer_type", "user_frame", "residency", "rows_of", "row_axis")
+_KEPT_FX = ("nn_module_stack",)
 
 
 def _drops(gm: fx.GraphModule, node: fx.Node) -> tuple[fx.Node, float, bool] | None:
@@ -72,11 +75,11 @@ def _drops(gm: fx.GraphModule, node: fx.Node) -> tuple[fx.Node, float, bool] | N
 
 
 def _of_rows(x: object) -> bool:
-    return isinstance(x, fx.Node) and x.meta.get("residency", Residency.CONST).per_row
+    return isinstance(x, fx.Node) and (info(x).residency or Residency.CONST).per_row
 
 
 def _graphs(gm: fx.GraphModule) -> list[fx.Node]:
-    return [n for n in gm.graph.nodes if n.op == "placeholder" and n.meta.get("residency") is Residency.GRAPH]
+    return [n for n in gm.graph.nodes if n.op == "placeholder" and info(n).residency is Residency.GRAPH]
 
 
 def _edge_graph(gm: fx.GraphModule, x: fx.Node) -> fx.Node | None:
@@ -86,7 +89,7 @@ def _edge_graph(gm: fx.GraphModule, x: fx.Node) -> fx.Node | None:
     seen, frontier = {x}, [x]
     while frontier:
         node = frontier.pop(0)
-        res = node.meta.get("residency")
+        res = info(node).residency
         if res is Residency.GRAPH:
             return node
         if res is Residency.EDGE:
@@ -94,7 +97,7 @@ def _edge_graph(gm: fx.GraphModule, x: fx.Node) -> fx.Node | None:
             if op is not None and "g" in op.signature.parameters:
                 return op.bind(node.args, node.kwargs)["g"]
             if node.op == "placeholder":
-                return next((g for g in _graphs(gm) if g.meta.get("rows_of") == node.meta.get("rows_of")), None)
+                return next((g for g in _graphs(gm) if info(g).rows_of == info(node).rows_of), None)
         for n in node.all_input_nodes:
             if n not in seen:
                 seen.add(n)
@@ -109,7 +112,7 @@ def _node_graph(gm: fx.GraphModule, of: object) -> tuple[fx.Node, bool] | None:
     if of is None:
         return (graphs[0], False) if graphs else None
     for end, source in ((2, False), (0, True)):
-        found = next((g for g in graphs if isinstance(g.meta.get("rows_of"), tuple) and g.meta["rows_of"][end] == of),
+        found = next((g for g in graphs if isinstance(info(g).rows_of, tuple) and info(g).rows_of[end] == of),
                      None)
         if found is not None:
             return found, source
@@ -138,7 +141,7 @@ def dropout(gm: fx.GraphModule, ctx: CompileOptions | None = None) -> fx.GraphMo
     first = next(n for n in graph.nodes if n.op != "placeholder")
     with graph.inserting_before(first):
         salt = graph.call_module(STREAM)
-    salt.meta["residency"] = Residency.CONST
+    set_info(salt, residency=Residency.CONST)
     for k, node in enumerate(sites):
         x, p, inplace = _drops(gm, node)  # (read now: an earlier site may have been its input)
         if not _of_rows(x):
@@ -146,7 +149,7 @@ def dropout(gm: fx.GraphModule, ctx: CompileOptions | None = None) -> fx.GraphMo
         if inplace and any(u is not node and _after(node, u) for u in x.users):
             raise _refuse(node, "an in-place dropout (inplace=True) whose input is read again after it",
                           "Use inplace=False and read the dropout's result.")
-        res, of = x.meta["residency"], x.meta.get("rows_of")
+        res, of = info(x).residency, info(x).rows_of
         if res is Residency.EDGE:
             g, extra, op = _edge_graph(gm, x), (), ops.edge_dropout
         else:
@@ -156,19 +159,20 @@ def dropout(gm: fx.GraphModule, ctx: CompileOptions | None = None) -> fx.GraphMo
             what = f"{'per-edge' if res is Residency.EDGE else 'per-node'} rows{f' of {of!r}' if of else ''}"
             raise _refuse(node, f"dropout of {what} whose graph the compiler cannot find",
                           "Pass the graph (or the relation whose nodes they are) to the model as an argument.")
-        axis = x.meta.get("row_axis", 0)  # rows on another dim (torch.stack(hs)): moved to dim 0 and back
+        axis = info(x).row_axis  # rows on another dim (torch.stack(hs)): moved to dim 0 and back
         with graph.inserting_before(node):
             s = graph.call_function(site_salt, (salt, k))
             rows = graph.call_method("movedim", (x, axis, 0)) if axis else x
             new = out = graph.call_function(op, (g, rows, p, s, *extra))
             if axis:
                 out = graph.call_method("movedim", (new, 0, axis))
-        s.meta["residency"] = Residency.CONST
+        set_info(s, residency=Residency.CONST)
         for n in {rows, new, out} - {x}:
-            n.meta.update({key: v for key, v in node.meta.items() if key in _KEPT_META})
+            n.meta.update({key: v for key, v in node.meta.items() if key in _KEPT_FX})
+            inherit(n, node, _KEPT)
         if axis:
-            rows.meta.pop("row_axis", None)
-            new.meta.pop("row_axis", None)
+            set_info(rows, row_axis=0)
+            set_info(new, row_axis=0)
         node.replace_all_uses_with(out)
         graph.erase_node(node)
     graph.lint()

@@ -16,7 +16,7 @@ left alone. Guarantees the
 program computes the same values; the fused op never keeps a per-edge tensor, and on a
 shard it reads every remote block once in forward and once in backward. Chains whose
 edge values are used elsewhere are left alone (their per-edge tensors are needed anyway).
-The fused node records ``meta["fused"]`` (the names of the nodes it replaced).
+The fused node records ``info(node).fused`` (the names of the nodes it replaced).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ import torch.nn.functional as F
 
 from sarcompile.ir import ops
 from sarcompile.compile.passes.context import CompileOptions
+from sarcompile.ir.node_info import set_info
 
 __all__ = ["fuse"]
 
@@ -141,7 +142,7 @@ def fuse(gm: fx.GraphModule, ctx: CompileOptions | None = None) -> fx.GraphModul
                 (m["g"], m["h"], m["a_src"], m["a_dst"], m["slope"], m["dropout"], m["salt"], m["a_edge"]),
             )
         fused.meta.update(agg.meta)
-        fused.meta["fused"] = [n.name for n in reversed(m["chain"])] + [agg.name]
+        set_info(fused, fused=[n.name for n in reversed(m["chain"])] + [agg.name])
         agg.replace_all_uses_with(fused)
         gm.graph.erase_node(agg)
         for node in m["chain"]:  # from the weight back to the scores: each is unused now

@@ -29,6 +29,7 @@ from torch import nn
 
 from sarcompile.ir import ops
 from sarcompile.compile.passes.context import CompileOptions
+from sarcompile.ir.node_info import FIELDS, KEY, inherit
 
 __all__ = ["linear_first", "linear_of"]
 
@@ -77,8 +78,10 @@ def linear_first(gm: fx.GraphModule, ctx: CompileOptions | None = None) -> fx.Gr
                 b = graph.get_attr(bias) if isinstance(bias, str) else bias
                 out = graph.call_function(operator.add, (new, b))
         for n in (narrowed, new, out):
-            n.meta.update({k: v for k, v in user.meta.items() if k in ("layer", "layer_type", "nn_module_stack")})
-        new.meta.update({k: v for k, v in agg.meta.items() if k != "example"})
+            n.meta.update({k: v for k, v in user.meta.items() if k == "nn_module_stack"})
+            inherit(n, user, ("layer", "layer_type"))
+        new.meta.update({k: v for k, v in agg.meta.items() if k != KEY})
+        inherit(new, agg, [f for f in FIELDS if f != "example"])
         user.replace_all_uses_with(out)
         graph.erase_node(user)
         graph.erase_node(agg)

@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
 from sarcompile.ir import ops
+from sarcompile.ir.node_info import set_info
 from sarcompile.ir.vocab import Residency
 from sarcompile.compile.passes.context import CompileOptions
 from sarcompile.compile.passes.inplace import activation, elu_into, relu_into
@@ -292,7 +293,7 @@ def linear_groups(gm: fx.GraphModule, ctx: CompileOptions | None = None) -> fx.G
             for _, (w, b, _, _) in lins:
                 params += [graph.get_attr(_param(gm, t)) if t is not None else None for t in (w, b)]
             for node in filter(None, params):
-                node.meta["residency"] = Residency.PARAM
+                set_info(node, residency=Residency.PARAM)
             donated = tuple(_donates(u) for u, _ in lins)
             group = graph.call_function(linear_group, (src, kind, alpha, in_place, donated, *params))
             offset = 1 if fuse_act else 0

@@ -4,9 +4,9 @@ Contract. Expects a GraphModule from :func:`sarcompile.compile.trace.trace`, whe
 with a lowering rule is a ``call_module`` leaf. Guarantees that afterwards no such leaf
 is left: each was replaced, in place, by the IR-op program its rule produces, with the
 layer's parameters referenced under their original paths (so gradients land on the
-user's parameters). Every inserted node records ``meta["layer"]`` (the layer's path) and
-``meta["layer_type"]``. Each stand-in is traced on the example values the trace computed
-for the layer's arguments (``meta["example"]``), so its code too may branch on feature
+user's parameters). Every inserted node records ``info(node).layer`` (the layer's path) and
+``info(node).layer_type``. Each stand-in is traced on the example values the trace computed
+for the layer's arguments (``info(node).example``), so its code too may branch on feature
 sizes and ``dim()`` (:class:`~sarcompile.compile.trace.ShapeTracer`); a layer's example output
 passes to its body's result, for the layers after it; those values are dropped.
 
@@ -23,6 +23,7 @@ from torch import nn
 from sarcompile.errors import CompileError, SarcompileError
 from sarcompile.compile.leaves import ArgLayout, layout_of, leaves_of_call
 from sarcompile.ir.lowering import lowering_for
+from sarcompile.ir.node_info import info, set_info
 from sarcompile.compile.model_state import refuse_state_updates, settled_trace
 from sarcompile.compile.trace import UNKNOWN, ShapeTracer
 from sarcompile.compile.trace_errors import user_line
@@ -33,17 +34,17 @@ __all__ = ["lower"]
 
 def _examples(args: list) -> list[list] | None:
     """Per probe, the example value of each argument of a layer's call: what the trace
-    computed for it (``meta["example"]``, see :class:`~sarcompile.compile.trace.ShapeTracer`), a
+    computed for it (``info(node).example``, see :class:`~sarcompile.compile.trace.ShapeTracer`), a
     constant as it is; None if the trace computed none."""
     nodes = [n for a in args for n in _nodes_in(a)]
-    if not any("example" in n.meta for n in nodes):
+    if not any(info(n).example is not None for n in nodes):
         return None
-    count = len(next(n.meta["example"] for n in nodes if "example" in n.meta))
+    count = len(next(info(n).example for n in nodes if info(n).example is not None))
 
     def value(a, probe: int):
-        if any("example" not in n.meta for n in _nodes_in(a)):
+        if any(info(n).example is None for n in _nodes_in(a)):
             return UNKNOWN
-        return fx.node.map_arg(a, lambda n: n.meta["example"][probe])
+        return fx.node.map_arg(a, lambda n: info(n).example[probe])
 
     return [[value(a, p) for a in args] for p in range(count)]
 
@@ -107,11 +108,10 @@ def _inline(gm: fx.GraphModule, node: fx.Node, module: nn.Module, lowered: nn.Mo
                 name=f"{node.name}_{sub.name}",
             )
             new.meta.update(sub.meta)
-            frame = sub.meta.get("user_frame")
+            frame = info(sub).user_frame
             if frame is None or not user_file(frame[0]):  # inside the layer's code: the user's line calling it
-                new.meta["user_frame"] = node.meta.get("user_frame") or frame
-            new.meta["layer"] = node.target
-            new.meta["layer_type"] = type(module).__name__
+                set_info(new, user_frame=info(node).user_frame or frame)
+            set_info(new, layer=node.target, layer_type=type(module).__name__)
             env[sub] = new
     _carry_example(node, result)
     node.replace_all_uses_with(result)
@@ -122,16 +122,17 @@ def _carry_example(node: fx.Node, result) -> None:
     """The layer's example output (computed in the trace where a later layer takes it) on
     the body's result, which the body's own trace never computed: the later layer's
     stand-in is traced on it."""
-    if "example" not in node.meta:
+    if info(node).example is None:
         return
-    values = node.meta["example"]
+    values = info(node).example
     if isinstance(result, fx.Node):
-        result.meta.setdefault("example", values)
+        if info(result).example is None:
+            set_info(result, example=values)
     elif isinstance(result, (tuple, list)) and all(isinstance(v, (tuple, list)) and len(v) == len(result)
                                                   for v in values):
         for i, r in enumerate(result):
-            if isinstance(r, fx.Node):
-                r.meta.setdefault("example", tuple(v[i] for v in values))
+            if isinstance(r, fx.Node) and info(r).example is None:
+                set_info(r, example=tuple(v[i] for v in values))
 
 
 def lower(gm: fx.GraphModule, ctx=None) -> fx.GraphModule:
@@ -151,7 +152,8 @@ def lower(gm: fx.GraphModule, ctx=None) -> fx.GraphModule:
                     raise CompileError(f"layer {node.target!r}: {e}") from None
                 changed = True
     for node in gm.graph.nodes:  # the trace's example values served their purpose; do not keep them alive
-        node.meta.pop("example", None)
+        if info(node).example is not None:
+            set_info(node, example=None)
     gm.graph.lint()
     gm.recompile()
     return gm

@@ -2,21 +2,21 @@
 ids is the table itself.
 
 Contract. Expects a traced GraphModule whose node tables are placeholders
-(``meta["table"]``, see :mod:`sarcompile.graph.tables`, their ``meta["input"]`` giving their type
+(``info(node).table``, see :mod:`sarcompile.graph.tables`, their ``info(node).input`` giving their type
 and its node count in the whole graph) and whose typed graph inputs name their relation
-(``meta["input"].of``). Rewrites ``F.embedding(ids, table)`` where ``ids`` is a relation's
+(``info(node).input.of``). Rewrites ``F.embedding(ids, table)`` where ``ids`` is a relation's
 ``global_ids`` (its destination type) or ``src_global_ids`` (its source type), or
 ``torch.arange`` of its ``num_nodes`` / ``num_src_nodes`` (all ids of the type:
 ``torch.arange(g.num_nodes(ntype))`` in DGL code), or the constant ``0, 1, ..., n - 1`` with
 ``n`` the type's node count (``emb(torch.arange(num_authors))``), and the table is that
 type's, with no ``max_norm`` (on a one-type graph: its ``global_ids`` or ``torch.arange`` of
-its ``num_nodes``, and a table of its nodes, ``meta["input"].of`` None for both): every
+its ``num_nodes``, and a table of its nodes, ``info(node).input.of`` None for both): every
 node's own row, in row order -- which on a worker holding only its rows of the table is
 the table, and on one machine equals the lookup. Any
 other lookup of a table's rows is left for the ``residency`` pass to refuse (it reads rows
 by position). Values are unchanged.
 
-A table found by use is tentative (``meta["input"].alternatives`` holds ``const``, see
+A table found by use is tentative (``info(node).input.alternatives`` holds ``const``, see
 :func:`sarcompile.compile.tables.compile_with_tables`): its own-id lookups are rewritten as a table's,
 then how it is read is decided by its use. One whose rows are read by position (``t[i]``,
 ``F.embedding`` by other ids) is a constant; the others start as their types' rows, and
@@ -40,6 +40,7 @@ import torch.fx as fx
 import torch.nn.functional as F
 
 from sarcompile.errors import CompileError
+from sarcompile.ir.node_info import info, set_info
 from sarcompile.ir.probe import PROBES, example
 from sarcompile.ir.vocab import Residency
 from sarcompile.compile.example_run import run_example
@@ -75,7 +76,7 @@ def _graph_end(node: object, attrs: dict[str, int]) -> list[str | None]:
     if not (isinstance(node, fx.Node) and node.op == "call_function" and node.target is getattr):
         return []
     graph, attr = node.args
-    spec = graph.meta.get("input") if isinstance(graph, fx.Node) and graph.op == "placeholder" else None
+    spec = info(graph).input if isinstance(graph, fx.Node) and graph.op == "placeholder" else None
     if spec is None or spec.residency is not Residency.GRAPH or attr not in attrs:
         return []
     if spec.of is None:
@@ -89,12 +90,12 @@ def node_tables(gm: fx.GraphModule, ctx: CompileOptions | None = None) -> fx.Gra
             continue
         ids = node.args[0] if node.args else node.kwargs.get("input")
         table = node.args[1] if len(node.args) > 1 else node.kwargs.get("weight")
-        if not (isinstance(table, fx.Node) and "table" in table.meta):
+        if not (isinstance(table, fx.Node) and info(table).table is not None):
             continue
         rest = {**dict(zip(("padding_idx", "max_norm"), node.args[2:4])), **node.kwargs}
         if rest.get("max_norm") is not None:
             continue  # renormalises rows in place: left for the residency pass
-        spec = table.meta["input"]
+        spec = info(table).input
         if spec.of in _own_ids_types(ids) or _all_ids(gm, ids, spec.shape[0]):
             node.replace_all_uses_with(table)
             gm.graph.erase_node(node)
@@ -108,12 +109,12 @@ def node_tables(gm: fx.GraphModule, ctx: CompileOptions | None = None) -> fx.Gra
 def _read_tentative_tables(gm: fx.GraphModule) -> None:
     """Decide how each tentative table is read (see the module docstring)."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    tentative = [n for n in placeholders if "table" in n.meta and n.meta["input"].alternatives]
+    tentative = [n for n in placeholders if info(n).table is not None and info(n).input.alternatives]
     if not tentative:
         return
     # a tentative table read by position (an index, a lookup by other ids) is a constant
     constant = {n for n in tentative if any(_by_position(user, n) for user in n.users)}
-    if all(n.meta.get("input") is not None for n in placeholders):  # (else no example run: rows)
+    if all(info(n).input is not None for n in placeholders):  # (else no example run: rows)
         nodes = list(gm.graph.nodes)
         failed = _failure(gm, placeholders, constant)
         while 0 <= failed < len(nodes):
@@ -124,15 +125,15 @@ def _read_tentative_tables(gm: fx.GraphModule) -> None:
             constant.add(s)
             failed = after
     for n in tentative:
-        n.meta["input"] = replace(n.meta["input"], residency=Residency.CONST if n in constant else Residency.NODE,
-                                  alternatives=())
+        set_info(n, input=replace(info(n).input, residency=Residency.CONST if n in constant else Residency.NODE,
+                                  alternatives=()))
 
 
 def _failure(gm: fx.GraphModule, placeholders: list[fx.Node], constant: set[fx.Node]) -> int:
     """The position in ``gm`` of the first value the example run fails to compute, with the
     tentative tables of ``constant`` read as constants: the number of nodes where it runs
     through, -1 where a front-end refuses the call so made."""
-    specs = [n.meta["input"] for n in placeholders]
+    specs = [info(n).input for n in placeholders]
     inputs = [example(replace(s, residency=Residency.CONST) if n in constant else s, PROBES[0], _device(gm))
               for n, s in zip(placeholders, specs)]
     try:

@@ -1,7 +1,7 @@
 """Pass ``residency``: where every value lives, and a refusal for what would mix rows.
 
 Contract. Expects a lowered (and fused) GraphModule, before ``partition``. Gives every
-fx node ``meta["residency"]``, a :class:`~sarcompile.ir.vocab.Residency`:
+fx node ``info(node).residency``, a :class:`~sarcompile.ir.vocab.Residency`:
 
 * ``node`` / ``edge``: one row per node / per edge (a worker holds its own rows);
 * ``graph``: the graph argument, or a graph derived from it (``g.with_self_loops()``);
@@ -10,7 +10,7 @@ fx node ``meta["residency"]``, a :class:`~sarcompile.ir.vocab.Residency`:
 * ``rows``: a row count (``x.size(0)``, ``x.shape``): it differs between workers.
 
 A per-node or per-edge value whose rows are not on dim 0 (``torch.stack(xs)`` puts them on
-dim 1) also gets ``meta["row_axis"]``, the dim they are on.
+dim 1) also gets ``info(node).row_axis``, the dim they are on.
 
 It guarantees that every per-node or per-edge value is computed *row-locally*: row ``i``
 of a result depends only on row ``i`` of its per-row inputs. Such a program computes on
@@ -45,7 +45,7 @@ How residency flows:
   with ``n`` the row count of ``x``'s kind (all its rows); ``sc.nn.NodeDropout`` (masks
   keyed by node id), dropout in eval mode.
 * A mean of per-node rows over their row axis (``x.mean(0)``) is let through as a value
-  without rows, marked ``meta["reduces_rows"]``: the ``row_reductions`` pass makes it a
+  without rows, marked ``info(node).reduces_rows``: the ``row_reductions`` pass makes it a
   collective.
 * Refused: anything else over the row axis (reductions, softmax, sort, topk, cumsum, ``cat``
   of rows, full reductions such as ``x.sum()``), attention over rows
@@ -59,11 +59,11 @@ How residency flows:
 
 Shapes. Which axis ``dim=-1`` or ``...`` is depends on the number of dims, so the pass
 runs the program once on a small made-up graph (the first of :data:`sarcompile.ir.probe.PROBES`)
-with inputs of the call's trailing shapes (``placeholder.meta["input"]``, an :class:`Input` the
+with inputs of the call's trailing shapes (``info(placeholder).input``, an :class:`Input` the
 compiler sets from the call, see :class:`sarcompile.compile.call_shape.CallShape`) and records each
 value's shape; buffers, the RNG and gradients are left as they were. Without an example
 (or if the probe fails) a decision that needs a shape is refused, saying so. Inputs
-without ``meta["input"]`` get their residency from their name: ``g`` / ``graph`` /
+without ``info(node).input`` get their residency from their name: ``g`` / ``graph`` /
 ``edge_index`` / ``adj_t`` / ``block`` a graph, names with ``edge`` per-edge, others
 per-node.
 
@@ -93,6 +93,7 @@ from sarcompile.compile.passes.context import CompileOptions, PassContext
 from sarcompile.compile.residency_check import Checker
 from sarcompile.compile.residency_values import type_name
 from sarcompile.errors import CompileError
+from sarcompile.ir.node_info import info, set_info
 from sarcompile.ir.probe import PROBES, Input, example
 from sarcompile.ir.vocab import Residency
 
@@ -101,14 +102,14 @@ __all__ = ["residency", "listing"]
 
 # -- the pass ----------------------------------------------------------------------------------
 def residency(gm: fx.GraphModule, ctx: CompileOptions | None = None) -> fx.GraphModule:
-    """Give every node ``meta["residency"]``; refuse what mixes rows (see the module
+    """Give every node ``info(node).residency``; refuse what mixes rows (see the module
     docstring). The program is unchanged. On N workers (``ctx.distributed``, a
     :class:`~sarcompile.compile.passes.context.PassContext`'s) torch's dropout
     (``nn.Dropout`` in training) is refused too: each worker would draw its own mask; on
     one machine it draws what the eager model draws."""
     distributed = isinstance(ctx, PassContext) and ctx.distributed
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    specs = [n.meta.get("input") for n in placeholders]
+    specs = [info(n).input for n in placeholders]
     missing = [str(n.target) for n, s in zip(placeholders, specs) if s is None]
     seen, ir_args, why = None, None, f"no example of the inputs {missing}"
     tensor = next(iter(gm.parameters()), None)
@@ -119,7 +120,7 @@ def residency(gm: fx.GraphModule, ctx: CompileOptions | None = None) -> fx.Graph
             if seen is None or not failed:
                 seen, ir_args, why = rec.shapes, rec.ir_args, failed
                 for node, spec in zip(placeholders, choice):
-                    node.meta["input"] = spec
+                    set_info(node, input=spec)
             if not failed:
                 break
     try:
@@ -141,7 +142,7 @@ def _fine_as_constants(gm: fx.GraphModule, placeholders: list[fx.Node], device: 
                        distributed: bool) -> list[str]:
     """The inputs read as rows (their row count matched the graph's) under which reading as a
     constant instead the program runs and passes the checks: the likely cause of a refusal."""
-    chosen = [n.meta["input"] for n in placeholders]
+    chosen = [info(n).input for n in placeholders]
     found = []
     for i, spec in enumerate(chosen):
         if not (spec.residency.per_row and Residency.CONST in spec.alternatives):
@@ -154,14 +155,14 @@ def _fine_as_constants(gm: fx.GraphModule, placeholders: list[fx.Node], device: 
         if failed:
             continue
         for node, s in zip(placeholders, choice):
-            node.meta["input"] = s
+            set_info(node, input=s)
         try:
             Checker(gm, rec.shapes, failed, rec.ir_args, distributed=distributed).run()
         except CompileError:
             continue
         finally:
             for node, s in zip(placeholders, chosen):
-                node.meta["input"] = s
+                set_info(node, input=s)
         found.append(f"'{placeholders[i].target}' {list(spec.shape)}")
     return found
 
@@ -178,10 +179,10 @@ def _choices(specs: list[Input], limit: int = 8) -> list[list[Input]]:
 
 def _listed(node: fx.Node) -> str | None:
     """``node``, ``node 'paper'``, ``edge ('author', 'writes', 'paper')``: a residency and its type."""
-    res = node.meta.get("residency")
-    if res is None or "rows_of" not in node.meta:
+    res = info(node).residency
+    if res is None or info(node).rows_of is None:
         return res
-    return f"{res} {type_name(node.meta['rows_of'])}"
+    return f"{res} {type_name(info(node).rows_of)}"
 
 
 def listing(gm: fx.GraphModule) -> str:

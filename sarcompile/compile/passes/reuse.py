@@ -25,6 +25,7 @@ import torch.fx as fx
 
 from sarcompile.ir import ops
 from sarcompile.compile.passes.context import CompileOptions
+from sarcompile.ir.node_info import info
 
 __all__ = ["reuse"]
 
@@ -36,7 +37,7 @@ def _call_input(node: object) -> bool:
     if node.op == "call_function" and node.target is operator.getitem:
         node = node.args[0]
     # (a typed model's node table is a parameter handed in as an input: it needs its grad)
-    return isinstance(node, fx.Node) and node.op == "placeholder" and "table" not in node.meta
+    return isinstance(node, fx.Node) and node.op == "placeholder" and info(node).table is None
 
 
 def reuse(gm: fx.GraphModule, ctx: CompileOptions | None = None) -> fx.GraphModule:

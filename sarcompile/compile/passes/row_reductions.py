@@ -1,7 +1,7 @@
 """Pass ``row_reductions``: a mean over every node becomes a collective.
 
 Contract. Expects a GraphModule after ``residency``, which marks each mean over the node
-axis of per-node rows that it let through with ``meta["reduces_rows"]`` (the input node,
+axis of per-node rows that it let through with ``info(node).reduces_rows`` (the input node,
 and whether the row axis is kept, ``keepdim``). Rewrites each such node,
 
     x.mean(0)   torch.mean(x, dim=0)   x.mean(dim=0, keepdim=True)
@@ -22,25 +22,29 @@ from __future__ import annotations
 import torch.fx as fx
 
 from sarcompile.ir import ops
+from sarcompile.ir.node_info import info, inherit, set_info
 from sarcompile.ir.vocab import Residency
 from sarcompile.compile.passes.context import CompileOptions
 
 __all__ = ["row_reductions"]
 
-_KEPT_META = ("layer", "layer_type", "nn_module_stack", "user_frame")
+# What a reduction's new nodes keep of its record, and of fx's own meta
+_KEPT = ("layer", "layer_type", "user_frame")
+_KEPT_FX = ("nn_module_stack",)
 
 
 def row_reductions(gm: fx.GraphModule, ctx: CompileOptions | None = None) -> fx.GraphModule:
     graph = gm.graph
-    marked = [n for n in graph.nodes if "reduces_rows" in n.meta]
+    marked = [n for n in graph.nodes if info(n).reduces_rows is not None]
     for node in marked:
-        x, keepdim = node.meta["reduces_rows"]
+        x, keepdim = info(node).reduces_rows
         with graph.inserting_before(node):
             new = graph.call_function(ops.node_mean, (x,))
             out = graph.call_method("unsqueeze", (new, 0)) if keepdim else new
         for n in {new, out}:
-            n.meta.update({k: v for k, v in node.meta.items() if k in _KEPT_META})
-            n.meta["residency"] = Residency.CONST
+            n.meta.update({k: v for k, v in node.meta.items() if k in _KEPT_FX})
+            inherit(n, node, _KEPT)
+            set_info(n, residency=Residency.CONST)
         node.replace_all_uses_with(out)
         graph.erase_node(node)
     if marked:

@@ -8,8 +8,8 @@ on a worker's shard the op then runs as a sequential aggregation over blocks. Co
 ops (``batch_norm``) get ``strategy=Strategy.ALLREDUCE``: their statistics are summed over
 all workers; ops that reduce onto source rows (``edge_reduce_src``) get
 ``strategy=Strategy.PUSH``. Ops that need no communication (``edge_softmax``, ``edge_dropout``) are left
-as they are. Each rewritten node records ``meta["ir_op"]`` (the
-:class:`~sarcompile.ir.opdef.OpDef`) and ``meta["args"]`` (its bound arguments). Modules whose result would silently differ on a shard (torch's batch
+as they are. Each rewritten node records ``info(node).ir_op`` (the
+:class:`~sarcompile.ir.opdef.OpDef`) and ``info(node).args`` (its bound arguments). Modules whose result would silently differ on a shard (torch's batch
 norm, over the local nodes only) are rejected with a :class:`CompileError`.
 """
 
@@ -21,6 +21,7 @@ import torch.fx as fx
 from torch import nn
 
 from sarcompile.errors import CompileError
+from sarcompile.ir.node_info import set_info
 from sarcompile.ir.opdef import PASS_KEYWORDS, definition
 from sarcompile.ir.vocab import Exchange, Strategy
 from sarcompile.compile.passes.context import CompileOptions
@@ -55,8 +56,7 @@ def sar(gm: fx.GraphModule, ctx: CompileOptions) -> fx.GraphModule:
         node.args = tuple(v for k, v in args.items() if k not in keyword)
         node.kwargs = {**{k: v for k, v in keyword.items() if v is not params[k].default},
                        "strategy": _FIRST_STRATEGY[op.kind]}
-        node.meta["ir_op"] = op
-        node.meta["args"] = args
+        set_info(node, ir_op=op, args=args)
     gm.graph.lint()
     gm.recompile()
     return gm

@@ -2,7 +2,7 @@
 
 Contract. Expects the output of the ``sar`` pass. Guarantees every op that exchanges
 halo rows has ``kwargs["strategy"]`` in ``direct | remat | stash | oneshot``
-(:class:`~sarcompile.ir.vocab.Strategy`) and ``meta["strategy_reason"]`` saying why:
+(:class:`~sarcompile.ir.vocab.Strategy`) and ``info(node).strategy_reason`` saying why:
 
 * mode ``sar``: ``direct`` when the op's backward does not read remote inputs (the
   definition's :attr:`~sarcompile.ir.opdef.Halo.reads_remote_in_backward`, assuming every
@@ -27,6 +27,7 @@ from __future__ import annotations
 import torch.fx as fx
 
 from sarcompile.errors import CompileError
+from sarcompile.ir.node_info import info, set_info
 from sarcompile.ir.vocab import Exchange, Mode, Strategy
 from sarcompile.compile.passes.context import CompileOptions
 
@@ -45,15 +46,15 @@ def choose_strategy(reads_remote: bool, mode: Mode) -> tuple[Strategy, str]:
 
 
 def strategy(gm: fx.GraphModule, ctx: CompileOptions) -> fx.GraphModule:
-    exchanging = [n for n in gm.graph.nodes if "ir_op" in n.meta and n.meta["ir_op"].kind is Exchange.HALO]
+    exchanging = [n for n in gm.graph.nodes if info(n).ir_op is not None and info(n).ir_op.kind is Exchange.HALO]
     _check_keys(ctx, exchanging)
     for node in exchanging:
-        op, args = node.meta["ir_op"], node.meta["args"]
+        op, args = info(node).ir_op, info(node).args
         # At compile time every tensor argument that is there may need a gradient.
         wants = frozenset(name for name in op.inputs if args.get(name) is not None)
         reads = op.exchange.reads_remote_in_backward(args, wants)
         chosen, reason = choose_strategy(reads, ctx.mode)
-        for key in (node.meta.get("layer"), node.name):
+        for key in (info(node).layer, node.name):
             if key in ctx.strategies:
                 chosen, reason = ctx.strategies[key], f"set by the user for {key!r}"
                 if chosen is Strategy.DIRECT and reads:
@@ -62,14 +63,14 @@ def strategy(gm: fx.GraphModule, ctx: CompileOptions) -> fx.GraphModule:
                         "remote inputs, which 'direct' never fetches; use 'remat', 'stash' or 'oneshot'"
                     )
         node.kwargs = {**node.kwargs, "strategy": chosen, "in_flight": ctx.blocks_in_flight}
-        node.meta["strategy_reason"] = reason
+        set_info(node, strategy_reason=reason)
     gm.recompile()
     return gm
 
 
 def _check_keys(ctx: CompileOptions, exchanging: list[fx.Node]) -> None:
     """Every key of ``strategies`` names a layer or an op that exchanges."""
-    known = {n.name for n in exchanging} | {n.meta["layer"] for n in exchanging if n.meta.get("layer")}
+    known = {n.name for n in exchanging} | {info(n).layer for n in exchanging if info(n).layer}
     unknown = sorted(set(ctx.strategies) - known)
     if unknown:
         raise CompileError(

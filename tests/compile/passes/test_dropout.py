@@ -8,6 +8,7 @@ from torch import nn
 import sarcompile as sc
 from sarcompile.errors import CompileError
 from sarcompile.ir import ops
+from sarcompile.ir.node_info import set_info
 from sarcompile.ir.probe import Input
 from sarcompile.ir.vocab import Residency
 from sarcompile.compile.passes.dropout import STREAM, dropout
@@ -41,7 +42,8 @@ def _passed(model: nn.Module, g: sc.Graph) -> torch.fx.GraphModule:
     gm = trace(model)
     for node in gm.graph.nodes:
         if node.op == "placeholder":
-            node.meta["input"] = Input(Residency.GRAPH) if node.target == "g" else Input(Residency.NODE, (g.num_nodes, 4))
+            spec = Input(Residency.GRAPH) if node.target == "g" else Input(Residency.NODE, (g.num_nodes, 4))
+            set_info(node, input=spec)
     return dropout(residency(lower(gm)))
 
 

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import fx, nn
 
 import sarcompile as sc
+from sarcompile.ir.node_info import info
 from sarcompile.ir.ops import edge_dropout, edge_softmax, sddmm, spmm
 from sarcompile.compile.passes.fuse import fuse
 from sarcompile.compile.passes.lower import lower
@@ -115,7 +116,7 @@ def test_gatconv_lowers_to_the_chain_and_fuses_into_one_attention():
     g_node, _h, _a_src, _a_dst, slope, p, salt, a_edge = att.args
     assert slope == 0.2 and p == 0.0 and salt is None and a_edge is None
     assert g_node.op == "call_method" and g_node.target == "with_self_loops"
-    assert len(att.meta["fused"]) == 4  # sddmm, leaky_relu, edge_softmax, spmm
+    assert len(info(att).fused) == 4  # sddmm, leaky_relu, edge_softmax, spmm
     check_programs_agree(model)
 
 
@@ -135,7 +136,7 @@ def test_gatconv_dropout_in_training_is_absorbed():
     assert att.args[5] == 0.5
     salt = att.args[6]
     assert isinstance(salt, fx.Node) and salt.op == "call_module" and salt.target == "convs.0.attn_drop"
-    assert len(att.meta["fused"]) == 5
+    assert len(info(att).fused) == 5
     check_programs_agree(model)
     # in eval mode there is no dropout to absorb
     (att,) = attention_nodes(fused(copy.deepcopy(model).eval()))
@@ -233,7 +234,7 @@ def test_edge_term_is_absorbed(edge, dropout):
     (att,) = attention_nodes(gm)
     a_edge = att.args[7]
     assert isinstance(a_edge, fx.Node) and a_edge.target is operator.mul  # sin(...) * w_edge
-    assert len(att.meta["fused"]) == (6 if dropout else 5)  # sddmm, add, leaky_relu, softmax, [dropout], spmm
+    assert len(info(att).fused) == (6 if dropout else 5)  # sddmm, add, leaky_relu, softmax, [dropout], spmm
     assert calls(gm).count(sc.ops.sddmm) == 1  # the edge term's own, op "mul"
     check_programs_agree(model)
 

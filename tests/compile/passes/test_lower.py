@@ -7,6 +7,7 @@ import sarcompile as sc
 from sarcompile.compile.call_shape import CallShape
 from sarcompile.compile.pipeline import compile_program
 from sarcompile.ir.lowering import register_lowering
+from sarcompile.ir.node_info import info
 from sarcompile.compile.passes.context import CompileOptions
 from sarcompile.compile.passes.lower import lower
 from sarcompile.compile.trace import trace
@@ -37,7 +38,7 @@ def test_layers_are_leaves_after_trace_and_gone_after_lower():
     gm = lower(gm)
     assert "a" not in _targets(gm, "call_module") and "b" not in _targets(gm, "call_module")
     assert _targets(gm, "call_function").count(sc.spmm) == 2
-    layers = {n.meta.get("layer") for n in gm.graph.nodes if n.target is sc.spmm}
+    layers = {info(n).layer for n in gm.graph.nodes if n.target is sc.spmm}
     assert layers == {"a", "b"}
 
 

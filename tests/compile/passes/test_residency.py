@@ -13,6 +13,7 @@ from sarcompile.compile.call_shape import CallShape
 from sarcompile.compile.pipeline import compile_program
 from sarcompile.errors import CompileError
 from sarcompile.compile.passes.context import CompileOptions
+from sarcompile.ir.node_info import info
 from sarcompile.ir.vocab import Residency
 
 DT = torch.float64
@@ -233,7 +234,7 @@ def test_row_wise_model_on_two_workers_compiles():
 def test_residency_of_every_value():
     torch.manual_seed(0)
     program = compiled(RowWise().double(), G, X)
-    res = {n.name: n.meta["residency"] for n in program.module.graph.nodes}
+    res = {n.name: info(n).residency for n in program.module.graph.nodes}
     assert res["g"] is Residency.GRAPH and res["x"] is Residency.NODE
     assert res["sage_spmm"] is Residency.NODE and res["scale"] is Residency.PARAM
     assert res["size"] is Residency.ROWS
@@ -250,7 +251,7 @@ def test_edge_values_and_the_graph_methods():
 
     w = torch.rand(40, dtype=DT)
     program = compiled(Edges(), G, X, w)
-    res = {n.name: n.meta["residency"] for n in program.module.graph.nodes}
+    res = {n.name: info(n).residency for n in program.module.graph.nodes}
     assert res["edge_weight"] is Residency.EDGE and res["sddmm"] is Residency.EDGE and res["mul"] is Residency.EDGE
     assert res["in_degrees"] is Residency.NODE
     torch.testing.assert_close(program.module(G, X, w), Edges()(G, X, w))

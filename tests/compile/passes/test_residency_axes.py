@@ -16,6 +16,7 @@ from sarcompile.compile.call_shape import CallShape
 from sarcompile.compile.pipeline import compile_program
 from sarcompile.errors import CompileError
 from sarcompile.compile.passes.context import CompileOptions
+from sarcompile.ir.node_info import info
 
 DT = torch.float64
 TOL = 1e-9
@@ -76,7 +77,7 @@ def test_rows_that_move_and_come_back_are_row_local(body):
 
 def test_the_listing_records_where_the_rows_are():
     program = compiled(Fn(lambda m, g, x: sc.spmm(g, torch.stack([x, x]).mean(0), "sum")), G, X)
-    axes = {n.name: n.meta.get("row_axis", 0) for n in program.module.graph.nodes}
+    axes = {n.name: info(n).row_axis for n in program.module.graph.nodes}
     assert axes["stack"] == 1 and axes["mean"] == 0
 
 

@@ -4,6 +4,7 @@ from torch import nn
 
 import sarcompile as sc
 from sarcompile.compile.passes.context import CompileOptions
+from sarcompile.ir.node_info import info
 from sarcompile.ir.vocab import Strategy
 from sarcompile.compile.passes.lower import lower
 from sarcompile.compile.passes.sar import sar
@@ -30,15 +31,15 @@ def _compile(options: CompileOptions):
 
 
 def _ops(gm):
-    return [(n.target.__name__, n.kwargs["strategy"]) for n in gm.graph.nodes if "ir_op" in n.meta]
+    return [(n.target.__name__, n.kwargs["strategy"]) for n in gm.graph.nodes if info(n).ir_op is not None]
 
 
 def test_sar_marks_communicating_ops_only():
     gm = sar(lower(trace(Mixed())), CompileOptions())
-    marked = [n.target for n in gm.graph.nodes if "ir_op" in n.meta]
+    marked = [n.target for n in gm.graph.nodes if info(n).ir_op is not None]
     assert marked == [sc.spmm, sc.sddmm, sc.spmm, sc.sddmm]
     # remat until the strategy pass decides: it never leaves a gradient without its inputs
-    assert all(n.kwargs == {"strategy": Strategy.REMAT} for n in gm.graph.nodes if "ir_op" in n.meta)
+    assert all(n.kwargs == {"strategy": Strategy.REMAT} for n in gm.graph.nodes if info(n).ir_op is not None)
     softmax = [n for n in gm.graph.nodes if n.target is sc.edge_softmax]
     assert softmax and "strategy" not in softmax[0].kwargs  # local: a node's in-edges live on its worker
 
@@ -55,7 +56,7 @@ def test_user_override_by_layer_and_node():
     gm = _compile(CompileOptions("sar", strategies={"sage": "stash", "spmm": "stash"}))
     ops = _ops(gm)
     assert ops[0] == ("spmm", "stash") and ops[2] == ("spmm", "stash")
-    reasons = [n.meta["strategy_reason"] for n in gm.graph.nodes if "ir_op" in n.meta]
+    reasons = [info(n).strategy_reason for n in gm.graph.nodes if info(n).ir_op is not None]
     assert "set by the user" in reasons[0]
 
 
@@ -97,7 +98,7 @@ def test_bad_options_are_rejected_early():
 
 def test_every_exchanging_op_gets_the_blocks_in_flight():
     gm = _compile(CompileOptions(blocks_in_flight=3))
-    assert [n.kwargs["in_flight"] for n in gm.graph.nodes if "ir_op" in n.meta] == [3, 3, 3, 3]
+    assert [n.kwargs["in_flight"] for n in gm.graph.nodes if info(n).ir_op is not None] == [3, 3, 3, 3]
 
 
 def test_instance_norm_is_rejected_at_compile_time():
