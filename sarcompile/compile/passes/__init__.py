@@ -24,23 +24,27 @@ from typing import Callable
 
 import torch.fx as fx
 
-from sarcompile.compile.passes.accumulate import accumulate
-from sarcompile.compile.passes.communication import communication
+# The modules, not their functions: a function bound here under its module's name would hide
+# the module (``from sarcompile.compile.passes import fuse`` must give the module).
+from sarcompile.compile.passes import (
+    accumulate,
+    communication,
+    dropout,
+    fuse,
+    head_dot,
+    inplace,
+    kernels,
+    linear_first,
+    linear_groups,
+    lower,
+    node_tables,
+    residency,
+    reuse,
+    row_reductions,
+    sar,
+    strategy,
+)
 from sarcompile.compile.passes.context import PassContext
-from sarcompile.compile.passes.dropout import dropout
-from sarcompile.compile.passes.fuse import fuse
-from sarcompile.compile.passes.head_dot import head_dot
-from sarcompile.compile.passes.inplace import inplace
-from sarcompile.compile.passes.kernels import kernels
-from sarcompile.compile.passes.linear_first import linear_first
-from sarcompile.compile.passes.linear_groups import linear_groups
-from sarcompile.compile.passes.lower import lower
-from sarcompile.compile.passes.node_tables import node_tables
-from sarcompile.compile.passes.sar import sar
-from sarcompile.compile.passes.residency import listing, residency
-from sarcompile.compile.passes.reuse import reuse
-from sarcompile.compile.passes.row_reductions import row_reductions
-from sarcompile.compile.passes.strategy import strategy
 
 __all__ = ["PIPELINE", "Pass", "PassContext", "When"]
 
@@ -63,20 +67,36 @@ class Pass:
 
 
 PIPELINE: tuple[Pass, ...] = (
-    Pass("node_tables", node_tables, When.TABLES, True),  # how each table is read; a lookup by its own ids -> the table
-    Pass("lower", lower, When.ALWAYS, True),  # graph layers -> IR ops (spmm, sddmm, edge_softmax, ...)
-    Pass("fuse", fuse, When.ALWAYS, True),  # attention chains -> one fused attention op
-    Pass("linear_first", linear_first, When.ALWAYS, False),  # transform before aggregating, where that narrows the rows
-    Pass("residency", residency, When.ALWAYS, True, listing),  # node/edge/graph/param per value; refuses row mixing
-    Pass("row_reductions", row_reductions, When.ALWAYS, True),  # a mean over every node -> node_mean (a collective)
-    Pass("dropout", dropout, When.ALWAYS, True),  # dropout of rows -> masks keyed by node / edge id
-    Pass("sar", sar, When.WORKERS, True),  # ops that read remote rows -> sequential aggregation
-    Pass("strategy", strategy, When.WORKERS, True),  # direct / remat / stash / oneshot per op
-    Pass("communication", communication, When.WORKERS, True),  # opt-in stale / compressed exchange per op
-    Pass("kernels", kernels, When.ALWAYS, True),  # executor per op: generated Triton or torch kernels
-    Pass("reuse", reuse, When.ALWAYS, False),  # an aggregation of the call's own input kept across calls
-    Pass("inplace", inplace, When.ALWAYS, False),  # sums and activations written into a temporary nobody keeps
-    Pass("linear_groups", linear_groups, When.ALWAYS, False),  # the linears reading one value, and its activation, as one op
-    Pass("accumulate", accumulate, When.ALWAYS, False),  # an aggregation added to a value nobody keeps sums into it
-    Pass("head_dot", head_dot, When.ALWAYS, False),  # attention's per-head scores without [n, H, C] products
+    # how each table is read; a lookup by its own ids -> the table
+    Pass("node_tables", node_tables.node_tables, When.TABLES, exact=True),
+    # graph layers -> IR ops (spmm, sddmm, edge_softmax, ...)
+    Pass("lower", lower.lower, When.ALWAYS, exact=True),
+    # attention chains -> one fused attention op
+    Pass("fuse", fuse.fuse, When.ALWAYS, exact=True),
+    # transform before aggregating, where that narrows the rows
+    Pass("linear_first", linear_first.linear_first, When.ALWAYS, exact=False),
+    # node/edge/graph/param per value; refuses row mixing
+    Pass("residency", residency.residency, When.ALWAYS, exact=True, show=residency.listing),
+    # a mean over every node -> node_mean (a collective)
+    Pass("row_reductions", row_reductions.row_reductions, When.ALWAYS, exact=True),
+    # dropout of rows -> masks keyed by node / edge id
+    Pass("dropout", dropout.dropout, When.ALWAYS, exact=True),
+    # ops that read remote rows -> sequential aggregation
+    Pass("sar", sar.sar, When.WORKERS, exact=True),
+    # direct / remat / stash / oneshot per op
+    Pass("strategy", strategy.strategy, When.WORKERS, exact=True),
+    # opt-in stale / compressed exchange per op
+    Pass("communication", communication.communication, When.WORKERS, exact=True),
+    # executor per op: generated Triton or torch kernels
+    Pass("kernels", kernels.kernels, When.ALWAYS, exact=True),
+    # an aggregation of the call's own input kept across calls
+    Pass("reuse", reuse.reuse, When.ALWAYS, exact=False),
+    # sums and activations written into a temporary nobody keeps
+    Pass("inplace", inplace.inplace, When.ALWAYS, exact=False),
+    # the linears reading one value, and its activation, as one op
+    Pass("linear_groups", linear_groups.linear_groups, When.ALWAYS, exact=False),
+    # an aggregation added to a value nobody keeps sums into it
+    Pass("accumulate", accumulate.accumulate, When.ALWAYS, exact=False),
+    # attention's per-head scores without [n, H, C] products
+    Pass("head_dot", head_dot.head_dot, When.ALWAYS, exact=False),
 )
