@@ -113,7 +113,6 @@ UNTESTED: dict[str, str] = {
     "compile/residency_rules.py": f"{E2E} (the checker: tests/compile/passes/test_residency.py)",
     "compile/residency_values.py": f"{E2E} (the checker: tests/compile/passes/test_residency.py)",
     "compile/sar_tracer.py": f"{E2E} (tests/compile/test_trace.py)",
-    "data/node_ids.py": "only end to end: own node ids in tests/data/outofcore/test_ooc_own_ids.py",
     "data/outofcore/convert.py": "only end to end, through sc.partition_files (tests/data/outofcore)",
     "data/outofcore/writer.py": "only end to end, through sc.partition_files (tests/data/outofcore)",
     "frontends/dgl/graph.py": "only end to end: DGL models traced in tests/frontends/test_dgl*.py",
