@@ -45,6 +45,7 @@ from sarcompile.ir.probe import PROBES, example
 from sarcompile.ir.vocab import Residency
 from sarcompile.compile.example_run import run_example
 from sarcompile.compile.passes.context import CompileOptions
+from sarcompile.compile.source_lines import source_line
 
 __all__ = ["node_tables"]
 
@@ -97,6 +98,15 @@ def node_tables(gm: fx.GraphModule, ctx: CompileOptions | None = None) -> fx.Gra
             continue  # renormalises rows in place: left for the residency pass
         spec = info(table).input
         if spec.of in _own_ids_types(ids) or _all_ids(gm, ids, spec.shape[0]):
+            if rest.get("padding_idx") is not None:
+                # As the table itself its padding row would be trained; as a lookup on a worker
+                # the ids would index the worker's rows, not the table's: neither is exact.
+                line = source_line(node)
+                raise CompileError(
+                    f"{line + ': ' if line else ''}node table {info(table).table!r} is looked up by its own nodes' ids "
+                    f"with padding_idx={rest['padding_idx']}; a node table has a row for every node and none for "
+                    "padding, so drop padding_idx (nn.Embedding(num_nodes, dim) without it)"
+                )
             node.replace_all_uses_with(table)
             gm.graph.erase_node(node)
             if not ids.users:
