@@ -124,7 +124,6 @@ UNTESTED: dict[str, str] = {
     "frontends/pyg/reversible.py": "only end to end: GroupAddRev in tests/frontends/test_pyg_wrapped.py",
     "frontends/pyg/standin.py": "only end to end, under every PyG rule (tests/frontends/test_pyg*.py)",
     "frontends/pyg/typed_rows.py": "only end to end: HeteroLinear in tests/frontends/test_pyg_hetero.py",
-    "ir/op_common.py": "only through the ops' argument checks (tests/ir/test_ops.py)",
     "plan/build.py": "only end to end, through DistributedModule.plan (tests/plan/test_plan.py)",
     "plan/traffic.py": "only end to end, in the plan's byte counts (tests/plan/test_plan.py)",
     "predict/cli.py": "only end to end, as `python -m sarcompile.predict` in tests/predict",
