@@ -104,7 +104,6 @@ UNTESTED: dict[str, str] = {
     "cli/partition.py": "only end to end, as `sarcompile partition` in tests/frontends/test_dgl_partition.py",
     "codegen/native.py": "only through dist/cpu_cache.py (tests/dist/test_cpu_cache.py), which builds with it",
     "compile/assignments.py": f"{E2E} on models that assign into a tensor, h[mask] = v (tests/compile/test_trace.py)",
-    "compile/function_swaps.py": f"{E2E} (tensor factories: tests/runtime/test_device_hygiene.py)",
     "compile/residency_check.py": f"{E2E} (the checker: tests/compile/passes/test_residency*.py)",
     "compile/residency_dims.py": f"{E2E} (the checker: tests/compile/passes/test_residency_axes.py)",
     "compile/residency_rules.py": f"{E2E} (the checker: tests/compile/passes/test_residency.py)",
