@@ -13,19 +13,20 @@ setting of :data:`CONFIGS`, which switch off the pieces one at a time:
 * the huge-page request made at import (``THP_MEM_ALLOC_ENABLE``; a value set beforehand,
   ``0`` here, is left alone);
 * the C++ caching allocator in torch's place (``SARCOMPILE_CPU_CACHE=0`` turns it off);
-* the exchange's Python buffer pool, which has no switch: this script's worker raises the
-  pool's ``min_bytes`` past any buffer (``BENCH_POOL=0``), so every ``take`` is a plain
-  ``torch.empty`` and every ``give`` is ignored, as for a buffer that was not pooled;
 * tcmalloc preloaded (``LD_PRELOAD`` of ``sarcompile allocator``'s path). sarcompile then
   leaves glibc's thresholds, the cache and huge pages alone by itself (tune_allocator and
-  request_huge_pages do nothing off glibc), so ``F`` is tcmalloc with the pool, ``E``
-  tcmalloc without it.
+  request_huge_pages do nothing off glibc).
+
+The exchange also had a Python buffer pool of its own when this benchmark's record in
+results/allocator.json was measured (at d80acb0): settings ``C`` (without it) and ``F``
+(tcmalloc with it) there. It changed nothing measurable, so it was deleted, and with it those two
+settings (their letters are not reused, so that the record still reads).
 
 Each run is its own process (or torchrun group) and reports, per worker, the median timed
 step, the peak resident size above its floor (``VmHWM`` after the imports and torch's lazy
 optimizer imports, as vs_dgl_worker.py), the peak within a timed step (``VmHWM`` reset
 before each), and the minor page faults of a timed step (``getrusage``), with what the
-process actually ran with (allocator, tuned, cache and pool figures). The machine is two
+process actually ran with (allocator, tuned, cache figures). The machine is two
 shared cores, so all runs of a repeat take turns epoch by epoch (benchmarks/turns.py: a
 slow spell hits every setting's same round), the order rotates between repeats, and the
 figures are medians over ``--repeat`` fresh repeats. Writes benchmarks/results/allocator.json
@@ -36,7 +37,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib
 import json
 import os
 import resource
@@ -56,43 +56,18 @@ from turns import Run, Turns, run_all  # (benchmarks/: on the path above)
 
 RESULTS = HERE / "results"
 MiB = 2**20
-POOL_SWITCH = "BENCH_POOL"  # this benchmark's own: 0 turns the exchange's pool off in its workers
 TCMALLOC = "<tcmalloc>"  # stands for the library's path in CONFIGS
 
 # name -> (what it is, the environment it adds). Every run starts from an environment
 # without any of these variables (nor MALLOC_*), so each says all it sets.
 CONFIGS: dict[str, tuple[str, dict[str, str]]] = {
-    "A": ("default: tuning + huge pages + C++ cache + pool", {}),
+    "A": ("default: tuning + huge pages + C++ cache", {}),
     "B": ("no C++ cache", {"SARCOMPILE_CPU_CACHE": "0"}),
-    "C": ("no pool", {POOL_SWITCH: "0"}),
-    "D": ("none (glibc's own thresholds, no pool)", {"SARCOMPILE_MALLOC": "off", POOL_SWITCH: "0"}),
-    "E": ("tcmalloc, nothing else", {"LD_PRELOAD": TCMALLOC, "SARCOMPILE_MALLOC": "off", POOL_SWITCH: "0"}),
-    "F": ("tcmalloc + pool (A's settings)", {"LD_PRELOAD": TCMALLOC}),
+    "D": ("none (glibc's own thresholds)", {"SARCOMPILE_MALLOC": "off"}),
+    "E": ("tcmalloc, nothing else", {"LD_PRELOAD": TCMALLOC, "SARCOMPILE_MALLOC": "off"}),
     "G": ("no huge pages", {"THP_MEM_ALLOC_ENABLE": "0"}),
 }
-_CLEARED = ("LD_PRELOAD", "SARCOMPILE_MALLOC", "SARCOMPILE_CPU_CACHE", "THP_MEM_ALLOC_ENABLE", POOL_SWITCH)
-
-
-def _module(name: str):
-    """sarcompile's module ``name`` (memory, cpu_cache, pool): the memory policy is moving
-    from sarcompile.runtime to sarcompile.dist (issue 56), so both places are tried."""
-    for package in ("sarcompile.dist", "sarcompile.runtime"):
-        try:
-            return importlib.import_module(f"{package}.{name}")
-        except ModuleNotFoundError:
-            continue
-    raise ImportError(f"sarcompile's {name} module is in neither sarcompile.dist nor sarcompile.runtime: "
-                      "update benchmarks/allocator.py's _module")
-
-
-def _exchange_pool():
-    """The exchange's one buffer pool, wherever sarcompile keeps it (a module attribute)."""
-    kind = _module("pool").BufferPool
-    found = {id(v): v for m in list(sys.modules.values()) if m is not None and m.__name__.startswith("sarcompile")
-             for v in vars(m).values() if isinstance(v, kind)}
-    if len(found) != 1:
-        raise RuntimeError(f"expected one BufferPool among sarcompile's modules, found {len(found)}")
-    return next(iter(found.values()))
+_CLEARED = ("LD_PRELOAD", "SARCOMPILE_MALLOC", "SARCOMPILE_CPU_CACHE", "THP_MEM_ALLOC_ENABLE")
 
 
 # -- one run (a worker process) ---------------------------------------------------------------
@@ -102,11 +77,8 @@ def worker(a: argparse.Namespace) -> None:
     from vs_dgl_worker import sc_model
 
     import sarcompile as sc
+    from sarcompile.dist import cpu_cache, memory
 
-    memory, cpu_cache = _module("memory"), _module("cpu_cache")
-    pool = _exchange_pool()
-    if os.environ.get(POOL_SWITCH) == "0":
-        pool.min_bytes = 1 << 62  # no buffer is that large: take() makes a plain tensor, give() ignores it
     rank, world = sc.init()
     turns = Turns(a.turns, rank)
     floor = memory.floor_bytes()
@@ -152,8 +124,7 @@ def worker(a: argparse.Namespace) -> None:
             # what the process actually ran with, to check each setting did what it says
             "active_allocator": memory.active_allocator(), "tuned": memory.allocator_tuned(),
             "huge_pages": os.environ.get("THP_MEM_ALLOC_ENABLE") == "1", "cpu_cache": cpu_cache.installed(),
-            "cpu_cache_stats": None if cache is None else dataclasses.asdict(cache),
-            "pool_held_bytes": pool.held_bytes, "pool_allocations": pool.allocations}
+            "cpu_cache_stats": None if cache is None else dataclasses.asdict(cache)}
     everyone = [mine]
     if world > 1:
         everyone = [None] * world
@@ -192,7 +163,9 @@ def measure(a: argparse.Namespace) -> list[dict]:
     """One row per run that finished: its setting, worker count, repeat and workers' records."""
     from vs_dgl import make_graph
 
-    tcmalloc = _module("memory").find_allocator("tcmalloc")
+    from sarcompile.dist.memory import find_allocator
+
+    tcmalloc = find_allocator("tcmalloc")
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)

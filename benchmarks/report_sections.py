@@ -222,6 +222,19 @@ def scaling(data: Results) -> list[str]:
             "", f"The estimate is within {span(worst)} of the measurement on every worker of every row."]
 
 
+def allocator(data: Results) -> list[str]:
+    """A row per worker count, a column per setting: median step, peak above the floor and
+    page faults of a step (the slowest or largest worker's, medians over the repeats)."""
+    summary = data["allocator.json"]["summary"]
+    settings = {s["config"]: s["what"] for s in summary}
+    rows = []
+    for n in sorted({s["workers"] for s in summary}):
+        mine = {s["config"]: s for s in summary if s["workers"] == n}
+        rows.append((n, *(f"{mine[c]['step_s']:.2f} s, {mib(mine[c]['peak_above_floor_bytes'])}, "
+                          f"{mine[c]['step_faults']:.0f}" if c in mine else "" for c in settings)))
+    return table(("workers", *(f"{c}: {what}" for c, what in settings.items())), rows, "r" * (1 + len(settings)))
+
+
 def comm(data: Results) -> list[str]:
     """One row per graph, model and run length; per exchange, how many times fewer bytes it
     sent than `exact` and the final test accuracy's difference to exact's, in points."""
@@ -352,7 +365,7 @@ SECTIONS = (
             "(`LD_PRELOAD=$(sarcompile allocator)`) into both engines' processes. Ratios compare runs with the "
             "same allocator (`off` against DGL's `default`), epochs at N = 1 only: the 4 workers share 2 cores. "
             "\"Waiting on the exchange\" is the slowest worker's share of its step spent blocked on other "
-            "workers' blocks.\n\n"
+            "workers' blocks. "
             "How to read the epochs: most of a SAGE step is dense products, the same FLOPs on both sides run by "
             "the same MKL, so sarcompile's margin is the work DGL does and it does not (it keeps the first "
             "layer's aggregation of the unchanged input, and runs a layer's narrow linears as one product). "
@@ -399,6 +412,25 @@ SECTIONS = (
             "scaling_sage_100k` (and `--models gat --name scaling_gat_100k`; `--table` prints a results file; a "
             "stopped run keeps its rows and a rerun measures only the missing ones)",
             ("scaling_sage_100k.json", "scaling_gat_100k.json"), scaling),
+    Section("The CPU allocator",
+            "Which of sarcompile's CPU memory settings pay for their lines. The DGL comparison's kind of graph at "
+            "20,000 nodes and 400,000 edges, its 3-layer SAGE (hidden 256) with Adam, on one process and on 2 "
+            "torchrun workers, under each setting: `A` the default (`SARCOMPILE_MALLOC=auto`'s fixed glibc "
+            "thresholds, huge pages, the C++ caching allocator of `sarcompile/dist/cpu_cache.py`, and the "
+            "exchange's Python buffer pool of that commit), the others each without one of them (`D`: none), "
+            "and tcmalloc preloaded (`E`; `F` with the pool). Each cell: the slowest worker's median step, the "
+            "largest peak resident size above the floor, and the minor page faults of a step; medians of 2 "
+            "repeats, the settings taking turns epoch by epoch on 2 shared cores, where a repeat's steps took up "
+            "to twice another's: read the memory and the faults, not the times. What it showed: the pool changed "
+            "nothing (at N = 2 a peak of 91 against 92 MiB and fewer faults without it; under tcmalloc, nothing "
+            "at all), so it was deleted; the caching allocator cuts the faults 3-8x (`B` against `A`); without "
+            "any tuning (`D`) the peaks are 1.25-1.39x; tcmalloc has the lowest peaks (0.92-0.95x of `A`'s) and "
+            "no page faults in a step, so it is the allocator to use (`LD_PRELOAD=$(sarcompile allocator)`, "
+            "[training](training.md)), and the glibc tuning with the caching allocator, which "
+            "`sc.init()` sets up, the fallback without it.",
+            "`python benchmarks/allocator.py --nodes 20000 --edges 400000 --repeat 2 --epochs 3` (settings `C` "
+            "and `F` are gone with the pool)",
+            ("allocator.json",), allocator),
     Section("Communication reduction",
             "4 workers, METIS, two generated graphs of 8,000 nodes with 256 features (`sbm`: average degree 10; "
             "`dense`: 50, with fewer same-class edges and noisier features, so that accuracy differences show), "

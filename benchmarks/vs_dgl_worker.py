@@ -245,7 +245,6 @@ def run_sarcompile(a, turns: Turns) -> list[dict]:
 
     import sarcompile as sc
     from sarcompile.data.manifest import read_manifest
-    from sarcompile.dist.buffers import pool
     from sarcompile.dist import cpu_cache
     from sarcompile.dist.traffic import stats
 
@@ -308,7 +307,6 @@ def run_sarcompile(a, turns: Turns) -> list[dict]:
         # run for the first time (libtorch's sparse and scatter paths, gloo), not data
         "code_pages": status_bytes("RssFile") - code_floor,
     }
-    ledger["exchange_pool"] = pool.held_bytes  # the exchange's buffers, kept for reuse (within malloc_in_use)
     cache = cpu_cache.stats()  # torch's large CPU tensors' caching allocator (None: not installed)
     if cache is not None:
         ledger["cpu_cache_idle"] = cache.idle_bytes  # freed blocks kept for reuse now (within malloc_in_use)

@@ -28,7 +28,7 @@ from sarcompile.data.outofcore import partition_files
 from sarcompile.plan.plan import MemoryEstimate, OpPlan, Plan
 from sarcompile.predict.files import read_predictions
 from sarcompile.runtime import ops as _shard_implementations  # noqa: F401  registers each IR op's shard implementation
-from sarcompile.dist.buffers import empty_cache
+from sarcompile.dist.cpu_cache import empty_cache
 from sarcompile.dist.collectives import global_max, global_sum, sync_gradients
 from sarcompile.dist.process_group import init, shutdown
 from sarcompile.train.checkpoints import load_checkpoint, save_checkpoint

@@ -9,8 +9,8 @@ Each name turns on one family of messages, printed to stderr with the worker's r
 * ``passes``: the program after tracing and after each pass, as Python;
 * ``plan``: each plan built, and what compiling cost by stage (``+plan``: the plan whole);
 * ``comm``: each exchange round: the rows sent and received, in bytes, and the time waited;
-* ``memory``: after each exchanging op, the resident size, the remote blocks alive, the
-  exchange pool's bytes and the CPU caching allocator's idle ones;
+* ``memory``: after each exchanging op, the resident size, the remote blocks alive and
+  the CPU caching allocator's idle bytes;
 * ``kernels``: the kernels each op got (torch or generated Triton) and why.
 
 A ``+`` before a name prints more (Python's ``logging.DEBUG``). Off by default: every call
@@ -35,7 +35,7 @@ FAMILIES = {
     "passes": "the program after tracing and after each pass",
     "plan": "each plan built and the compile time by stage (+plan: the plan whole)",
     "comm": "each exchange round: bytes sent and received, time waited",
-    "memory": "after each exchanging op: resident size, remote blocks alive, exchange pool, CPU cache",
+    "memory": "after each exchanging op: resident size, remote blocks alive, CPU cache",
     "kernels": "the kernels each op got and why",
 }
 ENV = "SARCOMPILE_LOGS"

@@ -17,7 +17,6 @@ from torch import nn
 
 import sarcompile as sc
 from sarcompile.dist import traffic
-from sarcompile.dist.buffers import pool
 from sarcompile.graph.shard import PartData, ShardGraph, split_graph
 
 
@@ -279,8 +278,6 @@ class Case:
     train: bool = True
     executor: str = "auto"
     blocks_in_flight: int = 1
-    steps: int = 1  # training steps each worker runs; the results are the last one's
-    pool_min_bytes: int | None = None  # the exchange pool's smallest buffer (None: the library's)
 
 
 @dataclass
@@ -310,8 +307,7 @@ def payloads(case: Case, world_size: int) -> list[dict[str, Any]]:
     parts = split_graph(case.graph, case.assignment, world_size, {"x": case.x, "w": case.loss_weight})
     return [
         {"part": p, "model": case.model, "seed": case.seed, "mode": case.mode, "train": case.train,
-         "executor": case.executor, "blocks_in_flight": case.blocks_in_flight, "steps": case.steps,
-         "pool_min_bytes": case.pool_min_bytes, "num_nodes": case.graph.num_nodes,
+         "executor": case.executor, "blocks_in_flight": case.blocks_in_flight, "num_nodes": case.graph.num_nodes,
          "num_edges": case.graph.num_edges}
         for p in parts
     ]
@@ -326,18 +322,8 @@ def run_worker(rank: int, world_size: int, payload: dict[str, Any]) -> Result:
     dm.train(payload["train"])
     x = part.node_data["x"].clone().requires_grad_(True)
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    default_min_bytes = pool.min_bytes
-    if payload.get("pool_min_bytes") is not None:  # small graphs' buffers through the pool too
-        pool.min_bytes = payload["pool_min_bytes"]
-    try:
-        for _ in range(payload.get("steps", 1)):
-            model.zero_grad(set_to_none=True)
-            x.grad = None
-            out, stats = _step(dm, shard, x, part.node_data["w"], params)
-            sc.sync_gradients(model)
-    finally:
-        pool.min_bytes = default_min_bytes
-        pool.clear()
+    out, stats = _step(dm, shard, x, part.node_data["w"], params)
+    sc.sync_gradients(model)
     stats.update(edges_with_loops=shard.with_self_loops().num_edges, edges=shard.num_edges)
     grads = {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
     return Result(out.detach(), x.grad, grads, stats, {k: b.clone() for k, b in model.named_buffers()})
@@ -347,8 +333,6 @@ def _step(dm, shard: ShardGraph, x: torch.Tensor, w: torch.Tensor, params: set[i
     """One forward and backward; the output and what the exchange did."""
     traffic.stats.reset()
     traffic.live.reset_peak()
-    pool.reset_peak()
-    allocations = pool.allocations
     saved: list[tuple[int, ...]] = []  # shapes of everything autograd keeps for backward
     saved_storage: dict[int, int] = {}  # bytes kept for backward, per storage, parameters and x aside
     elsewhere = params | {x.untyped_storage().data_ptr()}  # (the plan counts them as such)
@@ -370,10 +354,6 @@ def _step(dm, shard: ShardGraph, x: torch.Tensor, w: torch.Tensor, params: set[i
         "saved_shapes": saved,
         "saved_bytes": sum(saved_storage.values()),
         "peak_block_bytes": traffic.live.peak_bytes,
-        "pool_allocations": pool.allocations - allocations,
-        "pool_held_bytes": pool.held_bytes,
-        "pool_lent_bytes": pool.lent_bytes,
-        "pool_peak_lent": pool.peak_lent,
     }
 
 

@@ -46,7 +46,8 @@ def test_every_family_under_torchrun(tmp_path):
         assert re.match(r"GNN on 2 workers, mode=sar: \d+ ops, estimated peak per worker .*; compiled in", first[rank, "plan"])
         assert re.match(r"attention forward: rows \d+ B to worker \d, \d+ B from worker \d, waited [\d.]+ ms",
                         first[rank, "comm"]), first[rank, "comm"]
-        assert re.match(r"after attention forward: resident [\d.]+ MiB, remote blocks alive .*, exchange pool [\d.]+ MiB", first[rank, "memory"])
+        assert re.match(r"after attention forward: resident [\d.]+ MiB, remote blocks alive [\d.]+ MiB \(most at once so "
+                        r"far [\d.]+ MiB\)(, CPU cache [\d.]+ MiB idle)?$", first[rank, "memory"]), first[rank, "memory"]
         assert re.match(r"\S+ on cpu: torch_kernels \(executor='auto' on cpu tensors: generated Triton kernels run on "
                         r"CUDA\)$", first[rank, "kernels"])
         assert (f"[rank {rank}] sarcompile.kernels: attention on cpu: torch_kernels (executor='auto' on cpu tensors: "

@@ -3,9 +3,8 @@
 With ``SARCOMPILE_MALLOC=auto`` (:func:`sarcompile.dist.memory.tune_allocator`) every
 freed block of 1.25 MiB or more goes back to the OS at once, so that a worker's resident
 set holds no freed tensors; the price is that every large tensor made afterwards is a fresh
-mapping, faulted in page by page -- the "page-fault tax" of docs/benchmarks.md, which the
-exchange's own buffers avoid through :mod:`.pool` but activations, gradients and kernel
-outputs did not. This allocator takes the place of torch's CPU allocator
+mapping, faulted in page by page -- the "page-fault tax" of docs/benchmarks.md, paid by
+the exchange's buffers, activations, gradients and kernel outputs alike. This allocator takes the place of torch's CPU allocator
 (``c10::SetCPUAllocator``) and keeps freed large blocks for reuse instead, under a bound
 that keeps ``auto``'s memory:
 
@@ -47,7 +46,7 @@ import torch
 
 from sarcompile.codegen import native
 
-__all__ = ["CacheStats", "enabled", "install", "installed", "release", "stats"]
+__all__ = ["CacheStats", "empty_cache", "enabled", "install", "installed", "release", "stats"]
 
 _SOURCE = r"""
 // sarcompile's caching CPU allocator: see sarcompile/dist/cpu_cache.py.
@@ -243,6 +242,23 @@ def release() -> None:
     sizes will not come again). A no-op where the cache is not installed."""
     if _library.loaded is not None:
         _library.loaded.sc_cache_release()
+
+
+def empty_cache() -> int:
+    """Release the cache's idle blocks, as ``torch.cuda.empty_cache()`` does for CUDA's
+    cached blocks: after training, before something else that needs the memory. Returns the
+    bytes released (0 where the cache is not installed). Training can go on; its next steps
+    make their blocks again.
+
+    Example:
+
+    >>> released = sc.empty_cache()   # bytes
+    >>> sc.empty_cache()              # nothing idle is left
+    0
+    """
+    cache = stats()
+    release()
+    return cache.idle_bytes if cache else 0
 
 
 def _build() -> Path:

@@ -221,7 +221,8 @@ def tune_allocator() -> bool:
       (benchmarks/vs_dgl.py). The price is a page fault for each fresh page of a large
       tensor, which the caching allocator (:mod:`.cpu_cache`, installed here too: freed
       large blocks kept for the next step's requests, never more than a step needs at
-      once), huge pages (:func:`request_huge_pages`) and the exchange's pool keep small.
+      once) and huge pages (:func:`request_huge_pages`) keep small. (tcmalloc, preloaded,
+      pays neither: ``sarcompile allocator``.)
     * ``off``: glibc's own (dynamic) thresholds. (``lean``, which fixed them on one
       process too when ``auto`` did not, now means ``auto``.)
 

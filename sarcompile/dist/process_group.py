@@ -24,7 +24,6 @@ from sarcompile.errors import CommError
 from sarcompile.dist import failure
 from sarcompile.dist import memory
 from sarcompile.dist import relaunch
-from sarcompile.dist.buffers import pool
 from sarcompile.dist.interface import choose_interface
 from sarcompile.dist.traffic import stats
 
@@ -178,7 +177,6 @@ def shutdown() -> None:
             pass  # a peer is already gone: nothing left to wait for
     failure.stop()
     dist.destroy_process_group()
-    pool.clear()
 
 
 def wait(works: list, what: str, kind: str = "exchange") -> float:

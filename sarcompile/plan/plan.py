@@ -24,7 +24,6 @@ import torch
 from sarcompile.codegen.gpu_compile import resources_tables
 from sarcompile.codegen.kernel_cache import KernelSpec
 from sarcompile.graph.graph import index_dtype
-from sarcompile.dist.pool import MIN_BYTES
 from sarcompile.plan.sizes import TypedWorkerStats, WorkerStats
 from sarcompile.ir.vocab import Strategy
 
@@ -148,8 +147,6 @@ class Plan:
         (the libraries' code pages a step maps in on first use: a measured constant) and, with
         ``staleness`` or ``bounded_staleness``, link_cache (the remote blocks each such op
         keeps between iterations). With ``compress``, traffic is counted as sent (packed).
-        The exchange's buffer pool (:mod:`sarcompile.dist.pool`) holds about
-        remote_blocks + exchange_buffers between exchanges too.
 
         With ``inference``, the peak of a prediction (``python -m sarcompile.predict``): one
         forward of the model in eval mode under ``torch.no_grad()``. Nothing is kept for a
@@ -229,13 +226,6 @@ class Plan:
             [(str(e.rank), _size(e.peak_bytes), _size(predicting.get(e.rank, 0)), *(_size(e.breakdown[k]) for k in keys))
              for e in self.estimates],
         )
-        exchange = [e.breakdown.get("remote_blocks", 0) + e.breakdown.get("exchange_buffers", 0)
-                    for e in self.estimates]
-        pool = [] if self.blocks_in_flight is None or not exchange else [
-            f"  the exchange's buffers of {MIN_BYTES / 2**20:g} MiB and more (CPU) come from a pool that keeps them "
-            f"between exchanges and steps: at most about remote_blocks + exchange_buffers (up to "
-            f"{_size(max(exchange))} a worker), less the blocks stash and oneshot ops keep; sc.empty_cache() "
-            "releases its idle ones"]
         kernels = [f"  {k.op} {k.role}: {k.name}" for k in self.kernels] or ["  none (torch code only)"]
         warned = ["warnings:", *(f"  {w}" for w in self.warnings)] if self.warnings else []
         overlap = [] if self.blocks_in_flight is None else [
@@ -245,7 +235,7 @@ class Plan:
             [head, *_table(header, rows), *overlap, *warned, "why:", *why, "received per step:", *per_worker,
              *(self._typed_lines() if typed else ()),
              "estimated memory per worker (peak: a training step; predict: a prediction, "
-             "memory_estimate(inference=True)):", *("  " + line for line in memory), *pool,
+             "memory_estimate(inference=True)):", *("  " + line for line in memory),
              "generated kernels on CUDA (sources: plan.kernels, sarcompile plan --show-kernels):", *kernels]
         )
 

@@ -36,7 +36,6 @@ from dataclasses import dataclass, field
 import torch
 
 from sarcompile.codegen import torch_kernels
-from sarcompile.dist.buffers import pool
 from sarcompile.dist.traffic import live
 from sarcompile.ir.vocab import LinkPolicy
 from sarcompile.runtime.columns import Columns
@@ -47,19 +46,18 @@ WIRE_SCALE = torch.bfloat16  # dtype of each row's lo and scale on the wire
 
 
 class ExactWire:
-    """Exact SAR's wire, the identity: rows travel as they are, in buffers of the exchange's
-    pool (:data:`~sarcompile.dist.buffers.pool`), and a block received is the block visited.
+    """Exact SAR's wire, the identity: rows travel as they are, and a block received is
+    the block visited.
 
     The exchange rounds (:mod:`sarcompile.runtime.rounds`) send through this wire or a
     link's :class:`Wire`, by the same methods: :meth:`gather` and :meth:`encode` make what
     is sent, :meth:`receive` and :meth:`empty` what is received into (a block of rows; the
-    gradients pushed back), :meth:`block` and :meth:`decode` read it. Every buffer it makes
-    is the pool's, given back by the rounds once its round is over."""
+    gradients pushed back), :meth:`block` and :meth:`decode` read it."""
 
     def gather(self, src: torch.Tensor | Columns, rows: torch.Tensor, stream: str, peer: int,
                iteration: int) -> torch.Tensor:
-        """``src[rows]`` to send ``peer``, gathered straight into a buffer of the pool."""
-        out = pool.take((rows.numel(), *src.shape[1:]), src.dtype, src.device)
+        """``src[rows]`` to send ``peer``, gathered straight into the buffer sent."""
+        out = torch.empty((rows.numel(), *src.shape[1:]), dtype=src.dtype, device=src.device)
         if isinstance(src, Columns):
             return src.gather(rows, out)
         with torch.no_grad():
@@ -68,20 +66,16 @@ class ExactWire:
     def encode(self, rows: torch.Tensor, stream: str, peer: int, iteration: int) -> torch.Tensor:
         return rows.contiguous()
 
-    def receive(self, rows: int, tail: tuple[int, ...], dtype: torch.dtype, device: torch.device,
-                recycle: bool) -> torch.Tensor:
+    def receive(self, rows: int, tail: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         """A block of ``rows`` rows to receive into, counted among the remote blocks alive
-        (:data:`~sarcompile.dist.traffic.live`) from now on: the pool's if the rounds give it
-        back after its visit (``recycle``), else one of its own, which the caller keeps."""
-        shape = (rows, *tail)
-        block = pool.take(shape, dtype, device) if recycle else torch.empty(shape, dtype=dtype, device=device)
-        return live.track(block)
+        (:data:`~sarcompile.dist.traffic.live`) from now on."""
+        return live.track(self.empty(rows, tail, dtype, device))
 
     def block(self, buf: torch.Tensor, rows: int, tail: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         return buf
 
     def empty(self, rows: int, tail: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        return pool.take((rows, *tail), dtype, device)
+        return torch.empty((rows, *tail), dtype=dtype, device=device)
 
     def decode(self, buf: torch.Tensor, rows: int, tail: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         return buf
@@ -140,13 +134,12 @@ class Wire:
         """``src[rows]`` as sent to ``peer`` (:meth:`encode`)."""
         return self.encode(src[rows], stream, peer, iteration).contiguous()
 
-    def receive(self, rows: int, tail: tuple[int, ...], dtype: torch.dtype, device: torch.device,
-                recycle: bool) -> torch.Tensor:
+    def receive(self, rows: int, tail: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         """A buffer to receive a block of ``rows`` rows into. Uncompressed, it is the block
         itself, as :meth:`ExactWire.receive` makes it; packed, its bytes, which
         :meth:`block` unpacks."""
         if not self.policy.bits:
-            return EXACT.receive(rows, tail, dtype, device, recycle)
+            return EXACT.receive(rows, tail, dtype, device)
         return self.empty(rows, tail, dtype, device)
 
     def block(self, buf: torch.Tensor, rows: int, tail: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:

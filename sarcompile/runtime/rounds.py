@@ -13,9 +13,9 @@ stale or pipelined, visiting blocks held from earlier iterations.
 All traffic is counted per phase in :data:`~sarcompile.dist.traffic.stats`; every
 received block is counted by :data:`~sarcompile.dist.traffic.live`, which tracks how many
 remote blocks are alive at once (SAR keeps at most two per aggregation: the one being
-reduced and the one being prefetched). The exchange's buffers come from
-:data:`~sarcompile.dist.buffers.pool` and go back to it when their round is over, so a
-step allocates nothing new once the sizes repeat.
+reduced and the one being prefetched). The exchange's buffers are plain tensors, freed
+when their round is over: the allocator keeps their memory for the next (tcmalloc, or the
+CPU caching allocator: :mod:`sarcompile.dist.memory`).
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ import torch.distributed as dist
 from sarcompile import logs
 from sarcompile.dist import cpu_cache
 from sarcompile.dist import memory
-from sarcompile.dist.buffers import pool
 from sarcompile.dist.collectives import is_offline
 from sarcompile.dist.process_group import wait
 from sarcompile.dist.traffic import live, stats
@@ -52,7 +51,6 @@ class _Round:
     p: int
     q: int
     buf: torch.Tensor | None = None  # what is received into
-    outgoing: torch.Tensor | None = None  # what is sent: the pool has it back once it is
     works: list = field(default_factory=list)
     sending: object = None  # the send's work, among ``works``
     sent: int = 0  # bytes, for SARCOMPILE_LOGS=comm
@@ -93,7 +91,6 @@ def run_rounds(
     what: str = "exchange",
     link=None,
     iteration: int = 0,
-    visit_keeps: bool = False,
 ) -> torch.Tensor | None:
     """Visit every source partition once, local first, then ``q = r-1, r-2, ...``.
 
@@ -113,11 +110,9 @@ def run_rounds(
     ``link`` (a :class:`~sarcompile.runtime.link.LinkState`, None for exact SAR) makes the
     rounds of training ``iteration`` compressed, stale or pipelined (see that module).
 
-    The exchange's buffers come from :data:`pool` and go back to it at the end of their
-    round: the rows gathered to send, the gradients received, the gradient rows ``visit``
-    returned (if it took them from the pool) once sent, and each block received once
-    visited, unless ``visit_keeps`` says ``visit`` keeps the blocks it is given (``stash``)
-    or the link's cache keeps them.
+    The exchange's buffers are freed at the end of their round: the rows gathered to send
+    once sent, the gradients received once added, and each block received once visited,
+    unless ``visit`` keeps it (``stash``) or the link's cache does.
     """
     kind = "sync" if link is None else link.policy.kind(iteration)
     cached = link is not None and bool(link.policy.staleness > 1 or link.policy.bounded)
@@ -126,7 +121,7 @@ def run_rounds(
             link.cache.clear()
         wire = EXACT if link is None else link.wire
         blocks, push_into = _sync_rounds(shard, visit, fetch, push_into, lookahead, phase, what, wire, iteration,
-                                         keep=cached and push_into is None, visit_keeps=visit_keeps,
+                                         keep=cached and push_into is None,
                                          reuse=link.cache if cached and push_into is not None else None)
         if cached and push_into is None:  # a forward: keep the blocks for stale iterations
             link.cache, link.cache_iteration = blocks, iteration
@@ -142,16 +137,15 @@ def run_rounds(
         _post_pipelined(shard, link, fetch, iteration, phase, what)
     if "memory" in logs.ON and not is_offline():  # (not the plan's probe, which runs on a one-worker shard)
         logs.log("memory", f"after {_named(what, phase)}: resident {memory.status_bytes('VmRSS') / 2**20:.1f} MiB, remote "
-                 f"blocks alive {live.bytes / 2**20:.2f} MiB (most at once so far {live.peak_bytes / 2**20:.2f} MiB), "
-                 f"exchange pool {pool.held_bytes / 2**20:.1f} MiB ({pool.idle_bytes / 2**20:.1f} idle)"
+                 f"blocks alive {live.bytes / 2**20:.2f} MiB (most at once so far {live.peak_bytes / 2**20:.2f} MiB)"
                  + (f", CPU cache {cache.idle_bytes / 2**20:.1f} MiB idle" if (cache := cpu_cache.stats()) else ""))
     return push_into
 
 
-def _sync_rounds(shard, visit, fetch, push_into, lookahead, phase, what, wire, iteration, keep, reuse, visit_keeps):
+def _sync_rounds(shard, visit, fetch, push_into, lookahead, phase, what, wire, iteration, keep, reuse):
     """The exact exchange, through ``wire`` (:data:`~sarcompile.runtime.link.EXACT`, or a
     link's, which may compress). Returns the remote blocks received if
-    ``keep`` (else each is freed, or given back to the pool, after its visit; ``{}``) and
+    ``keep`` (else each is freed after its visit; ``{}``) and
     the buffer pushed into. ``reuse``: blocks already held (a stale-capable forward's),
     visited instead of fetching them again."""
     n, r = shard.world_size, shard.rank
@@ -161,27 +155,25 @@ def _sync_rounds(shard, visit, fetch, push_into, lookahead, phase, what, wire, i
     else:
         fetch_remote = fetch
     received: dict[int, torch.Tensor] = {}
-    recycle = not (keep or visit_keeps)
 
     def post_fetch(k: int) -> _Round:
         p, q = (r + k) % n, (r - k) % n
         posted = _Round(p, q)
         rows = shard.send_index[p]
         if rows.numel():
-            send = posted.outgoing = wire.gather(fetch_remote, rows, f"{phase} features", p, iteration)
+            send = wire.gather(fetch_remote, rows, f"{phase} features", p, iteration)
             posted.sent = send.nbytes
             posted.sending = _isend(send, p, TAG_FEATURES, phase)
             posted.works.append(posted.sending)
         if shard.blocks[q].num_src:
             posted.buf = wire.receive(shard.blocks[q].num_src, tail(fetch_remote), fetch_remote.dtype,
-                                      fetch_remote.device, recycle)
+                                      fetch_remote.device)
             posted.works.append(_irecv(posted.buf, q, TAG_FEATURES, phase))
         return posted
 
     def post_push(k: int, grad_rows: torch.Tensor | None) -> _Round:
         p, q = (r + k) % n, (r - k) % n
         posted = _Round(p, q)
-        posted.outgoing = grad_rows  # a buffer of the pool, if visit took it there: given back once sent
         if shard.blocks[q].num_src:
             send = wire.encode(grad_rows, f"{phase} gradients", q, iteration).contiguous()
             posted.sent = send.nbytes
@@ -199,22 +191,18 @@ def _sync_rounds(shard, visit, fetch, push_into, lookahead, phase, what, wire, i
         if buf is not None:
             buf = wire.decode(buf, shard.send_index[p].numel(), tail(push_into), push_into.dtype)
             push_into.index_add_(0, shard.send_index[p], buf)
-            pool.give(posted.buf)
-        if posted.outgoing is not None:
-            pool.give(posted.outgoing)
 
     pending = deque()  # fetches posted, their blocks not yet visited
     posted = 0
 
     def release_sends() -> None:
         """Wait for the rows sent for the blocks ahead to be gone (the peers posted their
-        receives before their own visits) and give their buffers back."""
+        receives before their own visits) and free their buffers."""
         for ahead in pending:
-            if ahead.outgoing is not None:
+            if ahead.sending is not None:
                 wait([ahead.sending], f"{what}: features to worker {ahead.p}")
                 ahead.works.remove(ahead.sending)  # (gloo counts completions: a second wait would hang)
-                pool.give(ahead.outgoing)
-                ahead.outgoing = ahead.sending = None
+                ahead.sending = None  # (the send's work held the rows sent)
 
     def post_fetches_until(last: int) -> None:
         nonlocal posted
@@ -228,7 +216,7 @@ def _sync_rounds(shard, visit, fetch, push_into, lookahead, phase, what, wire, i
     local = visit(r, fetch)
     if push_into is not None and local is not None:
         push_into += local
-        pool.give(local)
+    del local  # (freed now, not when the rounds end)
     in_flight = deque()  # pushes posted, their gradients not yet added
     for k in range(1, n):
         if fetch_remote is not None:
@@ -238,9 +226,7 @@ def _sync_rounds(shard, visit, fetch, push_into, lookahead, phase, what, wire, i
             waited = wait(arrived.works, f"{what}: features to worker {arrived.p} / from worker {q}")
             if "comm" in logs.ON:
                 _log_round(what, phase, "rows", arrived.p, arrived.sent, q, buf, waited)
-            if arrived.outgoing is not None:
-                pool.give(arrived.outgoing)
-            del arrived
+            del arrived  # (and with it the rows sent)
             if buf is None:  # nothing to receive from q: an empty block keeps kernels uniform
                 buf = fetch.new_empty((0, *tail(fetch)))
             else:
@@ -263,8 +249,6 @@ def _sync_rounds(shard, visit, fetch, push_into, lookahead, phase, what, wire, i
         else:
             q, buf = (r - k) % n, None
         out = visit(q, buf)
-        if recycle and fetch_remote is not None and not _same_memory(out, buf):
-            pool.give(buf)  # its whole life was this round (a block not from the pool is ignored)
         del buf
         if push_into is not None and fetch_remote is not None:
             release_sends()
@@ -280,12 +264,6 @@ def _sync_rounds(shard, visit, fetch, push_into, lookahead, phase, what, wire, i
     while in_flight:
         finish_push(in_flight.popleft())
     return received, push_into
-
-
-def _same_memory(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
-    """Whether ``a`` is ``b``'s memory (a visit that wrote its gradients over its block:
-    the buffer then goes back to the pool once they are sent, not after the visit)."""
-    return a is not None and b is not None and a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
 
 
 def _log_round(what: str, phase: str, payload: str, to: int, sent: int, source: int, got: torch.Tensor | None,
@@ -317,7 +295,7 @@ def _local_rounds(shard, visit, fetch, push_into, link, iteration, phase, what, 
     local = visit(r, fetch)
     if push_into is not None and local is not None:
         push_into += local
-        pool.give(local)
+    del local
     late: dict[int, torch.Tensor] = {}
     for k in range(1, n):
         q = (r - k) % n

@@ -2,7 +2,7 @@
 tensors never share memory and keep their values through any sequence of allocations and
 frees, on several threads and across a fork; a freed block serves the next request of its
 size; the bytes held never exceed the most ever in use at once (exact figures in a fresh
-process); torch's raw interface (oneDNN) and storage resizes go through it; ``sc.init()``
+process); ``sc.empty_cache()`` releases the idle blocks; torch's raw interface (oneDNN) and storage resizes go through it; ``sc.init()``
 installs it under ``SARCOMPILE_MALLOC=auto`` only; a failed build warns once and leaves
 torch's allocator."""
 
@@ -18,6 +18,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import sarcompile as sc
 from sarcompile.dist import cpu_cache
 from sarcompile.dist.memory import MMAP_THRESHOLD
 
@@ -96,6 +97,15 @@ def test_a_freed_block_serves_the_next_request_of_its_size():
     after = cpu_cache.stats()
     assert {t.data_ptr() for t in again} == pointers
     assert (after.hits - before.hits, after.misses - before.misses) == (3, 0)
+
+
+def test_empty_cache_releases_the_idle_blocks():
+    t = torch.empty(4 * MiB // 4)
+    del t
+    idle = cpu_cache.stats().idle_bytes
+    assert idle >= 4 * MiB
+    assert sc.empty_cache() == idle
+    assert cpu_cache.stats().idle_bytes == 0 and sc.empty_cache() == 0
 
 
 # In a fresh process, where nothing else is in use: the figures exactly.

@@ -13,7 +13,6 @@ from torch import nn
 
 import sarcompile as sc
 from sarcompile.graph import graph as graph_module
-from sarcompile.plan.plan import _size
 
 GOLDEN = Path(__file__).parent / "golden"
 
@@ -48,15 +47,6 @@ def _golden(name: str, text: str) -> None:
 def test_printed_plan_is_stable(mode):
     plan = sc.distribute(Small(), mode=mode).plan(_graph(), 3, x=torch.zeros(1, 8), method="contiguous")
     _golden(f"plan_small_{mode}.txt", str(plan))
-
-
-def test_the_pool_line_names_the_largest_workers_exchange_bytes_and_only_where_rows_are_exchanged():
-    many = sc.distribute(Small()).plan(_graph(), 3, x=torch.zeros(1, 8), method="contiguous")
-    most = max(e.breakdown["remote_blocks"] + e.breakdown["exchange_buffers"] for e in many.memory_estimate())
-    line = next(ln for ln in str(many).splitlines() if "come from a pool" in ln)
-    assert f"(up to {_size(most)} a worker)" in line
-    one = sc.distribute(Small()).plan(_graph(), 1, x=torch.zeros(1, 8), method="contiguous")
-    assert "come from a pool" not in str(one)
 
 
 class _LinearThenSum(nn.Module):

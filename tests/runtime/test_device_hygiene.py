@@ -30,8 +30,6 @@ ALLOWED: dict[tuple[str, str, str], str] = {
     ("runtime/link.py", "Wire.encode", "torch.Generator"):
         "stochastic rounding's noise is drawn on the CPU so that a seed gives the same noise on every device",
     ("runtime/link.py", "Wire.encode", "torch.rand"): "(the same noise, drawn with that CPU generator)",
-    ("dist/pool.py", "BufferPool.take", "torch.empty"): "the pool lends CPU storages only (others get torch.empty)",
-    ("dist/pool.py", "BufferPool._make", "torch.empty"): "(a storage of that CPU-only pool)",
     ("dist/memory.py", "floor_bytes", "torch.zeros"): "warms up the CPU optimizer: it measures this process's RSS",
     ("dist/memory.py", "floor_bytes", "torch.ones"): "(the same)",
     ("codegen/cpu_spmm.py", "_build", ".cpu()"): "native.cpu() describes the host CPU the C kernel is built for",

@@ -51,35 +51,29 @@ def test_uncompressed_wire_sends_the_rows():
     assert torch.equal(wire.decode(wire.encode(rows, "forward", 1, 0), 4, (5,), rows.dtype), rows)
 
 
-def test_exact_wire_is_the_identity_in_buffers_of_the_pool():
-    """Exact SAR's wire: what is sent is the rows themselves, gathered into a buffer of the
-    exchange's pool; a block received is the block visited, counted alive from its post.
-    An uncompressed link's wire sends and reads the same rows."""
-    from sarcompile.dist.buffers import pool
+def test_exact_wire_is_the_identity():
+    """Exact SAR's wire: what is sent is the rows themselves (of a tensor, or of columns);
+    a block received is the block visited, counted alive from its post. An uncompressed
+    link's wire sends and reads the same rows."""
     from sarcompile.dist.traffic import live
     from sarcompile.runtime.columns import Columns
     from sarcompile.runtime.link import EXACT
 
-    src = torch.randn(1200, 300)  # a gathered block of 1.4 MB: over the pool's floor
+    src = torch.randn(1200, 300)
     rows = torch.randint(0, 1200, (1100,))
-    lent = pool.lent_bytes
     sent = EXACT.gather(src, rows, "forward features", 1, 0)
-    assert torch.equal(sent, src[rows]) and pool.lent_bytes > lent
-    pool.give(sent)
-    assert pool.lent_bytes == lent
+    assert torch.equal(sent, src[rows])
     parts = Columns((src[:, :100], src[:, 100:]))
     assert torch.equal(EXACT.gather(parts, rows, "forward features", 1, 0), src[rows])
     assert EXACT.encode(sent, "backward gradients", 1, 0) is sent and EXACT.decode(sent, 1100, (300,), sent.dtype) is sent
     count = live.count
-    kept = EXACT.receive(1100, (300,), torch.float32, torch.device("cpu"), recycle=False)
-    assert pool.lent_bytes == lent and live.count == count + 1 and EXACT.block(kept, 1100, (300,), kept.dtype) is kept
-    recycled = EXACT.receive(1100, (300,), torch.float32, torch.device("cpu"), recycle=True)
-    assert pool.lent_bytes > lent and live.count == count + 2 and recycled.shape == (1100, 300)
-    pool.give(recycled)
+    block = EXACT.receive(1100, (300,), torch.float32, torch.device("cpu"))
+    assert live.count == count + 1 and block.shape == (1100, 300)
+    assert EXACT.block(block, 1100, (300,), block.dtype) is block
     plain = Wire(LinkPolicy(0, "op", staleness=3), rank=0)
     assert torch.equal(plain.gather(src, rows, "forward features", 1, 0), src[rows])
-    got = plain.receive(7, (300,), torch.float32, torch.device("cpu"), recycle=False)
-    assert live.count == count + 3 and plain.block(got, 7, (300,), got.dtype) is got
+    got = plain.receive(7, (300,), torch.float32, torch.device("cpu"))
+    assert live.count == count + 2 and plain.block(got, 7, (300,), got.dtype) is got
 
 
 def test_error_feedback_makes_the_average_converge():

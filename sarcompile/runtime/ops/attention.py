@@ -9,7 +9,6 @@ import math
 import torch
 
 from sarcompile.codegen import kernels_for, torch_kernels
-from sarcompile.dist.buffers import pool
 from sarcompile.graph.shard import ShardGraph
 from sarcompile.ir import ops as ir
 from sarcompile.ir.rng import edge_keep
@@ -91,13 +90,13 @@ class _SarAttention(torch.autograd.Function):
             """A remote block's source gradients as the payload pushed to the rows' owner:
             written straight into a buffer where features and scores share a dtype -- the
             block's own when it was ``fetched`` for this backward alone (it has the
-            gradients' shape), else one of the pool's -- which goes back to the pool once sent."""
+            gradients' shape), else a new one."""
             hb, ab = _split_payload(payload, heads, channels)
             if d_out.dtype != d_a_dst.dtype:
                 d_h, d_src = block_grads(q, hb, ab)
                 return torch.cat([d_h.reshape(d_h.shape[0], heads * channels), d_src], 1)
             shape = (shard.blocks[q].num_src, heads * channels + heads)
-            into = payload if fetched and payload.dtype == d_out.dtype else pool.take(shape, d_out.dtype, d_out.device)
+            into = payload if fetched and payload.dtype == d_out.dtype else d_out.new_empty(shape)
             block_grads(q, hb, ab, into)
             return into
 

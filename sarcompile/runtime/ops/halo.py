@@ -74,7 +74,7 @@ class HaloRounds:
 
         lookahead = max(self.shard.world_size - 1, 1) if self.strategy is Strategy.ONESHOT else self.in_flight
         run_rounds(self.shard, keeping, fetch=fetch, lookahead=lookahead, what=self.what, link=self.link,
-                   iteration=self.iteration, visit_keeps=keeps)
+                   iteration=self.iteration)
 
     def backward(self, visit: Visit, fetch: Callable[[], torch.Tensor | Columns | None],
                  push_into: torch.Tensor | Columns | Callable[[], torch.Tensor | Columns] | None,

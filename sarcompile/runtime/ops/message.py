@@ -7,7 +7,6 @@ from __future__ import annotations
 import torch
 
 from sarcompile.codegen.torch_kernels import add_rows
-from sarcompile.dist.buffers import pool
 from sarcompile.graph.shard import ShardGraph
 from sarcompile.ir import ops as ir
 from sarcompile.ir.vocab import LinkPolicy, Strategy
@@ -132,7 +131,7 @@ class _SarMessage(torch.autograd.Function):
                 return None
             if d_i is not None:
                 add_rows(gx, block.row, d_i)
-            d_src = pool.take((block.num_src, *x.shape[1:]), x.dtype, x.device).zero_()
+            d_src = x.new_zeros((block.num_src, *x.shape[1:]))
             return d_src if d_j is None else add_rows(d_src, block.col, d_j)
 
         rounds.backward(visit, fetch=lambda: x.detach(), push_into=gx)

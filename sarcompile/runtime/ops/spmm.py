@@ -9,7 +9,6 @@ from typing import Callable
 import torch
 
 from sarcompile.codegen import kernels_for
-from sarcompile.dist.buffers import pool
 from sarcompile.graph.graph import Block
 from sarcompile.graph.shard import ShardGraph
 from sarcompile.ir import ops as ir
@@ -100,8 +99,8 @@ class _SarSpmm(torch.autograd.Function):
             block = shard.blocks[q].on(g.device)
             if reduce == "max":
                 return K.max_grad(pos[0], g, starts[q], block.num_src)
-            # A remote block's rows are pushed to their owner, then the buffer goes back to the pool.
-            out = None if q == shard.rank else pool.take((block.num_src, *g.shape[1:]), g.dtype, g.device)
+            # A remote block's rows are pushed to their owner straight from this buffer.
+            out = None if q == shard.rank else g.new_empty((block.num_src, *g.shape[1:]))
             if per_edge:
                 return K.spmm_t(block, g, mean_weights(block), out, ordered=True)
             return K.spmm_t(block, g, edge_slice(weight, shard, q), out)
