@@ -80,6 +80,7 @@ COVERED_BY: dict[str, tuple[str, ...]] = {
     "ir/vocab.py": ("tests/compile/passes/test_residency.py", "tests/runtime/test_link.py"),
     "frontends/pyg/assign.py": ("tests/frontends/test_pyg_utils.py",),
     "plan/memory.py": ("tests/plan/test_plan.py",),
+    "plan/traffic.py": ("tests/plan/test_plan_traffic.py",),  # its own; test_traffic.py is dist/traffic's
     "plan/sizes.py": ("tests/compile/test_estimate.py",),
     "predict/files.py": ("tests/predict/test_predict.py", "tests/predict/test_predict_own_ids.py"),
     "predict/layer.py": ("tests/predict/test_predict.py",),
@@ -123,7 +124,6 @@ UNTESTED: dict[str, str] = {
     "frontends/pyg/standin.py": "only end to end, under every PyG rule (tests/frontends/test_pyg*.py)",
     "frontends/pyg/typed_rows.py": "only end to end: HeteroLinear in tests/frontends/test_pyg_hetero.py",
     "plan/build.py": "only end to end, through DistributedModule.plan (tests/plan/test_plan.py)",
-    "plan/traffic.py": "only end to end, in the plan's byte counts (tests/plan/test_plan.py)",
     "predict/cli.py": "only end to end, as `python -m sarcompile.predict` in tests/predict",
     "runtime/ops/attention.py": "only end to end: multi-worker attention in tests/runtime/test_distributed.py",
     "runtime/ops/collective.py": "only end to end: node_mean/edge_max/batch_norm on workers (tests/runtime)",
