@@ -520,6 +520,7 @@ def compare(got: dict, want: dict) -> tuple[float, float, str]:
 def _worker_case(part, payload: dict) -> dict:
     """One case on a worker: its rows of the inputs, the compiled model, gradients synced."""
     import sarcompile as sc
+    from sarcompile.graph.tables import table_type
 
     case = cases()[payload["name"]]
     model = build(case.name)
@@ -544,7 +545,7 @@ def _worker_case(part, payload: dict) -> dict:
     except Exception as e:
         return {"error": describe_error(e)}
     r["ids"], r["edge_ids"] = ids, edge_ids
-    r["table_types"] = {k: sc.tables.table_type(p) for k, p in model.named_parameters() if k in r["table_grads"]}
+    r["table_types"] = {k: table_type(p) for k, p in model.named_parameters() if k in r["table_grads"]}
     return r
 
 

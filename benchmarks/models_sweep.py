@@ -381,6 +381,7 @@ class Sweep:
         parts of every graph, for a model taking several), gradients synced; the node tables'
         gradient rows apart, with their types."""
         import sarcompile as sc
+        from sarcompile.graph.tables import table_type
 
         case = self.cases[payload["name"]]
         kind = self.kinds[case.model.kind]
@@ -401,7 +402,7 @@ class Sweep:
             model.load_state_dict(payload["state"])
             r = self.run(zoo_sweep.distribute(model), case, graph, inputs, w, training=case.mode == "train")
             sc.sync_gradients(model)
-            tables = {k: t for k, p in model.named_parameters() if (t := sc.tables.table_type(p)) is not None}
+            tables = {k: t for k, p in model.named_parameters() if (t := table_type(p)) is not None}
             r["grads"] = zoo_sweep.param_grads(model, skip=tables)
             # (rows nothing reached have no gradient: zeros, as the zoos count them)
             r["table_grads"] = {k: (t, torch.zeros_like(p) if p.grad is None else p.grad)
