@@ -16,6 +16,13 @@ from workers import WorkerPool
 if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
 
+# Without a GPU the generated Triton kernels run in Triton's interpreter, which triton reads
+# when it is imported: set here, before any test module is collected, since modules of other
+# folders (tests/benchmarks/, collected before tests/codegen/) import triton too. The torch
+# kernels still run everything that does not ask for executor='triton'.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 # Generated kernels go to a throwaway cache, in this process and in the workers it starts
 # (which inherit it), removed when this process exits.
 if "SARCOMPILE_KERNEL_CACHE" not in os.environ:

@@ -1,8 +1,8 @@
 """Shared setup of the generated-kernel tests.
 
 Without a GPU the generated Triton kernels run in Triton's interpreter on CPU tensors;
-``TRITON_INTERPRET`` must be set before any kernel is decorated, so it is set here, when
-pytest loads this file and before any test module of this folder is imported. Compiled
+``TRITON_INTERPRET`` must be set before triton is imported, so tests/conftest.py sets it
+before any test module is collected (and this file again, for a run of this folder alone). Compiled
 kernels (a GPU, no ``TRITON_INTERPRET``) get CUDA tensors instead (:mod:`devices`). Every test
 gets a kernel cache of its own session: nothing is read from or written to ~/.cache.
 """
