@@ -41,7 +41,6 @@ import json
 import os
 import resource
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -52,7 +51,8 @@ import torch
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
-from turns import Run, Turns, run_all  # (benchmarks/: on the path above)
+from harness import partition, write_result  # (benchmarks/: on the path above)
+from turns import Run, Turns, run_all
 
 RESULTS = HERE / "results"
 MiB = 2**20
@@ -171,8 +171,7 @@ def measure(a: argparse.Namespace) -> list[dict]:
         tmp = Path(tmp)
         make_graph(tmp / "graph.pt", a.nodes, a.edges, a.features, a.classes)
         for n in a.workers:
-            subprocess.run([sys.executable, "-m", "sarcompile", "partition", "--edges", str(tmp / "graph.pt"),
-                            "--parts", str(n), "--out", str(tmp / f"parts{n}")], check=True, capture_output=True)
+            partition(["--edges", str(tmp / "graph.pt")], n, tmp / f"parts{n}")
         runs = _runs(a, tmp, tcmalloc)
         for r in range(a.repeat):
             turn = runs[r % len(runs):] + runs[:r % len(runs)]  # a different order each repeat
@@ -264,29 +263,6 @@ def plot(summary: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
-def write(path: Path, payload: dict) -> None:
-    """The JSON record, through benchmarks/harness.py where it is (machine, command,
-    commit and date added), else with those fields added here."""
-    try:
-        from harness import write_result
-    except ImportError:
-        write_result = None
-    if write_result is not None:
-        write_result(path.stem, payload, path.parent)
-        return
-    import platform
-
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=HERE, capture_output=True, text=True, check=False).stdout.strip()
-    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                if ln.startswith("model name")), platform.processor())
-    record = {"machine": {"cpu": cpu, "cores": os.cpu_count(), "torch": torch.__version__},
-              "command": " ".join([Path(sys.executable).name, *sys.argv]), "commit": commit,
-              "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), **payload}
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(record, indent=1))
-    tmp.replace(path)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nodes", type=int, default=50_000)
@@ -313,8 +289,8 @@ def main() -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     config = {k: getattr(a, k) for k in ("nodes", "edges", "features", "classes", "hidden", "workers", "configs",
                                          "epochs", "repeat")}
-    write(out, {"config": config, "settings": {k: {"what": v[0], "env": v[1]} for k, v in CONFIGS.items()},
-                "summary": summary, "runs": rows})
+    write_result(out.stem, {"config": config, "settings": {k: {"what": v[0], "env": v[1]} for k, v in CONFIGS.items()},
+                "summary": summary, "runs": rows}, out.parent)
     plot(summary, out.with_suffix(".png"))
     print(table(summary))
     print(f"wrote {out} and {out.with_suffix('.png')}")
